@@ -1,0 +1,168 @@
+// The C++ DSL: build IR functions with tensors and operators, shape-checked as they
+// are built. A misuse (e.g. a matmul of mismatched shapes) throws kiln::Error naming
+// the op, the operand types, the place in the user's code and the model scope:
+//
+//   dsl error at model.cpp:57 in 'encoder.layers.0.ffn': matmul: contraction dims
+//   differ: f32[B,S,24] x f32[40,36]
+//
+// Example:
+//   ModelBuilder mb("toy");
+//   Dim B = mb.symbol("B", 8), S = mb.symbol("S", 128);
+//   FunctionBuilder& f = mb.function("encode");
+//   Tensor ids = f.input("src", DType::i64, {B, S});
+//   Tensor x = gather(f.weight("emb.weight", {100, 16}), ids);
+//   f.output(relu(x), "memory");
+//   ir::Module m = mb.finish();  // verified
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <source_location>
+#include <string>
+#include <vector>
+
+#include "ir/ir.h"
+
+namespace kiln::dsl {
+
+using ir::Dim;
+using ir::DType;
+using Loc = std::source_location;
+
+class FunctionBuilder;
+
+// A value under construction in one FunctionBuilder. Cheap to copy.
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(FunctionBuilder* fb, ir::ValueId id) : fb_(fb), id_(id) {}
+
+  const ir::TensorType& type() const;
+  const std::vector<Dim>& shape() const { return type().shape; }
+  DType dtype() const { return type().dtype; }
+  int64_t rank() const { return type().rank(); }
+  const Dim& dim(int64_t axis) const;  // negative axes count from the end
+  ir::ValueId id() const { return id_; }
+  FunctionBuilder* builder() const { return fb_; }
+  bool valid() const { return fb_ != nullptr; }
+
+ private:
+  FunctionBuilder* fb_ = nullptr;
+  ir::ValueId id_ = -1;
+};
+
+// Builds one function (entry point) of the module.
+class FunctionBuilder {
+ public:
+  FunctionBuilder(ir::Module* module, size_t index) : module_(module), index_(index) {}
+
+  Tensor input(const std::string& name, DType dtype, std::vector<Dim> shape,
+               Loc loc = Loc::current());
+  // Declares (or reuses) a module weight of static shape and returns it as a value.
+  Tensor weight(const std::string& name, std::vector<int64_t> shape, Loc loc = Loc::current());
+  // A scalar constant (rank 0) of `dtype`.
+  Tensor constant(double value, DType dtype = DType::f32);
+  void output(Tensor value, const std::string& name, Loc loc = Loc::current());
+
+  // Appends an op after checking it with the op's type rule; `declared` is required
+  // for ops whose result type is not implied by the operands (see op_types.h).
+  Tensor emit(ir::OpKind kind, const std::vector<Tensor>& operands, ir::Attrs attrs = {},
+              const ir::TensorType* declared = nullptr, Loc loc = Loc::current());
+
+  // A scope name for diagnostics ("encoder.layers.0.self_attn"); use ScopeGuard.
+  void push_scope(std::string name) { scopes_.push_back(std::move(name)); }
+  void pop_scope() { scopes_.pop_back(); }
+  std::string scope() const;
+
+  ir::Function& function() { return module_->functions[index_]; }
+  const ir::Module& module() const { return *module_; }
+
+  [[noreturn]] void error(const Loc& loc, const std::string& message) const;
+
+ private:
+  ir::Module* module_;
+  size_t index_;
+  std::vector<std::string> scopes_;
+  std::vector<std::pair<std::string, ir::ValueId>> weight_cache_;
+};
+
+// Pushes a scope name for the lifetime of the guard.
+class ScopeGuard {
+ public:
+  ScopeGuard(FunctionBuilder& fb, std::string name) : fb_(fb) { fb_.push_scope(std::move(name)); }
+  ~ScopeGuard() { fb_.pop_scope(); }
+  ScopeGuard(const ScopeGuard&) = delete;
+  ScopeGuard& operator=(const ScopeGuard&) = delete;
+
+ private:
+  FunctionBuilder& fb_;
+};
+
+// Builds a module: symbols, config, functions.
+class ModelBuilder {
+ public:
+  explicit ModelBuilder(std::string name);
+  Dim symbol(const std::string& name, int64_t max);
+  void set_config(const std::string& key, const std::string& value);
+  FunctionBuilder& function(const std::string& name);
+  // Verifies and returns the module; throws kiln::Error if it is invalid.
+  ir::Module finish();
+
+ private:
+  std::unique_ptr<ir::Module> module_;
+  std::vector<std::unique_ptr<FunctionBuilder>> builders_;
+};
+
+// Elementwise arithmetic with numpy broadcasting. A double operand becomes a scalar
+// constant of the tensor's dtype.
+Tensor add(Tensor a, Tensor b, Loc loc = Loc::current());
+Tensor sub(Tensor a, Tensor b, Loc loc = Loc::current());
+Tensor mul(Tensor a, Tensor b, Loc loc = Loc::current());
+Tensor div(Tensor a, Tensor b, Loc loc = Loc::current());
+Tensor maximum(Tensor a, Tensor b, Loc loc = Loc::current());
+Tensor operator+(Tensor a, Tensor b);
+Tensor operator-(Tensor a, Tensor b);
+Tensor operator*(Tensor a, Tensor b);
+Tensor operator/(Tensor a, Tensor b);
+Tensor operator*(Tensor a, double b);
+Tensor operator/(Tensor a, double b);
+
+Tensor eq(Tensor a, Tensor b, Loc loc = Loc::current());
+Tensor ne(Tensor a, Tensor b, Loc loc = Loc::current());
+Tensor lt(Tensor a, Tensor b, Loc loc = Loc::current());
+Tensor gt(Tensor a, Tensor b, Loc loc = Loc::current());
+Tensor logical_and(Tensor a, Tensor b, Loc loc = Loc::current());
+Tensor logical_or(Tensor a, Tensor b, Loc loc = Loc::current());
+Tensor logical_not(Tensor a, Loc loc = Loc::current());
+Tensor relu(Tensor x, Loc loc = Loc::current());
+Tensor exp(Tensor x, Loc loc = Loc::current());
+Tensor sqrt(Tensor x, Loc loc = Loc::current());
+Tensor select(Tensor cond, Tensor a, Tensor b, Loc loc = Loc::current());
+Tensor cast(Tensor x, DType dtype, Loc loc = Loc::current());
+
+// Scalar constant in the builder of `like`, with `like`'s dtype unless given.
+Tensor scalar(const Tensor& like, double value);
+Tensor scalar(const Tensor& like, double value, DType dtype);
+
+Tensor gather(Tensor table, Tensor ids, Loc loc = Loc::current());
+Tensor transpose(Tensor x, std::vector<int64_t> perm, Loc loc = Loc::current());
+Tensor reshape(Tensor x, std::vector<Dim> shape, Loc loc = Loc::current());
+Tensor slice(Tensor x, int64_t axis, int64_t start, Dim extent, Loc loc = Loc::current());
+Tensor concat(const std::vector<Tensor>& xs, int64_t axis, Loc loc = Loc::current());
+Tensor matmul(Tensor a, Tensor b, Loc loc = Loc::current());
+Tensor softmax(Tensor x, int64_t axis, Loc loc = Loc::current());
+Tensor layernorm(Tensor x, Tensor gamma, Tensor beta, double eps, Loc loc = Loc::current());
+Tensor reduce_sum(Tensor x, std::vector<int64_t> axes, bool keepdims = false,
+                  Loc loc = Loc::current());
+Tensor reduce_max(Tensor x, std::vector<int64_t> axes, bool keepdims = false,
+                  Loc loc = Loc::current());
+Tensor reduce_mean(Tensor x, std::vector<int64_t> axes, bool keepdims = false,
+                   Loc loc = Loc::current());
+Tensor argmax(Tensor x, int64_t axis, Loc loc = Loc::current());
+
+// Sources built in `fb`.
+Tensor sinusoid_table(FunctionBuilder& fb, int64_t rows, int64_t dim, Loc loc = Loc::current());
+Tensor iota(FunctionBuilder& fb, DType dtype, std::vector<Dim> shape, int64_t axis,
+            Loc loc = Loc::current());
+
+}  // namespace kiln::dsl

@@ -1,0 +1,102 @@
+// The model registry (see models.h).
+#include "frontend/models.h"
+
+#include <charconv>
+
+#include "frontend/nn.h"
+#include "support/error.h"
+
+namespace kiln::models {
+namespace {
+
+nn::TransformerConfig to_transformer_config(const Config& c) {
+  nn::TransformerConfig t;
+  t.src_vocab = c.at("src_vocab");
+  t.tgt_vocab = c.at("tgt_vocab");
+  t.d_model = c.at("d_model");
+  t.heads = c.at("heads");
+  t.d_ff = c.at("d_ff");
+  t.enc_layers = c.at("enc_layers");
+  t.dec_layers = c.at("dec_layers");
+  t.pad_id = c.at("pad_id");
+  t.max_len = c.at("max_len");
+  t.max_batch = c.at("max_batch");
+  return t;
+}
+
+std::vector<ModelInfo> make_registry() {
+  ModelInfo transformer;
+  transformer.name = "transformer";
+  transformer.description =
+      "encoder-decoder Transformer of \"Attention Is All You Need\" (post-norm)";
+  // The paper's base model; vocabularies of 32000 on both sides.
+  transformer.configs["base"] = {{"src_vocab", 32000}, {"tgt_vocab", 32000}, {"d_model", 512},
+                                 {"heads", 8},         {"d_ff", 2048},       {"enc_layers", 6},
+                                 {"dec_layers", 6},    {"pad_id", 0},        {"max_len", 128},
+                                 {"max_batch", 16}};
+  // The golden test models (tests/golden/make_golden.py).
+  transformer.configs["tiny"] = {{"src_vocab", 37}, {"tgt_vocab", 41}, {"d_model", 24},
+                                 {"heads", 3},      {"d_ff", 40},      {"enc_layers", 2},
+                                 {"dec_layers", 2}, {"pad_id", 0},     {"max_len", 40},
+                                 {"max_batch", 4}};
+  transformer.configs["small"] = {{"src_vocab", 53}, {"tgt_vocab", 29}, {"d_model", 20},
+                                  {"heads", 5},      {"d_ff", 36},      {"enc_layers", 1},
+                                  {"dec_layers", 3}, {"pad_id", 1},     {"max_len", 48},
+                                  {"max_batch", 3}};
+  transformer.build = [](const Config& c) {
+    return nn::build_transformer(to_transformer_config(c));
+  };
+  return {transformer};
+}
+
+}  // namespace
+
+const std::vector<ModelInfo>& registry() {
+  static const std::vector<ModelInfo> models = make_registry();
+  return models;
+}
+
+const ModelInfo& find_model(const std::string& name) {
+  std::string known;
+  for (const ModelInfo& m : registry()) {
+    if (m.name == name) return m;
+    known += (known.empty() ? "" : ", ") + m.name;
+  }
+  fail("unknown model '{}' (known: {})", name, known);
+}
+
+Config resolve_config(const ModelInfo& model, const std::string& config_name,
+                      const std::vector<std::string>& overrides) {
+  auto it = model.configs.find(config_name);
+  if (it == model.configs.end()) {
+    std::string known;
+    for (const auto& [k, v] : model.configs) known += (known.empty() ? "" : ", ") + k;
+    fail("model '{}' has no config '{}' (known: {})", model.name, config_name, known);
+  }
+  Config config = it->second;
+  for (const std::string& o : overrides) {
+    size_t eq = o.find('=');
+    if (eq == std::string::npos || eq == 0)
+      fail("--set '{}' is not of the form key=value", o);
+    std::string key = o.substr(0, eq), value = o.substr(eq + 1);
+    if (!config.count(key)) {
+      std::string known;
+      for (const auto& [k, v] : config) known += (known.empty() ? "" : ", ") + k;
+      fail("unknown config key '{}' for model '{}' (keys: {})", key, model.name, known);
+    }
+    int64_t v = 0;
+    auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+    if (ec != std::errc() || end != value.data() + value.size() || value.empty())
+      fail("config key '{}' needs an integer, got '{}'", key, value);
+    config[key] = v;
+  }
+  return config;
+}
+
+ir::Module build_model(const std::string& model, const std::string& config_name,
+                       const std::vector<std::string>& overrides) {
+  const ModelInfo& info = find_model(model);
+  return info.build(resolve_config(info, config_name, overrides));
+}
+
+}  // namespace kiln::models

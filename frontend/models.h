@@ -1,0 +1,38 @@
+// The model registry: models by name, each with named configs whose keys can be
+// overridden (`kiln emit transformer --config base --set d_model=256`). Models are
+// registered explicitly in models.cpp (no static-constructor registry).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ir/ir.h"
+
+namespace kiln::models {
+
+using Config = std::map<std::string, int64_t>;
+
+struct ModelInfo {
+  std::string name;
+  std::string description;
+  std::map<std::string, Config> configs;  // "base", "tiny", ...
+  std::function<ir::Module(const Config&)> build;
+};
+
+const std::vector<ModelInfo>& registry();
+// Throws kiln::Error listing the known models when `name` is unknown.
+const ModelInfo& find_model(const std::string& name);
+
+// Picks config `config_name` of `model` and applies "key=value" overrides. Unknown
+// models, configs or keys and non-integer values throw kiln::Error naming them.
+Config resolve_config(const ModelInfo& model, const std::string& config_name,
+                      const std::vector<std::string>& overrides);
+
+// find_model + resolve_config + build.
+ir::Module build_model(const std::string& model, const std::string& config_name,
+                       const std::vector<std::string>& overrides = {});
+
+}  // namespace kiln::models

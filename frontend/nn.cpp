@@ -1,0 +1,157 @@
+// nn building blocks and the reference Transformer (see nn.h).
+#include "frontend/nn.h"
+
+#include <cmath>
+
+#include "support/error.h"
+
+namespace kiln::nn {
+
+using dsl::Dim;
+using dsl::DType;
+using dsl::FunctionBuilder;
+using dsl::ScopeGuard;
+
+namespace {
+FunctionBuilder& fb_of(const Tensor& t) { return *t.builder(); }
+}  // namespace
+
+Tensor Linear::operator()(Tensor x) const {
+  FunctionBuilder& fb = fb_of(x);
+  ScopeGuard scope(fb, prefix);
+  Tensor w = fb.weight(prefix + ".weight", {out, in});
+  Tensor b = fb.weight(prefix + ".bias", {out});
+  return dsl::add(dsl::matmul(x, dsl::transpose(w, {1, 0})), b);
+}
+
+Tensor LayerNorm::operator()(Tensor x) const {
+  FunctionBuilder& fb = fb_of(x);
+  ScopeGuard scope(fb, prefix);
+  return dsl::layernorm(x, fb.weight(prefix + ".weight", {dim}), fb.weight(prefix + ".bias", {dim}),
+                        eps);
+}
+
+Tensor FeedForward::operator()(Tensor x) const {
+  Tensor h = dsl::relu(Linear{prefix + ".w_1", d_model, d_ff}(x));
+  return Linear{prefix + ".w_2", d_ff, d_model}(h);
+}
+
+Tensor MultiHeadAttention::operator()(Tensor xq, Tensor xkv, Tensor mask) const {
+  FunctionBuilder& fb = fb_of(xq);
+  ScopeGuard scope(fb, prefix);
+  const int64_t dk = d_model / heads;
+  const Dim B = xq.dim(0), Lq = xq.dim(1), Lk = xkv.dim(1);
+  const Dim H = Dim::constant(heads), Dk = Dim::constant(dk);
+  Tensor q = Linear{prefix + ".w_q", d_model, d_model}(xq);
+  Tensor k = Linear{prefix + ".w_k", d_model, d_model}(xkv);
+  Tensor v = Linear{prefix + ".w_v", d_model, d_model}(xkv);
+  // Split heads: [B,L,D] -> [B,H,L,dk]; keys go straight to [B,H,dk,Lk].
+  Tensor qh = dsl::transpose(dsl::reshape(q, {B, Lq, H, Dk}), {0, 2, 1, 3});
+  Tensor kt = dsl::transpose(dsl::reshape(k, {B, Lk, H, Dk}), {0, 2, 3, 1});
+  Tensor vh = dsl::transpose(dsl::reshape(v, {B, Lk, H, Dk}), {0, 2, 1, 3});
+  Tensor scores = dsl::matmul(qh, kt) / std::sqrt(static_cast<double>(dk));
+  if (mask.valid()) scores = dsl::select(mask, dsl::scalar(scores, -1e9), scores);
+  Tensor p = dsl::softmax(scores, -1);
+  Tensor o = dsl::transpose(dsl::matmul(p, vh), {0, 2, 1, 3});
+  return Linear{prefix + ".w_o", d_model, d_model}(dsl::reshape(o, {B, Lq, Dim::constant(d_model)}));
+}
+
+Tensor EncoderLayer::operator()(Tensor x, Tensor src_mask) const {
+  const TransformerConfig& c = *cfg;
+  MultiHeadAttention attn{prefix + ".self_attn", c.d_model, c.heads};
+  x = LayerNorm{prefix + ".norm1", c.d_model}(x + attn(x, x, src_mask));
+  return LayerNorm{prefix + ".norm2", c.d_model}(x + FeedForward{prefix + ".ffn", c.d_model, c.d_ff}(x));
+}
+
+Tensor DecoderLayer::operator()(Tensor x, Tensor memory, Tensor src_mask, Tensor tgt_mask) const {
+  const TransformerConfig& c = *cfg;
+  MultiHeadAttention self_attn{prefix + ".self_attn", c.d_model, c.heads};
+  MultiHeadAttention cross_attn{prefix + ".cross_attn", c.d_model, c.heads};
+  x = LayerNorm{prefix + ".norm1", c.d_model}(x + self_attn(x, x, tgt_mask));
+  x = LayerNorm{prefix + ".norm2", c.d_model}(x + cross_attn(x, memory, src_mask));
+  return LayerNorm{prefix + ".norm3", c.d_model}(x + FeedForward{prefix + ".ffn", c.d_model, c.d_ff}(x));
+}
+
+Tensor Encoder::operator()(Tensor x, Tensor src_mask) const {
+  for (int64_t i = 0; i < cfg->enc_layers; ++i)
+    x = EncoderLayer{"encoder.layers." + std::to_string(i), cfg}(x, src_mask);
+  return LayerNorm{"encoder.norm", cfg->d_model}(x);
+}
+
+Tensor Decoder::operator()(Tensor x, Tensor memory, Tensor src_mask, Tensor tgt_mask) const {
+  for (int64_t i = 0; i < cfg->dec_layers; ++i)
+    x = DecoderLayer{"decoder.layers." + std::to_string(i), cfg}(x, memory, src_mask, tgt_mask);
+  return LayerNorm{"decoder.norm", cfg->d_model}(x);
+}
+
+Tensor embed(const std::string& table, Tensor ids, const TransformerConfig& cfg, int64_t vocab) {
+  FunctionBuilder& fb = fb_of(ids);
+  ScopeGuard scope(fb, table);
+  Tensor e = dsl::gather(fb.weight(table + ".weight", {vocab, cfg.d_model}), ids);
+  Tensor x = e * static_cast<double>(static_cast<float>(std::sqrt(static_cast<double>(cfg.d_model))));
+  Tensor pe = dsl::slice(dsl::sinusoid_table(fb, cfg.max_len, cfg.d_model), 0, 0, ids.dim(1));
+  return x + pe;
+}
+
+Tensor key_padding_mask(Tensor ids, int64_t pad_id) {
+  Tensor pad = dsl::eq(ids, dsl::scalar(ids, static_cast<double>(pad_id)));
+  return dsl::reshape(pad, {ids.dim(0), Dim::constant(1), Dim::constant(1), ids.dim(1)});
+}
+
+Tensor causal_padding_mask(Tensor ids, int64_t pad_id) {
+  FunctionBuilder& fb = fb_of(ids);
+  const Dim L = ids.dim(1);
+  Tensor row = dsl::iota(fb, DType::i64, {L, L}, 0);
+  Tensor col = dsl::iota(fb, DType::i64, {L, L}, 1);
+  return dsl::logical_or(key_padding_mask(ids, pad_id), dsl::gt(col, row));
+}
+
+ir::Module build_transformer(const TransformerConfig& c) {
+  auto positive = [](const char* key, int64_t v) {
+    if (v < 1) fail("config '{}' is {}, expected a positive integer", key, v);
+  };
+  positive("src_vocab", c.src_vocab);
+  positive("tgt_vocab", c.tgt_vocab);
+  positive("d_model", c.d_model);
+  positive("heads", c.heads);
+  positive("d_ff", c.d_ff);
+  positive("max_len", c.max_len);
+  positive("max_batch", c.max_batch);
+  if (c.enc_layers < 0 || c.dec_layers < 0) fail("config layer counts must not be negative");
+  if (c.d_model % c.heads != 0)
+    fail("config 'd_model' = {} is not divisible by 'heads' = {}", c.d_model, c.heads);
+  if (c.pad_id < 0 || c.pad_id >= c.src_vocab || c.pad_id >= c.tgt_vocab)
+    fail("config 'pad_id' = {} is outside the vocabularies [0, {}) and [0, {})", c.pad_id,
+         c.src_vocab, c.tgt_vocab);
+
+  dsl::ModelBuilder mb("transformer");
+  const Dim B = mb.symbol("B", c.max_batch);
+  const Dim S = mb.symbol("S", c.max_len);
+  const Dim T = mb.symbol("T", c.max_len);
+  const std::pair<const char*, int64_t> keys[] = {
+      {"src_vocab", c.src_vocab}, {"tgt_vocab", c.tgt_vocab},   {"d_model", c.d_model},
+      {"heads", c.heads},         {"d_ff", c.d_ff},             {"enc_layers", c.enc_layers},
+      {"dec_layers", c.dec_layers}, {"pad_id", c.pad_id},       {"max_len", c.max_len},
+      {"max_batch", c.max_batch}};
+  for (const auto& [k, v] : keys) mb.set_config(k, std::to_string(v));
+
+  {
+    FunctionBuilder& f = mb.function("forward");
+    Tensor src = f.input("src", DType::i64, {B, S});
+    Tensor tgt = f.input("tgt", DType::i64, {B, T});
+    Tensor src_mask = key_padding_mask(src, c.pad_id);
+    Tensor memory = Encoder{&c}(embed("src_embed", src, c, c.src_vocab), src_mask);
+    Tensor tgt_mask = causal_padding_mask(tgt, c.pad_id);
+    Tensor y = Decoder{&c}(embed("tgt_embed", tgt, c, c.tgt_vocab), memory, src_mask, tgt_mask);
+    f.output(Linear{"generator", c.d_model, c.tgt_vocab}(y), "logits");
+  }
+  {
+    FunctionBuilder& f = mb.function("encode");
+    Tensor src = f.input("src", DType::i64, {B, S});
+    Tensor memory = Encoder{&c}(embed("src_embed", src, c, c.src_vocab), key_padding_mask(src, c.pad_id));
+    f.output(memory, "memory");
+  }
+  return mb.finish();
+}
+
+}  // namespace kiln::nn

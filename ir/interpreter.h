@@ -1,0 +1,50 @@
+// The reference interpreter: runs any function of any module on host tensors with
+// plain loops. It is the oracle for every differential test, so it follows each op's
+// definition literally and favours clarity over speed.
+//
+// Numerics: f32 tensors are stored as float; every reduction (matmul, softmax,
+// layernorm, reduce_*, attention) accumulates in double and rounds the result to
+// float once. Integer and bool tensors are stored as int64 (bool as 0/1).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ir/ir.h"
+
+namespace kiln::ir {
+
+struct Tensor {
+  DType dtype = DType::f32;
+  std::vector<int64_t> shape;
+  std::vector<float> f;       // data when dtype == f32
+  std::vector<int64_t> ints;  // data for i32, i64, bool (0/1)
+
+  int64_t numel() const;
+  static Tensor zeros(DType dtype, std::vector<int64_t> shape);
+  static Tensor from_f32(std::vector<int64_t> shape, std::vector<float> data);
+  static Tensor from_ints(DType dtype, std::vector<int64_t> shape, std::vector<int64_t> data);
+  std::string type_string() const;  // e.g. "f32[2,7,24]"
+};
+
+// Weights by name. Underived module weights must be present; derived ones are
+// built by `materialize_weights`.
+using WeightMap = std::map<std::string, Tensor>;
+
+// Adds every derived weight of `module` (e.g. concatenated projections) to `weights`,
+// computed from its inputs. Throws kiln::Error if an input is missing.
+void materialize_weights(const Module& module, WeightMap& weights);
+
+// Runs `function` on `inputs` (one per parameter, in order). Binds each symbol from the
+// inputs' shapes and checks them against the parameter types and the declared maxima,
+// and checks gather indices against the table size; every such problem throws
+// kiln::Error naming the input, e.g.
+//   input 'src' has shape [2,50]: dim 1 (S) is 50, above its maximum 40
+//   token id 45 at 'src'[0,3] is out of range [0, 37)
+// Returns the results in order.
+std::vector<Tensor> interpret(const Module& module, const Function& function,
+                              const WeightMap& weights, const std::vector<Tensor>& inputs);
+
+}  // namespace kiln::ir

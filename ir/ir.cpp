@@ -1,0 +1,247 @@
+// Basic operations on the IR data structures: names, lookups, builders.
+#include "ir/ir.h"
+
+#include <fmt/format.h>
+
+#include "support/error.h"
+
+namespace kiln::ir {
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return "f32";
+    case DType::i32: return "i32";
+    case DType::i64: return "i64";
+    case DType::boolean: return "bool";
+  }
+  return "?";
+}
+
+std::optional<DType> parse_dtype(std::string_view s) {
+  if (s == "f32") return DType::f32;
+  if (s == "i32") return DType::i32;
+  if (s == "i64") return DType::i64;
+  if (s == "bool") return DType::boolean;
+  return std::nullopt;
+}
+
+int64_t dtype_size(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return 4;
+    case DType::i32: return 4;
+    case DType::i64: return 8;
+    case DType::boolean: return 1;
+  }
+  return 0;
+}
+
+std::string to_string(const Dim& dim) {
+  return dim.is_symbolic() ? dim.symbol : std::to_string(dim.value);
+}
+
+std::string to_string(const TensorType& type) {
+  std::string out = dtype_name(type.dtype);
+  out += '[';
+  for (size_t i = 0; i < type.shape.size(); ++i) {
+    if (i) out += ',';
+    out += to_string(type.shape[i]);
+  }
+  out += ']';
+  return out;
+}
+
+namespace {
+struct OpInfo {
+  OpKind kind;
+  const char* name;
+};
+constexpr OpInfo kOps[] = {
+    {OpKind::weight, "weight"},
+    {OpKind::constant, "constant"},
+    {OpKind::sinusoid_table, "sinusoid_table"},
+    {OpKind::iota, "iota"},
+    {OpKind::add, "add"},
+    {OpKind::sub, "sub"},
+    {OpKind::mul, "mul"},
+    {OpKind::div, "div"},
+    {OpKind::maximum, "maximum"},
+    {OpKind::eq, "eq"},
+    {OpKind::ne, "ne"},
+    {OpKind::lt, "lt"},
+    {OpKind::le, "le"},
+    {OpKind::gt, "gt"},
+    {OpKind::ge, "ge"},
+    {OpKind::logical_and, "logical_and"},
+    {OpKind::logical_or, "logical_or"},
+    {OpKind::logical_not, "logical_not"},
+    {OpKind::relu, "relu"},
+    {OpKind::neg, "neg"},
+    {OpKind::exp, "exp"},
+    {OpKind::sqrt, "sqrt"},
+    {OpKind::select, "select"},
+    {OpKind::cast, "cast"},
+    {OpKind::gather, "gather"},
+    {OpKind::transpose, "transpose"},
+    {OpKind::reshape, "reshape"},
+    {OpKind::slice, "slice"},
+    {OpKind::concat, "concat"},
+    {OpKind::matmul, "matmul"},
+    {OpKind::softmax, "softmax"},
+    {OpKind::layernorm, "layernorm"},
+    {OpKind::reduce_sum, "reduce_sum"},
+    {OpKind::reduce_max, "reduce_max"},
+    {OpKind::reduce_mean, "reduce_mean"},
+    {OpKind::argmax, "argmax"},
+    {OpKind::linear, "linear"},
+    {OpKind::add_layernorm, "add_layernorm"},
+    {OpKind::attention, "attention"},
+};
+}  // namespace
+
+const char* op_name(OpKind kind) {
+  for (const auto& info : kOps)
+    if (info.kind == kind) return info.name;
+  return "?";
+}
+
+std::optional<OpKind> parse_op_kind(std::string_view name) {
+  for (const auto& info : kOps)
+    if (name == info.name) return info.kind;
+  return std::nullopt;
+}
+
+bool is_comparison(OpKind k) {
+  return k == OpKind::eq || k == OpKind::ne || k == OpKind::lt || k == OpKind::le ||
+         k == OpKind::gt || k == OpKind::ge;
+}
+
+bool is_binary_elementwise(OpKind k) {
+  return k == OpKind::add || k == OpKind::sub || k == OpKind::mul || k == OpKind::div ||
+         k == OpKind::maximum || is_comparison(k) || k == OpKind::logical_and ||
+         k == OpKind::logical_or;
+}
+
+bool is_unary_elementwise(OpKind k) {
+  return k == OpKind::relu || k == OpKind::neg || k == OpKind::exp || k == OpKind::sqrt ||
+         k == OpKind::logical_not || k == OpKind::cast;
+}
+
+bool is_elementwise(OpKind k) {
+  return is_binary_elementwise(k) || is_unary_elementwise(k) || k == OpKind::select;
+}
+
+int64_t Op::int_attr(const std::string& key) const {
+  auto it = attrs.find(key);
+  KILN_ASSERT(it != attrs.end(), fmt::format("{} has no attribute '{}'", op_name(kind), key));
+  const int64_t* v = std::get_if<int64_t>(&it->second);
+  KILN_ASSERT(v, fmt::format("{} attribute '{}' is not an integer", op_name(kind), key));
+  return *v;
+}
+
+double Op::float_attr(const std::string& key) const {
+  auto it = attrs.find(key);
+  KILN_ASSERT(it != attrs.end(), fmt::format("{} has no attribute '{}'", op_name(kind), key));
+  if (const int64_t* i = std::get_if<int64_t>(&it->second)) return static_cast<double>(*i);
+  const double* v = std::get_if<double>(&it->second);
+  KILN_ASSERT(v, fmt::format("{} attribute '{}' is not a number", op_name(kind), key));
+  return *v;
+}
+
+const std::string& Op::str_attr(const std::string& key) const {
+  auto it = attrs.find(key);
+  KILN_ASSERT(it != attrs.end(), fmt::format("{} has no attribute '{}'", op_name(kind), key));
+  const std::string* v = std::get_if<std::string>(&it->second);
+  KILN_ASSERT(v, fmt::format("{} attribute '{}' is not a string", op_name(kind), key));
+  return *v;
+}
+
+const std::vector<int64_t>& Op::ints_attr(const std::string& key) const {
+  auto it = attrs.find(key);
+  KILN_ASSERT(it != attrs.end(), fmt::format("{} has no attribute '{}'", op_name(kind), key));
+  const auto* v = std::get_if<std::vector<int64_t>>(&it->second);
+  KILN_ASSERT(v, fmt::format("{} attribute '{}' is not an integer list", op_name(kind), key));
+  return *v;
+}
+
+ValueId Function::add_value(TensorType type, std::string name) {
+  values.push_back(Value{std::move(name), std::move(type)});
+  return static_cast<ValueId>(values.size() - 1);
+}
+
+ValueId Function::add_param(std::string name, TensorType type) {
+  ValueId id = add_value(std::move(type), std::move(name));
+  params.push_back(id);
+  return id;
+}
+
+ValueId Function::add_op(OpKind kind, std::vector<ValueId> operands, TensorType type,
+                         Attrs attrs) {
+  ValueId id = add_value(std::move(type));
+  ops.push_back(Op{kind, id, std::move(operands), std::move(attrs)});
+  return id;
+}
+
+int Function::defining_op(ValueId id) const {
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (ops[i].result == id) return static_cast<int>(i);
+  return -1;
+}
+
+const Symbol* Module::find_symbol(std::string_view name) const {
+  for (const auto& s : symbols)
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+const Weight* Module::find_weight(std::string_view name) const {
+  for (const auto& w : weights)
+    if (w.name == name) return &w;
+  return nullptr;
+}
+
+Function* Module::find_function(std::string_view name) {
+  for (auto& f : functions)
+    if (f.name == name) return &f;
+  return nullptr;
+}
+
+const Function* Module::find_function(std::string_view name) const {
+  for (const auto& f : functions)
+    if (f.name == name) return &f;
+  return nullptr;
+}
+
+void Module::declare_weight(const std::string& name, const TensorType& type) {
+  if (const Weight* w = find_weight(name)) {
+    if (!(w->type == type))
+      fail("weight '{}' declared as {} and again as {}", name, to_string(w->type),
+           to_string(type));
+    return;
+  }
+  weights.push_back(Weight{name, type, std::nullopt});
+}
+
+int64_t static_numel(const TensorType& type) {
+  int64_t n = 1;
+  for (const auto& d : type.shape) {
+    KILN_ASSERT(!d.is_symbolic(), "static_numel of a symbolic shape");
+    n *= d.value;
+  }
+  return n;
+}
+
+int64_t max_numel(const Module& module, const TensorType& type) {
+  int64_t n = 1;
+  for (const auto& d : type.shape) {
+    if (d.is_symbolic()) {
+      const Symbol* s = module.find_symbol(d.symbol);
+      KILN_ASSERT(s, "unknown symbol " + d.symbol);
+      n *= s->max;
+    } else {
+      n *= d.value;
+    }
+  }
+  return n;
+}
+
+}  // namespace kiln::ir

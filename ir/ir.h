@@ -1,0 +1,178 @@
+// The graph IR: dtypes, symbolic shapes, values, ops, functions and modules.
+//
+// A Module holds the model's symbols (B, S, T with declared maxima), its weights
+// (named like the PyTorch state_dict) and its Functions (entry points such as
+// `forward` and `encode`). A Function is a list of Ops in SSA form: every Op
+// defines exactly one Value; operands refer to Values defined earlier (or to the
+// function's parameters). Weights enter a function through `weight` ops.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace kiln::ir {
+
+enum class DType { f32, i32, i64, boolean };
+
+const char* dtype_name(DType dtype);                 // "f32", "i32", "i64", "bool"
+std::optional<DType> parse_dtype(std::string_view);  // inverse of dtype_name
+int64_t dtype_size(DType dtype);                     // bytes per element (bool: 1)
+inline bool is_integer(DType d) { return d == DType::i32 || d == DType::i64; }
+
+// One dimension of a shape: an integer constant or a named symbol (e.g. `S`).
+struct Dim {
+  int64_t value = 0;   // used when symbol is empty
+  std::string symbol;  // non-empty for a symbolic dim
+
+  static Dim constant(int64_t v) { return Dim{v, {}}; }
+  static Dim sym(std::string name) { return Dim{0, std::move(name)}; }
+  bool is_symbolic() const { return !symbol.empty(); }
+  bool is_const(int64_t v) const { return symbol.empty() && value == v; }
+  bool operator==(const Dim&) const = default;
+};
+
+struct TensorType {
+  DType dtype = DType::f32;
+  std::vector<Dim> shape;
+  int64_t rank() const { return static_cast<int64_t>(shape.size()); }
+  bool operator==(const TensorType&) const = default;
+};
+
+std::string to_string(const Dim& dim);
+std::string to_string(const TensorType& type);  // e.g. "f32[B,S,512]", "i64[]"
+
+// A symbol with its declared upper bound, e.g. `symbol S max 128`.
+struct Symbol {
+  std::string name;
+  int64_t max = 0;
+  bool operator==(const Symbol&) const = default;
+};
+
+// Attribute values: integers, floats, strings and integer lists.
+using AttrValue = std::variant<int64_t, double, std::string, std::vector<int64_t>>;
+using Attrs = std::map<std::string, AttrValue>;  // ordered: printing is deterministic
+
+enum class OpKind {
+  // Sources.
+  weight,          // {name}: a module weight
+  constant,        // {value}: a splat scalar of the result type (usually rank 0)
+  sinusoid_table,  // (): the sinusoidal position table, result [rows, dim]
+  iota,            // {axis}: result[i...] = index along axis
+  // Elementwise with numpy broadcasting.
+  add, sub, mul, div, maximum,
+  eq, ne, lt, le, gt, ge,  // comparisons -> bool
+  logical_and, logical_or, logical_not,
+  relu, neg, exp, sqrt,
+  select,  // (cond, a, b)
+  cast,    // to the result dtype
+  // Data movement.
+  gather,     // (table[V, D...], ids[...]) -> [..., D...]
+  transpose,  // {perm}
+  reshape,    // to the result shape (same element count)
+  slice,      // {axis, start}: result extent along axis from the result type
+  concat,     // {axis}
+  // Reductions and normalization.
+  matmul,     // batched [..., M, K] x [..., K, N] -> [..., M, N]; a rank-2 rhs broadcasts
+  softmax,    // {axis}
+  layernorm,  // (x, gamma, beta) {eps}: over the last axis, biased variance
+  reduce_sum, reduce_max, reduce_mean,  // {axes, keepdims}
+  argmax,     // {axis}
+  // Fused ops (produced by passes; ordinary ops otherwise).
+  linear,         // (x, W[N,K], b[N]) {act}: x·Wᵀ + b, act "none" | "relu"
+  add_layernorm,  // (x, y, gamma, beta) {eps}: layernorm(x + y)
+  attention,      // see passes/fuse_attention.h for operands and attributes
+};
+
+const char* op_name(OpKind kind);
+std::optional<OpKind> parse_op_kind(std::string_view name);
+bool is_elementwise(OpKind kind);
+bool is_comparison(OpKind kind);
+bool is_unary_elementwise(OpKind kind);
+bool is_binary_elementwise(OpKind kind);
+
+using ValueId = int32_t;
+
+// The value defined by an op or a parameter. `name` is what the text form shows
+// after `%`; an empty name prints as the value's position number.
+struct Value {
+  std::string name;
+  TensorType type;
+};
+
+struct Op {
+  OpKind kind;
+  ValueId result = -1;
+  std::vector<ValueId> operands;
+  Attrs attrs;
+
+  bool has_attr(const std::string& key) const { return attrs.count(key) != 0; }
+  int64_t int_attr(const std::string& key) const;  // asserts presence and type
+  double float_attr(const std::string& key) const;  // accepts an integer too
+  const std::string& str_attr(const std::string& key) const;
+  const std::vector<int64_t>& ints_attr(const std::string& key) const;
+};
+
+// A source location in IR text, for diagnostics.
+struct Loc {
+  int line = 0;
+  int col = 0;
+};
+
+struct Function {
+  std::string name;
+  std::vector<Value> values;     // every value: parameters and op results, by ValueId
+  std::vector<ValueId> params;   // inputs, in order
+  std::vector<Op> ops;           // in execution order
+  std::vector<ValueId> results;  // outputs, in order; their value names name them
+  std::vector<Loc> op_locs;      // when parsed: the location of each op (may be empty)
+
+  const TensorType& type(ValueId id) const { return values.at(id).type; }
+  ValueId add_value(TensorType type, std::string name = {});
+  ValueId add_param(std::string name, TensorType type);
+  // Appends an op defining a new value of `type`; returns that value.
+  ValueId add_op(OpKind kind, std::vector<ValueId> operands, TensorType type, Attrs attrs = {});
+  // Index of the op defining `id`, or -1 for a parameter. Linear scan.
+  int defining_op(ValueId id) const;
+};
+
+// A named weight. `derivation` records how a weight is built at load time from
+// state_dict tensors (e.g. concatenating projection weights); empty = loaded as is.
+struct WeightDerivation {
+  std::string op;                   // "concat"
+  std::vector<std::string> inputs;  // state_dict names
+  Attrs attrs;                      // e.g. {axis}
+  bool operator==(const WeightDerivation&) const = default;
+};
+
+struct Weight {
+  std::string name;
+  TensorType type;  // always static (no symbols)
+  std::optional<WeightDerivation> derivation;
+};
+
+struct Module {
+  std::string name;
+  std::map<std::string, std::string> config;  // model config the module was built from
+  std::vector<Symbol> symbols;
+  std::vector<Weight> weights;
+  std::vector<Function> functions;
+
+  const Symbol* find_symbol(std::string_view name) const;
+  const Weight* find_weight(std::string_view name) const;
+  Function* find_function(std::string_view name);
+  const Function* find_function(std::string_view name) const;
+  // Adds a weight, or checks that an existing one has the same type.
+  void declare_weight(const std::string& name, const TensorType& type);
+};
+
+// Number of elements of a weight-like static type; asserts there are no symbols.
+int64_t static_numel(const TensorType& type);
+// Number of elements with every symbol at its declared maximum.
+int64_t max_numel(const Module& module, const TensorType& type);
+
+}  // namespace kiln::ir

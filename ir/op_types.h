@@ -1,0 +1,39 @@
+// Type rules of every op: the operand count, attributes and operand types it
+// accepts, and the result type it produces. Shared by the verifier, the DSL (which
+// checks shapes while building) and shape inference.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ir/ir.h"
+
+namespace kiln::ir {
+
+struct TypeResult {
+  TensorType type;    // valid when error is empty
+  std::string error;  // e.g. "operand shapes f32[B,S,24] and f32[B,T,24] do not broadcast"
+  bool ok() const { return error.empty(); }
+};
+
+// Computes the result type of an op of `kind` applied to operands of `operand_types`
+// with `attrs`. Ops whose result type is not determined by their operands (weight,
+// constant, sinusoid_table, iota, cast, reshape, slice) take it from `declared`, which
+// must then be non-null; the rule checks it. Never throws.
+TypeResult infer_type(const Module& module, OpKind kind,
+                      const std::vector<TensorType>& operand_types, const Attrs& attrs,
+                      const TensorType* declared);
+
+// True when the op kind takes its result type from the declaration.
+bool needs_declared_type(OpKind kind);
+
+// Numpy-style broadcast of two shapes; empty optional-like error when incompatible.
+TypeResult broadcast_types(const TensorType& a, const TensorType& b, DType result_dtype);
+
+// Normalizes a possibly negative axis against `rank`; returns -1 when out of range.
+int64_t normalize_axis(int64_t axis, int64_t rank);
+
+// Formats a shape as "[B,S,24]".
+std::string shape_string(const std::vector<Dim>& shape);
+
+}  // namespace kiln::ir

@@ -1,0 +1,49 @@
+// The printer of the IR text form (.kir). `parse_module(print_module(m))` gives
+// back m, and printing that again gives identical text.
+//
+// The text form, by example:
+//
+//   module @transformer {
+//     config {d_model = "24", heads = "3"}
+//     symbol B max 4
+//     symbol S max 40
+//     weight @src_embed.weight : f32[37,24]
+//     weight @w_qkv : f32[72,24] = concat(@w_q, @w_k, @w_v) {axis = 0}
+//     func @encode(%src: i64[B,S]) -> (f32[B,S,24]) {
+//       %0 = weight() {name = "src_embed.weight"} : f32[37,24]
+//       %1 = gather(%0, %src) : f32[B,S,24]
+//       %memory = layernorm(%1, %2, %3) {eps = 1.0000000000000001e-05} : f32[B,S,24]
+//       return %memory
+//     }
+//   }
+//
+// Grammar (whitespace and `# comments` between tokens are ignored):
+//   module     := 'module' '@' NAME '{' item* '}'
+//   item       := config | symbol | weight | func
+//   config     := 'config' '{' (IDENT '=' STRING (',' IDENT '=' STRING)*)? '}'
+//   symbol     := 'symbol' IDENT 'max' INT
+//   weight     := 'weight' '@' NAME ':' type ('=' 'concat' '(' '@' NAME (',' '@' NAME)* ')' attrs)?
+//   func       := 'func' '@' NAME '(' (param (',' param)*)? ')' '->' '(' type (',' type)* ')'
+//                 '{' op* 'return' value (',' value)* '}'
+//   param      := value ':' type
+//   op         := value '=' OPNAME '(' (value (',' value)*)? ')' attrs? ':' type
+//   value      := '%' (IDENT | INT)
+//   attrs      := '{' IDENT '=' attr (',' IDENT '=' attr)* '}'
+//   attr       := INT | FLOAT | STRING | '[' (INT (',' INT)*)? ']'
+//   type       := DTYPE '[' (dim (',' dim)*)? ']'        DTYPE: f32 i32 i64 bool
+//   dim        := INT | IDENT
+// NAME is [A-Za-z0-9_.]+; a FLOAT always has '.', 'e', "inf" or "nan" in it, which
+// tells it from an INT. Unnamed values print as %0, %1, ... in definition order.
+#pragma once
+
+#include <string>
+
+#include "ir/ir.h"
+
+namespace kiln::ir {
+
+std::string print_module(const Module& module);
+std::string print_function(const Module& module, const Function& function, int indent = 2);
+std::string print_attr_value(const AttrValue& value);
+
+}  // namespace kiln::ir

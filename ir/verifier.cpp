@@ -1,0 +1,188 @@
+// The IR verifier (see verifier.h for the numbered invariants).
+#include "ir/verifier.h"
+
+#include <set>
+
+#include <fmt/format.h>
+
+#include "ir/op_types.h"
+#include "support/error.h"
+
+namespace kiln::ir {
+namespace {
+
+bool is_identifier(const std::string& s) {
+  if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
+  for (char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
+  return true;
+}
+
+class Verifier {
+ public:
+  explicit Verifier(const Module& m) : m_(m) {}
+
+  std::vector<Diagnostic> run() {
+    check_symbols();
+    check_weights();
+    std::set<std::string> names;
+    for (const Function& f : m_.functions) {
+      if (!names.insert(f.name).second)
+        module_error("[V3] function '{}' is defined twice", f.name);
+      check_function(f);
+    }
+    return std::move(diags_);
+  }
+
+ private:
+  template <typename... Args>
+  void module_error(fmt::format_string<Args...> format, Args&&... args) {
+    diags_.push_back({"", -1, {}, fmt::format(format, std::forward<Args>(args)...)});
+  }
+
+  void check_symbols() {
+    std::set<std::string> seen;
+    for (const Symbol& s : m_.symbols) {
+      if (!is_identifier(s.name)) module_error("[V1] symbol name '{}' is not an identifier", s.name);
+      if (!seen.insert(s.name).second) module_error("[V1] symbol '{}' is declared twice", s.name);
+      if (s.max < 1) module_error("[V1] symbol '{}' has maximum {}, expected >= 1", s.name, s.max);
+    }
+  }
+
+  void check_weights() {
+    std::set<std::string> seen;
+    for (const Weight& w : m_.weights) {
+      if (!seen.insert(w.name).second) module_error("[V2] weight '{}' is declared twice", w.name);
+      for (const Dim& d : w.type.shape)
+        if (d.is_symbolic())
+          module_error("[V2] weight '{}' has symbolic type {}", w.name, to_string(w.type));
+      if (w.derivation) check_derivation(w);
+    }
+  }
+
+  void check_derivation(const Weight& w) {
+    const WeightDerivation& d = *w.derivation;
+    if (d.op != "concat" || d.inputs.empty()) {
+      module_error("[V9] weight '{}' has an unknown derivation '{}'", w.name, d.op);
+      return;
+    }
+    std::vector<TensorType> types;
+    for (const std::string& in : d.inputs) {
+      const Weight* src = m_.find_weight(in);
+      if (!src || src->derivation) {
+        module_error("[V9] weight '{}' derives from '{}', which is not a declared plain weight",
+                     w.name, in);
+        return;
+      }
+      types.push_back(src->type);
+    }
+    TypeResult r = infer_type(m_, OpKind::concat, types, d.attrs, nullptr);
+    if (!r.ok())
+      module_error("[V9] weight '{}': concat {}", w.name, r.error);
+    else if (!(r.type == w.type))
+      module_error("[V9] weight '{}' has type {}, its derivation gives {}", w.name,
+                   to_string(w.type), to_string(r.type));
+  }
+
+  void check_type_symbols(const Function& f, int op, const TensorType& t) {
+    for (const Dim& d : t.shape)
+      if (d.is_symbolic() && !m_.find_symbol(d.symbol))
+        op_error(f, op, "[V7] type {} uses undeclared symbol '{}'", to_string(t), d.symbol);
+  }
+
+  template <typename... Args>
+  void op_error(const Function& f, int op, fmt::format_string<Args...> format, Args&&... args) {
+    Loc loc;
+    if (op >= 0 && op < static_cast<int>(f.op_locs.size())) loc = f.op_locs[op];
+    diags_.push_back({f.name, op, loc, fmt::format(format, std::forward<Args>(args)...)});
+  }
+
+  void check_function(const Function& f) {
+    const int nvalues = static_cast<int>(f.values.size());
+    std::vector<int> defined(nvalues, 0);  // 0 = not yet, 1 = defined
+    std::vector<int> def_count(nvalues, 0);
+    auto valid = [&](ValueId id) { return id >= 0 && id < nvalues; };
+
+    std::set<std::string> names;
+    for (const Value& v : f.values)
+      if (!v.name.empty() && !names.insert(v.name).second)
+        op_error(f, -1, "[V6] value name '%{}' is used twice", v.name);
+
+    for (ValueId p : f.params) {
+      if (!valid(p)) {
+        op_error(f, -1, "[V4] parameter refers to missing value {}", p);
+        continue;
+      }
+      defined[p] = 1;
+      ++def_count[p];
+      check_type_symbols(f, -1, f.type(p));
+    }
+    for (int i = 0; i < static_cast<int>(f.ops.size()); ++i) {
+      const Op& op = f.ops[i];
+      std::vector<TensorType> operand_types;
+      bool operands_ok = true;
+      for (ValueId v : op.operands) {
+        if (!valid(v)) {
+          op_error(f, i, "[V4] {}: operand refers to missing value {}", op_name(op.kind), v);
+          operands_ok = false;
+        } else if (!defined[v]) {
+          op_error(f, i, "[V5] {}: operand %{} is used before it is defined", op_name(op.kind),
+                   f.values[v].name.empty() ? std::to_string(v) : f.values[v].name);
+          operands_ok = false;
+        } else {
+          operand_types.push_back(f.type(v));
+        }
+      }
+      if (!valid(op.result)) {
+        op_error(f, i, "[V4] {}: result refers to missing value {}", op_name(op.kind), op.result);
+        continue;
+      }
+      ++def_count[op.result];
+      defined[op.result] = 1;
+      check_type_symbols(f, i, f.type(op.result));
+      if (!operands_ok) continue;
+      TypeResult r = infer_type(m_, op.kind, operand_types, op.attrs, &f.type(op.result));
+      if (!r.ok())
+        op_error(f, i, "[V8] {}: {}", op_name(op.kind), r.error);
+      else if (!(r.type == f.type(op.result)))
+        op_error(f, i, "[V8] {}: result type is {}, expected {}", op_name(op.kind),
+                 to_string(f.type(op.result)), to_string(r.type));
+    }
+    for (int v = 0; v < nvalues; ++v)
+      if (def_count[v] != 1)
+        op_error(f, -1, "[V5] value %{} is defined {} times",
+                 f.values[v].name.empty() ? std::to_string(v) : f.values[v].name, def_count[v]);
+    if (f.results.empty()) op_error(f, -1, "[V3] function '{}' has no results", f.name);
+    for (ValueId r : f.results)
+      if (!valid(r)) op_error(f, -1, "[V4] return refers to missing value {}", r);
+  }
+
+  const Module& m_;
+  std::vector<Diagnostic> diags_;
+};
+
+}  // namespace
+
+std::vector<Diagnostic> verify(const Module& module) { return Verifier(module).run(); }
+
+std::string format_diagnostic(const Diagnostic& d, const std::string& file) {
+  if (d.loc.line > 0) return fmt::format("{}:{}:{}: error: {}", file, d.loc.line, d.loc.col, d.message);
+  if (d.function.empty()) return fmt::format("{}: error: {}", file, d.message);
+  if (d.op_index < 0) return fmt::format("{}: error: in function '{}': {}", file, d.function, d.message);
+  return fmt::format("{}: error: in function '{}', op {}: {}", file, d.function, d.op_index,
+                     d.message);
+}
+
+void verify_or_throw(const Module& module, const std::string& file) {
+  std::vector<Diagnostic> diags = verify(module);
+  if (diags.empty()) return;
+  std::string msg;
+  for (size_t i = 0; i < diags.size() && i < 10; ++i) {
+    if (i) msg += '\n';
+    msg += format_diagnostic(diags[i], file);
+  }
+  if (diags.size() > 10) msg += fmt::format("\n... and {} more", diags.size() - 10);
+  throw Error(msg);
+}
+
+}  // namespace kiln::ir

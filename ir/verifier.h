@@ -1,0 +1,43 @@
+// The IR verifier. It reports violations as diagnostics and never asserts on
+// malformed input, so it can run on anything the parser or a pass produced.
+//
+// Invariants checked, by number (diagnostics cite them as "[V3]" etc.):
+//  V1. Symbol names are unique, identifiers, and each declared maximum is >= 1.
+//  V2. Weight names are unique and weight types are static (no symbols).
+//  V3. Function names are unique and every function has at least one result.
+//  V4. Every value id an op or a return refers to exists in the function.
+//  V5. SSA: every value is defined exactly once (as a parameter or by one op), and
+//      every operand is defined before the op that uses it.
+//  V6. Value names are unique within a function.
+//  V7. Every symbol in a type (parameters, op results) is declared in the module.
+//  V8. Every op obeys its type rule (op_types.h): operand count, attributes, operand
+//      types, and a result type equal to the one the rule infers.
+//  V9. A derived weight's inputs are declared, underived weights, its op is
+//      "concat", and concatenating their types along its axis gives its type.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ir/ir.h"
+
+namespace kiln::ir {
+
+struct Diagnostic {
+  std::string function;  // empty for module-level problems
+  int op_index = -1;     // -1 when not about one op
+  Loc loc;               // line 0 when unknown
+  std::string message;   // starts with the invariant, e.g. "[V8] matmul: ..."
+};
+
+// Checks every invariant above; returns all violations (empty when valid).
+std::vector<Diagnostic> verify(const Module& module);
+
+// "FILE:LINE:COL: error: MESSAGE" when the location is known, otherwise
+// "error: in function 'forward', op 12: MESSAGE".
+std::string format_diagnostic(const Diagnostic& d, const std::string& file = "<input>");
+
+// Throws kiln::Error with the first diagnostics (up to 10) when the module is invalid.
+void verify_or_throw(const Module& module, const std::string& file = "<input>");
+
+}  // namespace kiln::ir

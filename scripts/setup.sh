@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs the Debian packages kiln needs to build and test, skipping those present.
+set -euo pipefail
+
+packages=(cmake ninja-build g++ ccache pkg-config
+          libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
+          libhalide14-0-dev llvm-14-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+fi

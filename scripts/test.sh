@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Runs kiln's whole test suite: installs what is missing, builds, runs every test, then
+# runs the tests that read hostile input (weights files, IR text) again under
+# AddressSanitizer and UBSan.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/build.sh
+(cd build && ctest --output-on-failure -j 2)
+
+echo "== AddressSanitizer + UBSan: runtime_tests, ir_tests"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKILN_ASAN=ON >/dev/null
+cmake --build build-asan -j "${KILN_JOBS:-2}" --target runtime_tests ir_tests
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+build-asan/tests/runtime_tests --gtest_brief=1
+build-asan/tests/ir_tests --gtest_brief=1
+echo "all tests passed"

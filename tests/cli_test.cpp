@@ -1,0 +1,167 @@
+// The `kiln` CLI end to end: help, emit | inspect, run with the interpreter, and clear
+// one-line errors (non-zero exit) for bad models, keys, files and token ids.
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "runtime/safetensors.h"
+
+namespace kiln {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::StartsWith;
+
+struct Result {
+  int status;
+  std::string output;  // stdout and stderr
+};
+
+std::string kiln_bin() { return std::string(KILN_BINARY_DIR) + "/tools/kiln"; }
+std::string golden(const std::string& f) { return std::string(KILN_TEST_DATA_DIR) + "/golden/" + f; }
+
+Result run(const std::string& args) {
+  std::string cmd = kiln_bin() + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  Result r{-1, {}};
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("kiln_cli_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string path(const std::string& f) const { return (dir_ / f).string(); }
+  std::filesystem::path dir_;
+};
+
+TEST_F(CliTest, HelpForEveryCommand) {
+  Result r = run("--help");
+  EXPECT_EQ(r.status, 0);
+  EXPECT_THAT(r.output, HasSubstr("usage: kiln <command>"));
+  for (const char* cmd : {"emit", "inspect", "run"}) {
+    Result c = run(std::string(cmd) + " --help");
+    EXPECT_EQ(c.status, 0) << cmd;
+    EXPECT_THAT(c.output, StartsWith(std::string("usage: kiln ") + cmd)) << cmd;
+  }
+  Result bad = run("frobnicate");
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_EQ(bad.output, "kiln: error: unknown command 'frobnicate' (see 'kiln --help')\n");
+}
+
+TEST_F(CliTest, EmitBaseIntoInspect) {
+  Result r = run("emit transformer --config base | " + kiln_bin() + " inspect -");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("weights: 260 tensors, 93,324,544 parameters"));
+  EXPECT_THAT(r.output, HasSubstr("entry point forward(%src: i64[B,S], %tgt: i64[B,T]) -> "
+                                  "(%logits: f32[B,T,32000])"));
+  EXPECT_THAT(r.output, HasSubstr("entry point encode(%src: i64[B,S]) -> (%memory: f32[B,S,512])"));
+  Result ops = run("emit transformer --config base | " + kiln_bin() + " inspect - --ops");
+  ASSERT_EQ(ops.status, 0) << ops.output;
+  // 18 attention blocks, each with one softmax, in forward; 6 in encode.
+  EXPECT_THAT(ops.output, HasSubstr("forward softmax 18\n"));
+  EXPECT_THAT(ops.output, HasSubstr("encode softmax 6\n"));
+  // 30 sublayer norms + 2 final norms in forward.
+  EXPECT_THAT(ops.output, HasSubstr("forward layernorm 32\n"));
+}
+
+TEST_F(CliTest, EmitErrorsNameTheProblem) {
+  Result r = run("emit transformer --set d_model=500");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.output, "kiln: error: config 'd_model' = 500 is not divisible by 'heads' = 8\n");
+  r = run("emit transformer --set colour=blue");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.output, StartsWith("kiln: error: unknown config key 'colour' for model 'transformer'"));
+  r = run("emit transformer --bogus");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.output, HasSubstr("emit: unknown option '--bogus'"));
+}
+
+TEST_F(CliTest, EmitWritesFileAndSetOverrides) {
+  Result r = run("emit transformer --config tiny --set max_len=64 -o " + path("t.kir"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  Result i = run("inspect " + path("t.kir"));
+  EXPECT_THAT(i.output, HasSubstr("symbols: B<=4 S<=64 T<=64"));
+}
+
+TEST_F(CliTest, RunMatchesGoldenAndWritesOutputs) {
+  ASSERT_EQ(run("emit transformer --config tiny -o " + path("tiny.kir")).status, 0);
+  Result r = run("run " + path("tiny.kir") + " --weights " + golden("tiny.weights.safetensors") +
+                 " --inputs " + golden("tiny_b1.inputs.safetensors") + " --expect " +
+                 golden("tiny_b1.expected.safetensors") + " -o " + path("out.safetensors"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("logits: max abs error"));
+  EXPECT_THAT(r.output, HasSubstr("match"));
+  rt::SafeTensors out = rt::SafeTensors::load(path("out.safetensors"));
+  EXPECT_EQ(out.at("logits").shape, (std::vector<int64_t>{3, 6, 41}));
+
+  Result e = run("run " + path("tiny.kir") + " --function encode --weights " +
+                 golden("tiny.weights.safetensors") + " --inputs " +
+                 golden("tiny_b1.inputs.safetensors") + " --expect " +
+                 golden("tiny_b1.expected.safetensors"));
+  ASSERT_EQ(e.status, 0) << e.output;
+  EXPECT_THAT(e.output, HasSubstr("memory: max abs error"));
+}
+
+TEST_F(CliTest, RunRejectsOutOfRangeTokenIds) {
+  ASSERT_EQ(run("emit transformer --config tiny -o " + path("tiny.kir")).status, 0);
+  for (int64_t bad : {37, 1000000, -1}) {
+    std::vector<int64_t> src = {5, 6, bad, 0}, tgt = {3, 4, 0};
+    rt::write_safetensors(path("bad.safetensors"),
+                          {rt::make_i64("src", {1, 4}, src), rt::make_i64("tgt", {1, 3}, tgt)});
+    Result r = run("run " + path("tiny.kir") + " --weights " + golden("tiny.weights.safetensors") +
+                   " --inputs " + path("bad.safetensors"));
+    EXPECT_EQ(r.status, 1) << bad;
+    EXPECT_EQ(r.output, "kiln: error: token id " + std::to_string(bad) +
+                            " at 'src'[0,2] is out of range [0, 37)\n");
+  }
+}
+
+TEST_F(CliTest, RunRejectsTooLongInputs) {
+  ASSERT_EQ(run("emit transformer --config tiny -o " + path("tiny.kir")).status, 0);
+  std::vector<int64_t> src(41, 3), tgt = {3};
+  rt::write_safetensors(path("long.safetensors"),
+                        {rt::make_i64("src", {1, 41}, src), rt::make_i64("tgt", {1, 1}, tgt)});
+  Result r = run("run " + path("tiny.kir") + " --weights " + golden("tiny.weights.safetensors") +
+                 " --inputs " + path("long.safetensors"));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.output, HasSubstr("input 'src' has shape [1,41]: dim 1 (S) is 41, above its maximum 40"));
+}
+
+TEST_F(CliTest, RunReportsWeightMismatchesByName) {
+  ASSERT_EQ(run("emit transformer --config small -o " + path("small.kir")).status, 0);
+  // tiny's weights for the small model: every shape differs; names of missing ones listed.
+  Result r = run("run " + path("small.kir") + " --weights " + golden("tiny.weights.safetensors") +
+                 " --inputs " + golden("small_b1.inputs.safetensors"));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.output, HasSubstr("do not match the model"));
+  EXPECT_THAT(r.output, HasSubstr("tensor 'src_embed.weight' has shape [37,24], expected [53,20]"));
+  EXPECT_THAT(r.output, HasSubstr("missing tensor 'decoder.layers.2.norm3.bias' (expected F32 [20])"));
+}
+
+TEST_F(CliTest, BadIrTextIsLocated) {
+  FILE* f = fopen(path("bad.kir").c_str(), "w");
+  fputs("module @m {\n  symbol B max 4\n  func @f(%x: f32[B]) -> (f32[B]) {\n"
+        "    %0 = relu(%x) : f33[B]\n    return %0\n  }\n}\n", f);
+  fclose(f);
+  Result r = run("inspect " + path("bad.kir"));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.output, StartsWith("kiln: error: " + path("bad.kir") + ":4:21: error: unknown dtype 'f33'"));
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,347 @@
+// The `kiln` command-line tool: emit, inspect and run models.
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "frontend/models.h"
+#include "ir/interpreter.h"
+#include "ir/parser.h"
+#include "ir/printer.h"
+#include "support/error.h"
+#include "tools/bridge.h"
+
+namespace kiln::tools {
+namespace {
+
+constexpr const char* kMainHelp = R"(kiln: an ahead-of-time compiler for Transformer models
+
+usage: kiln <command> [options]
+
+commands:
+  emit MODEL      write a registered model's IR text (.kir)
+  inspect FILE    print entry points, weights and op histograms of a module
+  run FILE        run a function of a module with the reference interpreter
+  models          list registered models and their configs
+
+FILE may be '-' for standard input. 'kiln <command> --help' describes a command.
+)";
+
+constexpr const char* kEmitHelp = R"(usage: kiln emit MODEL [--config NAME] [--set key=value]... [-o FILE]
+
+Writes the IR text of a registered model (see 'kiln models').
+
+options:
+  --config NAME     config to start from (default: base)
+  --set key=value   override one config key (repeatable), e.g. --set d_model=256
+  -o FILE           output file; '-' or none: standard output
+)";
+
+constexpr const char* kInspectHelp = R"(usage: kiln inspect FILE [--ops]
+
+Prints the module's entry points with their inputs and outputs, its weights (count,
+parameters, bytes) and an op histogram per function.
+
+options:
+  --ops   print only the histogram, one 'FUNCTION OP COUNT' line per function and op
+)";
+
+constexpr const char* kRunHelp =
+    R"(usage: kiln run FILE --weights W.safetensors --inputs IN.safetensors [options]
+
+Runs a function with the reference interpreter. Inputs are read by parameter name
+(ids as I32 or I64, checked against the vocabulary); outputs are written by result name.
+
+options:
+  --weights FILE      weights by state_dict name (required)
+  --inputs FILE       inputs by parameter name (required)
+  --function NAME     entry point to run (default: forward)
+  -o FILE             write the outputs as safetensors; without it, print a summary
+  --expect FILE       compare outputs with the same-named tensors of FILE; exit 1 when
+                      the max abs error exceeds --atol
+  --atol X            tolerance for --expect (default: 1e-4)
+)";
+
+// A minimal option parser: positional arguments and --name value / --name=value.
+struct Args {
+  std::vector<std::string> positional;
+  std::map<std::string, std::vector<std::string>> options;
+  std::set<std::string> flags;
+
+  static Args parse(const std::vector<std::string>& argv, const std::set<std::string>& with_value,
+                    const std::set<std::string>& flag_names, const std::string& command) {
+    Args a;
+    for (size_t i = 0; i < argv.size(); ++i) {
+      const std::string& s = argv[i];
+      if (s.size() > 1 && s[0] == '-' && s != "-") {
+        std::string name = s, value;
+        bool has_value = false;
+        if (size_t eq = s.find('='); eq != std::string::npos) {
+          name = s.substr(0, eq);
+          value = s.substr(eq + 1);
+          has_value = true;
+        }
+        if (flag_names.count(name)) {
+          if (has_value) fail("{}: option '{}' takes no value", command, name);
+          a.flags.insert(name);
+        } else if (with_value.count(name)) {
+          if (!has_value) {
+            if (i + 1 >= argv.size()) fail("{}: option '{}' needs a value", command, name);
+            value = argv[++i];
+          }
+          a.options[name].push_back(value);
+        } else {
+          fail("{}: unknown option '{}' (see 'kiln {} --help')", command, name, command);
+        }
+      } else {
+        a.positional.push_back(s);
+      }
+    }
+    return a;
+  }
+  std::optional<std::string> get(const std::string& name) const {
+    auto it = options.find(name);
+    if (it == options.end()) return std::nullopt;
+    return it->second.back();
+  }
+  std::string require(const std::string& name, const std::string& command) const {
+    auto v = get(name);
+    if (!v) fail("{}: missing required option '{}' (see 'kiln {} --help')", command, name, command);
+    return *v;
+  }
+};
+
+bool wants_help(const std::vector<std::string>& argv) {
+  for (const auto& a : argv)
+    if (a == "--help" || a == "-h") return true;
+  return false;
+}
+
+void write_output(const std::string& path, const std::string& text) {
+  if (path.empty() || path == "-") {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    return;
+  }
+  std::ofstream out(path, std::ios::binary);
+  if (!out) fail("cannot write '{}'", path);
+  out << text;
+  if (!out) fail("error writing '{}'", path);
+}
+
+std::string one_positional(const Args& a, const std::string& command, const char* what) {
+  if (a.positional.size() != 1)
+    fail("{}: expected one {} argument, got {} (see 'kiln {} --help')", command, what,
+         a.positional.size(), command);
+  return a.positional[0];
+}
+
+ir::Module read_module(const std::string& path) {
+  std::string text = read_text(path);
+  return ir::parse_and_verify(text, path == "-" ? "<stdin>" : path);
+}
+
+int cmd_models() {
+  for (const auto& m : models::registry()) {
+    fmt::print("{}: {}\n", m.name, m.description);
+    for (const auto& [name, config] : m.configs) {
+      std::string keys;
+      for (const auto& [k, v] : config) keys += fmt::format(" {}={}", k, v);
+      fmt::print("  config {}:{}\n", name, keys);
+    }
+  }
+  return 0;
+}
+
+int cmd_emit(const std::vector<std::string>& argv) {
+  if (wants_help(argv)) return fmt::print("{}", kEmitHelp), 0;
+  Args a = Args::parse(argv, {"--config", "--set", "-o"}, {}, "emit");
+  std::string model = one_positional(a, "emit", "MODEL");
+  std::vector<std::string> sets;
+  if (a.options.count("--set")) sets = a.options.at("--set");
+  ir::Module m = models::build_model(model, a.get("--config").value_or("base"), sets);
+  write_output(a.get("-o").value_or("-"), ir::print_module(m));
+  return 0;
+}
+
+std::string with_commas(int64_t n) {
+  std::string s = std::to_string(n), out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i && (s.size() - i) % 3 == 0) out += ',';
+    out += s[i];
+  }
+  return out;
+}
+
+std::string human_bytes(int64_t b) {
+  if (b >= (int64_t{1} << 20)) return fmt::format("{:.1f} MiB", b / 1048576.0);
+  if (b >= 1024) return fmt::format("{:.1f} KiB", b / 1024.0);
+  return fmt::format("{} B", b);
+}
+
+// Op kinds and counts of a function, in first-use order of the IR's op list.
+std::vector<std::pair<std::string, int>> histogram(const ir::Function& f) {
+  std::map<ir::OpKind, int> counts;
+  for (const ir::Op& op : f.ops) ++counts[op.kind];
+  std::vector<std::pair<std::string, int>> out;
+  for (const auto& [k, n] : counts) out.emplace_back(ir::op_name(k), n);
+  return out;
+}
+
+int cmd_inspect(const std::vector<std::string>& argv) {
+  if (wants_help(argv)) return fmt::print("{}", kInspectHelp), 0;
+  Args a = Args::parse(argv, {}, {"--ops"}, "inspect");
+  ir::Module m = read_module(one_positional(a, "inspect", "FILE"));
+  if (a.flags.count("--ops")) {
+    for (const ir::Function& f : m.functions)
+      for (const auto& [op, n] : histogram(f)) fmt::print("{} {} {}\n", f.name, op, n);
+    return 0;
+  }
+  fmt::print("module @{}\n", m.name);
+  if (!m.config.empty()) {
+    std::string cfg;
+    for (const auto& [k, v] : m.config) cfg += fmt::format(" {}={}", k, v);
+    fmt::print("config:{}\n", cfg);
+  }
+  std::string syms;
+  for (const auto& s : m.symbols) syms += fmt::format(" {}<={}", s.name, s.max);
+  fmt::print("symbols:{}\n", syms);
+  int64_t params = 0, bytes = 0, loaded = 0;
+  for (const auto& w : m.weights) {
+    if (w.derivation) continue;
+    ++loaded;
+    params += ir::static_numel(w.type);
+    bytes += ir::static_numel(w.type) * ir::dtype_size(w.type.dtype);
+  }
+  fmt::print("weights: {} tensors, {} parameters, {}\n", loaded, with_commas(params),
+             human_bytes(bytes));
+  for (const ir::Function& f : m.functions) {
+    std::string ins, outs;
+    for (ir::ValueId p : f.params)
+      ins += fmt::format("{}%{}: {}", ins.empty() ? "" : ", ", f.values[p].name,
+                         ir::to_string(f.type(p)));
+    for (ir::ValueId r : f.results)
+      outs += fmt::format("{}%{}: {}", outs.empty() ? "" : ", ", f.values[r].name,
+                          ir::to_string(f.type(r)));
+    std::set<std::string> used;
+    int64_t used_params = 0;
+    for (const ir::Op& op : f.ops)
+      if (op.kind == ir::OpKind::weight && used.insert(op.str_attr("name")).second)
+        used_params += ir::static_numel(f.type(op.result));
+    fmt::print("\nentry point {}({}) -> ({})\n", f.name, ins, outs);
+    fmt::print("  weights used: {} tensors, {} parameters\n", used.size(), with_commas(used_params));
+    fmt::print("  ops: {}\n", f.ops.size());
+    for (const auto& [op, n] : histogram(f)) fmt::print("    {:<16} {}\n", op, n);
+  }
+  return 0;
+}
+
+int cmd_run(const std::vector<std::string>& argv) {
+  if (wants_help(argv)) return fmt::print("{}", kRunHelp), 0;
+  Args a = Args::parse(argv, {"--weights", "--inputs", "--function", "-o", "--expect", "--atol"},
+                       {}, "run");
+  std::string file = one_positional(a, "run", "FILE");
+  std::string weights_path = a.require("--weights", "run");
+  std::string inputs_path = a.require("--inputs", "run");
+  int stdin_uses = (file == "-") + (weights_path == "-") + (inputs_path == "-");
+  if (stdin_uses > 1) fail("run: only one of FILE, --weights and --inputs can be '-'");
+  ir::Module m = read_module(file);
+  std::string fname = a.get("--function").value_or("forward");
+  const ir::Function* f = m.find_function(fname);
+  if (!f) {
+    std::string known;
+    for (const auto& fn : m.functions) known += (known.empty() ? "" : ", ") + fn.name;
+    fail("run: module has no function '{}' (functions: {})", fname, known);
+  }
+  rt::SafeTensors wfile = load_safetensors(weights_path);
+  ir::WeightMap weights = load_weight_map(m, wfile);
+  rt::SafeTensors ifile = load_safetensors(inputs_path);
+  std::vector<ir::Tensor> inputs = load_inputs(*f, ifile);
+  std::vector<ir::Tensor> results = ir::interpret(m, *f, weights, inputs);
+  std::vector<rt::TensorData> data = to_tensor_data(*f, results);
+
+  if (auto out = a.get("-o")) {
+    rt::write_safetensors(*out, data);
+    fmt::print(stderr, "wrote {} output(s) to {}\n", data.size(), *out);
+  } else if (!a.get("--expect")) {
+    for (size_t i = 0; i < results.size(); ++i) {
+      const ir::Tensor& t = results[i];
+      if (t.dtype != ir::DType::f32) {
+        fmt::print("{}: {}\n", data[i].name, t.type_string());
+        continue;
+      }
+      double lo = INFINITY, hi = -INFINITY, sum = 0;
+      for (float x : t.f) lo = std::min<double>(lo, x), hi = std::max<double>(hi, x), sum += x;
+      fmt::print("{}: {} min {:.6g} max {:.6g} mean {:.6g}\n", data[i].name, t.type_string(), lo,
+                 hi, t.f.empty() ? 0.0 : sum / t.f.size());
+    }
+  }
+  if (auto expect_path = a.get("--expect")) {
+    double atol = 1e-4;
+    if (auto s = a.get("--atol")) {
+      try {
+        atol = std::stod(*s);
+      } catch (...) {
+        fail("run: --atol needs a number, got '{}'", *s);
+      }
+    }
+    rt::SafeTensors expected = load_safetensors(*expect_path);
+    bool ok = true;
+    for (size_t i = 0; i < results.size(); ++i) {
+      const rt::TensorInfo& e = expected.at(data[i].name);
+      if (e.shape != results[i].shape)
+        fail("run: output '{}' has shape {}, expected {}", data[i].name,
+             rt::shape_string(results[i].shape), rt::shape_string(e.shape));
+      std::vector<float> want = expected.to_f32(e);
+      double err = 0;
+      for (size_t j = 0; j < want.size(); ++j)
+        err = std::max(err, std::abs(static_cast<double>(results[i].f[j]) - want[j]));
+      bool pass = err <= atol;
+      ok &= pass;
+      fmt::print("{}: max abs error {:.3g} vs {} ({} <= {:g})\n", data[i].name, err, *expect_path,
+                 pass ? "match" : "MISMATCH", atol);
+    }
+    return ok ? 0 : 1;
+  }
+  return 0;
+}
+
+int dispatch(const std::vector<std::string>& args) {
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    if (args.size() >= 2 && args[0] == "help") return dispatch({args[1], "--help"});
+    fmt::print("{}", kMainHelp);
+    return args.empty() ? 2 : 0;
+  }
+  const std::string& cmd = args[0];
+  std::vector<std::string> rest(args.begin() + 1, args.end());
+  if (cmd == "emit") return cmd_emit(rest);
+  if (cmd == "inspect") return cmd_inspect(rest);
+  if (cmd == "run") return cmd_run(rest);
+  if (cmd == "models") return cmd_models();
+  if (cmd == "--version") return fmt::print("kiln 0.1.0\n"), 0;
+  fail("unknown command '{}' (see 'kiln --help')", cmd);
+}
+
+}  // namespace
+}  // namespace kiln::tools
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  try {
+    return kiln::tools::dispatch(args);
+  } catch (const kiln::Error& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "kiln: error: {}\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "kiln: internal error: {}\n", e.what());
+    return 70;
+  }
+}
