@@ -109,6 +109,7 @@ struct Op {
   ValueId result = -1;
   std::vector<ValueId> operands;
   Attrs attrs;
+  int64_t arena_offset = -1;  // byte offset of the result in the arena; -1: not planned
 
   bool has_attr(const std::string& key) const { return attrs.count(key) != 0; }
   int64_t int_attr(const std::string& key) const;  // asserts presence and type
@@ -130,6 +131,7 @@ struct Function {
   std::vector<Op> ops;           // in execution order
   std::vector<ValueId> results;  // outputs, in order; their value names name them
   std::vector<Loc> op_locs;      // when parsed: the location of each op (may be empty)
+  int64_t arena_bytes = -1;      // size of the planned arena; -1: no memory plan
 
   const TensorType& type(ValueId id) const { return values.at(id).type; }
   ValueId add_value(TensorType type, std::string name = {});

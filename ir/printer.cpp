@@ -87,14 +87,18 @@ std::string print_function(const Module&, const Function& f, int indent) {
     if (i) out += ", ";
     out += to_string(f.type(f.results[i]));
   }
-  out += ") {\n";
+  out += ")";
+  if (f.arena_bytes >= 0) out += " arena " + std::to_string(f.arena_bytes);
+  out += " {\n";
   for (const Op& op : f.ops) {
     out += pad + "  %" + names[op.result] + " = " + op_name(op.kind) + "(";
     for (size_t i = 0; i < op.operands.size(); ++i) {
       if (i) out += ", ";
       out += "%" + names[op.operands[i]];
     }
-    out += ")" + print_attrs(op.attrs) + " : " + to_string(f.type(op.result)) + "\n";
+    out += ")" + print_attrs(op.attrs) + " : " + to_string(f.type(op.result));
+    if (op.arena_offset >= 0) out += " at " + std::to_string(op.arena_offset);
+    out += "\n";
   }
   out += pad + "  return";
   for (size_t i = 0; i < f.results.size(); ++i) out += (i ? ", %" : " %") + names[f.results[i]];

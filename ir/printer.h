@@ -24,9 +24,9 @@
 //   symbol     := 'symbol' IDENT 'max' INT
 //   weight     := 'weight' '@' NAME ':' type ('=' 'concat' '(' '@' NAME (',' '@' NAME)* ')' attrs)?
 //   func       := 'func' '@' NAME '(' (param (',' param)*)? ')' '->' '(' type (',' type)* ')'
-//                 '{' op* 'return' value (',' value)* '}'
+//                 ('arena' INT)? '{' op* 'return' value (',' value)* '}'
 //   param      := value ':' type
-//   op         := value '=' OPNAME '(' (value (',' value)*)? ')' attrs? ':' type
+//   op         := value '=' OPNAME '(' (value (',' value)*)? ')' attrs? ':' type ('at' INT)?
 //   value      := '%' (IDENT | INT)
 //   attrs      := '{' IDENT '=' attr (',' IDENT '=' attr)* '}'
 //   attr       := INT | FLOAT | STRING | '[' (INT (',' INT)*)? ']'
@@ -34,6 +34,8 @@
 //   dim        := INT | IDENT
 // NAME is [A-Za-z0-9_.]+; a FLOAT always has '.', 'e', "inf" or "nan" in it, which
 // tells it from an INT. Unnamed values print as %0, %1, ... in definition order.
+// The memory plan (passes/plan_memory.h), when present, is `arena BYTES` on the
+// function and `at OFFSET` on each op whose result lives in the arena.
 #pragma once
 
 #include <string>

@@ -10,11 +10,13 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "frontend/models.h"
 #include "ir/interpreter.h"
 #include "ir/parser.h"
 #include "ir/printer.h"
+#include "passes/pipeline.h"
 #include "support/error.h"
 #include "tools/bridge.h"
 
@@ -28,6 +30,7 @@ usage: kiln <command> [options]
 commands:
   emit MODEL      write a registered model's IR text (.kir)
   inspect FILE    print entry points, weights and op histograms of a module
+  opt FILE        run graph passes and print the resulting IR
   run FILE        run a function of a module with the reference interpreter
   models          list registered models and their configs
 
@@ -51,6 +54,22 @@ parameters, bytes) and an op histogram per function.
 
 options:
   --ops   print only the histogram, one 'FUNCTION OP COUNT' line per function and op
+)";
+
+constexpr const char* kOptHelp =
+    R"(usage: kiln opt FILE [--passes=default|NAME,NAME,...] [options] [-o FILE]
+
+Runs graph passes on a module and writes the resulting IR text.
+
+options:
+  --passes=LIST           'default' (the default) or a comma list of pass names
+  --print-ir-after-all    print the IR (to stderr) after every pass that changed it
+  --print-ir-after=NAME   print the IR (to stderr) after pass NAME (repeatable)
+  --time-passes           print each pass's time (to stderr)
+  --verify-each           verify after every pass (on by default in debug builds)
+  -o FILE                 output file; '-' or none: standard output
+
+passes:
 )";
 
 constexpr const char* kRunHelp =
@@ -242,6 +261,33 @@ int cmd_inspect(const std::vector<std::string>& argv) {
   return 0;
 }
 
+int cmd_opt(const std::vector<std::string>& argv) {
+  if (wants_help(argv)) {
+    fmt::print("{}", kOptHelp);
+    std::set<std::string> seen;
+    for (const passes::PassInfo& p : passes::all_passes())
+      if (seen.insert(p.name).second) fmt::print("  {:<22}  {}\n", p.name, p.summary);
+    fmt::print("\ndefault pipeline: {}\n", fmt::join(passes::default_pipeline(), ","));
+    return 0;
+  }
+  Args a = Args::parse(argv, {"--passes", "--print-ir-after", "-o"},
+                       {"--print-ir-after-all", "--time-passes", "--verify-each"}, "opt");
+  ir::Module m = read_module(one_positional(a, "opt", "FILE"));
+  passes::PipelineOptions options;
+  options.print_ir_after_all = a.flags.count("--print-ir-after-all") > 0;
+  options.time_passes = a.flags.count("--time-passes") > 0;
+  if (a.flags.count("--verify-each")) options.verify_each = true;
+  std::vector<std::string> names = passes::parse_pass_list(a.get("--passes").value_or("default"));
+  if (a.options.count("--print-ir-after"))
+    for (const std::string& n : a.options.at("--print-ir-after")) {
+      passes::parse_pass_list(n);  // reject unknown names
+      options.print_ir_after.insert(n);
+    }
+  passes::run_passes(m, names, options);
+  write_output(a.get("-o").value_or("-"), ir::print_module(m));
+  return 0;
+}
+
 int cmd_run(const std::vector<std::string>& argv) {
   if (wants_help(argv)) return fmt::print("{}", kRunHelp), 0;
   Args a = Args::parse(argv, {"--weights", "--inputs", "--function", "-o", "--expect", "--atol"},
@@ -323,6 +369,7 @@ int dispatch(const std::vector<std::string>& args) {
   if (cmd == "emit") return cmd_emit(rest);
   if (cmd == "inspect") return cmd_inspect(rest);
   if (cmd == "run") return cmd_run(rest);
+  if (cmd == "opt") return cmd_opt(rest);
   if (cmd == "models") return cmd_models();
   if (cmd == "--version") return fmt::print("kiln 0.1.0\n"), 0;
   fail("unknown command '{}' (see 'kiln --help')", cmd);

@@ -1,0 +1,1107 @@
+// The reference interpreter (see interpreter.h).
+//
+// How a run goes:
+//  1. The function's structure is checked (value ids, SSA order, every op's type
+//     rule), so that a module that was never verified cannot make it read out of
+//     bounds; such problems throw kiln::Error.
+//  2. The inputs are bound to the parameters: dtypes, ranks and constant dims must
+//     match, and each symbol gets the size it has in the inputs (the same everywhere,
+//     between 1 and its declared maximum). An integer parameter accepts i32 or i64
+//     data either way (the values must fit the declared dtype); other dtypes must
+//     match exactly.
+//  3. The ops run in order. Each result's shape is the op's declared type with the
+//     symbols substituted, and every op checks that what it computes has that shape.
+//
+// Numerics (beyond interpreter.h):
+//  * f32 elementwise ops use float arithmetic (exp is computed in double and rounded).
+//  * Integer ops compute in int64 with two's complement wrap-around, and i32 results
+//    wrap to 32 bits. Integer division truncates toward zero; dividing by zero throws.
+//  * cast: f32 -> integer truncates toward zero (a value that is NaN or out of the
+//    target's range throws); i64 -> i32 wraps; -> bool is "nonzero".
+//  * The fused ops round where their unfused forms do, so a fusion pass changes
+//    nothing in the interpreter, except attention's scale (see attention()):
+//      linear = float(dot in double) + bias in float, then relu;
+//      add_layernorm = layernorm(float(x + y));
+//      attention = matmul, scale, masked_fill(-1e9), softmax, matmul.
+#include "ir/interpreter.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "ir/op_types.h"
+#include "support/error.h"
+
+namespace kiln::ir {
+
+using Shape = std::vector<int64_t>;
+
+namespace {
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string shape_str(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ",")); }
+
+int64_t rank_of(const Tensor& t) { return static_cast<int64_t>(t.shape.size()); }
+
+// Product of the dims in [begin, end).
+int64_t dims_product(const Shape& shape, int64_t begin, int64_t end) {
+  int64_t n = 1;
+  for (int64_t i = begin; i < end; ++i) n *= shape[i];
+  return n;
+}
+
+// Row-major strides.
+Shape strides_of(const Shape& shape) {
+  Shape strides(shape.size(), 1);
+  for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i)
+    strides[i] = strides[i + 1] * shape[i + 1];
+  return strides;
+}
+
+// The multi-index of flat position `flat` in `shape`.
+Shape unravel(int64_t flat, const Shape& shape) {
+  Shape index(shape.size());
+  for (int64_t i = static_cast<int64_t>(shape.size()) - 1; i >= 0; --i) {
+    index[i] = shape[i] == 0 ? 0 : flat % shape[i];
+    flat = shape[i] == 0 ? 0 : flat / shape[i];
+  }
+  return index;
+}
+
+// Numpy broadcast of two concrete shapes (right-aligned; a 1 stretches).
+Shape broadcast_shapes(const Shape& a, const Shape& b) {
+  const size_t rank = std::max(a.size(), b.size());
+  Shape out(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    const int64_t da = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
+    const int64_t db = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
+    KILN_ASSERT(da == db || da == 1 || db == 1,
+                fmt::format("shapes {} and {} do not broadcast", shape_str(a), shape_str(b)));
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+// For an operand of shape `in` broadcast to `out`: the operand's flat index for
+// every flat index of `out`.
+std::vector<int64_t> broadcast_index_map(const Shape& in, const Shape& out) {
+  KILN_ASSERT(in.size() <= out.size(), "broadcast to a smaller rank");
+  const size_t lead = out.size() - in.size();
+  const Shape in_strides = strides_of(in);
+  // Stride of each output dim in the operand (0 where the operand is broadcast).
+  Shape strides(out.size(), 0);
+  for (size_t i = 0; i < in.size(); ++i) {
+    KILN_ASSERT(in[i] == out[lead + i] || in[i] == 1,
+                fmt::format("cannot broadcast {} to {}", shape_str(in), shape_str(out)));
+    strides[lead + i] = in[i] == 1 ? 0 : in_strides[i];
+  }
+  const int64_t n = shape_numel(out);
+  std::vector<int64_t> map(n);
+  Shape index(out.size(), 0);
+  for (int64_t flat = 0; flat < n; ++flat) {
+    int64_t offset = 0;
+    for (size_t i = 0; i < out.size(); ++i) offset += index[i] * strides[i];
+    map[flat] = offset;
+    // Next multi-index, last dim fastest.
+    for (int64_t i = static_cast<int64_t>(out.size()) - 1; i >= 0; --i) {
+      if (++index[i] < out[i]) break;
+      index[i] = 0;
+    }
+  }
+  return map;
+}
+
+// Two's complement arithmetic in int64 (no undefined behaviour on overflow).
+int64_t wrap_add(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+}
+int64_t wrap_sub(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) - static_cast<uint64_t>(b));
+}
+int64_t wrap_mul(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
+}
+
+// Fits an int64 result to `dtype`: i32 wraps to 32 bits, bool becomes 0/1.
+int64_t fit_int(int64_t v, DType dtype) {
+  if (dtype == DType::i32) return static_cast<int32_t>(static_cast<uint32_t>(v));
+  if (dtype == DType::boolean) return v != 0 ? 1 : 0;
+  return v;
+}
+
+bool fits_i32(int64_t v) {
+  return v >= std::numeric_limits<int32_t>::min() && v <= std::numeric_limits<int32_t>::max();
+}
+
+// NaN-propagating float maximum.
+float max_f32(float a, float b) {
+  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<float>::quiet_NaN();
+  return a < b ? b : a;
+}
+
+// Softmax of one lane: max-subtracted, exponentials and their sum in double, each
+// result rounded to float once.
+std::vector<float> softmax_of(const std::vector<float>& x) {
+  std::vector<float> y(x.size());
+  if (x.empty()) return y;
+  float m = x[0];
+  for (float v : x) m = max_f32(m, v);
+  std::vector<double> e(x.size());
+  double sum = 0;
+  for (size_t j = 0; j < x.size(); ++j) {
+    e[j] = std::exp(static_cast<double>(x[j]) - static_cast<double>(m));
+    sum += e[j];
+  }
+  for (size_t j = 0; j < x.size(); ++j) y[j] = static_cast<float>(e[j] / sum);
+  return y;
+}
+
+// Layer normalization of one row: mean and biased variance in double,
+// y = (x - mean) / sqrt(var + eps) * gamma + beta in double, rounded once.
+std::vector<float> layernorm_of(const std::vector<float>& x, const std::vector<float>& gamma,
+                                const std::vector<float>& beta, double eps) {
+  KILN_ASSERT(gamma.size() == x.size() && beta.size() == x.size(), "layernorm parameter size");
+  std::vector<float> y(x.size());
+  if (x.empty()) return y;
+  const double n = static_cast<double>(x.size());
+  double mean = 0;
+  for (float v : x) mean += v;
+  mean /= n;
+  double var = 0;
+  for (float v : x) var += (v - mean) * (v - mean);
+  var /= n;
+  const double inv = 1.0 / std::sqrt(var + eps);
+  for (size_t i = 0; i < x.size(); ++i)
+    y[i] = static_cast<float>((x[i] - mean) * inv * static_cast<double>(gamma[i]) +
+                              static_cast<double>(beta[i]));
+  return y;
+}
+
+// Normalizes an attribute axis that the type rule has already accepted.
+int64_t axis_of(int64_t axis, int64_t rank) {
+  const int64_t a = normalize_axis(axis, rank);
+  KILN_ASSERT(a >= 0, fmt::format("axis {} out of range for rank {}", axis, rank));
+  return a;
+}
+
+// Concatenates tensors of equal dtype and rank that agree outside `axis`.
+Tensor concat_tensors(const std::vector<const Tensor*>& parts, int64_t axis) {
+  KILN_ASSERT(!parts.empty(), "concat of nothing");
+  const Tensor& first = *parts[0];
+  const int64_t rank = rank_of(first);
+  KILN_ASSERT(axis >= 0 && axis < rank, "concat axis out of range");
+  Shape out_shape = first.shape;
+  out_shape[axis] = 0;
+  for (const Tensor* p : parts) {
+    KILN_ASSERT(p->dtype == first.dtype && rank_of(*p) == rank, "concat operands differ");
+    for (int64_t i = 0; i < rank; ++i)
+      KILN_ASSERT(i == axis || p->shape[i] == first.shape[i], "concat operands differ");
+    out_shape[axis] += p->shape[axis];
+  }
+  Tensor r = Tensor::zeros(first.dtype, out_shape);
+  const int64_t outer = dims_product(out_shape, 0, axis);
+  const int64_t inner = dims_product(out_shape, axis + 1, rank);
+  int64_t pos = 0;
+  for (int64_t o = 0; o < outer; ++o) {
+    for (const Tensor* p : parts) {
+      const int64_t chunk = p->shape[axis] * inner;
+      for (int64_t i = 0; i < chunk; ++i, ++pos) {
+        if (first.dtype == DType::f32)
+          r.f[pos] = p->f[o * chunk + i];
+        else
+          r.ints[pos] = p->ints[o * chunk + i];
+      }
+    }
+  }
+  KILN_ASSERT(pos == r.numel(), "concat size");
+  return r;
+}
+
+// Checks that a tensor handed in by a user holds data matching its dtype and shape:
+// the right number of values, bools as 0/1 and i32 values in range. `who` names it.
+void check_tensor_data(const Tensor& t, const std::string& who) {
+  for (size_t i = 0; i < t.shape.size(); ++i)
+    if (t.shape[i] < 0) fail("{} has shape {}: dim {} is negative", who, shape_str(t.shape), i);
+  const int64_t n = t.numel();
+  const size_t have = t.dtype == DType::f32 ? t.f.size() : t.ints.size();
+  if (static_cast<int64_t>(have) != n)
+    fail("{} has type {} ({} elements) but holds {} values", who, t.type_string(), n, have);
+  if (t.dtype == DType::f32) return;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t v = t.ints[i];
+    if (t.dtype == DType::boolean && v != 0 && v != 1)
+      fail("{} is bool but holds {} at {}", who, v, shape_str(unravel(i, t.shape)));
+    if (t.dtype == DType::i32 && !fits_i32(v))
+      fail("{} is i32 but holds {} at {}", who, v, shape_str(unravel(i, t.shape)));
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// The ops. Each takes its operands and the result's dtype and concrete shape (the
+// declared type with symbols substituted), and returns the result. `where` names the
+// op for the errors that data can cause.
+
+Tensor eval_constant(const Op& op, DType dtype, const Shape& shape) {
+  Tensor r = Tensor::zeros(dtype, shape);
+  const AttrValue& v = op.attrs.at("value");
+  if (dtype == DType::f32) {
+    const float x = static_cast<float>(op.float_attr("value"));
+    std::fill(r.f.begin(), r.f.end(), x);
+  } else {
+    const int64_t* i = std::get_if<int64_t>(&v);
+    // A float value for an integer type is rejected by the type rule, but a bool
+    // constant may be written as 1.0.
+    const int64_t x = i ? *i : (op.float_attr("value") != 0 ? 1 : 0);
+    std::fill(r.ints.begin(), r.ints.end(), fit_int(x, dtype));
+  }
+  return r;
+}
+
+Tensor eval_sinusoid_table(const Shape& shape) {
+  KILN_ASSERT(shape.size() == 2, "sinusoid_table rank");
+  Tensor r = Tensor::zeros(DType::f32, shape);
+  const int64_t rows = shape[0], dim = shape[1];
+  for (int64_t pos = 0; pos < rows; ++pos) {
+    for (int64_t c = 0; c < dim; ++c) {
+      const int64_t two_i = c - c % 2;  // 2i for both columns 2i and 2i+1
+      const double angle =
+          static_cast<double>(pos) /
+          std::pow(10000.0, static_cast<double>(two_i) / static_cast<double>(dim));
+      r.f[pos * dim + c] = static_cast<float>(c % 2 == 0 ? std::sin(angle) : std::cos(angle));
+    }
+  }
+  return r;
+}
+
+Tensor eval_iota(const Op& op, DType dtype, const Shape& shape) {
+  const int64_t axis = axis_of(op.int_attr("axis"), static_cast<int64_t>(shape.size()));
+  Tensor r = Tensor::zeros(dtype, shape);
+  const int64_t len = shape[axis];
+  const int64_t inner = dims_product(shape, axis + 1, static_cast<int64_t>(shape.size()));
+  for (int64_t i = 0; i < r.numel(); ++i) r.ints[i] = fit_int((i / inner) % len, dtype);
+  return r;
+}
+
+float arith_f32(OpKind kind, float a, float b) {
+  switch (kind) {
+    case OpKind::add: return a + b;
+    case OpKind::sub: return a - b;
+    case OpKind::mul: return a * b;
+    case OpKind::div: return a / b;
+    case OpKind::maximum: return max_f32(a, b);
+    default: KILN_ASSERT(false, "not an f32 arithmetic op"); return 0;
+  }
+}
+
+template <typename T>
+bool compare(OpKind kind, T a, T b) {
+  switch (kind) {
+    case OpKind::eq: return a == b;
+    case OpKind::ne: return a != b;
+    case OpKind::lt: return a < b;
+    case OpKind::le: return a <= b;
+    case OpKind::gt: return a > b;
+    case OpKind::ge: return a >= b;
+    default: KILN_ASSERT(false, "not a comparison"); return false;
+  }
+}
+
+int64_t arith_int(OpKind kind, int64_t a, int64_t b, DType dtype, const std::string& where) {
+  switch (kind) {
+    case OpKind::add: return fit_int(wrap_add(a, b), dtype);
+    case OpKind::sub: return fit_int(wrap_sub(a, b), dtype);
+    case OpKind::mul: return fit_int(wrap_mul(a, b), dtype);
+    case OpKind::maximum: return std::max(a, b);
+    case OpKind::div:
+      if (b == 0) fail("{}: integer division by zero", where);
+      // The one overflowing quotient wraps, like the other ops.
+      if (b == -1) return fit_int(wrap_sub(0, a), dtype);
+      return fit_int(a / b, dtype);
+    case OpKind::logical_and: return (a != 0 && b != 0) ? 1 : 0;
+    case OpKind::logical_or: return (a != 0 || b != 0) ? 1 : 0;
+    default: KILN_ASSERT(false, "not an integer arithmetic op"); return 0;
+  }
+}
+
+Tensor eval_binary(OpKind kind, const Tensor& a, const Tensor& b, DType dtype, const Shape& shape,
+                   const std::string& where) {
+  KILN_ASSERT(a.dtype == b.dtype, "binary operand dtypes differ");
+  KILN_ASSERT(broadcast_shapes(a.shape, b.shape) == shape, "binary result shape");
+  const std::vector<int64_t> ia = broadcast_index_map(a.shape, shape);
+  const std::vector<int64_t> ib = broadcast_index_map(b.shape, shape);
+  Tensor r = Tensor::zeros(dtype, shape);
+  const int64_t n = r.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    if (a.dtype == DType::f32) {
+      const float x = a.f[ia[i]], y = b.f[ib[i]];
+      if (is_comparison(kind))
+        r.ints[i] = compare(kind, x, y) ? 1 : 0;
+      else
+        r.f[i] = arith_f32(kind, x, y);
+    } else {
+      const int64_t x = a.ints[ia[i]], y = b.ints[ib[i]];
+      if (is_comparison(kind))
+        r.ints[i] = compare(kind, x, y) ? 1 : 0;
+      else
+        r.ints[i] = arith_int(kind, x, y, dtype, where);
+    }
+  }
+  return r;
+}
+
+// f32 -> integer: truncation toward zero; NaN and out-of-range values throw.
+int64_t f32_to_int(float x, DType dtype, const std::string& where) {
+  // Bounds as exact floats: [-2^31, 2^31) and [-2^63, 2^63).
+  const double lo = dtype == DType::i32 ? -2147483648.0 : -9223372036854775808.0;
+  const double hi = -lo;
+  const double t = std::trunc(static_cast<double>(x));
+  if (!(t >= lo && t < hi)) fail("{}: cannot cast {} to {}", where, x, dtype_name(dtype));
+  return static_cast<int64_t>(t);
+}
+
+Tensor eval_unary(OpKind kind, const Tensor& x, DType dtype, const Shape& shape,
+                  const std::string& where) {
+  KILN_ASSERT(x.shape == shape, "unary result shape");
+  Tensor r = Tensor::zeros(dtype, shape);
+  const int64_t n = r.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    if (kind == OpKind::cast) {
+      if (x.dtype == DType::f32) {
+        const float v = x.f[i];
+        if (dtype == DType::f32)
+          r.f[i] = v;
+        else if (dtype == DType::boolean)
+          r.ints[i] = v != 0.0f ? 1 : 0;
+        else
+          r.ints[i] = f32_to_int(v, dtype, where);
+      } else {
+        const int64_t v = x.ints[i];
+        if (dtype == DType::f32)
+          r.f[i] = static_cast<float>(v);
+        else
+          r.ints[i] = fit_int(v, dtype);
+      }
+      continue;
+    }
+    KILN_ASSERT(x.dtype == dtype, "unary op changes the dtype");
+    if (dtype == DType::f32) {
+      const float v = x.f[i];
+      switch (kind) {
+        case OpKind::relu: r.f[i] = std::isnan(v) ? v : (v > 0.0f ? v : 0.0f); break;
+        case OpKind::neg: r.f[i] = -v; break;
+        case OpKind::exp: r.f[i] = static_cast<float>(std::exp(static_cast<double>(v))); break;
+        case OpKind::sqrt: r.f[i] = std::sqrt(v); break;
+        default: KILN_ASSERT(false, "bad f32 unary op");
+      }
+    } else {
+      const int64_t v = x.ints[i];
+      switch (kind) {
+        case OpKind::relu: r.ints[i] = v > 0 ? v : 0; break;
+        case OpKind::neg: r.ints[i] = fit_int(wrap_sub(0, v), dtype); break;
+        case OpKind::logical_not: r.ints[i] = v != 0 ? 0 : 1; break;
+        default: KILN_ASSERT(false, "bad integer unary op");
+      }
+    }
+  }
+  return r;
+}
+
+Tensor eval_select(const Tensor& cond, const Tensor& a, const Tensor& b, DType dtype,
+                   const Shape& shape) {
+  KILN_ASSERT(cond.dtype == DType::boolean && a.dtype == dtype && b.dtype == dtype,
+              "select dtypes");
+  KILN_ASSERT(broadcast_shapes(cond.shape, broadcast_shapes(a.shape, b.shape)) == shape,
+              "select result shape");
+  const std::vector<int64_t> ic = broadcast_index_map(cond.shape, shape);
+  const std::vector<int64_t> ia = broadcast_index_map(a.shape, shape);
+  const std::vector<int64_t> ib = broadcast_index_map(b.shape, shape);
+  Tensor r = Tensor::zeros(dtype, shape);
+  for (int64_t i = 0; i < r.numel(); ++i) {
+    const bool c = cond.ints[ic[i]] != 0;
+    if (dtype == DType::f32)
+      r.f[i] = c ? a.f[ia[i]] : b.f[ib[i]];
+    else
+      r.ints[i] = c ? a.ints[ia[i]] : b.ints[ib[i]];
+  }
+  return r;
+}
+
+Tensor eval_gather(const Tensor& table, const Tensor& ids, const Shape& shape,
+                   const std::string& ids_name) {
+  KILN_ASSERT(rank_of(table) >= 1 && is_integer(ids.dtype), "gather operands");
+  Shape want = ids.shape;
+  want.insert(want.end(), table.shape.begin() + 1, table.shape.end());
+  KILN_ASSERT(want == shape, "gather result shape");
+  const int64_t vocab = table.shape[0];
+  const int64_t row = dims_product(table.shape, 1, rank_of(table));
+  Tensor r = Tensor::zeros(table.dtype, shape);
+  for (int64_t p = 0; p < ids.numel(); ++p) {
+    const int64_t id = ids.ints[p];
+    if (id < 0 || id >= vocab)
+      fail("token id {} at {}{} is out of range [0, {})", id, ids_name,
+           shape_str(unravel(p, ids.shape)), vocab);
+    for (int64_t j = 0; j < row; ++j) {
+      if (table.dtype == DType::f32)
+        r.f[p * row + j] = table.f[id * row + j];
+      else
+        r.ints[p * row + j] = table.ints[id * row + j];
+    }
+  }
+  return r;
+}
+
+Tensor eval_transpose(const Op& op, const Tensor& x, const Shape& shape) {
+  const std::vector<int64_t>& perm = op.ints_attr("perm");
+  const int64_t rank = rank_of(x);
+  KILN_ASSERT(static_cast<int64_t>(perm.size()) == rank && static_cast<int64_t>(shape.size()) == rank,
+              "transpose rank");
+  for (int64_t k = 0; k < rank; ++k)
+    KILN_ASSERT(perm[k] >= 0 && perm[k] < rank && shape[k] == x.shape[perm[k]],
+                "transpose result shape");
+  const Shape in_strides = strides_of(x.shape);
+  Tensor r = Tensor::zeros(x.dtype, shape);
+  for (int64_t flat = 0; flat < r.numel(); ++flat) {
+    const Shape out_index = unravel(flat, shape);
+    int64_t src = 0;  // in[..., out_index[k] at dim perm[k], ...]
+    for (int64_t k = 0; k < rank; ++k) src += out_index[k] * in_strides[perm[k]];
+    if (x.dtype == DType::f32)
+      r.f[flat] = x.f[src];
+    else
+      r.ints[flat] = x.ints[src];
+  }
+  return r;
+}
+
+Tensor eval_reshape(const Tensor& x, const Shape& shape) {
+  KILN_ASSERT(shape_numel(shape) == x.numel(), "reshape element count");
+  Tensor r = x;
+  r.shape = shape;
+  return r;
+}
+
+Tensor eval_slice(const Op& op, const Tensor& x, const Shape& shape, const std::string& where) {
+  const int64_t rank = rank_of(x);
+  const int64_t axis = axis_of(op.int_attr("axis"), rank);
+  const int64_t start = op.int_attr("start");
+  KILN_ASSERT(static_cast<int64_t>(shape.size()) == rank, "slice rank");
+  for (int64_t i = 0; i < rank; ++i)
+    KILN_ASSERT(i == axis || shape[i] == x.shape[i], "slice result shape");
+  const int64_t extent = shape[axis];
+  // The verifier only knows the symbols' maxima; the actual sizes are checked here.
+  if (start < 0 || start + extent > x.shape[axis])
+    fail("{}: slice [{}, {}) of axis {} exceeds its extent {}", where, start, start + extent,
+         axis, x.shape[axis]);
+  Tensor r = Tensor::zeros(x.dtype, shape);
+  const int64_t outer = dims_product(shape, 0, axis);
+  const int64_t inner = dims_product(shape, axis + 1, rank);
+  const int64_t in_len = x.shape[axis];
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t j = 0; j < extent; ++j) {
+      for (int64_t i = 0; i < inner; ++i) {
+        const int64_t dst = (o * extent + j) * inner + i;
+        const int64_t src = (o * in_len + start + j) * inner + i;
+        if (x.dtype == DType::f32)
+          r.f[dst] = x.f[src];
+        else
+          r.ints[dst] = x.ints[src];
+      }
+    }
+  }
+  return r;
+}
+
+Tensor eval_matmul(const Tensor& a, const Tensor& b, const Shape& shape) {
+  const int64_t ra = rank_of(a), rb = rank_of(b);
+  KILN_ASSERT(ra >= 2 && rb >= 2 && a.dtype == DType::f32 && b.dtype == DType::f32,
+              "matmul operands");
+  const int64_t m = a.shape[ra - 2], k = a.shape[ra - 1], n = b.shape[rb - 1];
+  KILN_ASSERT(b.shape[rb - 2] == k, "matmul contraction dims differ");
+  const Shape a_batch(a.shape.begin(), a.shape.end() - 2);
+  const Shape b_batch(b.shape.begin(), b.shape.end() - 2);
+  Shape batch = broadcast_shapes(a_batch, b_batch);
+  Shape want = batch;
+  want.push_back(m);
+  want.push_back(n);
+  KILN_ASSERT(want == shape, "matmul result shape");
+  const std::vector<int64_t> amap = broadcast_index_map(a_batch, batch);
+  const std::vector<int64_t> bmap = broadcast_index_map(b_batch, batch);
+  Tensor r = Tensor::zeros(DType::f32, shape);
+  for (int64_t bi = 0; bi < shape_numel(batch); ++bi) {
+    const int64_t a0 = amap[bi] * m * k, b0 = bmap[bi] * k * n, c0 = bi * m * n;
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double sum = 0;
+        for (int64_t p = 0; p < k; ++p)
+          sum += static_cast<double>(a.f[a0 + i * k + p]) * static_cast<double>(b.f[b0 + p * n + j]);
+        r.f[c0 + i * n + j] = static_cast<float>(sum);
+      }
+    }
+  }
+  return r;
+}
+
+Tensor eval_softmax(const Op& op, const Tensor& x, const Shape& shape) {
+  KILN_ASSERT(x.dtype == DType::f32 && x.shape == shape, "softmax operand");
+  const int64_t rank = rank_of(x);
+  const int64_t axis = axis_of(op.int_attr("axis"), rank);
+  const int64_t outer = dims_product(shape, 0, axis), len = shape[axis];
+  const int64_t inner = dims_product(shape, axis + 1, rank);
+  Tensor r = Tensor::zeros(DType::f32, shape);
+  std::vector<float> lane(len);
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t i = 0; i < inner; ++i) {
+      for (int64_t j = 0; j < len; ++j) lane[j] = x.f[(o * len + j) * inner + i];
+      const std::vector<float> y = softmax_of(lane);
+      for (int64_t j = 0; j < len; ++j) r.f[(o * len + j) * inner + i] = y[j];
+    }
+  }
+  return r;
+}
+
+// layernorm over the last axis; `x` is the (already summed, for add_layernorm) input.
+Tensor eval_layernorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps,
+                      const Shape& shape) {
+  KILN_ASSERT(x.dtype == DType::f32 && x.shape == shape && !shape.empty(), "layernorm operand");
+  const int64_t d = shape.back();
+  KILN_ASSERT(gamma.shape == Shape{d} && beta.shape == Shape{d}, "layernorm gamma/beta shape");
+  Tensor r = Tensor::zeros(DType::f32, shape);
+  const int64_t rows = d == 0 ? 0 : x.numel() / d;
+  std::vector<float> row(d);
+  for (int64_t i = 0; i < rows; ++i) {
+    std::copy(x.f.begin() + i * d, x.f.begin() + (i + 1) * d, row.begin());
+    const std::vector<float> y = layernorm_of(row, gamma.f, beta.f, eps);
+    std::copy(y.begin(), y.end(), r.f.begin() + i * d);
+  }
+  return r;
+}
+
+Tensor eval_reduce(const Op& op, const Tensor& x, DType dtype, const Shape& shape) {
+  const int64_t rank = rank_of(x);
+  const bool keepdims = op.has_attr("keepdims") && op.int_attr("keepdims") != 0;
+  std::vector<bool> reduced(rank, false);
+  for (int64_t axis : op.ints_attr("axes")) reduced[axis_of(axis, rank)] = true;
+  // The result with reduced dims kept as 1, and the result as declared.
+  Shape kept = x.shape, want;
+  for (int64_t i = 0; i < rank; ++i) {
+    if (reduced[i]) kept[i] = 1;
+    if (!reduced[i] || keepdims) want.push_back(kept[i]);
+  }
+  KILN_ASSERT(want == shape && x.dtype == dtype, "reduce result shape");
+  const int64_t nout = shape_numel(kept);
+  const int64_t count = nout == 0 ? 0 : x.numel() / nout;  // elements per result
+  const Shape kept_strides = strides_of(kept);
+  // Accumulators: double for f32 sums, float for f32 max, int64 for integers.
+  std::vector<double> dsum(nout, 0.0);
+  std::vector<float> fmax(nout, -std::numeric_limits<float>::infinity());
+  std::vector<int64_t> iacc(nout, op.kind == OpKind::reduce_max
+                                      ? std::numeric_limits<int64_t>::min()
+                                      : 0);
+  for (int64_t flat = 0; flat < x.numel(); ++flat) {
+    const Shape index = unravel(flat, x.shape);
+    int64_t o = 0;
+    for (int64_t i = 0; i < rank; ++i) o += (reduced[i] ? 0 : index[i]) * kept_strides[i];
+    if (x.dtype == DType::f32) {
+      dsum[o] += static_cast<double>(x.f[flat]);
+      fmax[o] = max_f32(fmax[o], x.f[flat]);
+    } else if (op.kind == OpKind::reduce_max) {
+      iacc[o] = std::max(iacc[o], x.ints[flat]);
+    } else {
+      iacc[o] = wrap_add(iacc[o], x.ints[flat]);
+    }
+  }
+  Tensor r = Tensor::zeros(dtype, shape);
+  for (int64_t o = 0; o < nout; ++o) {
+    if (dtype != DType::f32) {
+      r.ints[o] = fit_int(iacc[o], dtype);
+    } else if (op.kind == OpKind::reduce_max) {
+      r.f[o] = fmax[o];
+    } else if (op.kind == OpKind::reduce_sum) {
+      r.f[o] = static_cast<float>(dsum[o]);
+    } else {
+      r.f[o] = static_cast<float>(dsum[o] / static_cast<double>(count));
+    }
+  }
+  return r;
+}
+
+Tensor eval_argmax(const Op& op, const Tensor& x, const Shape& shape, const std::string& where) {
+  const int64_t rank = rank_of(x);
+  const int64_t axis = axis_of(op.int_attr("axis"), rank);
+  Shape want = x.shape;
+  want.erase(want.begin() + axis);
+  KILN_ASSERT(want == shape, "argmax result shape");
+  const int64_t outer = dims_product(x.shape, 0, axis), len = x.shape[axis];
+  const int64_t inner = dims_product(x.shape, axis + 1, rank);
+  Tensor r = Tensor::zeros(DType::i64, shape);
+  if (len == 0 && r.numel() > 0) fail("{}: argmax over an empty axis", where);
+  // Compares as double (exact for f32; integers beyond 2^53 are not expected here).
+  auto value = [&](int64_t i) {
+    return x.dtype == DType::f32 ? static_cast<double>(x.f[i]) : static_cast<double>(x.ints[i]);
+  };
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t i = 0; i < inner; ++i) {
+      int64_t best = 0;
+      double best_v = value(o * len * inner + i);
+      for (int64_t j = 1; j < len; ++j) {
+        const double v = value((o * len + j) * inner + i);
+        // The first maximum wins; a NaN counts as the maximum (as in PyTorch).
+        if (std::isnan(best_v)) break;
+        if (std::isnan(v) || v > best_v) {
+          best = j;
+          best_v = v;
+        }
+      }
+      r.ints[o * inner + i] = best;
+    }
+  }
+  return r;
+}
+
+Tensor eval_linear(const Op& op, const Tensor& x, const Tensor& w, const Tensor* bias,
+                   const Shape& shape) {
+  const int64_t rank = rank_of(x);
+  KILN_ASSERT(rank >= 1 && rank_of(w) == 2 && w.shape[1] == x.shape.back(), "linear operands");
+  const int64_t n = w.shape[0], k = w.shape[1];
+  KILN_ASSERT(!bias || bias->shape == Shape{n}, "linear bias shape");
+  Shape want = x.shape;
+  want.back() = n;
+  KILN_ASSERT(want == shape, "linear result shape");
+  const bool relu = op.str_attr("act") == "relu";
+  Tensor r = Tensor::zeros(DType::f32, shape);
+  const int64_t rows = k == 0 ? shape_numel(Shape(x.shape.begin(), x.shape.end() - 1))
+                              : x.numel() / k;
+  for (int64_t row = 0; row < rows; ++row) {
+    for (int64_t j = 0; j < n; ++j) {
+      double sum = 0;
+      for (int64_t p = 0; p < k; ++p)
+        sum += static_cast<double>(x.f[row * k + p]) * static_cast<double>(w.f[j * k + p]);
+      float y = static_cast<float>(sum);  // as matmul rounds it
+      if (bias) y = y + bias->f[j];       // as a separate add would
+      if (relu) y = std::isnan(y) ? y : (y > 0.0f ? y : 0.0f);
+      r.f[row * n + j] = y;
+    }
+  }
+  return r;
+}
+
+// attention(q[B,Lq,H*Dk], k[B,Lk,H*Dk], v[B,Lk,H*Dv] [, key_pad bool[B,Lk]]) {heads, scale,
+// causal}. Per batch b, head h and query i: s_j = float(q·k in double) * float(scale) (in
+// float), replaced by -1e9 where masked (causal and j > i, or key_pad[b,j]); p = softmax(s);
+// out[b,i,h*Dv+e] = float(sum_j p_j v[b,j,h*Dv+e] in double).
+Tensor eval_attention(const Op& op, const Tensor& q, const Tensor& k, const Tensor& v,
+                      const Tensor* key_pad, const Shape& shape) {
+  const int64_t heads = op.int_attr("heads");
+  const float scale = static_cast<float>(op.float_attr("scale"));
+  const bool causal = op.has_attr("causal") && op.int_attr("causal") != 0;
+  KILN_ASSERT(rank_of(q) == 3 && rank_of(k) == 3 && rank_of(v) == 3 && heads >= 1,
+              "attention operand ranks");
+  const int64_t batch = q.shape[0], lq = q.shape[1], lk = k.shape[1];
+  KILN_ASSERT(k.shape[0] == batch && v.shape[0] == batch && v.shape[1] == lk &&
+                  k.shape[2] == q.shape[2] && q.shape[2] % heads == 0 && v.shape[2] % heads == 0,
+              "attention operand shapes");
+  KILN_ASSERT(!key_pad || key_pad->shape == (Shape{batch, lk}), "attention key_pad shape");
+  const int64_t dk = q.shape[2] / heads, dv = v.shape[2] / heads;
+  KILN_ASSERT(shape == (Shape{batch, lq, heads * dv}), "attention result shape");
+  Tensor r = Tensor::zeros(DType::f32, shape);
+  std::vector<float> scores(lk);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t i = 0; i < lq; ++i) {
+        for (int64_t j = 0; j < lk; ++j) {
+          double dot = 0;
+          for (int64_t d = 0; d < dk; ++d)
+            dot += static_cast<double>(q.f[(b * lq + i) * heads * dk + h * dk + d]) *
+                   static_cast<double>(k.f[(b * lk + j) * heads * dk + h * dk + d]);
+          const bool masked = (causal && j > i) || (key_pad && key_pad->ints[b * lk + j] != 0);
+          scores[j] = masked ? -1e9f : static_cast<float>(dot) * scale;
+        }
+        const std::vector<float> p = softmax_of(scores);
+        for (int64_t e = 0; e < dv; ++e) {
+          double sum = 0;
+          for (int64_t j = 0; j < lk; ++j)
+            sum += static_cast<double>(p[j]) *
+                   static_cast<double>(v.f[(b * lk + j) * heads * dv + h * dv + e]);
+          r.f[(b * lq + i) * heads * dv + h * dv + e] = static_cast<float>(sum);
+        }
+      }
+    }
+  }
+  return r;
+}
+
+// ---------------------------------------------------------------------------------
+
+class Interpreter {
+ public:
+  Interpreter(const Module& module, const Function& function, const WeightMap& weights)
+      : m_(module), f_(function), weights_(weights) {}
+
+  std::vector<Tensor> run(const std::vector<Tensor>& inputs) {
+    check_structure();
+    name_values();
+    values_.assign(f_.values.size(), std::nullopt);
+    bind_inputs(inputs);
+    for (size_t i = 0; i < f_.ops.size(); ++i) run_op(static_cast<int>(i));
+    std::vector<Tensor> results;
+    for (ValueId id : f_.results) {
+      KILN_ASSERT(values_[id].has_value(), "result not computed");
+      results.push_back(*values_[id]);
+    }
+    return results;
+  }
+
+ private:
+  // Throws unless the function is well formed enough to run: valid value ids, SSA
+  // order, and every op obeying its type rule with the declared result type.
+  void check_structure() const {
+    const size_t nvalues = f_.values.size();
+    std::vector<bool> defined(nvalues, false);
+    auto invalid = [&](const std::string& what) {
+      fail("function '{}' is not valid (run the verifier): {}", f_.name, what);
+    };
+    auto valid = [&](ValueId id) { return id >= 0 && static_cast<size_t>(id) < nvalues; };
+    for (ValueId p : f_.params) {
+      if (!valid(p) || defined[p]) invalid(fmt::format("bad parameter value {}", p));
+      defined[p] = true;
+    }
+    for (size_t i = 0; i < f_.ops.size(); ++i) {
+      const Op& op = f_.ops[i];
+      std::vector<TensorType> operand_types;
+      for (ValueId id : op.operands) {
+        if (!valid(id) || !defined[id])
+          invalid(fmt::format("op {} ({}) uses value {} before it is defined", i,
+                              op_name(op.kind), id));
+        operand_types.push_back(f_.type(id));
+      }
+      if (!valid(op.result) || defined[op.result])
+        invalid(fmt::format("op {} ({}) defines bad value {}", i, op_name(op.kind), op.result));
+      defined[op.result] = true;
+      const TensorType& declared = f_.type(op.result);
+      TypeResult r = infer_type(m_, op.kind, operand_types, op.attrs, &declared);
+      if (!r.ok()) invalid(fmt::format("op {} ({}): {}", i, op_name(op.kind), r.error));
+      if (!(r.type == declared))
+        invalid(fmt::format("op {} ({}) is declared {} but gives {}", i, op_name(op.kind),
+                            to_string(declared), to_string(r.type)));
+    }
+    for (ValueId id : f_.results)
+      if (!valid(id) || !defined[id]) invalid(fmt::format("returns undefined value {}", id));
+  }
+
+  // Names values as the printer does: the value's name, or the next number among the
+  // unnamed values in definition order.
+  void name_values() {
+    names_.assign(f_.values.size(), {});
+    int next = 0;
+    auto assign = [&](ValueId id) {
+      if (names_[id].empty())
+        names_[id] = f_.values[id].name.empty() ? "%" + std::to_string(next++) : f_.values[id].name;
+    };
+    for (ValueId p : f_.params) assign(p);
+    for (const Op& op : f_.ops) assign(op.result);
+  }
+
+  // 'src', or '%3' for an unnamed value.
+  std::string label(ValueId id) const { return "'" + names_[id] + "'"; }
+
+  // Names op `index` for error messages.
+  std::string where(int index) const {
+    const Op& op = f_.ops[index];
+    const std::string& n = names_[op.result];
+    return fmt::format("function '{}', op {} ({}{} = {})", f_.name, index,
+                       n.starts_with('%') ? "" : "%", n, op_name(op.kind));
+  }
+
+  void bind_inputs(const std::vector<Tensor>& inputs) {
+    if (inputs.size() != f_.params.size())
+      fail("function '{}' takes {} input(s), got {}", f_.name, f_.params.size(), inputs.size());
+    for (size_t n = 0; n < inputs.size(); ++n) {
+      const ValueId p = f_.params[n];
+      const TensorType& want = f_.type(p);
+      const std::string who = "input " + label(p);
+      Tensor t = inputs[n];
+      const bool dtype_ok =
+          t.dtype == want.dtype || (is_integer(t.dtype) && is_integer(want.dtype));
+      if (!dtype_ok)
+        fail("{} has type {}, expected {}", who, t.type_string(), to_string(want));
+      if (rank_of(t) != want.rank())
+        fail("{} has shape {}: rank {}, expected {} ({})", who, shape_str(t.shape), rank_of(t),
+             want.rank(), to_string(want));
+      check_tensor_data(t, who);
+      for (int64_t d = 0; d < want.rank(); ++d) bind_dim(t, d, want.shape[d], who);
+      // i32 and i64 data are interchangeable; the values must fit the declared dtype.
+      if (want.dtype == DType::i32 && t.dtype == DType::i64) {
+        for (int64_t i = 0; i < t.numel(); ++i)
+          if (!fits_i32(t.ints[i]))
+            fail("{} holds {} at {}, which does not fit in i32", who, t.ints[i],
+                 shape_str(unravel(i, t.shape)));
+      }
+      t.dtype = want.dtype;
+      values_[p] = std::move(t);
+    }
+  }
+
+  void bind_dim(const Tensor& t, int64_t d, const Dim& dim, const std::string& who) {
+    const int64_t size = t.shape[d];
+    if (!dim.is_symbolic()) {
+      if (size != dim.value)
+        fail("{} has shape {}: dim {} is {}, expected {}", who, shape_str(t.shape), d, size,
+             dim.value);
+      return;
+    }
+    const Symbol* sym = m_.find_symbol(dim.symbol);
+    if (!sym)
+      fail("{} has shape {}: dim {} uses undeclared symbol '{}'", who, shape_str(t.shape), d,
+           dim.symbol);
+    if (size < 1)
+      fail("{} has shape {}: dim {} ({}) is {}, below its minimum 1", who, shape_str(t.shape), d,
+           dim.symbol, size);
+    if (size > sym->max)
+      fail("{} has shape {}: dim {} ({}) is {}, above its maximum {}", who, shape_str(t.shape), d,
+           dim.symbol, size, sym->max);
+    auto it = bindings_.find(dim.symbol);
+    if (it == bindings_.end()) {
+      bindings_[dim.symbol] = size;
+      bound_by_[dim.symbol] = fmt::format("dim {} of {}", d, who);
+    } else if (it->second != size) {
+      fail("{} has shape {}: dim {} ({}) is {}, but {} is {} from {}", who, shape_str(t.shape),
+           d, dim.symbol, size, dim.symbol, it->second, bound_by_[dim.symbol]);
+    }
+  }
+
+  // The concrete shape of op `index`'s declared result type.
+  Shape result_shape(int index) const {
+    const TensorType& type = f_.type(f_.ops[index].result);
+    Shape shape;
+    for (const Dim& d : type.shape) {
+      if (!d.is_symbolic()) {
+        shape.push_back(d.value);
+        continue;
+      }
+      auto it = bindings_.find(d.symbol);
+      if (it == bindings_.end())
+        fail("{}: its type {} uses symbol '{}', which no input binds", where(index),
+             to_string(type), d.symbol);
+      shape.push_back(it->second);
+    }
+    return shape;
+  }
+
+  const Tensor& operand(const Op& op, size_t i) const {
+    KILN_ASSERT(i < op.operands.size() && values_[op.operands[i]].has_value(), "missing operand");
+    return *values_[op.operands[i]];
+  }
+
+  Tensor load_weight(const Op& op, const Shape& shape) const {
+    const std::string& name = op.str_attr("name");
+    auto it = weights_.find(name);
+    if (it == weights_.end()) fail("weight '{}' was not loaded", name);
+    const Tensor& w = it->second;
+    const TensorType& want = f_.type(op.result);
+    if (w.dtype != want.dtype || w.shape != shape)
+      fail("weight '{}' has type {}, expected {}", name, w.type_string(), to_string(want));
+    check_tensor_data(w, fmt::format("weight '{}'", name));
+    return w;
+  }
+
+  void run_op(int index) {
+    const Op& op = f_.ops[index];
+    const DType dtype = f_.type(op.result).dtype;
+    const Shape shape = result_shape(index);
+    const std::string at = where(index);
+    Tensor r;
+    switch (op.kind) {
+      case OpKind::weight: r = load_weight(op, shape); break;
+      case OpKind::constant: r = eval_constant(op, dtype, shape); break;
+      case OpKind::sinusoid_table: r = eval_sinusoid_table(shape); break;
+      case OpKind::iota: r = eval_iota(op, dtype, shape); break;
+      case OpKind::add:
+      case OpKind::sub:
+      case OpKind::mul:
+      case OpKind::div:
+      case OpKind::maximum:
+      case OpKind::eq:
+      case OpKind::ne:
+      case OpKind::lt:
+      case OpKind::le:
+      case OpKind::gt:
+      case OpKind::ge:
+      case OpKind::logical_and:
+      case OpKind::logical_or:
+        r = eval_binary(op.kind, operand(op, 0), operand(op, 1), dtype, shape, at);
+        break;
+      case OpKind::logical_not:
+      case OpKind::relu:
+      case OpKind::neg:
+      case OpKind::exp:
+      case OpKind::sqrt:
+      case OpKind::cast: r = eval_unary(op.kind, operand(op, 0), dtype, shape, at); break;
+      case OpKind::select:
+        r = eval_select(operand(op, 0), operand(op, 1), operand(op, 2), dtype, shape);
+        break;
+      case OpKind::gather:
+        r = eval_gather(operand(op, 0), operand(op, 1), shape, label(op.operands[1]));
+        break;
+      case OpKind::transpose: r = eval_transpose(op, operand(op, 0), shape); break;
+      case OpKind::reshape: r = eval_reshape(operand(op, 0), shape); break;
+      case OpKind::slice: r = eval_slice(op, operand(op, 0), shape, at); break;
+      case OpKind::concat: {
+        std::vector<const Tensor*> parts;
+        for (size_t i = 0; i < op.operands.size(); ++i) parts.push_back(&operand(op, i));
+        r = concat_tensors(parts, axis_of(op.int_attr("axis"), rank_of(*parts[0])));
+        break;
+      }
+      case OpKind::matmul: r = eval_matmul(operand(op, 0), operand(op, 1), shape); break;
+      case OpKind::softmax: r = eval_softmax(op, operand(op, 0), shape); break;
+      case OpKind::layernorm:
+        r = eval_layernorm(operand(op, 0), operand(op, 1), operand(op, 2),
+                           op.float_attr("eps"), shape);
+        break;
+      case OpKind::add_layernorm: {
+        // The sum is rounded to float first, exactly as a separate add would.
+        const Tensor sum = eval_binary(OpKind::add, operand(op, 0), operand(op, 1),
+                                       DType::f32, shape, at);
+        r = eval_layernorm(sum, operand(op, 2), operand(op, 3), op.float_attr("eps"), shape);
+        break;
+      }
+      case OpKind::reduce_sum:
+      case OpKind::reduce_max:
+      case OpKind::reduce_mean: r = eval_reduce(op, operand(op, 0), dtype, shape); break;
+      case OpKind::argmax: r = eval_argmax(op, operand(op, 0), shape, at); break;
+      case OpKind::linear:
+        r = eval_linear(op, operand(op, 0), operand(op, 1),
+                        op.operands.size() == 3 ? &operand(op, 2) : nullptr, shape);
+        break;
+      case OpKind::attention:
+        r = eval_attention(op, operand(op, 0), operand(op, 1), operand(op, 2),
+                           op.operands.size() == 4 ? &operand(op, 3) : nullptr, shape);
+        break;
+    }
+    KILN_ASSERT(r.dtype == dtype && r.shape == shape,
+                fmt::format("{} produced {}, declared {}", at, r.type_string(),
+                            to_string(f_.type(op.result))));
+    KILN_ASSERT(static_cast<int64_t>(dtype == DType::f32 ? r.f.size() : r.ints.size()) ==
+                    r.numel(),
+                at + " produced the wrong number of values");
+    values_[op.result] = std::move(r);
+  }
+
+  const Module& m_;
+  const Function& f_;
+  const WeightMap& weights_;
+  std::vector<std::string> names_;               // by ValueId, as printed ("src", "%3")
+  std::vector<std::optional<Tensor>> values_;    // by ValueId, once computed
+  std::map<std::string, int64_t> bindings_;      // symbol -> size
+  std::map<std::string, std::string> bound_by_;  // symbol -> "dim 0 of input 'src'"
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------
+// Tensor
+
+int64_t Tensor::numel() const { return shape_numel(shape); }
+
+Tensor Tensor::zeros(DType dtype, std::vector<int64_t> shape) {
+  for (int64_t d : shape) KILN_ASSERT(d >= 0, "negative dim in Tensor::zeros");
+  Tensor t;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  if (dtype == DType::f32)
+    t.f.assign(t.numel(), 0.0f);
+  else
+    t.ints.assign(t.numel(), 0);
+  return t;
+}
+
+Tensor Tensor::from_f32(std::vector<int64_t> shape, std::vector<float> data) {
+  Tensor t;
+  t.dtype = DType::f32;
+  t.shape = std::move(shape);
+  t.f = std::move(data);
+  KILN_ASSERT(static_cast<int64_t>(t.f.size()) == t.numel(),
+              fmt::format("Tensor::from_f32: {} values for shape {}", t.f.size(),
+                          shape_str(t.shape)));
+  return t;
+}
+
+Tensor Tensor::from_ints(DType dtype, std::vector<int64_t> shape, std::vector<int64_t> data) {
+  KILN_ASSERT(dtype != DType::f32, "Tensor::from_ints with dtype f32");
+  Tensor t;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  t.ints = std::move(data);
+  KILN_ASSERT(static_cast<int64_t>(t.ints.size()) == t.numel(),
+              fmt::format("Tensor::from_ints: {} values for shape {}", t.ints.size(),
+                          shape_str(t.shape)));
+  return t;
+}
+
+std::string Tensor::type_string() const { return dtype_name(dtype) + shape_str(shape); }
+
+// ---------------------------------------------------------------------------------
+
+void materialize_weights(const Module& module, WeightMap& weights) {
+  for (const Weight& w : module.weights) {
+    if (!w.derivation) continue;
+    const WeightDerivation& d = *w.derivation;
+    if (d.op != "concat") fail("weight '{}' has an unknown derivation '{}'", w.name, d.op);
+    if (d.inputs.empty()) fail("weight '{}' derives from no weights", w.name);
+    auto axis_it = d.attrs.find("axis");
+    const int64_t* axis_attr =
+        axis_it == d.attrs.end() ? nullptr : std::get_if<int64_t>(&axis_it->second);
+    if (!axis_attr) fail("weight '{}': concat needs an integer attribute 'axis'", w.name);
+    std::vector<const Tensor*> parts;
+    for (const std::string& in : d.inputs) {
+      auto it = weights.find(in);
+      if (it == weights.end())
+        fail("weight '{}' is built from '{}', which was not loaded", w.name, in);
+      const Tensor& t = it->second;
+      check_tensor_data(t, fmt::format("weight '{}'", in));
+      if (const Weight* decl = module.find_weight(in)) {
+        const TensorType& want = decl->type;
+        bool same = t.dtype == want.dtype && rank_of(t) == want.rank();
+        for (int64_t i = 0; same && i < want.rank(); ++i)
+          same = want.shape[i].is_const(t.shape[i]);
+        if (!same)
+          fail("weight '{}' has type {}, expected {}", in, t.type_string(), to_string(want));
+      }
+      parts.push_back(&t);
+    }
+    // Inputs must agree outside the axis (the verifier checks the declared types).
+    const Tensor& first = *parts[0];
+    const int64_t axis = normalize_axis(*axis_attr, rank_of(first));
+    if (axis < 0)
+      fail("weight '{}': concat axis {} out of range for rank {}", w.name, *axis_attr,
+           rank_of(first));
+    for (const Tensor* p : parts) {
+      bool agree = p->dtype == first.dtype && rank_of(*p) == rank_of(first);
+      for (int64_t i = 0; agree && i < rank_of(first); ++i)
+        agree = i == axis || p->shape[i] == first.shape[i];
+      if (!agree)
+        fail("weight '{}': cannot concat {} and {} along axis {}", w.name, first.type_string(),
+             p->type_string(), axis);
+    }
+    Tensor r = concat_tensors(parts, axis);
+    bool same = r.dtype == w.type.dtype && rank_of(r) == w.type.rank();
+    for (int64_t i = 0; same && i < w.type.rank(); ++i) same = w.type.shape[i].is_const(r.shape[i]);
+    if (!same)
+      fail("weight '{}' is built as {}, expected {}", w.name, r.type_string(), to_string(w.type));
+    weights[w.name] = std::move(r);
+  }
+}
+
+std::vector<Tensor> interpret(const Module& module, const Function& function,
+                              const WeightMap& weights, const std::vector<Tensor>& inputs) {
+  return Interpreter(module, function, weights).run(inputs);
+}
+
+}  // namespace kiln::ir

@@ -1,0 +1,103 @@
+// The pass registry and the default pipeline: one flat list, one line per pass.
+#include "passes/pipeline.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "ir/printer.h"
+#include "ir/verifier.h"
+#include "passes/canonicalize.h"
+#include "passes/fuse_add_layernorm.h"
+#include "passes/fuse_attention.h"
+#include "passes/fuse_linear.h"
+#include "passes/merge_projections.h"
+#include "passes/plan_memory.h"
+#include "passes/schedule.h"
+#include "passes/shape_inference.h"
+#include "support/error.h"
+
+namespace kiln::passes {
+
+const std::vector<PassInfo>& all_passes() {
+  static const std::vector<PassInfo> passes = {
+      // Types first: every later pass relies on each value's type being right.
+      {"shape-inference", shape_inference, "check and propagate every value's type"},
+      // Folding first so the fusions see one constant per scalar and no reshape chains.
+      {"canonicalize", canonicalize, "dead code, CSE, constant folding, reshape/transpose chains"},
+      // Before fuse-linear: the attention pattern starts at the projections' outputs,
+      // whatever form they take, and needs the head reshapes/transposes intact.
+      {"fuse-attention", fuse_attention, "Q·Kᵀ, scale, mask, softmax, ·V -> attention"},
+      {"fuse-add-layernorm", fuse_add_layernorm, "layernorm(x + y) -> add_layernorm"},
+      // After fuse-attention: the residual adds it must not absorb are now unambiguous.
+      {"fuse-linear", fuse_linear, "matmul(x, Wᵀ) + b [relu] -> linear"},
+      // Needs fuse-linear's linear ops to find projections sharing an input.
+      {"merge-projections", merge_projections, "Q/K/V linears of one input -> one linear"},
+      // Clean up what the fusions left dead or duplicated.
+      {"canonicalize", canonicalize, "dead code, CSE, constant folding, reshape/transpose chains"},
+      // Order, then memory: the plan's liveness is computed over the chosen order.
+      {"schedule", schedule, "execution order that keeps peak live memory low"},
+      {"plan-memory", plan_memory, "arena offsets for every intermediate"},
+  };
+  return passes;
+}
+
+std::vector<std::string> default_pipeline() {
+  std::vector<std::string> names;
+  for (const PassInfo& p : all_passes()) names.push_back(p.name);
+  return names;
+}
+
+static const PassInfo* find_pass(const std::string& name) {
+  for (const PassInfo& p : all_passes())
+    if (name == p.name) return &p;
+  return nullptr;
+}
+
+std::vector<std::string> parse_pass_list(const std::string& spec) {
+  if (spec == "default") return default_pipeline();
+  std::vector<std::string> names;
+  size_t start = 0;
+  while (start <= spec.size()) {
+    size_t comma = spec.find(',', start);
+    std::string name = spec.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (name.empty()) fail("empty pass name in '{}'", spec);
+    if (!find_pass(name)) {
+      std::vector<std::string> known;
+      for (const PassInfo& p : all_passes())
+        if (std::find(known.begin(), known.end(), p.name) == known.end()) known.push_back(p.name);
+      fail("unknown pass '{}' (known: {})", name, fmt::join(known, ", "));
+    }
+    names.push_back(name);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return names;
+}
+
+void run_passes(ir::Module& module, const std::vector<std::string>& names,
+                const PipelineOptions& options) {
+  for (const std::string& name : names) {
+    const PassInfo* pass = find_pass(name);
+    if (!pass) fail("unknown pass '{}'", name);
+    auto start = std::chrono::steady_clock::now();
+    bool changed = pass->run(module);
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    if (options.time_passes)
+      fmt::print(options.dump, "pass {:<20} {:9.3f} ms{}\n", name, ms, changed ? "" : "  (no change)");
+    if (options.verify_each) {
+      std::vector<ir::Diagnostic> diags = ir::verify(module);
+      KILN_ASSERT(diags.empty(), fmt::format("pass '{}' produced an invalid module: {}", name,
+                                             diags.empty() ? "" : ir::format_diagnostic(diags[0])));
+    }
+    if ((options.print_ir_after_all && changed) || options.print_ir_after.count(name)) {
+      fmt::print(options.dump, "// ----- IR after {}{} -----\n{}", name, changed ? "" : " (no change)",
+                 ir::print_module(module));
+    }
+  }
+  ir::verify_or_throw(module, "<after passes>");
+}
+
+}  // namespace kiln::passes

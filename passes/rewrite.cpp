@@ -1,0 +1,116 @@
+// Def/use queries and rewrites shared by the passes (see rewrite.h).
+#include "passes/rewrite.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "support/error.h"
+
+namespace kiln::passes {
+
+std::vector<int> def_index(const ir::Function& f) {
+  std::vector<int> defs(f.values.size(), -1);
+  for (size_t i = 0; i < f.ops.size(); ++i)
+    if (f.ops[i].result >= 0 && static_cast<size_t>(f.ops[i].result) < defs.size())
+      defs[f.ops[i].result] = static_cast<int>(i);
+  return defs;
+}
+
+std::vector<int> use_counts(const ir::Function& f) {
+  std::vector<int> uses(f.values.size(), 0);
+  for (const ir::Op& op : f.ops)
+    for (ir::ValueId v : op.operands) ++uses[v];
+  for (ir::ValueId r : f.results) ++uses[r];
+  return uses;
+}
+
+const ir::Op* def_op(const ir::Function& f, const std::vector<int>& defs, ir::ValueId v) {
+  if (v < 0 || static_cast<size_t>(v) >= defs.size() || defs[v] < 0) return nullptr;
+  return &f.ops[defs[v]];
+}
+
+void replace_all_uses(ir::Function& f, ir::ValueId from, ir::ValueId to) {
+  for (ir::Op& op : f.ops)
+    for (ir::ValueId& v : op.operands)
+      if (v == from) v = to;
+  for (ir::ValueId& r : f.results)
+    if (r == from) {
+      // Keep the result's name: names live on values, so move it over.
+      if (f.values[to].name.empty()) f.values[to].name = f.values[from].name;
+      f.values[from].name.clear();
+      r = to;
+    }
+}
+
+ir::ValueId insert_op(ir::Function& f, size_t pos, ir::OpKind kind,
+                      std::vector<ir::ValueId> operands, ir::TensorType type, ir::Attrs attrs) {
+  KILN_ASSERT(pos <= f.ops.size(), "insert_op position out of range");
+  ir::ValueId id = f.add_value(std::move(type));
+  f.ops.insert(f.ops.begin() + pos, ir::Op{kind, id, std::move(operands), std::move(attrs)});
+  if (!f.op_locs.empty()) {
+    ir::Loc loc = pos < f.op_locs.size() ? f.op_locs[pos] : f.op_locs.back();
+    f.op_locs.insert(f.op_locs.begin() + std::min(pos, f.op_locs.size()), loc);
+  }
+  return id;
+}
+
+bool remove_dead_code(ir::Function& f) {
+  bool changed = false;
+  std::vector<int> uses = use_counts(f);
+  std::vector<bool> keep(f.ops.size(), true);
+  for (size_t i = f.ops.size(); i-- > 0;) {
+    if (uses[f.ops[i].result] == 0) {
+      keep[i] = false;
+      changed = true;
+      for (ir::ValueId v : f.ops[i].operands) --uses[v];
+    }
+  }
+  if (!changed) return false;
+  std::vector<ir::Op> ops;
+  std::vector<ir::Loc> locs;
+  for (size_t i = 0; i < f.ops.size(); ++i) {
+    if (!keep[i]) continue;
+    ops.push_back(std::move(f.ops[i]));
+    if (i < f.op_locs.size()) locs.push_back(f.op_locs[i]);
+  }
+  f.ops = std::move(ops);
+  f.op_locs = std::move(locs);
+  compact_values(f);
+  return true;
+}
+
+void compact_values(ir::Function& f) {
+  std::vector<ir::ValueId> remap(f.values.size(), -1);
+  std::vector<ir::Value> values;
+  auto take = [&](ir::ValueId v) {
+    if (remap[v] < 0) {
+      remap[v] = static_cast<ir::ValueId>(values.size());
+      values.push_back(std::move(f.values[v]));
+    }
+  };
+  for (ir::ValueId p : f.params) take(p);
+  for (const ir::Op& op : f.ops) take(op.result);
+  for (ir::ValueId& p : f.params) p = remap[p];
+  for (ir::Op& op : f.ops) {
+    op.result = remap[op.result];
+    for (ir::ValueId& v : op.operands) {
+      KILN_ASSERT(remap[v] >= 0, "operand refers to a removed value");
+      v = remap[v];
+    }
+  }
+  for (ir::ValueId& r : f.results) {
+    KILN_ASSERT(remap[r] >= 0, "result refers to a removed value");
+    r = remap[r];
+  }
+  f.values = std::move(values);
+}
+
+bool debug_enabled(const char* pass) {
+  static const char* env = std::getenv("KILN_DEBUG_PASSES");
+  if (!env || !*env) return false;
+  std::string list = std::string(",") + env + ",";
+  return list.find(",all,") != std::string::npos ||
+         list.find("," + std::string(pass) + ",") != std::string::npos;
+}
+
+}  // namespace kiln::passes

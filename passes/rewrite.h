@@ -1,0 +1,48 @@
+// Helpers shared by the passes: def/use queries and in-place rewrites of a Function
+// that keep it valid (SSA order, every value defined once).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "ir/ir.h"
+
+namespace kiln::passes {
+
+// Index of the op defining each value (-1 for parameters and undefined values).
+std::vector<int> def_index(const ir::Function& f);
+// How many times each value is used: as an operand (once per occurrence) or a result.
+std::vector<int> use_counts(const ir::Function& f);
+// The op defining `v`, or nullptr for a parameter.
+const ir::Op* def_op(const ir::Function& f, const std::vector<int>& defs, ir::ValueId v);
+
+// Replaces every use of `from` (operands and results) by `to`.
+void replace_all_uses(ir::Function& f, ir::ValueId from, ir::ValueId to);
+
+// Inserts an op before position `pos` defining a new value of `type`; returns the value.
+// Op locations are kept aligned (the new op gets the location of the op it precedes).
+ir::ValueId insert_op(ir::Function& f, size_t pos, ir::OpKind kind,
+                      std::vector<ir::ValueId> operands, ir::TensorType type, ir::Attrs attrs = {});
+
+// Removes ops whose results are unused (transitively), then drops values that are no
+// longer defined and renumbers the rest in order. Returns whether anything changed.
+bool remove_dead_code(ir::Function& f);
+
+// Renumbers values so that only parameters and op results remain, in their order.
+void compact_values(ir::Function& f);
+
+// Whether a debug log is enabled for `pass` (env KILN_DEBUG_PASSES: a comma list of
+// pass names, or "all").
+bool debug_enabled(const char* pass);
+
+// Logs why a pass did not fire (or what it did) when debugging is enabled for it.
+template <typename... Args>
+void debug_log(const char* pass, fmt::format_string<Args...> format, Args&&... args) {
+  if (debug_enabled(pass))
+    fmt::print(stderr, "[{}] {}\n", pass, fmt::format(format, std::forward<Args>(args)...));
+}
+
+}  // namespace kiln::passes

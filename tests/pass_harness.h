@@ -1,0 +1,139 @@
+// Differential testing of passes: random weights and inputs (ids with padding), the
+// interpreter run on a module before and after passes, outputs compared.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "ir/interpreter.h"
+#include "ir/ir.h"
+#include "passes/pipeline.h"
+
+namespace kiln::testing {
+
+// Normal(0, 0.3) for every plain weight (derived ones are built from them).
+inline ir::WeightMap random_weights(const ir::Module& m, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.3f);
+  ir::WeightMap w;
+  for (const ir::Weight& wt : m.weights) {
+    if (wt.derivation) continue;
+    std::vector<int64_t> shape;
+    for (const ir::Dim& d : wt.type.shape) shape.push_back(d.value);
+    std::vector<float> data(ir::static_numel(wt.type));
+    for (float& x : data) x = normal(rng);
+    w[wt.name] = ir::Tensor::from_f32(shape, std::move(data));
+  }
+  ir::materialize_weights(m, w);
+  return w;
+}
+
+// The vocabulary of an integer parameter: the smallest table it indexes with gather.
+inline int64_t vocab_of(const ir::Function& f, ir::ValueId param) {
+  int64_t vocab = 1 << 30;
+  for (const ir::Op& op : f.ops)
+    if (op.kind == ir::OpKind::gather && op.operands[1] == param)
+      vocab = std::min(vocab, f.type(op.operands[0]).shape[0].value);
+  return vocab == (1 << 30) ? 16 : vocab;
+}
+
+// Inputs for `f` with each symbol bound as in `sizes`. Integer parameters get ids in
+// the vocabulary other than pad_id; with `padding`, rows after the first end in pad_id
+// at random lengths (>= 1). f32 parameters get Normal(0, 1).
+inline std::vector<ir::Tensor> random_inputs(const ir::Module& m, const ir::Function& f,
+                                             const std::map<std::string, int64_t>& sizes,
+                                             uint32_t seed, bool padding) {
+  std::mt19937 rng(seed);
+  int64_t pad_id = m.config.count("pad_id") ? std::stoll(m.config.at("pad_id")) : 0;
+  std::vector<ir::Tensor> inputs;
+  for (ir::ValueId p : f.params) {
+    const ir::TensorType& t = f.type(p);
+    std::vector<int64_t> shape;
+    for (const ir::Dim& d : t.shape) shape.push_back(d.is_symbolic() ? sizes.at(d.symbol) : d.value);
+    int64_t n = 1;
+    for (int64_t s : shape) n *= s;
+    if (t.dtype == ir::DType::f32) {
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      std::vector<float> data(n);
+      for (float& x : data) x = normal(rng);
+      inputs.push_back(ir::Tensor::from_f32(shape, std::move(data)));
+      continue;
+    }
+    int64_t vocab = vocab_of(f, p);
+    std::uniform_int_distribution<int64_t> id(0, vocab - 1);
+    std::vector<int64_t> data(n);
+    for (int64_t& x : data) {
+      do x = id(rng);
+      while (x == pad_id && vocab > 1);
+    }
+    if (padding && shape.size() == 2) {
+      for (int64_t b = 1; b < shape[0]; ++b) {
+        int64_t len = std::uniform_int_distribution<int64_t>(1, shape[1])(rng);
+        for (int64_t j = len; j < shape[1]; ++j) data[b * shape[1] + j] = pad_id;
+      }
+    }
+    inputs.push_back(ir::Tensor::from_ints(t.dtype, shape, std::move(data)));
+  }
+  return inputs;
+}
+
+inline double max_abs_diff(const std::vector<ir::Tensor>& a, const std::vector<ir::Tensor>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double err = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    EXPECT_EQ(a[i].shape, b[i].shape);
+    EXPECT_EQ(a[i].dtype, b[i].dtype);
+    if (a[i].dtype == ir::DType::f32) {
+      for (size_t j = 0; j < a[i].f.size() && j < b[i].f.size(); ++j)
+        err = std::max(err, std::abs(static_cast<double>(a[i].f[j]) - b[i].f[j]));
+    } else {
+      for (size_t j = 0; j < a[i].ints.size() && j < b[i].ints.size(); ++j)
+        err = std::max(err, std::abs(static_cast<double>(a[i].ints[j] - b[i].ints[j])));
+    }
+  }
+  return err;
+}
+
+// Runs every function of `before` and `after` on the same random weights and inputs,
+// for each length in `lengths` (every symbol other than B bound to it, B to `batch`),
+// with and without padding; returns the largest difference seen.
+inline double max_difference(const ir::Module& before, const ir::Module& after,
+                             const std::vector<int64_t>& lengths, int64_t batch = 2,
+                             uint32_t seed = 7) {
+  ir::WeightMap wb = random_weights(before, seed);
+  ir::WeightMap wa = wb;
+  ir::materialize_weights(after, wa);
+  double worst = 0;
+  for (const ir::Function& fb : before.functions) {
+    const ir::Function* fa = after.find_function(fb.name);
+    EXPECT_NE(fa, nullptr) << fb.name;
+    if (!fa) continue;
+    for (int64_t len : lengths) {
+      for (bool padding : {false, true}) {
+        std::map<std::string, int64_t> sizes;
+        for (const ir::Symbol& s : before.symbols) sizes[s.name] = s.name == "B" ? batch : len;
+        auto inputs = random_inputs(before, fb, sizes, seed + static_cast<uint32_t>(len), padding);
+        double d = max_abs_diff(ir::interpret(before, fb, wb, inputs),
+                                ir::interpret(after, *fa, wa, inputs));
+        worst = std::max(worst, d);
+      }
+    }
+  }
+  return worst;
+}
+
+// `module` after the named passes.
+inline ir::Module after_passes(ir::Module module, const std::vector<std::string>& names) {
+  passes::PipelineOptions options;
+  options.verify_each = true;
+  passes::run_passes(module, names, options);
+  return module;
+}
+
+}  // namespace kiln::testing

@@ -1,0 +1,467 @@
+// Tests of the IR verifier (ir/verifier.h): one module per invariant V1..V9 that breaks
+// exactly that invariant, the type rules of op_types.cpp, and diagnostic formatting.
+#include "ir/verifier.h"
+
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "ir/parser.h"
+#include "support/error.h"
+
+namespace kiln::ir {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+std::string all_messages(const std::vector<Diagnostic>& diags) {
+  std::string out;
+  for (const Diagnostic& d : diags) out += d.message + "\n";
+  return out;
+}
+
+// The message of the only diagnostic of `m`, or a description of what was found instead.
+std::string only_message(const Module& m) {
+  const std::vector<Diagnostic> diags = verify(m);
+  if (diags.size() != 1)
+    return "expected exactly one diagnostic, got " + std::to_string(diags.size()) + ":\n" +
+           all_messages(diags);
+  return diags[0].message;
+}
+
+std::string only_message(const std::string& text) { return only_message(parse_module(text)); }
+
+TensorType f32(std::vector<int64_t> dims) {
+  TensorType t{DType::f32, {}};
+  for (int64_t d : dims) t.shape.push_back(Dim::constant(d));
+  return t;
+}
+
+// A module with one function @f(%x: f32[2]) -> (f32[2]) whose body `%y = relu(%x)`.
+Module relu_module() {
+  Module m;
+  m.name = "m";
+  Function f;
+  f.name = "f";
+  const ValueId x = f.add_param("x", f32({2}));
+  f.results.push_back(f.add_op(OpKind::relu, {x}, f32({2})));
+  m.functions.push_back(std::move(f));
+  return m;
+}
+
+TEST(Verifier, AcceptsValidModules) {
+  EXPECT_EQ(all_messages(verify(relu_module())), "");
+  EXPECT_EQ(all_messages(verify(parse_module(R"(module @m {
+  symbol B max 2
+  weight @a : f32[2,3]
+  weight @b : f32[1,3]
+  weight @ab : f32[3,3] = concat(@a, @b) {axis = 0}
+  func @f(%x: f32[B,3]) -> (f32[B,3]) {
+    %w = weight() {name = "ab"} : f32[3,3]
+    %y = matmul(%x, %w) : f32[B,3]
+    return %y
+  }
+}
+)"))),
+            "");
+}
+
+// ---------------------------------------------------------------------------------------
+// One test per invariant.
+
+TEST(VerifierInvariants, V1SymbolMaximumAndUniqueness) {
+  EXPECT_THAT(only_message("module @m {\n  symbol S max 0\n}\n"),
+              AllOf(HasSubstr("[V1]"), HasSubstr("symbol 'S' has maximum 0, expected >= 1")));
+  EXPECT_THAT(only_message("module @m {\n  symbol S max 2\n  symbol S max 3\n}\n"),
+              AllOf(HasSubstr("[V1]"), HasSubstr("symbol 'S' is declared twice")));
+  Module m;
+  m.symbols.push_back(Symbol{"2x", 4});
+  EXPECT_THAT(only_message(m),
+              AllOf(HasSubstr("[V1]"), HasSubstr("symbol name '2x' is not an identifier")));
+}
+
+TEST(VerifierInvariants, V2WeightsUniqueAndStatic) {
+  EXPECT_THAT(only_message("module @m {\n  symbol S max 4\n  weight @w : f32[S,4]\n}\n"),
+              AllOf(HasSubstr("[V2]"), HasSubstr("weight 'w' has symbolic type f32[S,4]")));
+  EXPECT_THAT(only_message("module @m {\n  weight @w : f32[4]\n  weight @w : f32[4]\n}\n"),
+              AllOf(HasSubstr("[V2]"), HasSubstr("weight 'w' is declared twice")));
+}
+
+TEST(VerifierInvariants, V3FunctionsUniqueWithResults) {
+  EXPECT_THAT(only_message(R"(module @m {
+  func @f(%x: f32[2]) -> (f32[2]) {
+    return %x
+  }
+  func @f(%x: f32[2]) -> (f32[2]) {
+    return %x
+  }
+}
+)"),
+              AllOf(HasSubstr("[V3]"), HasSubstr("function 'f' is defined twice")));
+  Module m = relu_module();
+  m.functions[0].results.clear();
+  EXPECT_THAT(only_message(m), AllOf(HasSubstr("[V3]"), HasSubstr("function 'f' has no results")));
+}
+
+TEST(VerifierInvariants, V4ValueIdsExist) {
+  Module m = relu_module();
+  m.functions[0].ops[0].operands = {42};
+  EXPECT_THAT(only_message(m),
+              AllOf(HasSubstr("[V4]"), HasSubstr("relu: operand refers to missing value 42")));
+
+  m = relu_module();
+  m.functions[0].results = {7};
+  EXPECT_THAT(only_message(m),
+              AllOf(HasSubstr("[V4]"), HasSubstr("return refers to missing value 7")));
+
+  m = relu_module();
+  m.functions[0].params.push_back(-3);
+  EXPECT_THAT(only_message(m),
+              AllOf(HasSubstr("[V4]"), HasSubstr("parameter refers to missing value -3")));
+}
+
+TEST(VerifierInvariants, V5SingleDefinitionBeforeUse) {
+  // %a = relu(%b); %b = relu(%x): %b is used before its definition.
+  Module m;
+  Function f;
+  f.name = "f";
+  const ValueId x = f.add_param("x", f32({2}));
+  const ValueId a = f.add_value(f32({2}), "a");
+  const ValueId b = f.add_value(f32({2}), "b");
+  f.ops.push_back(Op{OpKind::relu, a, {b}, {}});
+  f.ops.push_back(Op{OpKind::relu, b, {x}, {}});
+  f.results = {a};
+  m.functions.push_back(f);
+  EXPECT_THAT(only_message(m),
+              AllOf(HasSubstr("[V5]"), HasSubstr("relu: operand %b is used before it is defined")));
+
+  // Two ops define %y.
+  m = relu_module();
+  m.functions[0].ops.push_back(m.functions[0].ops[0]);
+  EXPECT_THAT(only_message(m), AllOf(HasSubstr("[V5]"), HasSubstr("is defined 2 times")));
+
+  // A value nothing defines.
+  m = relu_module();
+  m.functions[0].add_value(f32({2}), "orphan");
+  EXPECT_THAT(only_message(m),
+              AllOf(HasSubstr("[V5]"), HasSubstr("value %orphan is defined 0 times")));
+}
+
+TEST(VerifierInvariants, V6ValueNamesUnique) {
+  Module m = relu_module();
+  m.functions[0].values[1].name = "x";  // the relu result takes the parameter's name
+  EXPECT_THAT(only_message(m),
+              AllOf(HasSubstr("[V6]"), HasSubstr("value name '%x' is used twice")));
+}
+
+TEST(VerifierInvariants, V7SymbolsDeclared) {
+  EXPECT_THAT(only_message(R"(module @m {
+  func @f(%x: f32[Q,4]) -> (f32[Q,4]) {
+    return %x
+  }
+}
+)"),
+              AllOf(HasSubstr("[V7]"), HasSubstr("type f32[Q,4] uses undeclared symbol 'Q'")));
+  EXPECT_THAT(only_message(R"(module @m {
+  symbol S max 8
+  func @f() -> (i64[S,T]) {
+    %pos = iota() {axis = 1} : i64[S,T]
+    return %pos
+  }
+}
+)"),
+              AllOf(HasSubstr("[V7]"), HasSubstr("type i64[S,T] uses undeclared symbol 'T'")));
+}
+
+TEST(VerifierInvariants, V8TypeRules) {
+  EXPECT_THAT(only_message(R"(module @m {
+  func @f(%x: f32[2]) -> (f32[3]) {
+    %y = relu(%x) : f32[3]
+    return %y
+  }
+}
+)"),
+              AllOf(HasSubstr("[V8]"), HasSubstr("relu: result type is f32[3], expected f32[2]")));
+  EXPECT_THAT(only_message(R"(module @m {
+  func @f(%x: f32[2]) -> (f32[2]) {
+    %y = add(%x) : f32[2]
+    return %y
+  }
+}
+)"),
+              AllOf(HasSubstr("[V8]"), HasSubstr("add: expects 2 operand(s), got 1")));
+  EXPECT_THAT(only_message(R"(module @m {
+  func @f(%x: f32[2]) -> (f32[2]) {
+    %y = relu(%x) {axis = 0} : f32[2]
+    return %y
+  }
+}
+)"),
+              AllOf(HasSubstr("[V8]"), HasSubstr("relu: unexpected attribute 'axis'")));
+}
+
+TEST(VerifierInvariants, V9WeightDerivations) {
+  EXPECT_THAT(only_message(R"(module @m {
+  weight @a : f32[2,3]
+  weight @w : f32[4,3] = stack(@a, @a) {axis = 0}
+}
+)"),
+              AllOf(HasSubstr("[V9]"), HasSubstr("weight 'w' has an unknown derivation 'stack'")));
+  EXPECT_THAT(
+      only_message(R"(module @m {
+  weight @a : f32[2,3]
+  weight @w : f32[4,3] = concat(@a, @zz) {axis = 0}
+}
+)"),
+      AllOf(HasSubstr("[V9]"),
+            HasSubstr("weight 'w' derives from 'zz', which is not a declared plain weight")));
+  EXPECT_THAT(
+      only_message(R"(module @m {
+  weight @a : f32[2,3]
+  weight @aa : f32[4,3] = concat(@a, @a) {axis = 0}
+  weight @w : f32[6,3] = concat(@aa, @a) {axis = 0}
+}
+)"),
+      AllOf(HasSubstr("[V9]"), HasSubstr("derives from 'aa', which is not a declared plain")));
+  EXPECT_THAT(only_message(R"(module @m {
+  weight @a : f32[2,3]
+  weight @b : f32[2,3]
+  weight @w : f32[5,3] = concat(@a, @b) {axis = 0}
+}
+)"),
+              AllOf(HasSubstr("[V9]"),
+                    HasSubstr("weight 'w' has type f32[5,3], its derivation gives f32[4,3]")));
+  EXPECT_THAT(only_message(R"(module @m {
+  weight @a : f32[2,3]
+  weight @w : f32[4,3] = concat(@a, @a) {axis = 2}
+}
+)"),
+              AllOf(HasSubstr("[V9]"), HasSubstr("weight 'w': concat axis 2 out of range")));
+}
+
+// ---------------------------------------------------------------------------------------
+// Type rules (op_types.cpp), each reported as a [V8] diagnostic.
+
+// A module with symbols B, S, T, the given weights and one function @f.
+std::string function_module(const std::string& signature, const std::string& body,
+                            const std::string& weights = "") {
+  return "module @m {\n  symbol B max 2\n  symbol S max 8\n  symbol T max 8\n" + weights +
+         "  func @f" + signature + " {\n" + body + "  }\n}\n";
+}
+
+TEST(VerifierTypeRules, MatmulContractionMismatch) {
+  EXPECT_THAT(
+      only_message(function_module("(%a: f32[2,3], %b: f32[4,5]) -> (f32[2,5])",
+                                   "    %c = matmul(%a, %b) : f32[2,5]\n"
+                                   "    return %c\n")),
+      AllOf(HasSubstr("[V8] matmul"), HasSubstr("contraction dims differ: f32[2,3] x f32[4,5]")));
+  EXPECT_THAT(only_message(function_module("(%a: f32[2,3,4], %b: f32[5,4,6]) -> (f32[2,3,6])",
+                                           "    %c = matmul(%a, %b) : f32[2,3,6]\n"
+                                           "    return %c\n")),
+              AllOf(HasSubstr("[V8] matmul"),
+                    HasSubstr("batch dims of f32[2,3,4] and f32[5,4,6] do not broadcast")));
+}
+
+TEST(VerifierTypeRules, BroadcastFailure) {
+  EXPECT_THAT(
+      only_message(function_module("(%a: f32[2,3], %b: f32[4]) -> (f32[2,3])",
+                                   "    %c = add(%a, %b) : f32[2,3]\n"
+                                   "    return %c\n")),
+      AllOf(HasSubstr("[V8] add"), HasSubstr("operand shapes [2,3] and [4] do not broadcast")));
+  EXPECT_THAT(only_message(function_module("(%a: f32[B,S,4], %b: f32[B,T,4]) -> (bool[B,S,4])",
+                                           "    %c = lt(%a, %b) : bool[B,S,4]\n"
+                                           "    return %c\n")),
+              AllOf(HasSubstr("[V8] lt"),
+                    HasSubstr("operand shapes [B,S,4] and [B,T,4] do not broadcast")));
+  EXPECT_THAT(only_message(function_module("(%a: f32[2], %b: i64[2]) -> (f32[2])",
+                                           "    %c = mul(%a, %b) : f32[2]\n"
+                                           "    return %c\n")),
+              AllOf(HasSubstr("[V8] mul"), HasSubstr("operand dtypes differ: f32 and i64")));
+}
+
+TEST(VerifierTypeRules, ReshapeElementCountMismatch) {
+  EXPECT_THAT(only_message(function_module("(%a: f32[2,3]) -> (f32[4,2])",
+                                           "    %c = reshape(%a) : f32[4,2]\n"
+                                           "    return %c\n")),
+              AllOf(HasSubstr("[V8] reshape"),
+                    HasSubstr("cannot reshape [2,3] to [4,2]: element counts differ")));
+  EXPECT_THAT(only_message(function_module("(%a: f32[B,S,4]) -> (f32[B,T,4])",
+                                           "    %c = reshape(%a) : f32[B,T,4]\n"
+                                           "    return %c\n")),
+              AllOf(HasSubstr("[V8] reshape"),
+                    HasSubstr("cannot reshape [B,S,4] to [B,T,4]: element counts differ")));
+}
+
+TEST(VerifierTypeRules, TransposeBadPerm) {
+  EXPECT_THAT(only_message(function_module("(%a: f32[2,3]) -> (f32[2,2])",
+                                           "    %c = transpose(%a) {perm = [0, 0]} : f32[2,2]\n"
+                                           "    return %c\n")),
+              AllOf(HasSubstr("[V8] transpose"), HasSubstr("perm is not a permutation")));
+  EXPECT_THAT(only_message(function_module("(%a: f32[2,3]) -> (f32[3,2])",
+                                           "    %c = transpose(%a) {perm = [1, 0, 2]} : f32[3,2]\n"
+                                           "    return %c\n")),
+              AllOf(HasSubstr("[V8] transpose"), HasSubstr("perm has 3 entries for rank 2")));
+}
+
+TEST(VerifierTypeRules, LayernormGammaShape) {
+  EXPECT_THAT(
+      only_message(function_module("(%x: f32[B,4], %g: f32[3], %b: f32[4]) -> (f32[B,4])",
+                                   "    %y = layernorm(%x, %g, %b) {eps = 1e-05} : f32[B,4]\n"
+                                   "    return %y\n")),
+      AllOf(HasSubstr("[V8] layernorm"), HasSubstr("gamma f32[3] and beta f32[4] must be f32[4]")));
+  EXPECT_THAT(only_message(function_module("(%x: f32[B,4], %g: f32[4], %b: f32[4]) -> (f32[B,4])",
+                                           "    %y = layernorm(%x, %g, %b) {eps = 0.0} : f32[B,4]\n"
+                                           "    return %y\n")),
+              AllOf(HasSubstr("[V8] layernorm"), HasSubstr("needs a positive 'eps'")));
+}
+
+TEST(VerifierTypeRules, AttentionMaskShape) {
+  EXPECT_THAT(only_message(function_module(
+                  "(%q: f32[B,S,8], %k: f32[B,S,8], %pad: bool[B,T]) -> (f32[B,S,8])",
+                  "    %o = attention(%q, %k, %k, %pad) {causal = 0, heads = 2, scale = 0.5} : "
+                  "f32[B,S,8]\n"
+                  "    return %o\n")),
+              AllOf(HasSubstr("[V8] attention"),
+                    HasSubstr("key padding mask bool[B,T] must be bool[B,S]")));
+  EXPECT_THAT(only_message(function_module(
+                  "(%q: f32[B,S,8]) -> (f32[B,S,8])",
+                  "    %o = attention(%q, %q, %q) {causal = 1, heads = 3, scale = 0.5} : "
+                  "f32[B,S,8]\n"
+                  "    return %o\n")),
+              AllOf(HasSubstr("[V8] attention"),
+                    HasSubstr("feature size of f32[B,S,8] is not divisible by 3 heads")));
+  EXPECT_THAT(only_message(function_module(
+                  "(%q: f32[B,S,8]) -> (f32[B,S,8])",
+                  "    %o = attention(%q, %q, %q) {causal = 2, heads = 2, scale = 0.5} : "
+                  "f32[B,S,8]\n"
+                  "    return %o\n")),
+              AllOf(HasSubstr("[V8] attention"), HasSubstr("'causal' must be 0 or 1")));
+}
+
+TEST(VerifierTypeRules, SliceOutOfRange) {
+  EXPECT_THAT(
+      only_message(function_module("(%a: f32[2,6]) -> (f32[2,3])",
+                                   "    %c = slice(%a) {axis = 1, start = 4} : f32[2,3]\n"
+                                   "    return %c\n")),
+      AllOf(HasSubstr("[V8] slice"), HasSubstr("slice [4, 4+3) exceeds extent 6 of axis 1")));
+  EXPECT_THAT(
+      only_message(function_module("(%a: f32[B,S]) -> (f32[B,S])",
+                                   "    %c = slice(%a) {axis = -1, start = 1} : f32[B,S]\n"
+                                   "    return %c\n")),
+      AllOf(HasSubstr("[V8] slice"), HasSubstr("slice [1, 1+S) exceeds extent S of axis 1")));
+  EXPECT_THAT(only_message(function_module("(%a: f32[2,6]) -> (f32[2,3])",
+                                           "    %c = slice(%a) {axis = 2, start = 0} : f32[2,3]\n"
+                                           "    return %c\n")),
+              AllOf(HasSubstr("[V8] slice"), HasSubstr("axis 2 out of range for rank 2")));
+}
+
+TEST(VerifierTypeRules, WeightAndConstantOps) {
+  EXPECT_THAT(only_message(function_module("() -> (f32[4,3])",
+                                           "    %w = weight() {name = \"w\"} : f32[4,3]\n"
+                                           "    return %w\n",
+                                           "  weight @w : f32[3,4]\n")),
+              AllOf(HasSubstr("[V8] weight"),
+                    HasSubstr("weight 'w' is declared as f32[3,4], used as f32[4,3]")));
+  EXPECT_THAT(only_message(function_module("() -> (f32[3])",
+                                           "    %w = weight() {name = \"nope\"} : f32[3]\n"
+                                           "    return %w\n")),
+              AllOf(HasSubstr("[V8] weight"), HasSubstr("refers to undeclared weight 'nope'")));
+  EXPECT_THAT(
+      only_message(function_module("() -> (i64[])",
+                                   "    %c = constant() {value = 0.5} : i64[]\n"
+                                   "    return %c\n")),
+      AllOf(HasSubstr("[V8] constant"), HasSubstr("integer constant has a non-integer value")));
+}
+
+TEST(VerifierTypeRules, GatherAndLinear) {
+  EXPECT_THAT(only_message(function_module("(%t: f32[10,4], %ids: f32[B,S]) -> (f32[B,S,4])",
+                                           "    %e = gather(%t, %ids) : f32[B,S,4]\n"
+                                           "    return %e\n")),
+              AllOf(HasSubstr("[V8] gather"), HasSubstr("indices must be integers, got f32")));
+  EXPECT_THAT(
+      only_message(function_module("(%x: f32[B,4], %w: f32[6,4], %b: f32[4]) -> (f32[B,6])",
+                                   "    %y = linear(%x, %w, %b) {act = \"none\"} : f32[B,6]\n"
+                                   "    return %y\n")),
+      AllOf(HasSubstr("[V8] linear"), HasSubstr("bias f32[4] must be f32[6]")));
+  EXPECT_THAT(only_message(function_module("(%x: f32[B,4], %w: f32[6,4]) -> (f32[B,6])",
+                                           "    %y = linear(%x, %w) {act = \"gelu\"} : f32[B,6]\n"
+                                           "    return %y\n")),
+              AllOf(HasSubstr("[V8] linear"), HasSubstr("act = \"none\" or \"relu\"")));
+}
+
+// ---------------------------------------------------------------------------------------
+// Diagnostic locations and formatting.
+
+TEST(VerifierFormatting, ParsedModulesCarryFileLineAndColumn) {
+  const std::string text = R"(module @m {
+  func @f(%a: f32[2,3], %b: f32[4,5]) -> (f32[2,5]) {
+    %x = relu(%a) : f32[2,3]
+      %c = matmul(%x, %b) : f32[2,5]
+    return %c
+  }
+}
+)";
+  const Module m = parse_module(text, "model.kir");
+  const std::vector<Diagnostic> diags = verify(m);
+  ASSERT_EQ(diags.size(), 1u) << all_messages(diags);
+  EXPECT_EQ(diags[0].function, "f");
+  EXPECT_EQ(diags[0].op_index, 1);
+  EXPECT_EQ(diags[0].loc.line, 4);
+  EXPECT_EQ(diags[0].loc.col, 7);
+  const std::string expected =
+      "model.kir:4:7: error: [V8] matmul: contraction dims differ: f32[2,3] x f32[4,5]";
+  EXPECT_EQ(format_diagnostic(diags[0], "model.kir"), expected);
+  try {
+    parse_and_verify(text, "model.kir");
+    FAIL() << "parse_and_verify accepted an ill-typed module";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), expected);
+  }
+}
+
+TEST(VerifierFormatting, WithoutLocations) {
+  Module m = relu_module();
+  m.functions[0].ops[0].operands = {42};
+  std::vector<Diagnostic> diags = verify(m);
+  ASSERT_EQ(diags.size(), 1u);
+  EXPECT_EQ(format_diagnostic(diags[0], "built.kir"),
+            "built.kir: error: in function 'f', op 0: [V4] relu: operand refers to missing "
+            "value 42");
+
+  m = relu_module();
+  m.functions[0].results.clear();
+  diags = verify(m);
+  ASSERT_EQ(diags.size(), 1u);
+  EXPECT_EQ(format_diagnostic(diags[0]),
+            "<input>: error: in function 'f': [V3] function 'f' has no results");
+
+  diags = verify(parse_module("module @m {\n  symbol S max 0\n}\n"));
+  ASSERT_EQ(diags.size(), 1u);
+  EXPECT_EQ(format_diagnostic(diags[0]),
+            "<input>: error: [V1] symbol 'S' has maximum 0, expected >= 1");
+}
+
+TEST(VerifierFormatting, VerifyOrThrowListsAtMostTenDiagnostics) {
+  std::string text = "module @m {\n";
+  for (int i = 0; i < 12; ++i) text += "  symbol S" + std::to_string(i) + " max 0\n";
+  text += "}\n";
+  const Module m = parse_module(text);
+  EXPECT_NO_THROW(verify_or_throw(relu_module()));
+  try {
+    verify_or_throw(m, "many.kir");
+    FAIL() << "verify_or_throw accepted an invalid module";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_THAT(what, StartsWith("many.kir: error: [V1] symbol 'S0' has maximum 0"));
+    EXPECT_THAT(what, HasSubstr("symbol 'S9' has maximum 0"));
+    EXPECT_THAT(what, testing::Not(HasSubstr("'S10'")));
+    EXPECT_THAT(what, testing::EndsWith("\n... and 2 more"));
+  }
+}
+
+}  // namespace
+}  // namespace kiln::ir
