@@ -83,8 +83,8 @@ bool same_numel(const std::vector<Dim>& a, const std::vector<Dim>& b) {
     for (const auto& d : s) {
       if (d.is_symbolic())
         syms->push_back(d.symbol);
-      else
-        *c *= d.value;
+      else if (__builtin_mul_overflow(*c, d.value, c))
+        *c = -1;  // overflowed: never equal to a valid count
     }
     std::sort(syms->begin(), syms->end());
   };
@@ -210,9 +210,11 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
     case OpKind::sinusoid_table: {
       KILN_CHECK(want_operands(0, 0));
       KILN_CHECK(check_attr_keys(attrs, {}));
+      // The row count may be symbolic (canonicalize folds a slice of the rows used
+      // into the table); the feature dim must be constant.
       if (declared->dtype != DType::f32 || declared->rank() != 2 ||
-          declared->shape[0].is_symbolic() || declared->shape[1].is_symbolic())
-        return err("result must be f32[rows,dim] with constant sizes, got {}",
+          declared->shape[1].is_symbolic())
+        return err("result must be f32[rows,dim] with a constant dim, got {}",
                    to_string(*declared));
       return ok(*declared);
     }
@@ -261,7 +263,9 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
       if (start < 0) return err("negative start {}", start);
       const Dim& src = in[0].shape[a];
       const Dim& dst = declared->shape[a];
-      if (!(start == 0 && src == dst) && start + dim_max(m, dst) > dim_max(m, src))
+      int64_t end = 0;
+      if (!(start == 0 && src == dst) &&
+          (__builtin_add_overflow(start, dim_max(m, dst), &end) || end > dim_max(m, src)))
         return err("slice [{}, {}+{}) exceeds extent {} of axis {}", start, start, to_string(dst),
                    to_string(src), a);
       return ok(*declared);
@@ -359,7 +363,8 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
           if (n != 1) return err("concat along a symbolic axis is not supported");
           sym = ti.shape[a].symbol;
         }
-        total += ti.shape[a].value;
+        if (__builtin_add_overflow(total, ti.shape[a].value, &total))
+          return err("concatenated extent overflows");
       }
       t.shape[a] = sym.empty() ? Dim::constant(total) : Dim::sym(sym);
       return ok(t);

@@ -1,6 +1,7 @@
 // The IR verifier (see verifier.h for the numbered invariants).
 #include "ir/verifier.h"
 
+#include <cctype>
 #include <set>
 
 #include <fmt/format.h>
@@ -10,6 +11,9 @@
 
 namespace kiln::ir {
 namespace {
+
+// The largest tensor the IR admits (2^48 bytes): sizes stay far from int64 overflow.
+constexpr int64_t kMaxTensorBytes = int64_t{1} << 48;
 
 bool is_identifier(const std::string& s) {
   if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
@@ -53,9 +57,17 @@ class Verifier {
     std::set<std::string> seen;
     for (const Weight& w : m_.weights) {
       if (!seen.insert(w.name).second) module_error("[V2] weight '{}' is declared twice", w.name);
-      for (const Dim& d : w.type.shape)
+      int64_t bytes = dtype_size(w.type.dtype);
+      bool bad_size = false;
+      for (const Dim& d : w.type.shape) {
         if (d.is_symbolic())
           module_error("[V2] weight '{}' has symbolic type {}", w.name, to_string(w.type));
+        bad_size |= d.value < 0 || __builtin_mul_overflow(bytes, d.value, &bytes) ||
+                    bytes > kMaxTensorBytes;
+      }
+      if (bad_size)
+        module_error("[V2] weight '{}' of type {} has a negative dim or more than {} bytes",
+                     w.name, to_string(w.type), kMaxTensorBytes);
       if (w.derivation) check_derivation(w);
     }
   }
@@ -85,9 +97,23 @@ class Verifier {
   }
 
   void check_type_symbols(const Function& f, int op, const TensorType& t) {
-    for (const Dim& d : t.shape)
-      if (d.is_symbolic() && !m_.find_symbol(d.symbol))
+    int64_t bytes = dtype_size(t.dtype);
+    bool too_big = false;
+    for (const Dim& d : t.shape) {
+      if (d.is_symbolic() && !m_.find_symbol(d.symbol)) {
         op_error(f, op, "[V7] type {} uses undeclared symbol '{}'", to_string(t), d.symbol);
+        return;
+      }
+      int64_t extent = d.is_symbolic() ? m_.find_symbol(d.symbol)->max : d.value;
+      if (extent < 0) {
+        op_error(f, op, "[V7] type {} has a negative dim", to_string(t));
+        return;
+      }
+      too_big |= __builtin_mul_overflow(bytes, extent, &bytes) || bytes > kMaxTensorBytes;
+    }
+    if (too_big)
+      op_error(f, op, "[V7] type {} is larger than {} bytes at the symbols' maxima", to_string(t),
+               kMaxTensorBytes);
   }
 
   template <typename... Args>

@@ -3,13 +3,15 @@
 //
 // Invariants checked, by number (diagnostics cite them as "[V3]" etc.):
 //  V1. Symbol names are unique, identifiers, and each declared maximum is >= 1.
-//  V2. Weight names are unique and weight types are static (no symbols).
+//  V2. Weight names are unique and weight types are static (no symbols), with
+//      non-negative dims and at most 2^48 bytes.
 //  V3. Function names are unique and every function has at least one result.
 //  V4. Every value id an op or a return refers to exists in the function.
 //  V5. SSA: every value is defined exactly once (as a parameter or by one op), and
 //      every operand is defined before the op that uses it.
 //  V6. Value names are unique within a function.
-//  V7. Every symbol in a type (parameters, op results) is declared in the module.
+//  V7. Every symbol in a type (parameters, op results) is declared in the module, and
+//      every type has non-negative dims and at most 2^48 bytes at the symbols' maxima.
 //  V8. Every op obeys its type rule (op_types.h): operand count, attributes, operand
 //      types, and a result type equal to the one the rule infers.
 //  V9. A derived weight's inputs are declared, underived weights, its op is

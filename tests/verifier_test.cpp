@@ -465,3 +465,31 @@ TEST(VerifierFormatting, VerifyOrThrowListsAtMostTenDiagnostics) {
 
 }  // namespace
 }  // namespace kiln::ir
+
+namespace kiln::ir {
+namespace {
+// Sizes are bounded so that no element or byte count can overflow int64 anywhere.
+TEST(VerifierInvariants, HugeTypesAreRejectedWithoutOverflow) {
+  Module m = parse_module(R"(module @m {
+  weight @w : f32[4294967296,4294967296]
+  func @f(%x: f32[4]) -> (f32[4]) {
+    %0 = reshape(%x) : f32[4]
+    return %0
+  }
+})");
+  auto diags = verify(m);
+  ASSERT_EQ(diags.size(), 1u);
+  EXPECT_THAT(diags[0].message, ::testing::HasSubstr("[V2] weight 'w' of type f32[4294967296,4294967296] "
+                                                     "has a negative dim or more than"));
+  Module r = parse_module(R"(module @m {
+  func @f(%x: f32[9223372036854775807,4]) -> (f32[4,9223372036854775807]) {
+    %0 = reshape(%x) : f32[4,9223372036854775807]
+    return %0
+  }
+})");
+  std::string all;
+  for (const auto& d : verify(r)) all += d.message + "\n";
+  EXPECT_THAT(all, ::testing::HasSubstr("[V7] type f32[9223372036854775807,4] is larger than"));
+}
+}  // namespace
+}  // namespace kiln::ir
