@@ -27,8 +27,9 @@ Tensor Linear::operator()(Tensor x) const {
 Tensor LayerNorm::operator()(Tensor x) const {
   FunctionBuilder& fb = fb_of(x);
   ScopeGuard scope(fb, prefix);
-  return dsl::layernorm(x, fb.weight(prefix + ".weight", {dim}), fb.weight(prefix + ".bias", {dim}),
-                        eps);
+  Tensor gamma = fb.weight(prefix + ".weight", {dim});  // declared in state_dict order
+  Tensor beta = fb.weight(prefix + ".bias", {dim});
+  return dsl::layernorm(x, gamma, beta, eps);
 }
 
 Tensor FeedForward::operator()(Tensor x) const {

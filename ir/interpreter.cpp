@@ -77,6 +77,14 @@ Shape unravel(int64_t flat, const Shape& shape) {
   return index;
 }
 
+// Steps a multi-index to the next position in row-major order (last dim fastest).
+void next_index(Shape& index, const Shape& shape) {
+  for (int64_t i = static_cast<int64_t>(shape.size()) - 1; i >= 0; --i) {
+    if (++index[i] < shape[i]) return;
+    index[i] = 0;
+  }
+}
+
 // Numpy broadcast of two concrete shapes (right-aligned; a 1 stretches).
 Shape broadcast_shapes(const Shape& a, const Shape& b) {
   const size_t rank = std::max(a.size(), b.size());
@@ -111,11 +119,7 @@ std::vector<int64_t> broadcast_index_map(const Shape& in, const Shape& out) {
     int64_t offset = 0;
     for (size_t i = 0; i < out.size(); ++i) offset += index[i] * strides[i];
     map[flat] = offset;
-    // Next multi-index, last dim fastest.
-    for (int64_t i = static_cast<int64_t>(out.size()) - 1; i >= 0; --i) {
-      if (++index[i] < out[i]) break;
-      index[i] = 0;
-    }
+    next_index(index, out);
   }
   return map;
 }
@@ -273,9 +277,8 @@ Tensor eval_sinusoid_table(const Shape& shape) {
   for (int64_t pos = 0; pos < rows; ++pos) {
     for (int64_t c = 0; c < dim; ++c) {
       const int64_t two_i = c - c % 2;  // 2i for both columns 2i and 2i+1
-      const double angle =
-          static_cast<double>(pos) /
-          std::pow(10000.0, static_cast<double>(two_i) / static_cast<double>(dim));
+      const double angle = static_cast<double>(pos) /
+                           std::pow(10000.0, static_cast<double>(two_i) / static_cast<double>(dim));
       r.f[pos * dim + c] = static_cast<float>(c % 2 == 0 ? std::sin(angle) : std::cos(angle));
     }
   }
@@ -293,42 +296,65 @@ Tensor eval_iota(const Op& op, DType dtype, const Shape& shape) {
 
 float arith_f32(OpKind kind, float a, float b) {
   switch (kind) {
-    case OpKind::add: return a + b;
-    case OpKind::sub: return a - b;
-    case OpKind::mul: return a * b;
-    case OpKind::div: return a / b;
-    case OpKind::maximum: return max_f32(a, b);
-    default: KILN_ASSERT(false, "not an f32 arithmetic op"); return 0;
+    case OpKind::add:
+      return a + b;
+    case OpKind::sub:
+      return a - b;
+    case OpKind::mul:
+      return a * b;
+    case OpKind::div:
+      return a / b;
+    case OpKind::maximum:
+      return max_f32(a, b);
+    default:
+      KILN_ASSERT(false, "not an f32 arithmetic op");
+      return 0;
   }
 }
 
 template <typename T>
 bool compare(OpKind kind, T a, T b) {
   switch (kind) {
-    case OpKind::eq: return a == b;
-    case OpKind::ne: return a != b;
-    case OpKind::lt: return a < b;
-    case OpKind::le: return a <= b;
-    case OpKind::gt: return a > b;
-    case OpKind::ge: return a >= b;
-    default: KILN_ASSERT(false, "not a comparison"); return false;
+    case OpKind::eq:
+      return a == b;
+    case OpKind::ne:
+      return a != b;
+    case OpKind::lt:
+      return a < b;
+    case OpKind::le:
+      return a <= b;
+    case OpKind::gt:
+      return a > b;
+    case OpKind::ge:
+      return a >= b;
+    default:
+      KILN_ASSERT(false, "not a comparison");
+      return false;
   }
 }
 
 int64_t arith_int(OpKind kind, int64_t a, int64_t b, DType dtype, const std::string& where) {
   switch (kind) {
-    case OpKind::add: return fit_int(wrap_add(a, b), dtype);
-    case OpKind::sub: return fit_int(wrap_sub(a, b), dtype);
-    case OpKind::mul: return fit_int(wrap_mul(a, b), dtype);
-    case OpKind::maximum: return std::max(a, b);
+    case OpKind::add:
+      return fit_int(wrap_add(a, b), dtype);
+    case OpKind::sub:
+      return fit_int(wrap_sub(a, b), dtype);
+    case OpKind::mul:
+      return fit_int(wrap_mul(a, b), dtype);
+    case OpKind::maximum:
+      return std::max(a, b);
     case OpKind::div:
       if (b == 0) fail("{}: integer division by zero", where);
       // The one overflowing quotient wraps, like the other ops.
       if (b == -1) return fit_int(wrap_sub(0, a), dtype);
       return fit_int(a / b, dtype);
-    case OpKind::logical_and: return (a != 0 && b != 0) ? 1 : 0;
-    case OpKind::logical_or: return (a != 0 || b != 0) ? 1 : 0;
-    default: KILN_ASSERT(false, "not an integer arithmetic op"); return 0;
+    case OpKind::logical_and:
+      return (a != 0 && b != 0) ? 1 : 0;
+    case OpKind::logical_or:
+      return (a != 0 || b != 0) ? 1 : 0;
+    default:
+      KILN_ASSERT(false, "not an integer arithmetic op");
+      return 0;
   }
 }
 
@@ -396,19 +422,35 @@ Tensor eval_unary(OpKind kind, const Tensor& x, DType dtype, const Shape& shape,
     if (dtype == DType::f32) {
       const float v = x.f[i];
       switch (kind) {
-        case OpKind::relu: r.f[i] = std::isnan(v) ? v : (v > 0.0f ? v : 0.0f); break;
-        case OpKind::neg: r.f[i] = -v; break;
-        case OpKind::exp: r.f[i] = static_cast<float>(std::exp(static_cast<double>(v))); break;
-        case OpKind::sqrt: r.f[i] = std::sqrt(v); break;
-        default: KILN_ASSERT(false, "bad f32 unary op");
+        case OpKind::relu:
+          r.f[i] = std::isnan(v) ? v : (v > 0.0f ? v : 0.0f);
+          break;
+        case OpKind::neg:
+          r.f[i] = -v;
+          break;
+        case OpKind::exp:
+          r.f[i] = static_cast<float>(std::exp(static_cast<double>(v)));
+          break;
+        case OpKind::sqrt:
+          r.f[i] = std::sqrt(v);
+          break;
+        default:
+          KILN_ASSERT(false, "bad f32 unary op");
       }
     } else {
       const int64_t v = x.ints[i];
       switch (kind) {
-        case OpKind::relu: r.ints[i] = v > 0 ? v : 0; break;
-        case OpKind::neg: r.ints[i] = fit_int(wrap_sub(0, v), dtype); break;
-        case OpKind::logical_not: r.ints[i] = v != 0 ? 0 : 1; break;
-        default: KILN_ASSERT(false, "bad integer unary op");
+        case OpKind::relu:
+          r.ints[i] = v > 0 ? v : 0;
+          break;
+        case OpKind::neg:
+          r.ints[i] = fit_int(wrap_sub(0, v), dtype);
+          break;
+        case OpKind::logical_not:
+          r.ints[i] = v != 0 ? 0 : 1;
+          break;
+        default:
+          KILN_ASSERT(false, "bad integer unary op");
       }
     }
   }
@@ -462,21 +504,23 @@ Tensor eval_gather(const Tensor& table, const Tensor& ids, const Shape& shape,
 Tensor eval_transpose(const Op& op, const Tensor& x, const Shape& shape) {
   const std::vector<int64_t>& perm = op.ints_attr("perm");
   const int64_t rank = rank_of(x);
-  KILN_ASSERT(static_cast<int64_t>(perm.size()) == rank && static_cast<int64_t>(shape.size()) == rank,
-              "transpose rank");
+  KILN_ASSERT(
+      static_cast<int64_t>(perm.size()) == rank && static_cast<int64_t>(shape.size()) == rank,
+      "transpose rank");
   for (int64_t k = 0; k < rank; ++k)
     KILN_ASSERT(perm[k] >= 0 && perm[k] < rank && shape[k] == x.shape[perm[k]],
                 "transpose result shape");
   const Shape in_strides = strides_of(x.shape);
   Tensor r = Tensor::zeros(x.dtype, shape);
+  Shape out_index(rank, 0);
   for (int64_t flat = 0; flat < r.numel(); ++flat) {
-    const Shape out_index = unravel(flat, shape);
     int64_t src = 0;  // in[..., out_index[k] at dim perm[k], ...]
     for (int64_t k = 0; k < rank; ++k) src += out_index[k] * in_strides[perm[k]];
     if (x.dtype == DType::f32)
       r.f[flat] = x.f[src];
     else
       r.ints[flat] = x.ints[src];
+    next_index(out_index, shape);
   }
   return r;
 }
@@ -498,8 +542,8 @@ Tensor eval_slice(const Op& op, const Tensor& x, const Shape& shape, const std::
   const int64_t extent = shape[axis];
   // The verifier only knows the symbols' maxima; the actual sizes are checked here.
   if (start < 0 || start + extent > x.shape[axis])
-    fail("{}: slice [{}, {}) of axis {} exceeds its extent {}", where, start, start + extent,
-         axis, x.shape[axis]);
+    fail("{}: slice [{}, {}) of axis {} exceeds its extent {}", where, start, start + extent, axis,
+         x.shape[axis]);
   Tensor r = Tensor::zeros(x.dtype, shape);
   const int64_t outer = dims_product(shape, 0, axis);
   const int64_t inner = dims_product(shape, axis + 1, rank);
@@ -541,7 +585,8 @@ Tensor eval_matmul(const Tensor& a, const Tensor& b, const Shape& shape) {
       for (int64_t j = 0; j < n; ++j) {
         double sum = 0;
         for (int64_t p = 0; p < k; ++p)
-          sum += static_cast<double>(a.f[a0 + i * k + p]) * static_cast<double>(b.f[b0 + p * n + j]);
+          sum +=
+              static_cast<double>(a.f[a0 + i * k + p]) * static_cast<double>(b.f[b0 + p * n + j]);
         r.f[c0 + i * n + j] = static_cast<float>(sum);
       }
     }
@@ -602,11 +647,10 @@ Tensor eval_reduce(const Op& op, const Tensor& x, DType dtype, const Shape& shap
   // Accumulators: double for f32 sums, float for f32 max, int64 for integers.
   std::vector<double> dsum(nout, 0.0);
   std::vector<float> fmax(nout, -std::numeric_limits<float>::infinity());
-  std::vector<int64_t> iacc(nout, op.kind == OpKind::reduce_max
-                                      ? std::numeric_limits<int64_t>::min()
-                                      : 0);
-  for (int64_t flat = 0; flat < x.numel(); ++flat) {
-    const Shape index = unravel(flat, x.shape);
+  std::vector<int64_t> iacc(
+      nout, op.kind == OpKind::reduce_max ? std::numeric_limits<int64_t>::min() : 0);
+  Shape index(rank, 0);
+  for (int64_t flat = 0; flat < x.numel(); ++flat, next_index(index, x.shape)) {
     int64_t o = 0;
     for (int64_t i = 0; i < rank; ++i) o += (reduced[i] ? 0 : index[i]) * kept_strides[i];
     if (x.dtype == DType::f32) {
@@ -677,8 +721,8 @@ Tensor eval_linear(const Op& op, const Tensor& x, const Tensor& w, const Tensor*
   KILN_ASSERT(want == shape, "linear result shape");
   const bool relu = op.str_attr("act") == "relu";
   Tensor r = Tensor::zeros(DType::f32, shape);
-  const int64_t rows = k == 0 ? shape_numel(Shape(x.shape.begin(), x.shape.end() - 1))
-                              : x.numel() / k;
+  const int64_t rows =
+      k == 0 ? shape_numel(Shape(x.shape.begin(), x.shape.end() - 1)) : x.numel() / k;
   for (int64_t row = 0; row < rows; ++row) {
     for (int64_t j = 0; j < n; ++j) {
       double sum = 0;
@@ -778,8 +822,8 @@ class Interpreter {
       std::vector<TensorType> operand_types;
       for (ValueId id : op.operands) {
         if (!valid(id) || !defined[id])
-          invalid(fmt::format("op {} ({}) uses value {} before it is defined", i,
-                              op_name(op.kind), id));
+          invalid(fmt::format("op {} ({}) uses value {} before it is defined", i, op_name(op.kind),
+                              id));
         operand_types.push_back(f_.type(id));
       }
       if (!valid(op.result) || defined[op.result])
@@ -830,8 +874,7 @@ class Interpreter {
       Tensor t = inputs[n];
       const bool dtype_ok =
           t.dtype == want.dtype || (is_integer(t.dtype) && is_integer(want.dtype));
-      if (!dtype_ok)
-        fail("{} has type {}, expected {}", who, t.type_string(), to_string(want));
+      if (!dtype_ok) fail("{} has type {}, expected {}", who, t.type_string(), to_string(want));
       if (rank_of(t) != want.rank())
         fail("{} has shape {}: rank {}, expected {} ({})", who, shape_str(t.shape), rank_of(t),
              want.rank(), to_string(want));
@@ -872,8 +915,8 @@ class Interpreter {
       bindings_[dim.symbol] = size;
       bound_by_[dim.symbol] = fmt::format("dim {} of {}", d, who);
     } else if (it->second != size) {
-      fail("{} has shape {}: dim {} ({}) is {}, but {} is {} from {}", who, shape_str(t.shape),
-           d, dim.symbol, size, dim.symbol, it->second, bound_by_[dim.symbol]);
+      fail("{} has shape {}: dim {} ({}) is {}, but {} is {} from {}", who, shape_str(t.shape), d,
+           dim.symbol, size, dim.symbol, it->second, bound_by_[dim.symbol]);
     }
   }
 
@@ -919,10 +962,18 @@ class Interpreter {
     const std::string at = where(index);
     Tensor r;
     switch (op.kind) {
-      case OpKind::weight: r = load_weight(op, shape); break;
-      case OpKind::constant: r = eval_constant(op, dtype, shape); break;
-      case OpKind::sinusoid_table: r = eval_sinusoid_table(shape); break;
-      case OpKind::iota: r = eval_iota(op, dtype, shape); break;
+      case OpKind::weight:
+        r = load_weight(op, shape);
+        break;
+      case OpKind::constant:
+        r = eval_constant(op, dtype, shape);
+        break;
+      case OpKind::sinusoid_table:
+        r = eval_sinusoid_table(shape);
+        break;
+      case OpKind::iota:
+        r = eval_iota(op, dtype, shape);
+        break;
       case OpKind::add:
       case OpKind::sub:
       case OpKind::mul:
@@ -943,39 +994,55 @@ class Interpreter {
       case OpKind::neg:
       case OpKind::exp:
       case OpKind::sqrt:
-      case OpKind::cast: r = eval_unary(op.kind, operand(op, 0), dtype, shape, at); break;
+      case OpKind::cast:
+        r = eval_unary(op.kind, operand(op, 0), dtype, shape, at);
+        break;
       case OpKind::select:
         r = eval_select(operand(op, 0), operand(op, 1), operand(op, 2), dtype, shape);
         break;
       case OpKind::gather:
         r = eval_gather(operand(op, 0), operand(op, 1), shape, label(op.operands[1]));
         break;
-      case OpKind::transpose: r = eval_transpose(op, operand(op, 0), shape); break;
-      case OpKind::reshape: r = eval_reshape(operand(op, 0), shape); break;
-      case OpKind::slice: r = eval_slice(op, operand(op, 0), shape, at); break;
+      case OpKind::transpose:
+        r = eval_transpose(op, operand(op, 0), shape);
+        break;
+      case OpKind::reshape:
+        r = eval_reshape(operand(op, 0), shape);
+        break;
+      case OpKind::slice:
+        r = eval_slice(op, operand(op, 0), shape, at);
+        break;
       case OpKind::concat: {
         std::vector<const Tensor*> parts;
         for (size_t i = 0; i < op.operands.size(); ++i) parts.push_back(&operand(op, i));
         r = concat_tensors(parts, axis_of(op.int_attr("axis"), rank_of(*parts[0])));
         break;
       }
-      case OpKind::matmul: r = eval_matmul(operand(op, 0), operand(op, 1), shape); break;
-      case OpKind::softmax: r = eval_softmax(op, operand(op, 0), shape); break;
+      case OpKind::matmul:
+        r = eval_matmul(operand(op, 0), operand(op, 1), shape);
+        break;
+      case OpKind::softmax:
+        r = eval_softmax(op, operand(op, 0), shape);
+        break;
       case OpKind::layernorm:
-        r = eval_layernorm(operand(op, 0), operand(op, 1), operand(op, 2),
-                           op.float_attr("eps"), shape);
+        r = eval_layernorm(operand(op, 0), operand(op, 1), operand(op, 2), op.float_attr("eps"),
+                           shape);
         break;
       case OpKind::add_layernorm: {
         // The sum is rounded to float first, exactly as a separate add would.
-        const Tensor sum = eval_binary(OpKind::add, operand(op, 0), operand(op, 1),
-                                       DType::f32, shape, at);
+        const Tensor sum =
+            eval_binary(OpKind::add, operand(op, 0), operand(op, 1), DType::f32, shape, at);
         r = eval_layernorm(sum, operand(op, 2), operand(op, 3), op.float_attr("eps"), shape);
         break;
       }
       case OpKind::reduce_sum:
       case OpKind::reduce_max:
-      case OpKind::reduce_mean: r = eval_reduce(op, operand(op, 0), dtype, shape); break;
-      case OpKind::argmax: r = eval_argmax(op, operand(op, 0), shape, at); break;
+      case OpKind::reduce_mean:
+        r = eval_reduce(op, operand(op, 0), dtype, shape);
+        break;
+      case OpKind::argmax:
+        r = eval_argmax(op, operand(op, 0), shape, at);
+        break;
       case OpKind::linear:
         r = eval_linear(op, operand(op, 0), operand(op, 1),
                         op.operands.size() == 3 ? &operand(op, 2) : nullptr, shape);
@@ -988,8 +1055,7 @@ class Interpreter {
     KILN_ASSERT(r.dtype == dtype && r.shape == shape,
                 fmt::format("{} produced {}, declared {}", at, r.type_string(),
                             to_string(f_.type(op.result))));
-    KILN_ASSERT(static_cast<int64_t>(dtype == DType::f32 ? r.f.size() : r.ints.size()) ==
-                    r.numel(),
+    KILN_ASSERT(static_cast<int64_t>(dtype == DType::f32 ? r.f.size() : r.ints.size()) == r.numel(),
                 at + " produced the wrong number of values");
     values_[op.result] = std::move(r);
   }
@@ -1027,9 +1093,9 @@ Tensor Tensor::from_f32(std::vector<int64_t> shape, std::vector<float> data) {
   t.dtype = DType::f32;
   t.shape = std::move(shape);
   t.f = std::move(data);
-  KILN_ASSERT(static_cast<int64_t>(t.f.size()) == t.numel(),
-              fmt::format("Tensor::from_f32: {} values for shape {}", t.f.size(),
-                          shape_str(t.shape)));
+  KILN_ASSERT(
+      static_cast<int64_t>(t.f.size()) == t.numel(),
+      fmt::format("Tensor::from_f32: {} values for shape {}", t.f.size(), shape_str(t.shape)));
   return t;
 }
 
@@ -1039,9 +1105,9 @@ Tensor Tensor::from_ints(DType dtype, std::vector<int64_t> shape, std::vector<in
   t.dtype = dtype;
   t.shape = std::move(shape);
   t.ints = std::move(data);
-  KILN_ASSERT(static_cast<int64_t>(t.ints.size()) == t.numel(),
-              fmt::format("Tensor::from_ints: {} values for shape {}", t.ints.size(),
-                          shape_str(t.shape)));
+  KILN_ASSERT(
+      static_cast<int64_t>(t.ints.size()) == t.numel(),
+      fmt::format("Tensor::from_ints: {} values for shape {}", t.ints.size(), shape_str(t.shape)));
   return t;
 }
 
@@ -1069,8 +1135,7 @@ void materialize_weights(const Module& module, WeightMap& weights) {
       if (const Weight* decl = module.find_weight(in)) {
         const TensorType& want = decl->type;
         bool same = t.dtype == want.dtype && rank_of(t) == want.rank();
-        for (int64_t i = 0; same && i < want.rank(); ++i)
-          same = want.shape[i].is_const(t.shape[i]);
+        for (int64_t i = 0; same && i < want.rank(); ++i) same = want.shape[i].is_const(t.shape[i]);
         if (!same)
           fail("weight '{}' has type {}, expected {}", in, t.type_string(), to_string(want));
       }

@@ -1,18 +1,36 @@
 // canonicalize: local cleanups that put the graph in the form the fusions expect.
 //
-//  - dead code: ops whose results are unused are removed (weights too);
-//  - common subexpressions: ops of equal kind, operands and attributes are merged
-//    (equal constants, repeated weight ops, repeated masks);
-//  - constant folding: elementwise ops of scalar constants fold to a constant;
+//  - dead code: ops whose results are unused are removed (weight ops too; the module's
+//    weight declarations and unused parameters stay);
+//  - common subexpressions: ops of equal kind, operands, attributes and result type are
+//    merged into the first (equal constants, 0 and 0.0 included, repeated weight ops,
+//    repeated masks);
+//  - constant folding: elementwise ops whose operands are all scalar (rank-0) constants
+//    fold to a constant, computed by the reference interpreter (so f32 rounding and
+//    integer wrap-around are the op's own; an op that would fail, like an integer
+//    division by zero, is left alone). Nothing of non-scalar or symbolic shape folds;
 //    `slice(sinusoid_table[R,D]) {axis=0, start=0} : [S,D]` becomes
 //    `sinusoid_table : [S,D]` (the table is computed only for the rows used);
-//  - reshape(reshape(x)) -> reshape(x); a reshape to the same shape -> x;
-//  - transpose(transpose(x, p), q) -> transpose(x, p∘q); identity transposes -> x.
+//  - reshape(reshape(x)) -> reshape(x); a reshape to x's own type -> x;
+//  - transpose(transpose(x, p), q) -> transpose(x, r), r[i] = p[q[i]]; identity
+//    transposes -> x; a slice of a whole axis -> x;
+//  - select(c, a, a) -> a; select(true, a, b) -> a, select(false, a, b) -> b;
+//    x and true -> x; x or false -> x (each only when no broadcast makes the result
+//    larger than the value it is replaced by).
 //
 //   %1 = reshape(%0) : f32[B,S,8,64]        %2 = reshape(%0) : f32[B,S,512]
 //   %2 = reshape(%1) : f32[B,S,512]    =>   (and %2 == %0's shape: uses of %2 use %0)
 //
-// Pre: a verified module. Post: verified, no dead ops, no duplicate ops.
+//   %a = constant() {value = 2} : f32[]
+//   %b = constant() {value = 2.0} : f32[]   =>   %a = constant() {value = 2} : f32[]
+//   %y = div(%x, %b) : f32[B,S,8]                %y = div(%x, %a) : f32[B,S,8]
+//
+// Runs to a fixed point per function. Function results keep their names: a result is
+// not replaced by a parameter or another result (both have names of their own); when it
+// is replaced by an intermediate, that value takes the result's name. A function that
+// changes loses its memory plan (merged values live longer), so run plan-memory after.
+// Pre: a verified module. Post: verified, no dead ops, no duplicate ops; running it
+// again changes nothing; the output depends only on the input (no pointer order).
 #pragma once
 
 #include "ir/ir.h"

@@ -1,6 +1,188 @@
-// STUB: being implemented (see fuse_linear.h).
+// fuse-linear: matmul(x, transpose(W)) [+ b] [relu] -> linear (see fuse_linear.h).
+//
+// Algorithm: every matmul is an anchor. can_fuse_linear() checks the transposed rank-2
+// right operand; can_absorb_bias() and can_absorb_relu() then extend the match downwards
+// one single-use op at a time. The rewrite replaces the last matched op in place with the
+// linear (same result value; x and W are defined before the matmul and b before the add,
+// so every operand is still defined before it), and remove_dead_code drops the absorbed
+// ops. Matches are disjoint (an add absorbs only its single-use matmul operand, a relu
+// only its single-use operand), so the def/use facts computed once per function stay
+// valid for every anchor.
 #include "passes/fuse_linear.h"
 
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "passes/rewrite.h"
+#include "support/error.h"
+
 namespace kiln::passes {
-bool fuse_linear(ir::Module&) { return false; }
+namespace {
+
+using ir::DType;
+using ir::Function;
+using ir::Op;
+using ir::OpKind;
+using ir::TensorType;
+using ir::ValueId;
+
+constexpr const char* kPass = "fuse-linear";
+
+// Def/use facts about one function, computed once per function.
+struct Graph {
+  const Function& f;
+  std::vector<int> defs;  // def_index()
+  std::vector<int> uses;  // use_counts()
+  std::vector<int> user;  // index of the last op using each value (-1: no op uses it)
+
+  explicit Graph(const Function& fn)
+      : f(fn), defs(def_index(fn)), uses(use_counts(fn)), user(fn.values.size(), -1) {
+    for (size_t i = 0; i < fn.ops.size(); ++i)
+      for (ValueId v : fn.ops[i].operands) user[v] = static_cast<int>(i);
+  }
+
+  // Index of the only op using `v`, or -1 when `v` has another use (or is a result).
+  int sole_user(ValueId v) const { return uses[v] == 1 ? user[v] : -1; }
+  // How the text form names `v` (unnamed values by id).
+  std::string label(ValueId v) const {
+    return f.values[v].name.empty() ? fmt::format("%{}", v) : "%" + f.values[v].name;
+  }
+};
+
+// What one match becomes: linear(x, w[, bias]) {act} replacing op `last`.
+struct LinearMatch {
+  int matmul = -1;
+  ValueId x = -1, w = -1;
+  ValueId bias = -1;  // -1: no bias absorbed
+  int add = -1;       // the absorbed bias add, or -1
+  int relu = -1;      // the absorbed relu, or -1
+  int last() const { return relu >= 0 ? relu : add >= 0 ? add : matmul; }
+};
+
+// Whether the matmul at `pos` multiplies by transpose(W) {perm=[1,0]} of an f32 rank-2 W;
+// sets x and w. Logs why not.
+bool can_fuse_linear(const Graph& g, int pos, LinearMatch* match) {
+  const Op& mm = g.f.ops[pos];
+  KILN_ASSERT(mm.kind == OpKind::matmul && mm.operands.size() == 2,
+              "can_fuse_linear: not a matmul");
+  const ValueId rhs = mm.operands[1];
+  const Op* tr = def_op(g.f, g.defs, rhs);
+  if (!tr || tr->kind != OpKind::transpose) {
+    debug_log(kPass, "matmul {}: rhs {} is not a transpose", g.label(mm.result), g.label(rhs));
+    return false;
+  }
+  const ValueId w = tr->operands[0];
+  const TensorType& wt = g.f.type(w);
+  if (wt.dtype != DType::f32 || wt.rank() != 2) {
+    debug_log(kPass, "matmul {}: rhs {} transposes {}, not an f32 rank-2 tensor",
+              g.label(mm.result), g.label(rhs), ir::to_string(wt));
+    return false;
+  }
+  if (tr->ints_attr("perm") != std::vector<int64_t>{1, 0}) {
+    debug_log(kPass, "matmul {}: rhs {} is not transpose {{perm=[1,0]}}", g.label(mm.result),
+              g.label(rhs));
+    return false;
+  }
+  *match = LinearMatch{};
+  match->matmul = pos;
+  match->x = mm.operands[0];
+  match->w = w;
+  return true;
+}
+
+// Whether the matched matmul's only use is add(m, b) or add(b, m) with b : f32[N]; sets
+// bias and add. Logs why not.
+bool can_absorb_bias(const Graph& g, LinearMatch* match) {
+  const ValueId m = g.f.ops[match->matmul].result;
+  const int user = g.sole_user(m);
+  if (user < 0) {
+    debug_log(kPass, "matmul {}: bias not absorbed: the product has {} uses{}", g.label(m),
+              g.uses[m], g.uses[m] == 1 ? " (a function result)" : "");
+    return false;
+  }
+  const Op& add = g.f.ops[user];
+  if (add.kind != OpKind::add) {
+    debug_log(kPass, "matmul {}: no bias: its only user is a {}", g.label(m),
+              ir::op_name(add.kind));
+    return false;
+  }
+  const ValueId b = add.operands[0] == m ? add.operands[1] : add.operands[0];
+  const TensorType want{DType::f32, {g.f.type(match->w).shape[0]}};
+  if (!(g.f.type(b) == want)) {
+    debug_log(kPass, "matmul {}: add {} is not a bias add: {} is {}, not {}", g.label(m),
+              g.label(add.result), g.label(b), ir::to_string(g.f.type(b)), ir::to_string(want));
+    return false;
+  }
+  match->bias = b;
+  match->add = user;
+  return true;
+}
+
+// Whether the pre-activation's only use is a relu; sets relu. Logs why not.
+bool can_absorb_relu(const Graph& g, LinearMatch* match) {
+  const ValueId pre = g.f.ops[match->last()].result;
+  const int user = g.sole_user(pre);
+  if (user < 0) {
+    debug_log(kPass, "{}: act none: the pre-activation has {} uses{}", g.label(pre), g.uses[pre],
+              g.uses[pre] == 1 ? " (a function result)" : "");
+    return false;
+  }
+  if (g.f.ops[user].kind != OpKind::relu) {
+    debug_log(kPass, "{}: act none: the pre-activation's only user is a {}", g.label(pre),
+              ir::op_name(g.f.ops[user].kind));
+    return false;
+  }
+  match->relu = user;
+  return true;
+}
+
+// Replaces the last matched op with the linear; the other matched ops become dead.
+void fuse(Function& f, const Graph& g, const LinearMatch& match) {
+  LinearMatch check;
+  KILN_ASSERT(can_fuse_linear(g, match.matmul, &check) && check.x == match.x && check.w == match.w,
+              "fuse-linear: the matmul does not match");
+  KILN_ASSERT(
+      match.add < 0 || (match.bias >= 0 && g.sole_user(f.ops[match.matmul].result) == match.add),
+      "fuse-linear: the bias add is not the matmul's only use");
+  KILN_ASSERT(match.relu < 0 || f.ops[match.relu].kind == OpKind::relu,
+              "fuse-linear: the activation is not a relu");
+  Op& last = f.ops[match.last()];
+  KILN_ASSERT(f.type(last.result) == f.type(f.ops[match.matmul].result),
+              "fuse-linear: the epilogue changes the type");
+  std::vector<ValueId> operands = {match.x, match.w};
+  if (match.bias >= 0) operands.push_back(match.bias);
+  const char* act = match.relu >= 0 ? "relu" : "none";
+  debug_log(kPass, "fused {} = linear({}, {}{}) {{act={}}}", g.label(last.result), g.label(match.x),
+            g.label(match.w), match.bias >= 0 ? ", " + g.label(match.bias) : std::string(), act);
+  last.kind = OpKind::linear;
+  last.operands = std::move(operands);
+  last.attrs = {{"act", std::string(act)}};
+}
+
+bool fuse_function(Function& f) {
+  const Graph g(f);
+  bool changed = false;
+  for (size_t i = 0; i < f.ops.size(); ++i) {
+    LinearMatch match;
+    if (f.ops[i].kind != OpKind::matmul || !can_fuse_linear(g, static_cast<int>(i), &match))
+      continue;
+    can_absorb_bias(g, &match);
+    can_absorb_relu(g, &match);
+    fuse(f, g, match);
+    changed = true;
+  }
+  if (changed) remove_dead_code(f);
+  return changed;
+}
+
+}  // namespace
+
+bool fuse_linear(ir::Module& module) {
+  bool changed = false;
+  for (Function& f : module.functions) changed |= fuse_function(f);
+  return changed;
+}
+
 }  // namespace kiln::passes

@@ -3,12 +3,23 @@
 //
 //   %wt = transpose(%W : f32[N,K]) {perm=[1,0]}
 //   %m  = matmul(%x : f32[...,K], %wt)
-//   %y  = add(%m, %b : f32[N])
+//   %y  = add(%m, %b : f32[N])          (or add(%b, %m))
 //   %r  = relu(%y)                      =>   %r = linear(%x, %W, %b) {act="relu"}
 //
-// Without a bias add the op has two operands; without a relu act="none". Each absorbed
-// intermediate must have no other use (a matmul whose result is also used elsewhere
-// stays). Pre: verified. Post: verified.
+// The anchor is a matmul whose right operand is `transpose(%W) {perm=[1,0]}` of any f32
+// rank-2 value (usually a `weight`); a batched matmul such as attention's Q·Kᵀ
+// (f32[B,H,L,dk] x f32[B,H,dk,L]) never matches and stays a matmul. Then, step by step:
+//  - the add is absorbed when the matmul's only use is an add whose other operand has
+//    type exactly f32[N] (a broadcast bias); otherwise the linear has two operands and
+//    the add (if any) stays;
+//  - the relu is absorbed when the pre-activation (the add, or the matmul without a
+//    bias) has exactly one use and it is a relu; otherwise act="none".
+// The last absorbed op is replaced in place by the linear, keeping its result value, so
+// other uses of the matmul (when the bias was not absorbed) see the same value. The
+// transpose is not absorbed but bypassed: the linear reads %W directly, and the
+// transpose stays only if something else uses it. Absorbed ops and ops dead before the
+// pass are removed from a function the pass changed. Nothing is ever computed twice.
+// Pre: verified. Post: verified; returns whether anything fused.
 #pragma once
 
 #include "ir/ir.h"

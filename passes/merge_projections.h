@@ -1,17 +1,40 @@
-// merge-projections: linears of the same input with the same activation become one
-// wider linear whose weight is the concatenation of theirs, followed by slices.
+// merge-projections: linears of the same input with the same activation, in the same
+// attention block, become one wider linear whose weight is the concatenation of theirs,
+// followed by slices.
 //
 //   %q = linear(%x, %Wq, %bq)                %qkv = linear(%x, %Wqkv, %bqkv)
-//   %k = linear(%x, %Wk, %bk)          =>    %q = slice(%qkv) {axis=-1, start=0}
-//   %v = linear(%x, %Wv, %bv)                %k = slice(%qkv) {axis=-1, start=D} ...
+//   %k = linear(%x, %Wk, %bk)          =>    %q = slice(%qkv) {axis = 2, start = 0}
+//   %v = linear(%x, %Wv, %bv)                %k = slice(%qkv) {axis = 2, start = D} ...
 //
-// The merged weights are module weights with a derivation
-//   weight @L.qkv.weight : f32[3D,D] = concat(@L.w_q.weight, @L.w_k.weight, @L.w_v.weight) {axis = 0}
-// so the runtime builds them once at load time from the original state_dict tensors.
-// Memory: the merged weight is stored besides the originals only if they are still
-// used elsewhere. Groups: self-attention Q,K,V of one input (3 linears) and
-// cross-attention K,V of the memory (2). Only linears whose weights and biases come
-// straight from `weight` ops merge. Pre: fuse-linear ran. Post: verified.
+// (slices use the last axis, written as a non-negative index.) The merged weights are
+// module weights with a derivation, so the runtime builds them once at load time from
+// the original state_dict tensors:
+//   weight @P.w_qkv.weight : f32[3D,D]
+//       = concat(@P.w_q.weight, @P.w_k.weight, @P.w_v.weight) {axis = 0}
+//   weight @P.w_qkv.bias : f32[3D] = concat(@P.w_q.bias, @P.w_k.bias, @P.w_v.bias) {axis = 0}
+//
+// Groups: a linear is a candidate when its W (and b, if any) are `weight` ops of
+// underived module weights and W is named `<P>.<c>.weight` (P may be empty). Candidates
+// merge when they share the input value, act, having a bias, and the prefix P, and have
+// different components c; the group is in program order. The prefix keeps linears of one
+// input in different blocks apart: the encoder memory feeds the cross-attention K and V
+// of every decoder layer, and only each layer's pair merges. In the Transformer: the
+// self-attention Q,K,V of each layer (3) and the cross-attention K,V of the memory (2).
+//
+// Names: the merged component is "w_" + the joined suffixes when every c is `w_<s>`
+// (w_q, w_k, w_v -> w_qkv; w_k, w_v -> w_kv), else the c joined by "_"; the weights are
+// `<P>.<merged>.weight` and `.bias`. An existing weight of that name is reused when it
+// has the same type and derivation (a block in two functions, e.g. the encoder in
+// `forward` and `encode`); otherwise "_2", "_3", ... is appended to the component.
+//
+// The merged linear is placed just before the group's first member; each member is
+// replaced in place by its slice (same result value). The original weights stay
+// declared in the module (they are the state_dict tensors the derivations read), while
+// `weight` ops left unused are removed. Memory: the merged weight is stored besides the
+// originals (whether the runtime frees derivation inputs no function reads is its
+// business). Idempotent: a merged weight is derived, so it never merges again.
+// Pre: verified; fuse-linear ran (there are linear ops). Post: verified; returns whether
+// anything merged.
 #pragma once
 
 #include "ir/ir.h"

@@ -180,9 +180,13 @@ TEST(InterpreterTest, Weight) {
   m.functions.push_back(f);
   EXPECT_THAT(run(m, {}, {{"w", F({2}, {4, 5})}})[0].f, ElementsAre(4.0f, 5.0f));
   EXPECT_EQ(error_of([&] { run(m, {}, {}); }), "weight 'w' was not loaded");
-  EXPECT_EQ(error_of([&] { run(m, {}, {{"w", F({3}, {1, 2, 3})}}); }),
+  EXPECT_EQ(error_of([&] {
+              run(m, {}, {{"w", F({3}, {1, 2, 3})}});
+            }),
             "weight 'w' has type f32[3], expected f32[2]");
-  EXPECT_EQ(error_of([&] { run(m, {}, {{"w", I({2}, {1, 2})}}); }),
+  EXPECT_EQ(error_of([&] {
+              run(m, {}, {{"w", I({2}, {1, 2})}});
+            }),
             "weight 'w' has type i64[2], expected f32[2]");
 }
 
@@ -198,9 +202,7 @@ TEST(InterpreterTest, MaterializeWeights) {
   m.weights.back().derivation->inputs = {"b", "c"};
   m.declare_weight("c", F32({C(2), C(1)}));
   EXPECT_TRUE(verify(m).empty());
-  WeightMap w{{"a", F({1, 2}, {1, 2})},
-              {"b", F({2, 2}, {3, 4, 5, 6})},
-              {"c", F({2, 1}, {7, 8})}};
+  WeightMap w{{"a", F({1, 2}, {1, 2})}, {"b", F({2, 2}, {3, 4, 5, 6})}, {"c", F({2, 1}, {7, 8})}};
   materialize_weights(m, w);
   EXPECT_EQ(w.at("ab").shape, (std::vector<int64_t>{3, 2}));
   EXPECT_THAT(w.at("ab").f, ElementsAre(1, 2, 3, 4, 5, 6));
@@ -224,8 +226,7 @@ TEST(InterpreterTest, BroadcastAdd) {
   EXPECT_EQ(r.shape, (std::vector<int64_t>{2, 3}));
   EXPECT_THAT(r.f, ElementsAre(11, 12, 13, 21, 22, 23));
   // Rank 0 + [2].
-  EXPECT_THAT(run_op(OpKind::add, {F({}, {1}), F({2}, {1, 2})}, F32({C(2)})).f,
-              ElementsAre(2, 3));
+  EXPECT_THAT(run_op(OpKind::add, {F({}, {1}), F({2}, {1, 2})}, F32({C(2)})).f, ElementsAre(2, 3));
 }
 
 TEST(InterpreterTest, FloatArithmetic) {
@@ -258,10 +259,21 @@ TEST(InterpreterTest, IntegerArithmetic) {
   EXPECT_THAT(run_op(OpKind::add, {big, one}, I32({})).ints, ElementsAre(-2147483648LL));
 }
 
+TEST(InterpreterTest, IntegerOverflowWraps) {
+  const int64_t min = std::numeric_limits<int64_t>::min();
+  EXPECT_THAT(run_op(OpKind::div, {I({}, {min}), I({}, {-1})}, I64({})).ints, ElementsAre(min));
+  EXPECT_THAT(run_op(OpKind::neg, {I({}, {min})}, I64({})).ints, ElementsAre(min));
+  EXPECT_THAT(
+      run_op(OpKind::add, {I({}, {std::numeric_limits<int64_t>::max()}), I({}, {1})}, I64({})).ints,
+      ElementsAre(min));
+}
+
 TEST(InterpreterTest, IntegerDivisionByZero) {
   Module m = one_op_module(OpKind::div, {I({2}, {1, 2}), I({2}, {1, 0})}, I64({C(2)}));
   m.functions[0].values[m.functions[0].results[0]].name = "q";
-  EXPECT_EQ(error_of([&] { run(m, {I({2}, {1, 2}), I({2}, {1, 0})}); }),
+  EXPECT_EQ(error_of([&] {
+              run(m, {I({2}, {1, 2}), I({2}, {1, 0})});
+            }),
             "function 'f', op 0 (%q = div): integer division by zero");
 }
 
@@ -344,8 +356,8 @@ TEST(InterpreterTest, Gather) {
   EXPECT_EQ(r.shape, (std::vector<int64_t>{2, 2, 2}));
   EXPECT_THAT(r.f, ElementsAre(30, 31, 0, 1, 10, 11, 10, 11));
   // i32 ids, rank-1 table.
-  Tensor r2 = run_op(OpKind::gather, {I({3}, {5, 6, 7}), Tensor::from_ints(DType::i32, {2}, {2, 0})},
-                     I64({C(2)}));
+  Tensor r2 = run_op(OpKind::gather,
+                     {I({3}, {5, 6, 7}), Tensor::from_ints(DType::i32, {2}, {2, 0})}, I64({C(2)}));
   EXPECT_THAT(r2.ints, ElementsAre(7, 5));
 }
 
@@ -374,11 +386,17 @@ TEST(InterpreterTest, GatherOutOfRange) {
   WeightMap w = embedding_weights();
   std::vector<Tensor> out = run(m, {I({1, 2}, {36, 1})}, w);
   EXPECT_THAT(out[0].f, ElementsAre(72, 73, 2, 3));
-  EXPECT_EQ(error_of([&] { run(m, {I({2, 5}, {1, 2, 3, 4, 5, 6, 7, 8, 45, 0})}, w); }),
+  EXPECT_EQ(error_of([&] {
+              run(m, {I({2, 5}, {1, 2, 3, 4, 5, 6, 7, 8, 45, 0})}, w);
+            }),
             "token id 45 at 'src'[1,3] is out of range [0, 37)");
-  EXPECT_EQ(error_of([&] { run(m, {I({1, 3}, {1, 2, 37})}, w); }),
+  EXPECT_EQ(error_of([&] {
+              run(m, {I({1, 3}, {1, 2, 37})}, w);
+            }),
             "token id 37 at 'src'[0,2] is out of range [0, 37)");
-  EXPECT_EQ(error_of([&] { run(m, {I({1, 3}, {-1, 2, 3})}, w); }),
+  EXPECT_EQ(error_of([&] {
+              run(m, {I({1, 3}, {-1, 2, 3})}, w);
+            }),
             "token id -1 at 'src'[0,0] is out of range [0, 37)");
 }
 
@@ -391,7 +409,9 @@ TEST(InterpreterTest, GatherOutOfRangeNamesUnnamedValue) {
   ValueId ids = f.add_op(OpKind::constant, {}, I64({C(2)}), {{"value", int64_t{5}}});
   f.results.push_back(f.add_op(OpKind::gather, {table, ids}, F32({C(2)})));
   m.functions.push_back(f);
-  EXPECT_EQ(error_of([&] { run(m, {F({3}, {1, 2, 3})}); }),
+  EXPECT_EQ(error_of([&] {
+              run(m, {F({3}, {1, 2, 3})});
+            }),
             "token id 5 at '%0'[0] is out of range [0, 3)");
 }
 
@@ -420,12 +440,18 @@ TEST(InterpreterTest, Reshape) {
 
 TEST(InterpreterTest, Slice) {
   Tensor x = F({2, 4}, {0, 1, 2, 3, 10, 11, 12, 13});
-  EXPECT_THAT(run_op(OpKind::slice, {x}, F32({C(2), C(2)}), {{"axis", int64_t{1}}, {"start", int64_t{1}}}).f,
-              ElementsAre(1, 2, 11, 12));
-  EXPECT_THAT(run_op(OpKind::slice, {x}, F32({C(1), C(4)}), {{"axis", int64_t{0}}, {"start", int64_t{1}}}).f,
-              ElementsAre(10, 11, 12, 13));
-  EXPECT_THAT(run_op(OpKind::slice, {x}, F32({C(2), C(1)}), {{"axis", int64_t{-1}}, {"start", int64_t{3}}}).f,
-              ElementsAre(3, 13));
+  EXPECT_THAT(
+      run_op(OpKind::slice, {x}, F32({C(2), C(2)}), {{"axis", int64_t{1}}, {"start", int64_t{1}}})
+          .f,
+      ElementsAre(1, 2, 11, 12));
+  EXPECT_THAT(
+      run_op(OpKind::slice, {x}, F32({C(1), C(4)}), {{"axis", int64_t{0}}, {"start", int64_t{1}}})
+          .f,
+      ElementsAre(10, 11, 12, 13));
+  EXPECT_THAT(
+      run_op(OpKind::slice, {x}, F32({C(2), C(1)}), {{"axis", int64_t{-1}}, {"start", int64_t{3}}})
+          .f,
+      ElementsAre(3, 13));
 }
 
 TEST(InterpreterTest, SliceBeyondActualExtent) {
@@ -436,11 +462,13 @@ TEST(InterpreterTest, SliceBeyondActualExtent) {
   f.name = "f";
   ValueId x = f.add_param("x", F32({Sym("S")}));
   f.add_param("y", F32({Sym("T")}));
-  f.results.push_back(f.add_op(OpKind::slice, {x}, F32({Sym("T")}),
-                               {{"axis", int64_t{0}}, {"start", int64_t{0}}}));
+  f.results.push_back(
+      f.add_op(OpKind::slice, {x}, F32({Sym("T")}), {{"axis", int64_t{0}}, {"start", int64_t{0}}}));
   m.functions.push_back(f);
   EXPECT_THAT(run(m, {F({3}, {1, 2, 3}), F({2}, {0, 0})})[0].f, ElementsAre(1, 2));
-  EXPECT_EQ(error_of([&] { run(m, {F({3}, {1, 2, 3}), F({4}, {0, 0, 0, 0})}); }),
+  EXPECT_EQ(error_of([&] {
+              run(m, {F({3}, {1, 2, 3}), F({4}, {0, 0, 0, 0})});
+            }),
             "function 'f', op 0 (%0 = slice): slice [0, 4) of axis 0 exceeds its extent 3");
 }
 
@@ -480,8 +508,8 @@ TEST(InterpreterTest, MatmulAccumulatesInDouble) {
 }
 
 TEST(InterpreterTest, Softmax) {
-  Tensor r = run_op(OpKind::softmax, {F({2}, {0, std::log(2.0f)})}, F32({C(2)}),
-                    {{"axis", int64_t{0}}});
+  Tensor r =
+      run_op(OpKind::softmax, {F({2}, {0, std::log(2.0f)})}, F32({C(2)}), {{"axis", int64_t{0}}});
   EXPECT_NEAR(r.f[0], 1.0 / 3.0, 1e-7);
   EXPECT_NEAR(r.f[1], 2.0 / 3.0, 1e-7);
   // Along axis 0 of [2,2]: columns are independent; large values do not overflow.
@@ -504,9 +532,9 @@ TEST(InterpreterTest, Layernorm) {
   EXPECT_EQ(r.f[2], static_cast<float>(s));
   EXPECT_NEAR(r.f[2], 1.2247357, 1e-6);
   // gamma and beta, and two rows.
-  Tensor g = run_op(OpKind::layernorm,
-                    {F({2, 2}, {1, 3, 5, 5}), F({2}, {2, 3}), F({2}, {0.5f, -1})},
-                    F32({C(2), C(2)}), {{"eps", 0.25}});
+  Tensor g =
+      run_op(OpKind::layernorm, {F({2, 2}, {1, 3, 5, 5}), F({2}, {2, 3}), F({2}, {0.5f, -1})},
+             F32({C(2), C(2)}), {{"eps", 0.25}});
   // Row [1,3]: mean 2, var 1 -> (x-2)/sqrt(1.25). Row [5,5]: var 0 -> 0.
   const double t = 1.0 / std::sqrt(1.25);
   EXPECT_EQ(g.f[0], static_cast<float>(-t * 2 + 0.5));
@@ -536,8 +564,23 @@ TEST(InterpreterTest, Reduce) {
                   .ints,
               ElementsAre(1, 3));
   // Empty axes: the identity.
-  EXPECT_THAT(run_op(OpKind::reduce_sum, {x}, F32({C(2), C(3)}), {{"axes", std::vector<int64_t>{}}}).f,
-              ElementsAreArray(x.f));
+  EXPECT_THAT(
+      run_op(OpKind::reduce_sum, {x}, F32({C(2), C(3)}), {{"axes", std::vector<int64_t>{}}}).f,
+      ElementsAreArray(x.f));
+}
+
+TEST(InterpreterTest, ReduceMiddleAxisOfRank3) {
+  // x[i,j,k] = 100i + 10j + k, shape [2,3,2]; summing over j gives 300i + 30 + 3k.
+  std::vector<float> data;
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 3; ++j)
+      for (int k = 0; k < 2; ++k) data.push_back(static_cast<float>(100 * i + 10 * j + k));
+  Tensor r = run_op(OpKind::reduce_sum, {F({2, 3, 2}, data)}, F32({C(2), C(1), C(2)}),
+                    {{"axes", std::vector<int64_t>{1}}, {"keepdims", int64_t{1}}});
+  EXPECT_THAT(r.f, ElementsAre(30, 33, 330, 333));
+  Tensor mx = run_op(OpKind::reduce_max, {F({2, 3, 2}, data)}, F32({C(3)}),
+                     {{"axes", std::vector<int64_t>{0, 2}}});
+  EXPECT_THAT(mx.f, ElementsAre(101, 111, 121));
 }
 
 TEST(InterpreterTest, Argmax) {
@@ -546,10 +589,9 @@ TEST(InterpreterTest, Argmax) {
                     {{"axis", int64_t{1}}});
   EXPECT_EQ(r.dtype, DType::i64);
   EXPECT_THAT(r.ints, ElementsAre(1, 0));
-  EXPECT_THAT(run_op(OpKind::argmax, {F({2, 2}, {1, 5, 2, 5})}, I64({C(2)}),
-                     {{"axis", int64_t{0}}})
-                  .ints,
-              ElementsAre(1, 0));
+  EXPECT_THAT(
+      run_op(OpKind::argmax, {F({2, 2}, {1, 5, 2, 5})}, I64({C(2)}), {{"axis", int64_t{0}}}).ints,
+      ElementsAre(1, 0));
   EXPECT_THAT(run_op(OpKind::argmax, {I({3}, {-4, -2, -3})}, I64({}), {{"axis", int64_t{0}}}).ints,
               ElementsAre(1));
 }
@@ -595,8 +637,10 @@ TEST(InterpreterTest, LinearEqualsUnfusedGraph) {
   ValueId x = f.add_param("x", F32({C(3), C(5)}));
   ValueId w = f.add_param("w", F32({C(4), C(5)}));
   ValueId b = f.add_param("b", F32({C(4)}));
-  ValueId fused = f.add_op(OpKind::linear, {x, w, b}, F32({C(3), C(4)}), {{"act", std::string("relu")}});
-  ValueId wt = f.add_op(OpKind::transpose, {w}, F32({C(5), C(4)}), {{"perm", std::vector<int64_t>{1, 0}}});
+  ValueId fused =
+      f.add_op(OpKind::linear, {x, w, b}, F32({C(3), C(4)}), {{"act", std::string("relu")}});
+  ValueId wt =
+      f.add_op(OpKind::transpose, {w}, F32({C(5), C(4)}), {{"perm", std::vector<int64_t>{1, 0}}});
   ValueId mm = f.add_op(OpKind::matmul, {x, wt}, F32({C(3), C(4)}));
   ValueId sum = f.add_op(OpKind::add, {mm, b}, F32({C(3), C(4)}));
   ValueId unfused = f.add_op(OpKind::relu, {sum}, F32({C(3), C(4)}));
@@ -698,7 +742,8 @@ TEST(InterpreterTest, AttentionMatchesNaive) {
           naive_attention(q, k, v, with_pad ? &pad : nullptr, H, scale, causal != 0);
       ASSERT_EQ(r.f.size(), want.size());
       for (size_t i = 0; i < want.size(); ++i)
-        EXPECT_NEAR(r.f[i], want[i], 1e-6) << "causal " << causal << " pad " << with_pad << " at " << i;
+        EXPECT_NEAR(r.f[i], want[i], 1e-6)
+            << "causal " << causal << " pad " << with_pad << " at " << i;
     }
   }
 }
@@ -796,52 +841,68 @@ TEST(InterpreterErrorTest, ValidInputsRun) {
   auto out = run(m, {zeros_i64({2, 40}), zeros_i64({2, 1}), F({2, 2}, {1, 2, 3, 4})});
   EXPECT_THAT(out[0].f, ElementsAre(-1, -2, -3, -4));
   // i32 ids are accepted for an i64 parameter.
-  EXPECT_NO_THROW(run(m, {Tensor::zeros(DType::i32, {2, 3}), zeros_i64({2, 1}),
-                          F({2, 2}, {1, 2, 3, 4})}));
+  EXPECT_NO_THROW(
+      run(m, {Tensor::zeros(DType::i32, {2, 3}), zeros_i64({2, 1}), F({2, 2}, {1, 2, 3, 4})}));
 }
 
 TEST(InterpreterErrorTest, SymbolAboveMaximum) {
   Module m = two_input_module();
-  EXPECT_EQ(error_of([&] { run(m, {zeros_i64({2, 50}), zeros_i64({2, 1}), F({2, 2}, {1, 2, 3, 4})}); }),
+  EXPECT_EQ(error_of([&] {
+              run(m, {zeros_i64({2, 50}), zeros_i64({2, 1}), F({2, 2}, {1, 2, 3, 4})});
+            }),
             "input 'src' has shape [2,50]: dim 1 (S) is 50, above its maximum 40");
 }
 
 TEST(InterpreterErrorTest, SymbolZero) {
   Module m = two_input_module();
-  EXPECT_EQ(error_of([&] { run(m, {zeros_i64({2, 3}), zeros_i64({2, 0}), F({2, 2}, {1, 2, 3, 4})}); }),
+  EXPECT_EQ(error_of([&] {
+              run(m, {zeros_i64({2, 3}), zeros_i64({2, 0}), F({2, 2}, {1, 2, 3, 4})});
+            }),
             "input 'tgt' has shape [2,0]: dim 1 (T) is 0, below its minimum 1");
 }
 
 TEST(InterpreterErrorTest, InconsistentSymbol) {
   Module m = two_input_module();
-  EXPECT_EQ(error_of([&] { run(m, {zeros_i64({2, 3}), zeros_i64({3, 1}), F({2, 2}, {1, 2, 3, 4})}); }),
+  EXPECT_EQ(error_of([&] {
+              run(m, {zeros_i64({2, 3}), zeros_i64({3, 1}), F({2, 2}, {1, 2, 3, 4})});
+            }),
             "input 'tgt' has shape [3,1]: dim 0 (B) is 3, but B is 2 from dim 0 of input 'src'");
 }
 
 TEST(InterpreterErrorTest, ConstantDimMismatch) {
   Module m = two_input_module();
-  EXPECT_EQ(error_of([&] { run(m, {zeros_i64({2, 3}), zeros_i64({2, 1}), F({2, 3}, {1, 2, 3, 4, 5, 6})}); }),
+  EXPECT_EQ(error_of([&] {
+              run(m, {zeros_i64({2, 3}), zeros_i64({2, 1}), F({2, 3}, {1, 2, 3, 4, 5, 6})});
+            }),
             "input 'x' has shape [2,3]: dim 1 is 3, expected 2");
 }
 
 TEST(InterpreterErrorTest, WrongRank) {
   Module m = two_input_module();
-  EXPECT_EQ(error_of([&] { run(m, {zeros_i64({2, 3, 1}), zeros_i64({2, 1}), F({2, 2}, {1, 2, 3, 4})}); }),
+  EXPECT_EQ(error_of([&] {
+              run(m, {zeros_i64({2, 3, 1}), zeros_i64({2, 1}), F({2, 2}, {1, 2, 3, 4})});
+            }),
             "input 'src' has shape [2,3,1]: rank 3, expected 2 (i64[B,S])");
 }
 
 TEST(InterpreterErrorTest, WrongDtype) {
   Module m = two_input_module();
-  EXPECT_EQ(error_of([&] { run(m, {Tensor::zeros(DType::f32, {2, 3}), zeros_i64({2, 1}),
-                                   F({2, 2}, {1, 2, 3, 4})}); }),
-            "input 'src' has type f32[2,3], expected i64[B,S]");
-  EXPECT_EQ(error_of([&] { run(m, {zeros_i64({2, 3}), zeros_i64({2, 1}), I({2, 2}, {1, 2, 3, 4})}); }),
+  EXPECT_EQ(
+      error_of([&] {
+        run(m, {Tensor::zeros(DType::f32, {2, 3}), zeros_i64({2, 1}), F({2, 2}, {1, 2, 3, 4})});
+      }),
+      "input 'src' has type f32[2,3], expected i64[B,S]");
+  EXPECT_EQ(error_of([&] {
+              run(m, {zeros_i64({2, 3}), zeros_i64({2, 1}), I({2, 2}, {1, 2, 3, 4})});
+            }),
             "input 'x' has type i64[2,2], expected f32[B,2]");
 }
 
 TEST(InterpreterErrorTest, WrongInputCount) {
   Module m = two_input_module();
-  EXPECT_EQ(error_of([&] { run(m, {zeros_i64({2, 3})}); }),
+  EXPECT_EQ(error_of([&] {
+              run(m, {zeros_i64({2, 3})});
+            }),
             "function 'forward' takes 3 input(s), got 1");
 }
 
@@ -849,7 +910,9 @@ TEST(InterpreterErrorTest, BadInputData) {
   Module m = two_input_module();
   Tensor short_data = F({2, 2}, {1, 2, 3, 4});
   short_data.f.pop_back();
-  EXPECT_EQ(error_of([&] { run(m, {zeros_i64({2, 3}), zeros_i64({2, 1}), short_data}); }),
+  EXPECT_EQ(error_of([&] {
+              run(m, {zeros_i64({2, 3}), zeros_i64({2, 1}), short_data});
+            }),
             "input 'x' has type f32[2,2] (4 elements) but holds 3 values");
   // An i64 value that does not fit an i32 parameter.
   Module m32;
@@ -861,8 +924,18 @@ TEST(InterpreterErrorTest, BadInputData) {
   m32.functions.push_back(f);
   EXPECT_THAT(run(m32, {I({2}, {1, -2})})[0].ints, ElementsAre(-1, 2));
   EXPECT_EQ(run(m32, {I({2}, {1, -2})})[0].dtype, DType::i32);
-  EXPECT_EQ(error_of([&] { run(m32, {I({2}, {1, int64_t{1} << 40})}); }),
+  EXPECT_EQ(error_of([&] {
+              run(m32, {I({2}, {1, int64_t{1} << 40})});
+            }),
             "input 'ids' holds 1099511627776 at [1], which does not fit in i32");
+}
+
+TEST(InterpreterErrorTest, BoolInputMustBeZeroOrOne) {
+  Tensor mask = B({2}, {1, 0});
+  Module m = one_op_module(OpKind::logical_not, {mask}, Bool({C(2)}));
+  EXPECT_THAT(run(m, {mask})[0].ints, ElementsAre(0, 1));
+  mask.ints[1] = 2;
+  EXPECT_EQ(error_of([&] { run(m, {mask}); }), "input 'x0' is bool but holds 2 at [1]");
 }
 
 TEST(InterpreterErrorTest, UnverifiedFunctionIsRejected) {
@@ -875,8 +948,8 @@ TEST(InterpreterErrorTest, UnverifiedFunctionIsRejected) {
   f.results.push_back(f.add_op(OpKind::matmul, {a, b}, F32({C(2), C(3)})));
   m.functions.push_back(f);
   EXPECT_THAT(error_of([&] {
-                interpret(m, m.functions[0], {}, {F({2, 3}, {1, 2, 3, 4, 5, 6}),
-                                                  F({3, 2}, {1, 2, 3, 4, 5, 6})});
+                interpret(m, m.functions[0], {},
+                          {F({2, 3}, {1, 2, 3, 4, 5, 6}), F({3, 2}, {1, 2, 3, 4, 5, 6})});
               }),
               HasSubstr("function 'f' is not valid (run the verifier): op 0 (matmul)"));
   // An operand that is used before it is defined.
@@ -897,8 +970,9 @@ TEST(InterpreterErrorTest, UnboundSymbol) {
   f.name = "f";
   f.results.push_back(f.add_op(OpKind::iota, {}, I64({Sym("S")}), {{"axis", int64_t{0}}}));
   m.functions.push_back(f);
-  EXPECT_EQ(error_of([&] { run(m, {}); }),
-            "function 'f', op 0 (%0 = iota): its type i64[S] uses symbol 'S', which no input binds");
+  EXPECT_EQ(
+      error_of([&] { run(m, {}); }),
+      "function 'f', op 0 (%0 = iota): its type i64[S] uses symbol 'S', which no input binds");
 }
 
 TEST(InterpreterErrorTest, MissingWeightInModel) {

@@ -1,5 +1,6 @@
 // The `kiln` command-line tool: emit, inspect and run models.
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -12,6 +13,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "codegen/compile.h"
 #include "frontend/models.h"
 #include "ir/interpreter.h"
 #include "ir/parser.h"
@@ -19,6 +21,7 @@
 #include "passes/pipeline.h"
 #include "support/error.h"
 #include "tools/bridge.h"
+#include "tools/compiled.h"
 
 namespace kiln::tools {
 namespace {
@@ -32,6 +35,7 @@ commands:
   inspect FILE    print entry points, weights and op histograms of a module
   opt FILE        run graph passes and print the resulting IR
   run FILE        run a function of a module with the reference interpreter
+  compile FILE    compile a module to a static library and header (Halide, AOT)
   models          list registered models and their configs
 
 FILE may be '-' for standard input. 'kiln <command> --help' describes a command.
@@ -54,6 +58,22 @@ parameters, bytes) and an op histogram per function.
 
 options:
   --ops   print only the histogram, one 'FUNCTION OP COUNT' line per function and op
+)";
+
+constexpr const char* kCompileHelp =
+    R"(usage: kiln compile FILE.kir [--target T] [-o DIR] [--name NAME] [--emit=static,shared,ir]
+
+Runs the default pipeline, generates and compiles every kernel with Halide, and writes
+into DIR a static library libNAME.a and a header NAME.h (C++ class kiln_models::NAME with
+typed entry points, over a plain C ABI). Link them with kiln's runtime library only.
+
+options:
+  --target T     Halide target string (default: host), e.g.
+                 x86-64-linux-avx-avx2-avx512-avx512_skylake-f16c-fma-sse41
+  -o DIR         output directory (default: .)
+  --name NAME    library name, a C identifier (default: the module's name)
+  --emit=LIST    comma list of static, shared, ir (default: static); 'shared' also writes
+                 libNAME.so with the C ABI, for 'kiln run --compiled DIR'
 )";
 
 constexpr const char* kOptHelp =
@@ -86,6 +106,10 @@ options:
   --expect FILE       compare outputs with the same-named tensors of FILE; exit 1 when
                       the max abs error exceeds --atol
   --atol X            tolerance for --expect (default: 1e-4)
+  --compiled DIR      run the shared library that 'kiln compile --emit=shared' wrote in
+                      DIR instead of the interpreter (FILE is then not needed: pass '-'
+                      or omit it)
+  --threads N         kernel threads for --compiled (default: the Halide runtime's)
 )";
 
 // A minimal option parser: positional arguments and --name value / --name=value.
@@ -290,42 +314,57 @@ int cmd_opt(const std::vector<std::string>& argv) {
 
 int cmd_run(const std::vector<std::string>& argv) {
   if (wants_help(argv)) return fmt::print("{}", kRunHelp), 0;
-  Args a = Args::parse(argv, {"--weights", "--inputs", "--function", "-o", "--expect", "--atol"},
+  Args a = Args::parse(argv, {"--weights", "--inputs", "--function", "-o", "--expect", "--atol",
+                              "--compiled", "--threads"},
                        {}, "run");
-  std::string file = one_positional(a, "run", "FILE");
   std::string weights_path = a.require("--weights", "run");
   std::string inputs_path = a.require("--inputs", "run");
-  int stdin_uses = (file == "-") + (weights_path == "-") + (inputs_path == "-");
-  if (stdin_uses > 1) fail("run: only one of FILE, --weights and --inputs can be '-'");
-  ir::Module m = read_module(file);
   std::string fname = a.get("--function").value_or("forward");
-  const ir::Function* f = m.find_function(fname);
-  if (!f) {
-    std::string known;
-    for (const auto& fn : m.functions) known += (known.empty() ? "" : ", ") + fn.name;
-    fail("run: module has no function '{}' (functions: {})", fname, known);
+  std::vector<rt::TensorData> data;
+  if (auto dir = a.get("--compiled")) {
+    if (a.positional.size() > 1 || (a.positional.size() == 1 && a.positional[0] != "-"))
+      fail("run: with --compiled, FILE is not used (got '{}')", a.positional[0]);
+    rt::SafeTensors ifile = load_safetensors(inputs_path);
+    int threads = 0;
+    if (auto t = a.get("--threads")) threads = std::atoi(t->c_str());
+    data = run_compiled(*dir, fname, weights_path, ifile, threads);
+  } else {
+    std::string file = one_positional(a, "run", "FILE");
+    int stdin_uses = (file == "-") + (weights_path == "-") + (inputs_path == "-");
+    if (stdin_uses > 1) fail("run: only one of FILE, --weights and --inputs can be '-'");
+    ir::Module m = read_module(file);
+    const ir::Function* f = m.find_function(fname);
+    if (!f) {
+      std::string known;
+      for (const auto& fn : m.functions) known += (known.empty() ? "" : ", ") + fn.name;
+      fail("run: module has no function '{}' (functions: {})", fname, known);
+    }
+    rt::SafeTensors wfile = load_safetensors(weights_path);
+    ir::WeightMap weights = load_weight_map(m, wfile);
+    rt::SafeTensors ifile = load_safetensors(inputs_path);
+    data = to_tensor_data(*f, ir::interpret(m, *f, weights, load_inputs(*f, ifile)));
   }
-  rt::SafeTensors wfile = load_safetensors(weights_path);
-  ir::WeightMap weights = load_weight_map(m, wfile);
-  rt::SafeTensors ifile = load_safetensors(inputs_path);
-  std::vector<ir::Tensor> inputs = load_inputs(*f, ifile);
-  std::vector<ir::Tensor> results = ir::interpret(m, *f, weights, inputs);
-  std::vector<rt::TensorData> data = to_tensor_data(*f, results);
+  // Outputs as f32 for summaries and comparisons (integer outputs are summarized by shape).
+  auto floats = [](const rt::TensorData& t) {
+    std::vector<float> v(t.data.size() / 4);
+    std::memcpy(v.data(), t.data.data(), v.size() * 4);
+    return v;
+  };
 
   if (auto out = a.get("-o")) {
     rt::write_safetensors(*out, data);
     fmt::print(stderr, "wrote {} output(s) to {}\n", data.size(), *out);
   } else if (!a.get("--expect")) {
-    for (size_t i = 0; i < results.size(); ++i) {
-      const ir::Tensor& t = results[i];
-      if (t.dtype != ir::DType::f32) {
-        fmt::print("{}: {}\n", data[i].name, t.type_string());
+    for (const rt::TensorData& t : data) {
+      if (t.dtype != rt::DType::f32) {
+        fmt::print("{}: {} {}\n", t.name, rt::dtype_name(t.dtype), rt::shape_string(t.shape));
         continue;
       }
+      std::vector<float> v = floats(t);
       double lo = INFINITY, hi = -INFINITY, sum = 0;
-      for (float x : t.f) lo = std::min<double>(lo, x), hi = std::max<double>(hi, x), sum += x;
-      fmt::print("{}: {} min {:.6g} max {:.6g} mean {:.6g}\n", data[i].name, t.type_string(), lo,
-                 hi, t.f.empty() ? 0.0 : sum / t.f.size());
+      for (float x : v) lo = std::min<double>(lo, x), hi = std::max<double>(hi, x), sum += x;
+      fmt::print("{}: f32{} min {:.6g} max {:.6g} mean {:.6g}\n", t.name, rt::shape_string(t.shape), lo,
+                 hi, v.empty() ? 0.0 : sum / v.size());
     }
   }
   if (auto expect_path = a.get("--expect")) {
@@ -339,22 +378,49 @@ int cmd_run(const std::vector<std::string>& argv) {
     }
     rt::SafeTensors expected = load_safetensors(*expect_path);
     bool ok = true;
-    for (size_t i = 0; i < results.size(); ++i) {
-      const rt::TensorInfo& e = expected.at(data[i].name);
-      if (e.shape != results[i].shape)
-        fail("run: output '{}' has shape {}, expected {}", data[i].name,
-             rt::shape_string(results[i].shape), rt::shape_string(e.shape));
-      std::vector<float> want = expected.to_f32(e);
+    for (const rt::TensorData& t : data) {
+      const rt::TensorInfo& e = expected.at(t.name);
+      if (e.shape != t.shape)
+        fail("run: output '{}' has shape {}, expected {}", t.name, rt::shape_string(t.shape),
+             rt::shape_string(e.shape));
+      std::vector<float> want = expected.to_f32(e), got = floats(t);
       double err = 0;
-      for (size_t j = 0; j < want.size(); ++j)
-        err = std::max(err, std::abs(static_cast<double>(results[i].f[j]) - want[j]));
+      for (size_t j = 0; j < want.size() && j < got.size(); ++j)
+        err = std::max(err, std::abs(static_cast<double>(got[j]) - want[j]));
       bool pass = err <= atol;
       ok &= pass;
-      fmt::print("{}: max abs error {:.3g} vs {} ({} <= {:g})\n", data[i].name, err, *expect_path,
+      fmt::print("{}: max abs error {:.3g} vs {} ({} <= {:g})\n", t.name, err, *expect_path,
                  pass ? "match" : "MISMATCH", atol);
     }
     return ok ? 0 : 1;
   }
+  return 0;
+}
+
+int cmd_compile(const std::vector<std::string>& argv) {
+  if (wants_help(argv)) return fmt::print("{}", kCompileHelp), 0;
+  Args a = Args::parse(argv, {"--target", "-o", "--name", "--emit"}, {}, "compile");
+  ir::Module m = read_module(one_positional(a, "compile", "FILE"));
+  codegen::CompileOptions options;
+  options.target = a.get("--target").value_or("host");
+  options.out_dir = a.get("-o").value_or(".");
+  options.name = a.get("--name").value_or("");
+  options.emit_static = false;
+  std::string emit = a.get("--emit").value_or("static");
+  size_t start = 0;
+  while (start <= emit.size()) {
+    size_t comma = emit.find(',', start);
+    std::string item = emit.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (item == "static") options.emit_static = true;
+    else if (item == "shared") options.emit_shared = true;
+    else if (item == "ir") options.emit_ir = true;
+    else fail("compile: unknown --emit item '{}' (expected static, shared or ir)", item);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  options.progress = [](const std::string& line) { fmt::print(stderr, "kiln compile: {}\n", line); };
+  codegen::CompileResult r = codegen::compile_model(std::move(m), options);
+  fmt::print(stderr, "kiln compile: {} kernels in {:.1f} s\n", r.kernels, r.seconds);
   return 0;
 }
 
@@ -370,6 +436,7 @@ int dispatch(const std::vector<std::string>& args) {
   if (cmd == "inspect") return cmd_inspect(rest);
   if (cmd == "run") return cmd_run(rest);
   if (cmd == "opt") return cmd_opt(rest);
+  if (cmd == "compile") return cmd_compile(rest);
   if (cmd == "models") return cmd_models();
   if (cmd == "--version") return fmt::print("kiln 0.1.0\n"), 0;
   fail("unknown command '{}' (see 'kiln --help')", cmd);

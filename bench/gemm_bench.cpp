@@ -1,0 +1,258 @@
+// GEMM benchmark: kiln's linear kernel (codegen/linear_kernel.cpp, JIT-compiled for the
+// host) against oneDNN's dnnl_sgemm on the model's projection shapes, same data, 2
+// threads each. Reports GFLOP/s (2·M·N·K per call) per run and, at the end, a table of
+// kiln / oneDNN per shape (medians over repetitions), with the largest difference between
+// the two outputs as a sanity check.
+//
+//   [KILN_BENCH_THREADS=2] gemm_bench [--benchmark_repetitions=5
+//       --benchmark_enable_random_interleaving=true] [--benchmark_filter=M2048]
+//
+// The kiln kernel computes out = x·Wᵀ + bias (ReLU where the model has it); dnnl_sgemm
+// computes x·wt with wt = Wᵀ (K × N, the layout kiln loads), row-major, no bias: the
+// epilogue is kiln's extra work.
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+#include <fmt/format.h>
+#include <oneapi/dnnl/dnnl.h>
+
+#include "codegen/halide_kernels.h"
+#include "codegen/kernels.h"
+
+namespace {
+
+struct GemmShape {
+  int64_t M, K, N;
+  bool relu;
+};
+
+// The model's linear layers: M = batch·length rows (2048 for training-size batches, 32
+// for small ones), (K, N) per projection.
+std::vector<GemmShape> model_shapes() {
+  const std::vector<std::tuple<int64_t, int64_t, bool>> kn = {
+      {512, 1536, false}, {512, 512, false}, {512, 1024, false},
+      {512, 2048, true},  {2048, 512, false}, {512, 32000, false}};
+  std::vector<GemmShape> shapes;
+  for (int64_t M : {2048, 32})
+    for (const auto& [K, N, relu] : kn) shapes.push_back({M, K, N, relu});
+  return shapes;
+}
+
+std::string shape_name(const GemmShape& s) {
+  return fmt::format("M{}_K{}_N{}{}", s.M, s.K, s.N, s.relu ? "_relu" : "");
+}
+
+double flops(const GemmShape& s) { return 2.0 * s.M * s.N * s.K; }
+
+// A 64-byte aligned float array.
+struct FreeDeleter {
+  void operator()(float* p) const { std::free(p); }
+};
+using Floats = std::unique_ptr<float[], FreeDeleter>;
+Floats aligned_floats(int64_t count, uint32_t seed) {
+  const size_t bytes = (static_cast<size_t>(count) * sizeof(float) + 63) / 64 * 64;
+  Floats a(static_cast<float*>(std::aligned_alloc(64, bytes)));
+  uint32_t s = seed;
+  for (int64_t i = 0; i < count; ++i) {
+    s = s * 1664525u + 1013904223u;
+    a[i] = static_cast<float>(s >> 8) / static_cast<float>(1 << 23) - 1.0f;
+  }
+  return a;
+}
+
+// A linear kernel compiled in process, called like the AOT function (argv order x, wt,
+// bias, out).
+class JitLinear {
+ public:
+  explicit JitLinear(const kiln::codegen::LinearKernel& spec) {
+    const Halide::Target host = Halide::get_host_target();
+    kiln::codegen::KernelPipeline kp = kiln::codegen::build_linear(spec, host);
+    Halide::Module module = kp.pipeline.compile_to_module(
+        kp.args, "linear_bench", host.with_feature(Halide::Target::JIT));
+    jit_ = Halide::Internal::JITModule(module, module.functions().back());
+    fn_ = jit_.argv_function();
+  }
+  int operator()(const void** argv) const { return fn_(argv); }
+
+ private:
+  Halide::Internal::JITModule jit_;
+  Halide::Internal::JITModule::argv_wrapper fn_ = nullptr;
+};
+
+// Inputs and outputs of one shape, shared by both implementations, and the kiln kernel.
+struct Problem {
+  GemmShape shape;
+  Floats x, wt, bias, out_kiln, out_dnnl;
+  halide_buffer_t x_buf{}, wt_buf{}, bias_buf{}, out_buf{};
+  halide_dimension_t x_dims[2], wt_dims[2], bias_dims[1], out_dims[2];
+  std::shared_ptr<JitLinear> kernel;
+};
+
+halide_buffer_t make_buffer(float* data, int dims, halide_dimension_t* shape) {
+  halide_buffer_t b{};
+  b.host = reinterpret_cast<uint8_t*>(data);
+  b.type = halide_type_t(halide_type_float, 32);
+  b.dimensions = dims;
+  b.dim = shape;
+  return b;
+}
+
+// Kernels compiled once per (K, N, relu); problems built once per shape.
+Problem& problem_for(const GemmShape& s) {
+  static std::map<std::string, std::unique_ptr<Problem>> problems;
+  static std::map<std::tuple<int64_t, int64_t, bool>, std::shared_ptr<JitLinear>> kernels;
+  std::unique_ptr<Problem>& p = problems[shape_name(s)];
+  if (p) return *p;
+  p = std::make_unique<Problem>();
+  p->shape = s;
+  p->x = aligned_floats(s.M * s.K, 1);
+  p->wt = aligned_floats(s.K * s.N, 2);
+  p->bias = aligned_floats(s.N, 3);
+  p->out_kiln = aligned_floats(s.M * s.N, 4);
+  p->out_dnnl = aligned_floats(s.M * s.N, 5);
+  const auto i32 = [](int64_t v) { return static_cast<int32_t>(v); };
+  p->x_dims[0] = {0, i32(s.K), 1};
+  p->x_dims[1] = {0, i32(s.M), i32(s.K)};
+  p->wt_dims[0] = {0, i32(s.N), 1};
+  p->wt_dims[1] = {0, i32(s.K), i32(s.N)};
+  p->bias_dims[0] = {0, i32(s.N), 1};
+  p->out_dims[0] = {0, i32(s.N), 1};
+  p->out_dims[1] = {0, i32(s.M), i32(s.N)};
+  p->x_buf = make_buffer(p->x.get(), 2, p->x_dims);
+  p->wt_buf = make_buffer(p->wt.get(), 2, p->wt_dims);
+  p->bias_buf = make_buffer(p->bias.get(), 1, p->bias_dims);
+  p->out_buf = make_buffer(p->out_kiln.get(), 2, p->out_dims);
+  std::shared_ptr<JitLinear>& k = kernels[{s.K, s.N, s.relu}];
+  if (!k) k = std::make_shared<JitLinear>(kiln::codegen::LinearKernel{s.K, s.N, s.relu, true});
+  p->kernel = k;
+  return *p;
+}
+
+int run_kiln(Problem& p) {
+  const void* argv[] = {&p.x_buf, &p.wt_buf, &p.bias_buf, &p.out_buf};
+  return (*p.kernel)(argv);
+}
+
+dnnl_status_t run_dnnl(Problem& p) {
+  const GemmShape& s = p.shape;
+  return dnnl_sgemm('N', 'N', s.M, s.N, s.K, 1.0f, p.x.get(), s.K, p.wt.get(), s.N, 0.0f,
+                    p.out_dnnl.get(), s.N);
+}
+
+void bm_kiln(benchmark::State& state, GemmShape s) {
+  Problem& p = problem_for(s);
+  for (auto _ : state) {
+    if (run_kiln(p) != 0) {
+      state.SkipWithError("kiln kernel failed");
+      break;
+    }
+  }
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops(s) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void bm_dnnl(benchmark::State& state, GemmShape s) {
+  Problem& p = problem_for(s);
+  for (auto _ : state) {
+    if (run_dnnl(p) != dnnl_success) {
+      state.SkipWithError("dnnl_sgemm failed");
+      break;
+    }
+  }
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops(s) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Prints as the console reporter does and keeps each run's GFLOP/s by benchmark name.
+class CollectingReporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    ConsoleReporter::ReportRuns(runs);
+    for (const Run& r : runs) {
+      if (r.run_type != Run::RT_Iteration || r.error_occurred) continue;
+      auto it = r.counters.find("GFLOP/s");
+      if (it != r.counters.end()) gflops_[r.run_name.function_name].push_back(it->second.value);
+    }
+  }
+  // The median GFLOP/s of `name`'s runs; NaN if none ran.
+  double median(const std::string& name) const {
+    auto it = gflops_.find(name);
+    if (it == gflops_.end() || it->second.empty()) return NAN;
+    std::vector<double> v = it->second;
+    std::sort(v.begin(), v.end());
+    const size_t h = v.size() / 2;
+    return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
+  }
+
+ private:
+  std::map<std::string, std::vector<double>> gflops_;
+};
+
+// The largest |kiln − (oneDNN + bias, ReLU)| over the outputs, after one call of each.
+double max_difference(Problem& p) {
+  if (run_kiln(p) != 0 || run_dnnl(p) != dnnl_success) return NAN;
+  const GemmShape& s = p.shape;
+  double worst = 0;
+  for (int64_t m = 0; m < s.M; ++m) {
+    for (int64_t n = 0; n < s.N; ++n) {
+      float want = p.out_dnnl[m * s.N + n] + p.bias[n];
+      if (s.relu) want = std::max(want, 0.0f);
+      worst = std::max(worst, std::fabs(static_cast<double>(p.out_kiln[m * s.N + n]) - want));
+    }
+  }
+  return worst;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // The same number of threads each (2 unless KILN_BENCH_THREADS says otherwise): Halide's
+  // thread pool reads HL_NUM_THREADS when it starts (at the first kernel call); oneDNN here
+  // runs on libgomp, whose environment is read at load time, so set its thread count
+  // through the OpenMP API when it is present.
+  const char* threads_env = std::getenv("KILN_BENCH_THREADS");
+  const int threads = threads_env ? std::max(1, std::atoi(threads_env)) : 2;
+  setenv("HL_NUM_THREADS", std::to_string(threads).c_str(), 1);
+  setenv("OMP_NUM_THREADS", std::to_string(threads).c_str(), 1);
+  using SetThreads = void (*)(int);
+  if (auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads")))
+    set(threads);
+  benchmark::AddCustomContext("threads", std::to_string(threads));
+
+  const std::vector<GemmShape> shapes = model_shapes();
+  for (const GemmShape& s : shapes) {
+    benchmark::RegisterBenchmark(("kiln/" + shape_name(s)).c_str(), bm_kiln, s)
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("onednn/" + shape_name(s)).c_str(), bm_dnnl, s)
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  CollectingReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+
+  std::printf("\n%-26s %12s %12s %8s %12s\n", "shape", "kiln GF/s", "oneDNN GF/s", "ratio",
+              "max |diff|");
+  for (const GemmShape& s : shapes) {
+    const double kiln = reporter.median("kiln/" + shape_name(s));
+    const double dnnl = reporter.median("onednn/" + shape_name(s));
+    if (std::isnan(kiln) && std::isnan(dnnl)) continue;  // filtered out
+    std::printf("%-26s %12.1f %12.1f %7.1f%% %12.3g\n", shape_name(s).c_str(), kiln, dnnl,
+                100.0 * kiln / dnnl, max_difference(problem_for(s)));
+  }
+  benchmark::Shutdown();
+  return 0;
+}

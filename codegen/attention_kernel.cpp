@@ -1,0 +1,280 @@
+// The fused attention kernel (kernels.h, AttentionKernel): QKᵀ, scale, masks, softmax and ·V
+// in one Halide pipeline that never stores the [B, H, Lq, Lk] score matrix.
+//
+// Algorithm. Query rows are grouped in blocks of kRowBlock (12) rows and keys in blocks of KB
+// (two vectors: 32 keys with AVX-512, 16 with AVX2). The algorithm is written on these block
+// coordinates (row i = io·12 + ii, key j = jb·KB + jj), so that the schedule can compute, per
+// (batch, head, row block), the scores of the 12 rows against every key block they need into a
+// small scratch buffer, then its row maxima, exponentials, row sums and the weighted sum of V.
+// Keys past Lk (the last block's padding) score kNoKey, whose exponential is exactly 0; masked
+// keys score -1e9 like the interpreter's masked_fill.
+//
+// Causal skipping. A causal row i needs keys j <= i only, so row block io needs the first
+// ceil(min(Lk, 12·io + 12) / KB) key blocks, and the 6-row tile of the V product even fewer.
+// The reductions run over every key block with a predicate on the block index, and read the
+// score scratch at a clamped block index, so bounds inference computes scores only for the
+// blocks a row block needs. Skipping keys above the diagonal is exact whenever a row has an
+// unmasked key (their -1e9 scores have exponential exactly 0). A row whose keys are all
+// masked (causal, and every key j <= i padded) must be, as in the interpreter, the uniform
+// average of v over all Lk keys: such rows have the maximum -1e9 and take that average instead.
+// (Without causal every key block is visited and such rows come out uniform by themselves.)
+//
+// Schedule. Parallel over (batch, head); K is transposed once per (batch, head) into
+// contiguous key blocks (kt). Per row block: the QK product in register tiles of 6 rows × KB
+// keys with the dk reduction innermost (12 vector accumulators), the scale and masks on store;
+// maxima and sums reduced first across key blocks in vectors, then across the KB lanes; the
+// exponentials vectorized (exp_nonpositive: a polynomial, since Halide's exp calls scalar
+// expf); the V product in register tiles of 6 rows × EB channels (up to 4 vectors with
+// AVX-512, 2 with AVX2) with the key reduction outermost, broadcasting one probability per
+// (key, row).
+#include <algorithm>
+
+#include "codegen/halide_kernels.h"
+#include "support/error.h"
+
+namespace kiln::codegen {
+
+namespace {
+
+using Halide::Expr;
+using Halide::Func;
+using Halide::ImageParam;
+using Halide::RDom;
+using Halide::TailStrategy;
+using Halide::Var;
+
+constexpr int kRowBlock = 12;           // query rows per block (score scratch rows)
+constexpr int kRowTile = 6;             // rows per QK register tile
+constexpr float kMaskedScore = -1e9f;   // the interpreter's masked_fill value
+constexpr float kNoKey = -1e30f;        // keys past Lk: exp(kNoKey - max) is exactly 0
+constexpr float kLowest = -3.0e38f;     // start of a running maximum
+
+// 2^x for x <= 0, vectorizable (Halide's exp calls scalar expf): x = n + r with n an integer
+// and |r| <= 1/2, 2^r by its Taylor polynomial of degree 6 in r·ln2 (relative error below
+// 1.3e-7), 2^n built in the exponent bits. Inputs at or below -127 give exactly 0 (n = -127
+// has a zero exponent field).
+Expr exp2_nonpositive(Expr x) {
+  x = Halide::max(x, -127.0f);
+  Expr n = Halide::cast<int32_t>(x - 0.5f);  // rounds toward zero: n = ceil(x - 1/2)
+  Expr r = x - Halide::cast<float>(n);
+  const double ln2 = 0.69314718055994530942;
+  double coeff = 1;
+  for (int k = 1; k <= 6; ++k) coeff *= ln2 / k;
+  Expr p = static_cast<float>(coeff);  // ln2^6 / 6!
+  for (int k = 5; k >= 0; --k) {
+    coeff = 1;
+    for (int j = 1; j <= k; ++j) coeff *= ln2 / j;
+    p = p * r + static_cast<float>(coeff);
+  }
+  return p * Halide::reinterpret<float>((n + 127) << 23);
+}
+
+// The largest of vector_lanes, its halves, ..., 1 that divides n.
+int lanes_dividing(int n, int lanes) {
+  while (lanes > 1 && n % lanes != 0) lanes /= 2;
+  return lanes;
+}
+
+}  // namespace
+
+KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target& target) {
+  KILN_ASSERT(spec.heads >= 1 && spec.dk >= 1 && spec.dv >= 1, "attention kernel spec");
+  KILN_ASSERT(spec.heads * std::max(spec.dk, spec.dv) < (int64_t{1} << 24),
+              "attention kernel feature size");
+  const int heads = static_cast<int>(spec.heads);
+  const int dk = static_cast<int>(spec.dk), dv = static_cast<int>(spec.dv);
+  const int lanes = vector_lanes(target);
+  const int kb = 2 * lanes;  // keys per block
+  const bool causal = spec.causal, padded = spec.key_padding;
+
+  ImageParam q(Halide::Float(32), 3, "q"), k(Halide::Float(32), 3, "k");
+  ImageParam v(Halide::Float(32), 3, "v");
+  ImageParam mask(Halide::UInt(8), 2, "mask");
+  Func out("attention_out");
+
+  const Expr lq = q.dim(1).extent(), lk = k.dim(1).extent(), batch = q.dim(2).extent();
+  const Expr key_blocks = (lk + kb - 1) / kb;
+  // Key blocks that rows [0, end) need.
+  auto blocks_for_rows = [&](const Expr& end) -> Expr {
+    if (!causal) return key_blocks;
+    return Halide::min(key_blocks, (Halide::min(lk, end) + kb - 1) / kb);
+  };
+
+  Var jj("jj"), d("d"), jb("jb"), ii("ii"), io("io"), h("h"), b("b");
+  Var e("e"), it("it"), ib("ib"), c("c"), i("i");
+
+  // K transposed per (batch, head) into key blocks: kt(jj, d, jb) = k[jb·KB + jj][d].
+  Func kt("attention_kt");
+  kt(jj, d, jb, h, b) = k(h * dk + d, Halide::min(jb * kb + jj, lk - 1), b);
+
+  // The row block's queries, copied so that the QK tiles broadcast them from fixed offsets.
+  const Expr row = io * kRowBlock + ii, key = jb * kb + jj;
+  Func qb("attention_q");
+  qb(d, ii, io, h, b) = q(h * dk + d, Halide::min(row, lq - 1), b);
+
+  RDom rd(0, dk, "rd");
+  Func dot("attention_dot");
+  dot(jj, ii, jb, io, h, b) = 0.0f;
+  dot(jj, ii, jb, io, h, b) += qb(rd, ii, io, h, b) * kt(jj, rd, jb, h, b);
+
+  Expr is_masked;
+  if (causal) is_masked = key > row;
+  if (padded) {
+    Expr pad = mask(Halide::min(key, lk - 1), b) != 0;
+    is_masked = is_masked.defined() ? (is_masked || pad) : pad;
+  }
+  // Scores in base 2: exp(s - max) = 2^((s - max)·log2 e), with log2 e folded into the scale.
+  // Masked scores are -1e9 in either base: a masked key weighs exactly 0 unless every key of
+  // the row is masked, and then all weigh the same, as in the interpreter.
+  const double log2e = 1.44269504088896340736;
+  Expr scaled = dot(jj, ii, jb, io, h, b) * static_cast<float>(spec.scale * log2e);
+  Func score("attention_score");
+  score(jj, ii, jb, io, h, b) = is_masked.defined()
+                                    ? Halide::select(key >= lk, kNoKey, is_masked,
+                                                     kMaskedScore, scaled)
+                                    : Halide::select(key >= lk, kNoKey, scaled);
+
+  // A reduction over the key blocks row block `io` needs: (RDom, block index to read).
+  const Expr blocks_io = blocks_for_rows((io + 1) * kRowBlock);
+  auto block_domain = [&](const char* name) {
+    RDom r(0, key_blocks, name);
+    if (causal) r.where(r < blocks_io);
+    return std::pair<RDom, Expr>(r, causal ? Halide::min(r.x, blocks_io - 1) : Expr(r.x));
+  };
+
+  // Row maxima: across key blocks per lane, then across the KB lanes.
+  auto [rm, mb] = block_domain("rm");
+  Func max_lanes("attention_max_lanes");
+  max_lanes(jj, ii, io, h, b) = kLowest;
+  max_lanes(jj, ii, io, h, b) =
+      Halide::max(max_lanes(jj, ii, io, h, b), score(jj, ii, mb, io, h, b));
+  RDom rml(0, kb, "rml");
+  Func row_max("attention_row_max");
+  row_max(ii, io, h, b) = kLowest;
+  row_max(ii, io, h, b) = Halide::max(row_max(ii, io, h, b), max_lanes(rml, ii, io, h, b));
+
+  Func prob("attention_prob");  // unnormalized
+  prob(jj, ii, jb, io, h, b) =
+      exp2_nonpositive(score(jj, ii, jb, io, h, b) - row_max(ii, io, h, b));
+
+  auto [rs, sb] = block_domain("rs");
+  Func sum_lanes("attention_sum_lanes");
+  sum_lanes(jj, ii, io, h, b) = 0.0f;
+  sum_lanes(jj, ii, io, h, b) += prob(jj, ii, sb, io, h, b);
+  RDom rsl(0, kb, "rsl");
+  Func row_sum("attention_row_sum");
+  row_sum(ii, io, h, b) = 0.0f;
+  row_sum(ii, io, h, b) += sum_lanes(rsl, ii, io, h, b);
+
+  // V per (batch, head), copied contiguous: rows of v are 3·D apart in a merged QKV tensor,
+  // and such power-of-two-ish strides make every row of one head compete for a few cache sets.
+  Func vc("attention_v");
+  vc(e, jj, jb, h, b) = v(h * dv + e, Halide::min(jb * kb + jj, lk - 1), b);
+  // The V product of a row block, over the key blocks it needs.
+  RDom rv(0, kb, 0, key_blocks, "rv");
+  if (causal) rv.where(rv.y < blocks_io);
+  const Expr vb = causal ? Halide::min(rv.y, blocks_io - 1) : Expr(rv.y);
+  Func pv("attention_pv");
+  pv(e, ii, io, h, b) = 0.0f;
+  pv(e, ii, io, h, b) += prob(rv.x, ii, vb, io, h, b) * vc(e, rv.x, vb, h, b);
+
+  const Expr out_h = c / dv, out_e = c % dv;
+  const Expr out_ii = i % kRowBlock, out_io = i / kRowBlock;
+  Expr result = pv(out_e, out_ii, out_io, out_h, b) /
+                row_sum(out_ii, out_io, out_h, b);
+  Func mean_v("attention_mean_v");
+  if (causal && padded) {
+    // Rows whose keys are all masked: the uniform average of v over all Lk keys.
+    RDom rk(0, lk, "rk");
+    mean_v(e, h, b) = 0.0f;
+    mean_v(e, h, b) += v(h * dv + e, rk, b);
+    result = Halide::select(row_max(out_ii, out_io, out_h, b) <= 0.5f * kMaskedScore,
+                            mean_v(out_e, out_h, b) / Halide::cast<float>(lk), result);
+  }
+  out(c, i, b) = result;
+
+  // Shapes: channel extents are the spec's, all mins 0, batch and lengths shared.
+  q.dim(0).set_bounds(0, heads * dk);
+  q.dim(1).set_min(0);
+  q.dim(2).set_min(0);
+  k.dim(0).set_bounds(0, heads * dk);
+  k.dim(1).set_min(0);
+  k.dim(2).set_bounds(0, batch);
+  v.dim(0).set_bounds(0, heads * dv);
+  v.dim(1).set_bounds(0, lk);
+  v.dim(2).set_bounds(0, batch);
+  mask.dim(0).set_bounds(0, lk);
+  mask.dim(1).set_bounds(0, batch);
+  out.output_buffer().dim(0).set_bounds(0, heads * dv);
+  out.output_buffer().dim(1).set_bounds(0, lq);
+  out.output_buffer().dim(2).set_bounds(0, batch);
+
+  // Schedule.
+  const int ve = lanes_dividing(dv, lanes);  // vector width over V channels
+  // Channels per V-product tile: 12 rows × 2 (AVX-512: 24 of 32 registers) or 1 vector.
+  const int eb = (lanes >= 16 && (dv / ve) % 2 == 0 ? 2 : 1) * ve;
+
+  Var ch("ch"), ce("ce"), hb("hb");
+  out.split(c, ch, ce, dv)
+      .split(i, io, ii, kRowBlock, TailStrategy::GuardWithIf)
+      .reorder(ce, ii, io, ch, b)
+      .vectorize(ce, ve)
+      .fuse(ch, b, hb)
+      .parallel(hb);
+
+  // The transpose in lanes × lanes tiles, both dims vectorized: dense loads and shuffles.
+  Var di("di");
+  const int kd = lanes_dividing(dk, lanes);
+  kt.compute_at(out, hb)
+      .split(d, d, di, kd)
+      .reorder(jj, di, d, jb)
+      .vectorize(jj, lanes)
+      .vectorize(di);
+  vc.compute_at(out, hb).vectorize(e, ve);
+  if (causal && padded) {
+    mean_v.compute_at(out, hb).vectorize(e, ve);
+    mean_v.update().vectorize(e, ve);
+  }
+
+  qb.compute_at(out, io).vectorize(d, lanes_dividing(dk, lanes));
+  // Scores of one row block: 6 × KB register tiles.
+  Var ito("ito"), iti("iti");
+  score.compute_at(out, io)
+      .split(ii, ito, iti, kRowTile)
+      .reorder(jj, iti, ito, jb)
+      .vectorize(jj, lanes)
+      .unroll(jj)
+      .unroll(iti);
+  // bound: the masks' selects would otherwise trim the tile at Lk to a non-constant size.
+  dot.compute_at(score, ito).bound(jj, 0, kb).vectorize(jj, lanes).unroll(jj).unroll(ii);
+  dot.update().reorder(jj, ii, rd).vectorize(jj, lanes).unroll(jj).unroll(ii);
+
+  max_lanes.compute_at(out, io).vectorize(jj, lanes).unroll(jj);
+  max_lanes.update().reorder(jj, rm.x, ii).vectorize(jj, lanes).unroll(jj);
+  row_max.compute_at(out, io);
+  row_max.update().reorder(ii, rml).unroll(ii);
+
+  prob.compute_at(out, io).reorder(jj, ii, jb).vectorize(jj, lanes).unroll(jj);
+
+  sum_lanes.compute_at(out, io).vectorize(jj, lanes).unroll(jj);
+  sum_lanes.update().reorder(jj, rs.x, ii).vectorize(jj, lanes).unroll(jj);
+  row_sum.compute_at(out, io);
+  row_sum.update().reorder(ii, rsl).unroll(ii);
+
+  // The V product: 12 rows × eb channels of accumulators per pass over the keys.
+  Var eo("eo"), ei("ei");
+  pv.compute_at(out, io).vectorize(e, ve);
+  pv.update()
+      .split(e, eo, ei, eb)
+      .reorder(ei, ii, rv.x, rv.y, eo)
+      .vectorize(ei, ve)
+      .unroll(ei)
+      .unroll(ii)
+      .unroll(eo);
+
+  std::vector<Halide::Argument> args = {q, k, v};
+  if (padded) args.push_back(mask);
+  return {Halide::Pipeline(out), args};
+}
+
+}  // namespace kiln::codegen

@@ -1,0 +1,42 @@
+// `kiln compile`: runs the default pipeline, lowers the module, compiles every kernel
+// with Halide, and packages a static library and a header (optionally a shared library
+// and the final IR) that an application links with kiln's runtime library only.
+//
+// Output in `out_dir` for model name N:
+//   libN.a   kernels, the Halide runtime, and the entry points (plan + C ABI glue)
+//   N.h      the C ABI (`N_create`) and a C++ class `kiln_models::N` with typed entry points
+//   libN.so  (with emit_shared) the same C ABI, kiln's runtime linked in
+//   N.kir    (with emit_ir) the optimized IR the library was built from
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "ir/ir.h"
+
+namespace kiln::codegen {
+
+struct CompileOptions {
+  std::string target = "host";  // a Halide target string
+  std::string out_dir = ".";
+  std::string name;             // library name; default: the module's name
+  bool emit_static = true;
+  bool emit_shared = false;
+  bool emit_ir = false;
+  std::function<void(const std::string&)> progress;  // one line per step; may be empty
+};
+
+struct CompileResult {
+  std::string static_library, shared_library, header, ir_file;
+  int kernels = 0;
+  double seconds = 0;
+};
+
+CompileResult compile_model(ir::Module module, const CompileOptions& options);
+
+// Where this kiln finds kiln/runtime.h and libkiln_runtime.a (installed layout next to
+// the executable, else the build tree); used to compile the generated glue.
+std::string runtime_include_dir();
+std::string runtime_library();
+
+}  // namespace kiln::codegen

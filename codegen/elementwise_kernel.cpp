@@ -1,0 +1,297 @@
+// The elementwise kernel (kernels.h): one Halide Func over the output's dims whose value
+// is the spec's expression tree, with numpy broadcasting, gathers, iota and constants.
+//
+// Indexing: IR dim i of a rank-n value is Halide dim n-1-i. Broadcasting aligns IR dims
+// to the right, so it aligns Halide dims to the left: an operand of rank m is read at the
+// first m indices of its consumer, whatever their ranks. A dim whose broadcast flag is
+// set has extent 1 and is read at index 0. A gather's ids are its leading IR dims: the
+// gather's Halide dim 0 indexes the table row and the rest index the ids.
+//
+// Numerics follow the interpreter (ir/interpreter.cpp): i64 division truncates toward
+// zero (a zero divisor gives 0 here instead of an error, and x / -1 wraps), f32 -> i64
+// casts truncate, casts to bool test for nonzero, and f32 maximum and relu propagate NaN.
+//
+// Schedule: the innermost dim in vectors (guarded tails, so any extent works), the other
+// dims fused and run in parallel blocks of about 4096 elements.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "codegen/halide_kernels.h"
+#include "support/error.h"
+
+namespace kiln::codegen {
+
+namespace {
+
+using Dtype = ElementwiseKernel::Dtype;
+using Node = ElementwiseKernel::Node;
+using Halide::Expr;
+using Halide::ImageParam;
+
+Halide::Type halide_type(Dtype d) {
+  switch (d) {
+    case Dtype::f32:
+      return Halide::Float(32);
+    case Dtype::i64:
+      return Halide::Int(64);
+    case Dtype::u8:
+      return Halide::UInt(8);
+  }
+  KILN_ASSERT(false, "bad elementwise dtype");
+  return {};
+}
+
+bool is_binary_arith(const std::string& op) {
+  return op == "add" || op == "sub" || op == "mul" || op == "div" || op == "maximum";
+}
+bool is_comparison(const std::string& op) {
+  return op == "eq" || op == "ne" || op == "lt" || op == "le" || op == "gt" || op == "ge";
+}
+bool is_unary(const std::string& op) {
+  return op == "logical_not" || op == "relu" || op == "neg" || op == "exp" || op == "sqrt" ||
+         op == "cast";
+}
+
+// Operand count of a supported op; -1 for an unsupported one.
+int arity(const std::string& op) {
+  if (op == "input" || op == "constant" || op == "iota") return 0;
+  if (is_unary(op)) return 1;
+  if (is_binary_arith(op) || is_comparison(op) || op == "logical_and" || op == "logical_or" ||
+      op == "gather")
+    return 2;
+  if (op == "select") return 3;
+  return -1;
+}
+
+Expr to_u8(const Expr& cond) { return Halide::cast(Halide::UInt(8), cond); }
+
+// Whether an f32 is NaN, from its bits: Halide compiles float code with fast-math flags
+// that let LLVM fold a floating-point NaN test to false.
+Expr is_nan_bits(const Expr& x) {
+  const Expr bits = Halide::reinterpret(Halide::UInt(32, x.type().lanes()), x);
+  return (bits & Expr(uint32_t{0x7fffffff})) > Expr(uint32_t{0x7f800000});
+}
+
+// Whether a value is nonzero (NaN is; -0.0 is not), for f32 from its bits as above.
+Expr nonzero(const Expr& e) {
+  if (!e.type().is_float()) return e != Halide::Internal::make_zero(e.type());
+  const Expr bits = Halide::reinterpret(Halide::UInt(32, e.type().lanes()), e);
+  return (bits & Expr(uint32_t{0x7fffffff})) != Expr(uint32_t{0});
+}
+
+// Builds the Halide expression of each node; one ImageParam per buffer input.
+class ExprBuilder {
+ public:
+  explicit ExprBuilder(const ElementwiseKernel& spec) : spec_(spec) {
+    KILN_ASSERT(!spec.nodes.empty(), "elementwise kernel without nodes");
+    for (size_t n = 0; n < spec.nodes.size(); ++n) check_node(static_cast<int>(n));
+  }
+
+  // The buffer inputs in the order of their `input` indices.
+  std::vector<Halide::Argument> arguments() const {
+    std::vector<Halide::Argument> args;
+    for (const auto& [index, param] : params_) args.push_back(param);
+    return args;
+  }
+
+  // The value of node `n` at Halide index `idx` (one index per dim of the node). A node
+  // read twice at the same index gives the same Expr, so shared subtrees stay shared.
+  Expr emit(int n, std::vector<Expr> idx) {
+    const Node& node = spec_.nodes[n];
+    KILN_ASSERT(static_cast<int>(idx.size()) == node.rank, "elementwise index rank");
+    for (int i = 0; i < static_cast<int>(node.broadcast.size()); ++i)
+      if (node.broadcast[i]) idx[node.rank - 1 - i] = 0;
+    for (const auto& [at, value] : memo_[n]) {
+      bool same = true;
+      for (size_t j = 0; same && j < idx.size(); ++j) same = Halide::Internal::equal(at[j], idx[j]);
+      if (same) return value;
+    }
+    Expr e = compute(n, idx);
+    memo_[n].emplace_back(std::move(idx), e);
+    return e;
+  }
+
+ private:
+  Expr compute(int n, const std::vector<Expr>& idx) {
+    const Node& node = spec_.nodes[n];
+    const Halide::Type type = halide_type(node.dtype);
+    const std::string& op = node.op;
+
+    if (op == "input") return params_.at(node.input)(idx);
+    if (op == "constant") {
+      if (node.dtype == Dtype::f32) return Expr(static_cast<float>(node.value));
+      if (node.dtype == Dtype::i64) return Expr(static_cast<int64_t>(node.value));
+      return Expr(static_cast<uint8_t>(node.value != 0 ? 1 : 0));
+    }
+    if (op == "iota") {
+      const int64_t axis = node.axis < 0 ? node.axis + node.rank : node.axis;
+      return Halide::cast(type, idx[node.rank - 1 - axis]);
+    }
+    if (op == "gather") return emit_gather(node, idx);
+
+    std::vector<Expr> in;
+    for (int o : node.operands) {
+      const int rank = spec_.nodes[o].rank;
+      in.push_back(emit(o, std::vector<Expr>(idx.begin(), idx.begin() + rank)));
+    }
+    Expr e = apply(node, in);
+    KILN_ASSERT(e.type() == type,
+                fmt::format("elementwise node {} ({}) computes a value of the wrong dtype", n, op));
+    return e;
+  }
+
+  // Checks the structure of node `n` and creates the ImageParam of an input.
+  void check_node(int n) {
+    const Node& node = spec_.nodes[n];
+    if (arity(node.op) < 0) fail("elementwise kernel: unsupported op '{}'", node.op);
+    KILN_ASSERT(static_cast<int>(node.operands.size()) == arity(node.op),
+                fmt::format("elementwise node {} ({}): operand count", n, node.op));
+    KILN_ASSERT(node.rank >= 0 && node.broadcast.size() <= static_cast<size_t>(node.rank),
+                fmt::format("elementwise node {} ({}): rank", n, node.op));
+    for (int o : node.operands) {
+      KILN_ASSERT(o >= 0 && o < n, fmt::format("elementwise node {}: bad operand {}", n, o));
+      if (node.op != "gather")
+        KILN_ASSERT(spec_.nodes[o].rank <= node.rank,
+                    fmt::format("elementwise node {}: operand {} has a higher rank", n, o));
+    }
+    if (node.op == "input") {
+      KILN_ASSERT(node.input >= 0, "elementwise input without an index");
+      auto it = params_.find(node.input);
+      if (it == params_.end()) {
+        params_.emplace(node.input, ImageParam(halide_type(node.dtype), node.rank,
+                                               fmt::format("input{}", node.input)));
+      } else {
+        KILN_ASSERT(
+            it->second.type() == halide_type(node.dtype) && it->second.dimensions() == node.rank,
+            fmt::format("elementwise input {} used with two types", node.input));
+      }
+    }
+    if (node.op == "iota") {
+      const int64_t axis = node.axis < 0 ? node.axis + node.rank : node.axis;
+      KILN_ASSERT(axis >= 0 && axis < node.rank, "elementwise iota axis out of range");
+      KILN_ASSERT(node.dtype == Dtype::i64, "elementwise iota must be i64");
+    }
+    if (node.op == "gather") {
+      const Node& table = spec_.nodes[node.operands[0]];
+      const Node& ids = spec_.nodes[node.operands[1]];
+      if (table.op != "input" || table.rank != 2)
+        fail(
+            "elementwise kernel: unsupported gather from a {} of rank {} (needs an input "
+            "table of rank 2)",
+            table.op, table.rank);
+      KILN_ASSERT(ids.dtype == Dtype::i64 && ids.rank == node.rank - 1 && table.dtype == node.dtype,
+                  fmt::format("elementwise node {}: gather operands", n));
+    }
+  }
+
+  // out(d, i...) = table(d, clamp(ids(i...), 0, rows - 1)): Halide dim 0 is the table's
+  // feature dim, the others index the ids.
+  Expr emit_gather(const Node& node, const std::vector<Expr>& idx) {
+    const Node& table = spec_.nodes[node.operands[0]];
+    const ImageParam& t = params_.at(table.input);
+    const Expr id = emit(node.operands[1], std::vector<Expr>(idx.begin() + 1, idx.end()));
+    // The rows the spec declares; Halide checks that the table buffer has them. Without
+    // them, the rows the buffer has.
+    const Expr last = node.table_rows > 0 ? Expr(node.table_rows - 1)
+                                          : Halide::cast(Halide::Int(64), t.dim(1).max());
+    const Expr row = Halide::cast(Halide::Int(32), Halide::clamp(id, Expr(int64_t{0}), last));
+    return t(idx[0], row);
+  }
+
+  Expr apply(const Node& node, const std::vector<Expr>& in) const {
+    const std::string& op = node.op;
+    if (is_binary_arith(op) || is_comparison(op) || op == "logical_and" || op == "logical_or")
+      KILN_ASSERT(in[0].type() == in[1].type(), "elementwise binary operand dtypes differ");
+    const Expr& a = in[0];
+    if (op == "add") return a + in[1];
+    if (op == "sub") return a - in[1];
+    if (op == "mul") return a * in[1];
+    if (op == "div") {
+      const Expr& b = in[1];
+      if (a.type().is_float()) return a / b;
+      // Truncating division without traps: x / 0 = 0 and x / -1 = -x (wrapping).
+      const Expr zero = Halide::Internal::make_zero(b.type());
+      const Expr one = Halide::Internal::make_one(b.type());
+      const Expr minus_one = Halide::Internal::make_const(b.type(), -1);
+      const Expr safe = Halide::select(b == zero || b == minus_one, one, b);
+      return Halide::select(b == zero, zero, b == minus_one, zero - a,
+                            Halide::div_round_to_zero(a, safe));
+    }
+    if (op == "maximum") {
+      const Expr& b = in[1];
+      if (!a.type().is_float()) return Halide::max(a, b);
+      return Halide::select(is_nan_bits(a), a, is_nan_bits(b), b, Halide::max(a, b));
+    }
+    if (op == "eq") return to_u8(a == in[1]);
+    if (op == "ne") return to_u8(a != in[1]);
+    if (op == "lt") return to_u8(a < in[1]);
+    if (op == "le") return to_u8(a <= in[1]);
+    if (op == "gt") return to_u8(a > in[1]);
+    if (op == "ge") return to_u8(a >= in[1]);
+    if (op == "logical_and") return to_u8(nonzero(a) && nonzero(in[1]));
+    if (op == "logical_or") return to_u8(nonzero(a) || nonzero(in[1]));
+    if (op == "logical_not") return to_u8(!nonzero(a));
+    if (op == "relu") {
+      const Expr zero = Halide::Internal::make_zero(a.type());
+      if (!a.type().is_float()) return Halide::max(a, zero);
+      return Halide::select(is_nan_bits(a), a, Halide::max(a, zero));
+    }
+    if (op == "neg") return Halide::Internal::make_zero(a.type()) - a;
+    if (op == "exp") return Halide::exp(a);
+    if (op == "sqrt") return Halide::sqrt(a);
+    if (op == "select") {
+      KILN_ASSERT(in[1].type() == in[2].type(), "elementwise select branch dtypes differ");
+      return Halide::select(nonzero(a), in[1], in[2]);
+    }
+    if (op == "cast") {
+      const Halide::Type to = halide_type(node.dtype);
+      if (to == a.type()) return a;
+      if (to.is_uint() && to.bits() == 8) return to_u8(nonzero(a));
+      return Halide::cast(to, a);  // f32 -> i64 truncates toward zero
+    }
+    KILN_ASSERT(false, "elementwise op without an expression: " + op);
+    return {};
+  }
+
+  const ElementwiseKernel& spec_;
+  std::map<int, ImageParam> params_;                                     // by input index
+  std::map<int, std::vector<std::pair<std::vector<Expr>, Expr>>> memo_;  // node -> (idx, value)
+};
+
+}  // namespace
+
+KernelPipeline build_elementwise(const ElementwiseKernel& spec, const Halide::Target& target) {
+  ExprBuilder builder(spec);
+  const int rank = spec.out_rank;
+  const Node& last = spec.nodes.back();
+  KILN_ASSERT(rank >= 0 && last.rank <= rank, "elementwise output rank");
+
+  // Not named v<N>: Halide gives implicitly named Vars such names.
+  std::vector<Halide::Var> vars;
+  for (int i = 0; i < rank; ++i) vars.emplace_back(fmt::format("dim{}", i));
+  Halide::Func out("elementwise");
+  out(vars) = builder.emit(static_cast<int>(spec.nodes.size()) - 1,
+                           std::vector<Expr>(vars.begin(), vars.begin() + last.rank));
+
+  if (rank >= 1) out.vectorize(vars[0], vector_lanes(target), Halide::TailStrategy::GuardWithIf);
+  if (rank >= 2) {
+    Halide::Var rows = vars[1];
+    for (int i = 2; i < rank; ++i) {
+      Halide::Var fused(fmt::format("rows{}", i));
+      out.fuse(rows, vars[i], fused);
+      rows = fused;
+    }
+    // About 4096 elements per parallel task, whatever the row length.
+    const Expr row_len = out.output_buffer().dim(0).extent();
+    const Expr task_rows = Halide::max(1, 4096 / Halide::max(row_len, 1));
+    out.parallel(rows, task_rows, Halide::TailStrategy::GuardWithIf);
+  }
+  return KernelPipeline{Halide::Pipeline(out), builder.arguments()};
+}
+
+}  // namespace kiln::codegen

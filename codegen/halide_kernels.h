@@ -1,0 +1,29 @@
+// Halide pipelines for the kernels of kernels.h. Includes Halide.h: only codegen's own
+// .cpp files and the kernel tests include this header.
+#pragma once
+
+#include <vector>
+
+#include "Halide.h"
+#include "codegen/kernels.h"
+
+namespace kiln::codegen {
+
+// A pipeline with its arguments in the order of kernels.h's argument lists (the output
+// buffer is the pipeline's output, last).
+struct KernelPipeline {
+  Halide::Pipeline pipeline;
+  std::vector<Halide::Argument> args;  // inputs only, in order
+};
+
+// Each builder schedules for `target` (vector width from its features: 16 lanes of f32
+// with avx512, 8 with avx2, 4 otherwise) and works for any runtime extent.
+KernelPipeline build_linear(const LinearKernel& spec, const Halide::Target& target);
+KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target& target);
+KernelPipeline build_layernorm(const LayerNormKernel& spec, const Halide::Target& target);
+KernelPipeline build_elementwise(const ElementwiseKernel& spec, const Halide::Target& target);
+
+// f32 lanes per vector for the target.
+int vector_lanes(const Halide::Target& target);
+
+}  // namespace kiln::codegen

@@ -1,0 +1,107 @@
+// Kernel names, signatures, and AOT compilation of kernels and the Halide runtime.
+#include "codegen/kernels.h"
+
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "codegen/halide_kernels.h"
+#include "support/error.h"
+
+namespace kiln::codegen {
+
+int vector_lanes(const Halide::Target& t) {
+  if (t.has_feature(Halide::Target::AVX512)) return 16;
+  if (t.has_feature(Halide::Target::AVX2) || t.has_feature(Halide::Target::AVX)) return 8;
+  return 4;
+}
+
+std::string ElementwiseKernel::signature() const {
+  std::string s = fmt::format("r{}", out_rank);
+  for (const Node& n : nodes) {
+    s += fmt::format(";{}:{}:{}", n.op, static_cast<int>(n.dtype), n.rank);
+    for (int o : n.operands) s += fmt::format(",{}", o);
+    s += ":";
+    for (bool b : n.broadcast) s += b ? '1' : '0';
+    if (n.op == "input") s += fmt::format(":i{}", n.input);
+    if (n.op == "constant") s += fmt::format(":v{}", n.value);
+    if (n.op == "iota") s += fmt::format(":a{}", n.axis);
+    if (n.op == "gather") s += fmt::format(":t{}", n.table_rows);
+  }
+  return s;
+}
+
+namespace {
+// FNV-1a, for short stable names of elementwise kernels.
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+std::string scale_tag(double scale) {
+  // Exact bits of the scale, so kernels differing in scale never share a name.
+  uint64_t bits;
+  std::memcpy(&bits, &scale, sizeof bits);
+  return fmt::format("{:016x}", bits);
+}
+}  // namespace
+
+std::string kernel_name(const KernelSpec& spec) {
+  if (const auto* k = std::get_if<LinearKernel>(&spec))
+    return fmt::format("kiln_linear_k{}_n{}{}{}", k->K, k->N, k->has_bias ? "" : "_nobias",
+                       k->relu ? "_relu" : "");
+  if (const auto* k = std::get_if<AttentionKernel>(&spec))
+    return fmt::format("kiln_attention_h{}_dk{}_dv{}{}{}_s{}", k->heads, k->dk, k->dv,
+                       k->causal ? "_causal" : "", k->key_padding ? "_kpad" : "",
+                       scale_tag(k->scale));
+  if (const auto* k = std::get_if<LayerNormKernel>(&spec))
+    return fmt::format("kiln_{}layernorm_d{}_e{}", k->with_add ? "add_" : "", k->D,
+                       scale_tag(k->eps));
+  const auto& k = std::get<ElementwiseKernel>(spec);
+  return fmt::format("kiln_elementwise_{:016x}", fnv1a(k.signature()));
+}
+
+std::string resolve_target(const std::string& target) {
+  try {
+    Halide::Target t = target == "host" ? Halide::get_host_target() : Halide::Target(target);
+    return t.to_string();
+  } catch (const std::exception& e) {
+    fail("invalid target '{}': {}", target, e.what());
+  }
+}
+
+namespace {
+Halide::Target parse_target(const std::string& target) {
+  if (target == "host") return Halide::get_host_target();
+  if (!Halide::Target::validate_target_string(target))
+    fail("invalid target '{}' (Halide target strings look like x86-64-linux-avx2-fma)", target);
+  return Halide::Target(target);
+}
+
+KernelPipeline build(const KernelSpec& spec, const Halide::Target& t) {
+  if (const auto* k = std::get_if<LinearKernel>(&spec)) return build_linear(*k, t);
+  if (const auto* k = std::get_if<AttentionKernel>(&spec)) return build_attention(*k, t);
+  if (const auto* k = std::get_if<LayerNormKernel>(&spec)) return build_layernorm(*k, t);
+  return build_elementwise(std::get<ElementwiseKernel>(spec), t);
+}
+}  // namespace
+
+void compile_kernel(const KernelSpec& spec, const std::string& target,
+                    const std::string& function_name, const std::string& object_path) {
+  Halide::Target t = parse_target(target).with_feature(Halide::Target::NoRuntime);
+  try {
+    KernelPipeline kp = build(spec, t);
+    kp.pipeline.compile_to_object(object_path, kp.args, function_name, t);
+  } catch (const Halide::CompileError& e) {
+    fail("halide failed to compile kernel {}: {}", function_name, e.what());
+  } catch (const Halide::InternalError& e) {
+    fail("halide internal error compiling kernel {}: {}", function_name, e.what());
+  }
+}
+
+void compile_runtime(const std::string& target, const std::string& object_path) {
+  Halide::compile_standalone_runtime(object_path, parse_target(target));
+}
+
+}  // namespace kiln::codegen

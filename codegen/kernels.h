@@ -1,0 +1,97 @@
+// Kernel specifications: what each Halide kernel computes and the buffers it takes.
+// Free of Halide so the compiler driver and tests can describe kernels cheaply;
+// codegen/halide_kernels.h builds the Halide pipelines for them.
+//
+// Conventions for every kernel:
+//  - Buffers are Halide buffers: dimension 0 is the innermost (contiguous) one, so an
+//    IR tensor [B, L, D] is the Halide buffer (d, l, b). Dimension 0 always has stride
+//    1; other strides are arbitrary (a last-axis slice of a wider tensor is passed as
+//    a view with a larger row stride), unless a kernel says "dense".
+//  - Shapes are symbolic: every extent other than the spec's constants is read from the
+//    buffers at run time, so one kernel serves every batch and length.
+//  - f32 data; ids are int64; bool masks are uint8 (0/1).
+//  - The argument order below is the order of the generated C function's parameters.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace kiln::codegen {
+
+// out(n, m) = act(Σ_k x(k, m) · wt(n, k) + bias(n))
+//   args: x f32 (k, m) [K × M], wt f32 (n, k) [N × K] dense (the weight W[N,K] of the IR
+//   `linear` op, transposed once at load time), bias f32 (n) [N] (when has_bias),
+//   out f32 (n, m) [N × M] dense. M = product of the IR's leading dims, any size ≥ 1.
+struct LinearKernel {
+  int64_t K = 0, N = 0;
+  bool relu = false;
+  bool has_bias = true;
+};
+
+// Scaled dot-product attention, heads merged in the feature dim (the IR `attention` op):
+//   for batch b, head h, query i: s_j = (Σ_d q(h·dk+d, i, b) · k(h·dk+d, j, b)) · scale,
+//   s_j = -1e9 where (causal and j > i) or (key_padding and mask(j, b) != 0),
+//   out(h·dv+e, i, b) = Σ_j softmax(s)_j · v(h·dv+e, j, b).
+//   args: q f32 (c, i, b) [heads·dk × Lq × B], k f32 (c, j, b) [heads·dk × Lk × B],
+//   v f32 (c, j, b) [heads·dv × Lk × B], mask uint8 (j, b) [Lk × B] (when key_padding),
+//   out f32 (c, i, b) [heads·dv × Lq × B] dense.
+// The score matrix is never stored: online softmax over blocks of keys.
+struct AttentionKernel {
+  int64_t heads = 0, dk = 0, dv = 0;
+  bool causal = false;
+  bool key_padding = false;
+  double scale = 1.0;
+};
+
+// out(c, r) = layernorm over c of (x(c, r) [+ y(c, r)]) · gamma(c) + beta(c), biased
+// variance, eps inside the square root.
+//   args: x f32 (c, r) [D × R], y f32 (c, r) (when with_add), gamma f32 (c) [D],
+//   beta f32 (c) [D], out f32 (c, r) [D × R] dense. R = product of leading dims.
+struct LayerNormKernel {
+  int64_t D = 0;
+  double eps = 1e-5;
+  bool with_add = false;
+};
+
+// A fused group of elementwise ops (with numpy broadcasting), gathers and iota/table
+// sources, evaluated per output element: a small expression tree.
+struct ElementwiseKernel {
+  enum class Dtype { f32, i64, u8 };
+  // One node of the expression: op is an ir::OpKind name ("add", "gather", ...), or
+  // "input" (a buffer argument), or "constant".
+  struct Node {
+    std::string op;
+    std::vector<int> operands;     // node indices, each < this node's index
+    Dtype dtype = Dtype::f32;
+    int rank = 0;                  // of this node's value
+    std::vector<bool> broadcast;   // per dim (IR order): extent 1 broadcast to output
+    int input = -1;                // for "input": index among the kernel's buffer inputs
+    double value = 0;              // for "constant"
+    int64_t axis = 0;              // for "iota"
+    int64_t table_rows = 0;        // for "gather": rows of the table (ids are clamped)
+  };
+  std::vector<Node> nodes;  // the last node is the output
+  int out_rank = 0;
+  std::string signature() const;  // canonical text: equal kernels share one function
+};
+
+using KernelSpec = std::variant<LinearKernel, AttentionKernel, LayerNormKernel, ElementwiseKernel>;
+
+// A C identifier naming the kernel, unique per spec (e.g. "linear_k512_n2048_relu").
+std::string kernel_name(const KernelSpec& spec);
+
+// Compiles `spec` for `target` (a Halide target string; "host" = this machine) into an
+// object file at `object_path` defining `function_name` (and `function_name_argv`),
+// without the Halide runtime (see compile_runtime). Throws kiln::Error on failure.
+void compile_kernel(const KernelSpec& spec, const std::string& target,
+                    const std::string& function_name, const std::string& object_path);
+
+// Compiles Halide's runtime for `target` into one object shared by all kernels.
+void compile_runtime(const std::string& target, const std::string& object_path);
+
+// The canonical form of a target string ("host" resolved to this machine's features).
+std::string resolve_target(const std::string& target);
+
+}  // namespace kiln::codegen

@@ -1,0 +1,168 @@
+// The LayerNorm kernel (kernels.h): for each row, the mean and the biased variance of
+// x [+ y] over the feature dim, then (s - mean) / sqrt(var + eps) * gamma + beta.
+//
+// Numerics: float throughout, in two passes over the row shifted by its first value
+// (t = s - s[0], exact where the values are close): the mean of t, then the variance of
+// t - mean(t), which neither cancels the way E[s²] - mean² does nor loses the digits of
+// a large common offset. Each pass sums the row into up to four vectors of partial sums
+// (independent chains of adds), folds them into one vector, adds its lanes as a tree and
+// then any tail. Against a double reference the error is below 1e-6 on unit-scale rows of
+// 512, and stays so with a mean of 100.
+//
+// Schedule: rows in blocks, the blocks in parallel; per row, the partial sums and the
+// statistics are computed once and the output row is written in vectors. D is a
+// compile-time constant, so every per-row loop has a constant trip count.
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "codegen/halide_kernels.h"
+#include "support/error.h"
+
+namespace kiln::codegen {
+
+namespace {
+
+using Halide::Expr;
+using Halide::Func;
+using Halide::ImageParam;
+using Halide::RDom;
+using Halide::TailStrategy;
+using Halide::Var;
+
+// The largest power of two that is at most `lanes` and at most `d` (d >= 1).
+int vector_width(int64_t d, int lanes) {
+  int w = lanes;
+  while (w > 1 && w > d) w /= 2;
+  return w;
+}
+
+// Values added per step of a row sum of `d` values: a power of two of at most 4 vectors
+// of `lanes` and at most `d`, minimizing the length of the chain of dependent adds: d / w
+// steps, d % w tail adds and log2(w) adds across the lanes.
+int accumulator_width(int64_t d, int lanes) {
+  int best = 1;
+  int64_t best_cost = std::numeric_limits<int64_t>::max();
+  for (int w = 4 * lanes; w >= 1; w /= 2) {
+    if (w > d) continue;
+    int log_w = 0;
+    while ((1 << log_w) < w) ++log_w;
+    const int64_t cost = d / w + d % w + log_w;
+    if (cost < best_cost) {
+      best = w;
+      best_cost = cost;
+    }
+  }
+  return best;
+}
+
+// Sum over c in [0, d) of f(c, r), for each row r, computed per row of `out` at `at`:
+// `w` independent partial sums (partial u adds f(k·w + u, r) over k), their vectors added
+// together, then the lanes (a vector reduction), then the d % w tail values.
+Func row_sum(const Func& f, int64_t d, int lanes, const std::string& name, const Func& out,
+             const Var& at) {
+  const int w = accumulator_width(d, lanes);
+  const int vw = std::min(w, lanes);
+  const int64_t full = d / w;
+  Var u("u"), r("r"), uo("uo"), ui("ui");
+  Func partial(name + "_partial");
+  partial(u, r) = 0.0f;
+  RDom k(0, static_cast<int>(full), name + "_k");
+  partial(u, r) += f(k * w + u, r);
+  // The vectors of partial sums added together: one vector.
+  Func folded(name + "_folded");
+  RDom part(0, w / vw, name + "_part");
+  folded(u, r) = 0.0f;
+  folded(u, r) += partial(part * vw + u, r);
+  Func total(name);
+  total(r) = 0.0f;
+  RDom lane(0, vw, name + "_lane");
+  total(r) += folded(lane, r);
+  if (d % w != 0) {
+    RDom tail(static_cast<int>(full * w), static_cast<int>(d % w), name + "_tail");
+    total(r) += f(tail, r);
+  }
+
+  partial.compute_at(out, at).split(u, uo, ui, vw).vectorize(ui).unroll(uo);
+  partial.update(0).split(u, uo, ui, vw).vectorize(ui).unroll(uo);
+  folded.compute_at(out, at).vectorize(u, vw);
+  folded.update(0).vectorize(u, vw).unroll(part);
+  total.compute_at(out, at);
+  total.update(0).atomic().vectorize(lane);
+  return total;
+}
+
+}  // namespace
+
+KernelPipeline build_layernorm(const LayerNormKernel& spec, const Halide::Target& target) {
+  KILN_ASSERT(spec.D >= 1 && spec.D <= std::numeric_limits<int32_t>::max() / 2,
+              "layernorm kernel: bad feature dim");
+  KILN_ASSERT(spec.eps > 0, "layernorm kernel: eps must be positive");
+  const int64_t D = spec.D;
+  const int d32 = static_cast<int>(D);
+  const int lanes = vector_lanes(target);
+
+  ImageParam x(Halide::Float(32), 2, "x");
+  ImageParam y(Halide::Float(32), 2, "y");
+  ImageParam gamma(Halide::Float(32), 1, "gamma");
+  ImageParam beta(Halide::Float(32), 1, "beta");
+
+  Var c("c"), r("r");
+  // The row to normalize; with the add, rounded to float first (as add_layernorm is).
+  Func s("s");
+  if (spec.with_add)
+    s(c, r) = x(c, r) + y(c, r);
+  else
+    s(c, r) = x(c, r);
+  // The row shifted by its first value.
+  Func shift("shift"), t("t");
+  shift(r) = s(0, r);
+  t(c, r) = s(c, r) - shift(r);
+
+  Func out("layernorm");
+  Var ro("ro"), ri("ri");
+  Func sum = row_sum(t, D, lanes, "sum", out, ri);
+  Func mean("mean");  // of t
+  mean(r) = sum(r) / static_cast<float>(D);
+
+  Func sq("sq");
+  Expr centered = t(c, r) - mean(r);
+  sq(c, r) = centered * centered;
+  Func sumsq = row_sum(sq, D, lanes, "sumsq", out, ri);
+  Func inv_std("inv_std");
+  inv_std(r) = 1.0f / Halide::sqrt(sumsq(r) / static_cast<float>(D) + static_cast<float>(spec.eps));
+
+  out(c, r) = (t(c, r) - mean(r)) * inv_std(r) * gamma(c) + beta(c);
+
+  // Buffers: the feature dim starts at 0 everywhere and the output is exactly D wide
+  // (this also makes ShiftInwards vector tails below stay inside the row).
+  x.dim(0).set_min(0);
+  y.dim(0).set_min(0);
+  gamma.dim(0).set_min(0);
+  beta.dim(0).set_min(0);
+  out.output_buffer().dim(0).set_bounds(0, d32);
+
+  // Schedule. About 4096 values per parallel task.
+  const int vw = vector_width(D, lanes);
+  const int rows_per_task = static_cast<int>(std::clamp<int64_t>(4096 / D, 1, 64));
+  out.split(r, ro, ri, rows_per_task, TailStrategy::GuardWithIf)
+      .parallel(ro)
+      .vectorize(c, vw, TailStrategy::ShiftInwards);
+  // The shifted row is stored per row (it is read three times). Stored, it also keeps
+  // Halide's simplifier, which reassociates float arithmetic, from turning t - mean back
+  // into s - (s[0] + mean).
+  shift.compute_at(out, ri);
+  t.compute_at(out, ri).vectorize(c, vw, TailStrategy::ShiftInwards);
+  mean.compute_at(out, ri);
+  inv_std.compute_at(out, ri);
+
+  KernelPipeline kp{Halide::Pipeline(out), {}};
+  kp.args.push_back(x);
+  if (spec.with_add) kp.args.push_back(y);
+  kp.args.push_back(gamma);
+  kp.args.push_back(beta);
+  return kp;
+}
+
+}  // namespace kiln::codegen

@@ -1,0 +1,411 @@
+// Lowering of an optimized module to an execution plan (see lower.h).
+#include "codegen/lower.h"
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "passes/rewrite.h"
+#include "support/error.h"
+
+namespace kiln::codegen {
+namespace {
+
+using ir::OpKind;
+using rt::DimExpr;
+using rt::ElemType;
+using rt::Storage;
+
+ElemType elem_type(ir::DType d) {
+  switch (d) {
+    case ir::DType::f32: return ElemType::f32;
+    case ir::DType::i64: return ElemType::i64;
+    case ir::DType::boolean: return ElemType::u8;
+    case ir::DType::i32: break;
+  }
+  fail("compiled code does not support {} tensors yet", ir::dtype_name(d));
+}
+
+ElementwiseKernel::Dtype node_dtype(ir::DType d) {
+  switch (elem_type(d)) {
+    case ElemType::f32: return ElementwiseKernel::Dtype::f32;
+    case ElemType::i64: return ElementwiseKernel::Dtype::i64;
+    case ElemType::u8: return ElementwiseKernel::Dtype::u8;
+  }
+  return ElementwiseKernel::Dtype::f32;
+}
+
+// Ops that an elementwise kernel evaluates per element.
+bool is_pointwise(OpKind k) {
+  return ir::is_elementwise(k) || k == OpKind::gather || k == OpKind::constant || k == OpKind::iota;
+}
+
+// A tensor in memory: storage plus a strided view, in IR dimension order.
+struct View {
+  Storage storage = Storage::arena;
+  int32_t index = 0;
+  int64_t byte_offset = 0;
+  DimExpr elem_offset = DimExpr::constant(0);
+  ElemType type = ElemType::f32;
+  std::vector<DimExpr> extents, strides;
+
+  bool dense() const {
+    DimExpr expect = DimExpr::constant(1);
+    for (size_t d = extents.size(); d-- > 0;) {
+      if (!(strides[d] == expect)) return false;
+      expect = expect * extents[d];
+    }
+    return true;
+  }
+  // The Halide buffer: dimensions reversed (innermost first).
+  rt::BufferDesc halide() const {
+    rt::BufferDesc b{storage, index, byte_offset, elem_offset, type, {}, {}};
+    for (size_t d = extents.size(); d-- > 0;) {
+      b.extents.push_back(extents[d]);
+      b.strides.push_back(strides[d]);
+    }
+    return b;
+  }
+};
+
+class Lowerer {
+ public:
+  explicit Lowerer(const ir::Module& m) : m_(m) {
+    for (const ir::Symbol& s : m.symbols) out_.plan.symbols.push_back({s.name, s.max});
+    out_.plan.model = m.name;
+  }
+
+  LoweredModel run() {
+    for (const ir::Function& f : m_.functions) lower_function(f);
+    return std::move(out_);
+  }
+
+ private:
+  DimExpr dim(const ir::Dim& d) const {
+    if (!d.is_symbolic()) return DimExpr::constant(d.value);
+    for (size_t i = 0; i < m_.symbols.size(); ++i)
+      if (m_.symbols[i].name == d.symbol) return DimExpr::symbol(static_cast<int>(i));
+    fail("undeclared symbol '{}'", d.symbol);
+  }
+
+  int64_t dim_max(const ir::Dim& d) const {
+    if (!d.is_symbolic()) return d.value;
+    return m_.find_symbol(d.symbol)->max;
+  }
+
+  View dense_view(const ir::TensorType& t, Storage storage, int32_t index, int64_t byte_offset) const {
+    View v;
+    v.storage = storage;
+    v.index = index;
+    v.byte_offset = byte_offset;
+    v.type = elem_type(t.dtype);
+    for (const ir::Dim& d : t.shape) v.extents.push_back(dim(d));
+    v.strides.assign(v.extents.size(), DimExpr::constant(1));
+    for (size_t d = v.extents.size(); d-- > 1;) v.strides[d - 1] = v.strides[d] * v.extents[d];
+    return v;
+  }
+
+  int32_t weight_index(const std::string& name, bool transpose) {
+    std::string key = name + (transpose ? "#t" : "");
+    auto it = weights_.find(key);
+    if (it != weights_.end()) return it->second;
+    const ir::Weight* w = m_.find_weight(name);
+    KILN_ASSERT(w, "weight op refers to an undeclared weight");
+    rt::WeightDesc d;
+    d.name = name;
+    auto shape_of = [](const ir::TensorType& t) {
+      std::vector<int64_t> s;
+      for (const ir::Dim& dd : t.shape) s.push_back(dd.value);
+      return s;
+    };
+    if (w->derivation) {
+      if (w->derivation->op != "concat" ||
+          (w->derivation->attrs.count("axis") && std::get<int64_t>(w->derivation->attrs.at("axis")) != 0))
+        fail("weight '{}': only concatenation along axis 0 is supported at load time", name);
+      for (const std::string& in : w->derivation->inputs) {
+        d.sources.push_back(in);
+        d.source_shapes.push_back(shape_of(m_.find_weight(in)->type));
+      }
+    } else {
+      d.sources.push_back(name);
+      d.source_shapes.push_back(shape_of(w->type));
+    }
+    d.shape = shape_of(w->type);
+    if (transpose) {
+      if (d.shape.size() != 2) fail("weight '{}' of a linear must be 2-D", name);
+      std::swap(d.shape[0], d.shape[1]);
+      d.transpose = true;
+    }
+    int32_t index = static_cast<int32_t>(out_.plan.weights.size());
+    out_.plan.weights.push_back(std::move(d));
+    weights_[key] = index;
+    return index;
+  }
+
+  int32_t table_index(int64_t rows, int64_t dim) {
+    for (size_t i = 0; i < out_.plan.tables.size(); ++i)
+      if (out_.plan.tables[i].rows == rows && out_.plan.tables[i].dim == dim) return static_cast<int32_t>(i);
+    out_.plan.tables.push_back({"sinusoid", rows, dim});
+    return static_cast<int32_t>(out_.plan.tables.size() - 1);
+  }
+
+  int32_t kernel_index(const KernelSpec& spec) {
+    std::string name = kernel_name(spec);
+    for (size_t i = 0; i < out_.plan.kernel_names.size(); ++i)
+      if (out_.plan.kernel_names[i] == name) return static_cast<int32_t>(i);
+    out_.plan.kernel_names.push_back(name);
+    out_.kernels.push_back(spec);
+    return static_cast<int32_t>(out_.kernels.size() - 1);
+  }
+
+  // A view collapsed to 2-D (inner, rows) for row-wise kernels; checks it can be.
+  rt::BufferDesc rows_view(const View& v, const char* what, const ir::Op& op) const {
+    const size_t r = v.extents.size();
+    if (r == 0 || !(v.strides[r - 1] == DimExpr::constant(1)))
+      fail("{}: {} operand is not contiguous in its last dim", ir::op_name(op.kind), what);
+    DimExpr rows = DimExpr::constant(1);
+    for (size_t d = 0; d + 1 < r; ++d) rows = rows * v.extents[d];
+    for (size_t d = 0; d + 2 < r; ++d)
+      if (!(v.strides[d] == v.strides[d + 1] * v.extents[d + 1]))
+        fail("{}: {} operand's leading dims cannot be collapsed", ir::op_name(op.kind), what);
+    DimExpr row_stride = r >= 2 ? v.strides[r - 2] : v.extents[0];
+    rt::BufferDesc b{v.storage, v.index, v.byte_offset, v.elem_offset, v.type, {}, {}};
+    b.extents = {v.extents[r - 1], rows};
+    b.strides = {DimExpr::constant(1), row_stride};
+    return b;
+  }
+
+  void lower_function(const ir::Function& f) {
+    rt::FunctionDesc fd;
+    fd.name = f.name;
+    if (f.arena_bytes < 0)
+      fail("function '{}' has no memory plan: run the default pipeline before compiling", f.name);
+    fd.arena_bytes = f.arena_bytes;
+    const std::vector<int> defs = passes::def_index(f);
+    const std::vector<int> uses = passes::use_counts(f);
+
+    std::map<ir::ValueId, View> views;
+    std::map<ir::ValueId, int32_t> result_index;
+    for (size_t r = 0; r < f.results.size(); ++r) {
+      ir::ValueId v = f.results[r];
+      if (result_index.count(v)) fail("function '{}' returns one value twice", f.name);
+      result_index[v] = static_cast<int32_t>(r);
+      rt::TensorDesc t;
+      t.name = f.values[v].name.empty() ? fmt::format("result{}", r) : f.values[v].name;
+      t.type = elem_type(f.type(v).dtype);
+      for (const ir::Dim& d : f.type(v).shape) t.shape.push_back(dim(d));
+      fd.results.push_back(std::move(t));
+    }
+    for (size_t p = 0; p < f.params.size(); ++p) {
+      ir::ValueId v = f.params[p];
+      rt::TensorDesc t;
+      t.name = f.values[v].name;
+      t.type = elem_type(f.type(v).dtype);
+      for (const ir::Dim& d : f.type(v).shape) t.shape.push_back(dim(d));
+      for (const ir::Op& op : f.ops)  // ids are checked against the smallest table they index
+        if (op.kind == OpKind::gather && op.operands[1] == v) {
+          int64_t rows = f.type(op.operands[0]).shape[0].value;
+          t.id_limit = t.id_limit == 0 ? rows : std::min(t.id_limit, rows);
+        }
+      fd.params.push_back(std::move(t));
+      views[v] = dense_view(f.type(v), Storage::param, static_cast<int32_t>(p), 0);
+    }
+
+    // Where a computed value is written.
+    auto output_view = [&](const ir::Op& op) {
+      auto r = result_index.find(op.result);
+      if (r != result_index.end()) return dense_view(f.type(op.result), Storage::result, r->second, 0);
+      if (op.arena_offset < 0)
+        fail("function '{}': %{} ({}) has no arena offset: run the default pipeline before compiling",
+             f.name, op.result, ir::op_name(op.kind));
+      return dense_view(f.type(op.result), Storage::arena, 0, op.arena_offset);
+    };
+    auto view_of = [&](ir::ValueId v, const ir::Op& user) -> const View& {
+      auto it = views.find(v);
+      if (it == views.end())
+        fail("function '{}': operand of {} is not in memory (internal lowering order)", f.name,
+             ir::op_name(user.kind));
+      return it->second;
+    };
+    // Whether `v` (defined by a pointwise op) is folded into its single pointwise user.
+    auto inlined = [&](ir::ValueId v) {
+      const ir::Op* d = passes::def_op(f, defs, v);
+      if (!d || !is_pointwise(d->kind) || result_index.count(v)) return false;
+      int user_count = 0;
+      bool all_pointwise_same_shape = true;
+      for (const ir::Op& u : f.ops)
+        for (size_t i = 0; i < u.operands.size(); ++i) {
+          if (u.operands[i] != v) continue;
+          ++user_count;
+          bool ok = ir::is_elementwise(u.kind) &&
+                    (f.type(v).shape == f.type(u.result).shape ||
+                     (d->kind == OpKind::constant && f.type(v).rank() == 0));
+          all_pointwise_same_shape &= ok;
+        }
+      bool cheap = d->kind == OpKind::constant || d->kind == OpKind::iota;
+      return all_pointwise_same_shape && (user_count == 1 || cheap);
+    };
+
+    for (const ir::Op& op : f.ops) {
+      const ir::TensorType& type = f.type(op.result);
+      switch (op.kind) {
+        case OpKind::weight:
+          views[op.result] = dense_view(type, Storage::weight, weight_index(op.str_attr("name"), false), 0);
+          continue;
+        case OpKind::reshape: {
+          const View& src = view_of(op.operands[0], op);
+          if (!src.dense()) fail("function '{}': reshape of a strided view is not supported", f.name);
+          View v = dense_view(type, src.storage, src.index, src.byte_offset);
+          v.elem_offset = src.elem_offset;
+          views[op.result] = v;
+          continue;
+        }
+        case OpKind::slice: {
+          View v = view_of(op.operands[0], op);
+          int64_t axis = op.int_attr("axis");
+          if (axis < 0) axis += static_cast<int64_t>(v.extents.size());
+          v.elem_offset = DimExpr::constant(0);
+          const View& src = views.at(op.operands[0]);
+          // offset = src offset + start · stride[axis]; monomials only: require a constant
+          // stride or a zero start.
+          int64_t start = op.int_attr("start");
+          if (start != 0 && !src.strides[axis].is_constant())
+            fail("function '{}': slice at a symbolic stride is not supported", f.name);
+          DimExpr add = src.strides[axis] * DimExpr::constant(start);
+          if (src.elem_offset == DimExpr::constant(0)) {
+            v.elem_offset = add;
+          } else if (add.coeff == 0) {
+            v.elem_offset = src.elem_offset;
+          } else if (src.elem_offset.is_constant() && add.is_constant()) {
+            v.elem_offset = DimExpr::constant(src.elem_offset.coeff + add.coeff);
+          } else {
+            fail("function '{}': nested slices at symbolic offsets are not supported", f.name);
+          }
+          v.extents[axis] = dim(type.shape[axis]);
+          views[op.result] = v;
+          continue;
+        }
+        case OpKind::sinusoid_table: {
+          View v = dense_view(type, Storage::table, table_index(dim_max(type.shape[0]), type.shape[1].value), 0);
+          views[op.result] = v;
+          continue;
+        }
+        case OpKind::linear: {
+          const ir::Op* w = passes::def_op(f, defs, op.operands[1]);
+          if (!w || w->kind != OpKind::weight)
+            fail("function '{}': linear weights must come from a weight", f.name);
+          const ir::TensorType& wt = f.type(op.operands[1]);
+          LinearKernel k{wt.shape[1].value, wt.shape[0].value, op.str_attr("act") == "relu",
+                         op.operands.size() == 3};
+          View out = output_view(op);
+          rt::StepDesc s{kernel_index(k), fmt::format("linear %{}", op.result), {}};
+          s.args.push_back(rows_view(view_of(op.operands[0], op), "input", op));
+          View wv = dense_view(ir::TensorType{ir::DType::f32, {wt.shape[1], wt.shape[0]}}, Storage::weight,
+                               weight_index(w->str_attr("name"), true), 0);
+          s.args.push_back(wv.halide());
+          if (k.has_bias) s.args.push_back(view_of(op.operands[2], op).halide());
+          s.args.push_back(rows_view(out, "output", op));
+          fd.steps.push_back(std::move(s));
+          views[op.result] = out;
+          continue;
+        }
+        case OpKind::attention: {
+          const ir::TensorType& q = f.type(op.operands[0]);
+          const ir::TensorType& v = f.type(op.operands[2]);
+          int64_t heads = op.int_attr("heads");
+          AttentionKernel k{heads, q.shape[2].value / heads, v.shape[2].value / heads,
+                            op.has_attr("causal") && op.int_attr("causal") == 1,
+                            op.operands.size() == 4, op.float_attr("scale")};
+          View out = output_view(op);
+          rt::StepDesc s{kernel_index(k), fmt::format("attention %{}", op.result), {}};
+          for (ir::ValueId operand : op.operands) s.args.push_back(view_of(operand, op).halide());
+          s.args.push_back(out.halide());
+          fd.steps.push_back(std::move(s));
+          views[op.result] = out;
+          continue;
+        }
+        case OpKind::layernorm:
+        case OpKind::add_layernorm: {
+          bool with_add = op.kind == OpKind::add_layernorm;
+          LayerNormKernel k{type.shape.back().value, op.float_attr("eps"), with_add};
+          View out = output_view(op);
+          rt::StepDesc s{kernel_index(k), fmt::format("{} %{}", ir::op_name(op.kind), op.result), {}};
+          s.args.push_back(rows_view(view_of(op.operands[0], op), "input", op));
+          if (with_add) s.args.push_back(rows_view(view_of(op.operands[1], op), "input", op));
+          for (size_t i = with_add ? 2 : 1; i < op.operands.size(); ++i)
+            s.args.push_back(view_of(op.operands[i], op).halide());
+          s.args.push_back(rows_view(out, "output", op));
+          fd.steps.push_back(std::move(s));
+          views[op.result] = out;
+          continue;
+        }
+        default:
+          break;
+      }
+      if (!is_pointwise(op.kind))
+        fail("function '{}': op {} (%{}) has no kernel in compiled code; run the default pipeline, "
+             "which fuses it, or extend codegen",
+             f.name, ir::op_name(op.kind), op.result);
+      if (inlined(op.result)) continue;  // evaluated inside its user's kernel
+      if (uses[op.result] == 0) continue;
+
+      // A group root: build its expression tree.
+      ElementwiseKernel k;
+      k.out_rank = static_cast<int>(type.rank());
+      std::vector<ir::ValueId> inputs;
+      std::function<int(ir::ValueId, bool)> node = [&](ir::ValueId v, bool is_root) -> int {
+        const ir::Op* d = passes::def_op(f, defs, v);
+        const ir::TensorType& t = f.type(v);
+        ElementwiseKernel::Node n;
+        n.dtype = node_dtype(t.dtype);
+        n.rank = static_cast<int>(t.rank());
+        if (is_root || (d && inlined(v))) {
+          n.op = ir::op_name(d->kind);
+          if (d->kind == OpKind::constant) n.value = d->float_attr("value");
+          if (d->kind == OpKind::iota) n.axis = d->int_attr("axis");
+          if (d->kind == OpKind::gather) n.table_rows = f.type(d->operands[0]).shape[0].value;
+          for (ir::ValueId o : d->operands) n.operands.push_back(node(o, false));
+        } else {
+          n.op = "input";
+          auto it = std::find(inputs.begin(), inputs.end(), v);
+          n.input = static_cast<int>(it - inputs.begin());
+          if (it == inputs.end()) inputs.push_back(v);
+          // Broadcast flags: a size-1 dim under a larger output dim (right-aligned).
+          n.broadcast.assign(t.rank(), false);
+          for (int64_t dd = 0; dd < t.rank(); ++dd) {
+            int64_t od = type.rank() - t.rank() + dd;
+            if (od >= 0 && t.shape[dd].is_const(1) && !type.shape[od].is_const(1)) n.broadcast[dd] = true;
+          }
+        }
+        k.nodes.push_back(std::move(n));
+        return static_cast<int>(k.nodes.size() - 1);
+      };
+      node(op.result, true);
+      View out = output_view(op);
+      rt::StepDesc s{kernel_index(k), fmt::format("{} %{}", ir::op_name(op.kind), op.result), {}};
+      for (ir::ValueId in : inputs) s.args.push_back(view_of(in, op).halide());
+      s.args.push_back(out.halide());
+      fd.steps.push_back(std::move(s));
+      views[op.result] = out;
+    }
+    for (ir::ValueId r : f.results) {
+      const ir::Op* d = passes::def_op(f, defs, r);
+      if (!d || views.count(r) == 0 || views.at(r).storage != Storage::result)
+        fail("function '{}': result %{} is not computed by a kernel (a parameter or a view)", f.name, r);
+    }
+    out_.plan.functions.push_back(std::move(fd));
+  }
+
+  const ir::Module& m_;
+  LoweredModel out_;
+  std::map<std::string, int32_t> weights_;
+};
+
+}  // namespace
+
+LoweredModel lower_module(const ir::Module& module) { return Lowerer(module).run(); }
+
+}  // namespace kiln::codegen

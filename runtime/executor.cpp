@@ -1,0 +1,453 @@
+// The runtime behind kiln/runtime.h: loads weights for a plan, validates inputs, and
+// runs an entry point's kernel calls over one preallocated arena.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "HalideRuntime.h"
+#include "kiln/runtime.h"
+#include "runtime/plan.h"
+#include "runtime/safetensors.h"
+#include "runtime/weights.h"
+#include "support/error.h"
+
+using kiln::fail;
+using kiln::rt::BufferDesc;
+using kiln::rt::ElemType;
+using kiln::rt::FunctionDesc;
+using kiln::rt::Plan;
+using kiln::rt::Storage;
+
+namespace {
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+
+// 64-byte aligned float storage.
+struct AlignedBytes {
+  std::unique_ptr<uint8_t, FreeDeleter> data;
+  int64_t size = 0;
+  void allocate(int64_t bytes) {
+    size = bytes;
+    int64_t rounded = std::max<int64_t>(64, (bytes + 63) / 64 * 64);
+    data.reset(static_cast<uint8_t*>(std::aligned_alloc(64, static_cast<size_t>(rounded))));
+    if (!data) fail("cannot allocate {} bytes", bytes);
+  }
+};
+
+std::string shape_str(const std::vector<int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ",")); }
+
+const char* type_name(ElemType t) {
+  switch (t) {
+    case ElemType::f32: return "f32";
+    case ElemType::i64: return "i64";
+    case ElemType::u8: return "bool";
+  }
+  return "?";
+}
+
+halide_type_t halide_type(ElemType t) {
+  switch (t) {
+    case ElemType::f32: return halide_type_t(halide_type_float, 32);
+    case ElemType::i64: return halide_type_t(halide_type_int, 64);
+    case ElemType::u8: return halide_type_t(halide_type_uint, 8);
+  }
+  return halide_type_t(halide_type_float, 32);
+}
+
+// Kernel errors reported by the Halide runtime, per thread, until taken.
+thread_local std::string g_kernel_error;
+void record_kernel_error(void*, const char* message) { g_kernel_error = message ? message : ""; }
+
+}  // namespace
+
+struct kiln_model {
+  Plan plan;
+  std::vector<kiln_kernel_fn> kernels;
+  kiln_hooks hooks{};
+  std::vector<AlignedBytes> weights;
+  std::vector<AlignedBytes> tables;
+  AlignedBytes arena;
+  std::string error;
+  std::vector<const char*> function_names;
+
+  const FunctionDesc& function(const char* name) const {
+    for (const FunctionDesc& f : plan.functions)
+      if (f.name == name) return f;
+    std::vector<std::string> names;
+    for (const FunctionDesc& f : plan.functions) names.push_back(f.name);
+    fail("model '{}' has no entry point '{}' (entry points: {})", plan.model, name, fmt::join(names, ", "));
+  }
+
+  void load_weights(const std::string& path) {
+    kiln::rt::SafeTensors file = kiln::rt::SafeTensors::load(path);
+    std::vector<kiln::rt::WeightSpec> expected;
+    std::map<std::string, bool> seen;
+    for (const auto& w : plan.weights)
+      for (size_t i = 0; i < w.sources.size(); ++i)
+        if (!seen[w.sources[i]]) {
+          seen[w.sources[i]] = true;
+          expected.push_back({w.sources[i], kiln::rt::DType::f32, w.source_shapes[i]});
+        }
+    kiln::rt::check_weights_or_throw(file, expected);
+    weights.resize(plan.weights.size());
+    for (size_t wi = 0; wi < plan.weights.size(); ++wi) {
+      const auto& w = plan.weights[wi];
+      // Concatenate along axis 0, then transpose a 2-D result when asked.
+      std::vector<float> cat;
+      for (const std::string& s : w.sources) {
+        std::vector<float> part = file.to_f32(file.at(s));
+        cat.insert(cat.end(), part.begin(), part.end());
+      }
+      int64_t numel = 1;
+      for (int64_t d : w.shape) numel *= d;
+      if (static_cast<int64_t>(cat.size()) != numel)
+        fail("weight '{}' has {} elements, the plan expects {}", w.name, cat.size(), numel);
+      weights[wi].allocate(numel * 4);
+      float* dst = reinterpret_cast<float*>(weights[wi].data.get());
+      if (w.transpose) {
+        if (w.shape.size() != 2) fail("weight '{}': only 2-D weights can be transposed", w.name);
+        // Stored shape [cols, rows] of the concatenated [rows, cols] source.
+        const int64_t rows = w.shape[1], cols = w.shape[0];
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c) dst[c * rows + r] = cat[r * cols + c];
+      } else {
+        std::memcpy(dst, cat.data(), cat.size() * 4);
+      }
+    }
+  }
+
+  void build_tables() {
+    tables.resize(plan.tables.size());
+    for (size_t ti = 0; ti < plan.tables.size(); ++ti) {
+      const auto& t = plan.tables[ti];
+      if (t.kind != "sinusoid") fail("unknown table kind '{}'", t.kind);
+      tables[ti].allocate(t.rows * t.dim * 4);
+      float* pe = reinterpret_cast<float*>(tables[ti].data.get());
+      for (int64_t pos = 0; pos < t.rows; ++pos)
+        for (int64_t c = 0; c < t.dim; ++c) {
+          double freq = std::pow(10000.0, static_cast<double>(c - c % 2) / static_cast<double>(t.dim));
+          double angle = static_cast<double>(pos) / freq;
+          pe[pos * t.dim + c] = static_cast<float>(c % 2 == 0 ? std::sin(angle) : std::cos(angle));
+        }
+    }
+  }
+
+  // Binds symbols from the inputs and validates them; returns the symbol values.
+  std::vector<int64_t> bind(const FunctionDesc& f, const kiln_tensor* inputs, size_t n,
+                            std::vector<const kiln_tensor*>* ordered) const {
+    if (n != f.params.size())
+      fail("entry point '{}' takes {} inputs, got {}", f.name, f.params.size(), n);
+    ordered->assign(f.params.size(), nullptr);
+    for (size_t i = 0; i < n; ++i) {
+      size_t slot = i;
+      if (inputs[i].name) {
+        slot = f.params.size();
+        for (size_t p = 0; p < f.params.size(); ++p)
+          if (f.params[p].name == inputs[i].name) slot = p;
+        if (slot == f.params.size()) fail("entry point '{}' has no input '{}'", f.name, inputs[i].name);
+      }
+      if ((*ordered)[slot]) fail("input '{}' is given twice", f.params[slot].name);
+      (*ordered)[slot] = &inputs[i];
+    }
+    std::vector<int64_t> syms(plan.symbols.size(), -1);
+    for (size_t p = 0; p < f.params.size(); ++p) {
+      const auto& want = f.params[p];
+      const kiln_tensor& t = *(*ordered)[p];
+      bool ok_type = want.type == ElemType::f32 ? t.dtype == KILN_F32
+                                                : (t.dtype == KILN_I64 || t.dtype == KILN_I32);
+      if (!ok_type) fail("input '{}' must be {}", want.name, want.type == ElemType::f32 ? "f32" : "i64 or i32");
+      if (t.rank != static_cast<int32_t>(want.shape.size()) || t.rank < 0 || t.rank > KILN_MAX_RANK)
+        fail("input '{}' has rank {}, expected {}", want.name, t.rank, want.shape.size());
+      if (!t.data) fail("input '{}' has no data", want.name);
+      std::vector<int64_t> shape(t.shape, t.shape + t.rank);
+      for (size_t d = 0; d < want.shape.size(); ++d) {
+        const auto& dim = want.shape[d];
+        int s = dim.single_symbol();
+        if (s < 0) {
+          if (shape[d] != dim.coeff)
+            fail("input '{}' has shape {}: dim {} is {}, expected {}", want.name, shape_str(shape), d,
+                 shape[d], dim.coeff);
+          continue;
+        }
+        const auto& sym = plan.symbols[s];
+        if (shape[d] < 1)
+          fail("input '{}' has shape {}: dim {} ({}) is {}, expected at least 1", want.name,
+               shape_str(shape), d, sym.name, shape[d]);
+        if (shape[d] > sym.max)
+          fail("input '{}' has shape {}: dim {} ({}) is {}, above its maximum {}", want.name,
+               shape_str(shape), d, sym.name, shape[d], sym.max);
+        if (syms[s] >= 0 && syms[s] != shape[d])
+          fail("input '{}' has shape {}: dim {} ({}) is {}, but {} is {} in an earlier input",
+               want.name, shape_str(shape), d, sym.name, shape[d], sym.name, syms[s]);
+        syms[s] = shape[d];
+      }
+      if (want.id_limit > 0) {
+        int64_t n_el = 1;
+        for (int64_t v : shape) n_el *= v;
+        for (int64_t e = 0; e < n_el; ++e) {
+          int64_t id = t.dtype == KILN_I64 ? static_cast<const int64_t*>(t.data)[e]
+                                           : static_cast<const int32_t*>(t.data)[e];
+          if (id < 0 || id >= want.id_limit) {
+            std::string index;
+            for (int64_t r = e, d = t.rank - 1; d >= 0; --d) {
+              index = std::to_string(r % shape[d]) + (index.empty() ? "" : ",") + index;
+              r /= shape[d];
+            }
+            fail("token id {} at '{}'[{}] is out of range [0, {})", id, want.name, index, want.id_limit);
+          }
+        }
+      }
+    }
+    for (size_t s = 0; s < syms.size(); ++s)
+      if (syms[s] < 0) syms[s] = 1;  // a symbol no input of this entry point uses
+    return syms;
+  }
+
+  std::vector<int64_t> result_shape(const kiln::rt::TensorDesc& r, const std::vector<int64_t>& syms) const {
+    std::vector<int64_t> s;
+    for (const auto& d : r.shape) s.push_back(d.eval(syms));
+    return s;
+  }
+
+  void output_shapes(const char* fname, const kiln_tensor* inputs, size_t n_in, kiln_tensor* outputs,
+                     size_t n_out) {
+    const FunctionDesc& f = function(fname);
+    std::vector<const kiln_tensor*> ordered;
+    std::vector<int64_t> syms = bind(f, inputs, n_in, &ordered);
+    if (n_out != f.results.size())
+      fail("entry point '{}' has {} outputs, got room for {}", f.name, f.results.size(), n_out);
+    for (size_t i = 0; i < n_out; ++i) {
+      std::vector<int64_t> s = result_shape(f.results[i], syms);
+      outputs[i].name = f.results[i].name.c_str();
+      outputs[i].dtype = f.results[i].type == ElemType::f32 ? KILN_F32
+                         : f.results[i].type == ElemType::i64 ? KILN_I64 : KILN_BOOL;
+      outputs[i].rank = static_cast<int32_t>(s.size());
+      for (size_t d = 0; d < s.size(); ++d) outputs[i].shape[d] = s[d];
+    }
+  }
+
+  void run(const char* fname, const kiln_tensor* inputs, size_t n_in, kiln_tensor* outputs, size_t n_out) {
+    const FunctionDesc& f = function(fname);
+    std::vector<const kiln_tensor*> ordered;
+    std::vector<int64_t> syms = bind(f, inputs, n_in, &ordered);
+    if (n_out != f.results.size())
+      fail("entry point '{}' has {} outputs, got {}", f.name, f.results.size(), n_out);
+
+    // Inputs: ids as int64 (converted from int32 when needed).
+    std::vector<std::vector<int64_t>> converted(f.params.size());
+    std::vector<const uint8_t*> param_data(f.params.size());
+    std::vector<int64_t> param_bytes(f.params.size());
+    for (size_t p = 0; p < f.params.size(); ++p) {
+      const kiln_tensor& t = *ordered[p];
+      int64_t n_el = 1;
+      for (int32_t d = 0; d < t.rank; ++d) n_el *= t.shape[d];
+      if (t.dtype == KILN_I32) {
+        converted[p].resize(n_el);
+        for (int64_t e = 0; e < n_el; ++e) converted[p][e] = static_cast<const int32_t*>(t.data)[e];
+        param_data[p] = reinterpret_cast<const uint8_t*>(converted[p].data());
+        param_bytes[p] = n_el * 8;
+      } else {
+        param_data[p] = static_cast<const uint8_t*>(t.data);
+        param_bytes[p] = n_el * (t.dtype == KILN_F32 ? 4 : 8);
+      }
+    }
+    std::vector<uint8_t*> result_data(n_out);
+    std::vector<int64_t> result_bytes(n_out);
+    for (size_t r = 0; r < n_out; ++r) {
+      std::vector<int64_t> want = result_shape(f.results[r], syms);
+      std::vector<int64_t> got(outputs[r].shape, outputs[r].shape + std::clamp(outputs[r].rank, 0, KILN_MAX_RANK));
+      if (got != want)
+        fail("output '{}' has shape {}, expected {}", f.results[r].name, shape_str(got), shape_str(want));
+      if (!outputs[r].data) fail("output '{}' has no data", f.results[r].name);
+      int64_t n_el = 1;
+      for (int64_t d : want) n_el *= d;
+      result_data[r] = static_cast<uint8_t*>(outputs[r].data);
+      result_bytes[r] = n_el * kiln::rt::elem_size(f.results[r].type);
+    }
+
+    std::vector<halide_buffer_t> bufs;
+    std::vector<std::vector<halide_dimension_t>> dims;
+    std::vector<void*> args;
+    for (const auto& step : f.steps) {
+      bufs.assign(step.args.size(), halide_buffer_t{});
+      dims.assign(step.args.size(), {});
+      args.assign(step.args.size(), nullptr);
+      for (size_t a = 0; a < step.args.size(); ++a) {
+        const BufferDesc& b = step.args[a];
+        uint8_t* base = nullptr;
+        int64_t size = 0;
+        switch (b.storage) {
+          case Storage::param: base = const_cast<uint8_t*>(param_data[b.index]); size = param_bytes[b.index]; break;
+          case Storage::result: base = result_data[b.index]; size = result_bytes[b.index]; break;
+          case Storage::arena: base = arena.data.get(); size = f.arena_bytes; break;
+          case Storage::weight: base = weights[b.index].data.get(); size = weights[b.index].size; break;
+          case Storage::table: base = tables[b.index].data.get(); size = tables[b.index].size; break;
+        }
+        const int64_t esize = kiln::rt::elem_size(b.type);
+        int64_t first = b.byte_offset + b.elem_offset.eval(syms) * esize, last = first;
+        dims[a].resize(b.extents.size());
+        for (size_t d = 0; d < b.extents.size(); ++d) {
+          int64_t extent = b.extents[d].eval(syms), stride = b.strides[d].eval(syms);
+          if (extent < 1 || extent > INT32_MAX || stride < 0 || stride > INT32_MAX)
+            fail("step '{}': buffer {} has extent {} and stride {}", step.op, a, extent, stride);
+          last += (extent - 1) * stride * esize;
+          dims[a][d] = halide_dimension_t(0, static_cast<int32_t>(extent), static_cast<int32_t>(stride));
+        }
+        // A wrong plan must never read or write outside its storage.
+        KILN_ASSERT(first >= 0 && last + esize <= size,
+                    fmt::format("step '{}': buffer {} spans bytes [{}, {}) of {}", step.op, a, first,
+                                last + esize, size));
+        halide_buffer_t& hb = bufs[a];
+        hb.host = base + first;
+        hb.type = halide_type(b.type);
+        hb.dimensions = static_cast<int32_t>(dims[a].size());
+        hb.dim = dims[a].data();
+        args[a] = &hb;
+      }
+      g_kernel_error.clear();
+      int status = kernels[step.kernel](args.data());
+      if (status != 0)
+        fail("kernel {} ({}) failed with status {}{}{}", plan.kernel_names[step.kernel], step.op, status,
+             g_kernel_error.empty() ? "" : ": ", g_kernel_error);
+    }
+  }
+};
+
+namespace {
+char* copy_error(const std::string& s) {
+  char* out = static_cast<char*>(std::malloc(s.size() + 1));
+  if (out) std::memcpy(out, s.c_str(), s.size() + 1);
+  return out;
+}
+}  // namespace
+
+extern "C" {
+
+kiln_model* kiln_model_create(const uint8_t* plan, size_t plan_size, const kiln_kernel_fn* kernels,
+                              size_t num_kernels, const kiln_hooks* hooks, const char* weights_path,
+                              char** error) {
+  try {
+    auto m = std::make_unique<kiln_model>();
+    m->plan = kiln::rt::deserialize_plan(plan, plan_size);
+    if (num_kernels != m->plan.kernel_names.size())
+      fail("model library has {} kernels, its plan needs {}", num_kernels, m->plan.kernel_names.size());
+    m->kernels.assign(kernels, kernels + num_kernels);
+    if (hooks) m->hooks = *hooks;
+    // Halide prints kernel errors by default; kiln returns them instead.
+    if (m->hooks.set_error_handler) m->hooks.set_error_handler(record_kernel_error);
+    if (!weights_path) fail("no weights file given");
+    m->load_weights(weights_path);
+    m->build_tables();
+    int64_t arena = 0;
+    for (const auto& f : m->plan.functions) arena = std::max(arena, f.arena_bytes);
+    m->arena.allocate(arena);
+    for (const auto& f : m->plan.functions) m->function_names.push_back(f.name.c_str());
+    m->function_names.push_back(nullptr);
+    if (error) *error = nullptr;
+    return m.release();
+  } catch (const std::exception& e) {
+    if (error) *error = copy_error(e.what());
+    return nullptr;
+  }
+}
+
+void kiln_model_destroy(kiln_model* model) { delete model; }
+void kiln_free_error(char* error) { std::free(error); }
+
+int kiln_model_num_inputs(const kiln_model* model, const char* function) {
+  for (const auto& f : model->plan.functions)
+    if (f.name == function) return static_cast<int>(f.params.size());
+  return -1;
+}
+
+int kiln_model_num_outputs(const kiln_model* model, const char* function) {
+  for (const auto& f : model->plan.functions)
+    if (f.name == function) return static_cast<int>(f.results.size());
+  return -1;
+}
+
+const char* kiln_model_input_name(const kiln_model* model, const char* function, int index) {
+  for (const auto& f : model->plan.functions)
+    if (f.name == function && index >= 0 && index < static_cast<int>(f.params.size()))
+      return f.params[index].name.c_str();
+  return nullptr;
+}
+
+const char* const* kiln_model_functions(const kiln_model* model) { return model->function_names.data(); }
+
+int kiln_model_output_shapes(kiln_model* model, const char* function, const kiln_tensor* inputs,
+                             size_t num_inputs, kiln_tensor* outputs, size_t num_outputs) {
+  try {
+    model->error.clear();
+    model->output_shapes(function, inputs, num_inputs, outputs, num_outputs);
+    return 0;
+  } catch (const std::exception& e) {
+    model->error = e.what();
+    return 1;
+  }
+}
+
+int kiln_model_run(kiln_model* model, const char* function, const kiln_tensor* inputs, size_t num_inputs,
+                   kiln_tensor* outputs, size_t num_outputs) {
+  try {
+    model->error.clear();
+    model->run(function, inputs, num_inputs, outputs, num_outputs);
+    return 0;
+  } catch (const std::exception& e) {
+    model->error = e.what();
+    return 1;
+  }
+}
+
+const char* kiln_model_error(const kiln_model* model) { return model->error.c_str(); }
+
+int kiln_model_set_num_threads(kiln_model* model, int threads) {
+  if (!model->hooks.set_num_threads) return -1;
+  return model->hooks.set_num_threads(threads < 1 ? 1 : threads);
+}
+
+int kiln_tensor_read(const char* path, const char* name, kiln_tensor* out, char** error) {
+  try {
+    if (!path || !name || !out) fail("kiln_tensor_read: null argument");
+    kiln::rt::SafeTensors file = kiln::rt::SafeTensors::load(path);
+    const kiln::rt::TensorInfo& t = file.at(name);
+    if (t.shape.size() > KILN_MAX_RANK) fail("tensor '{}' has rank {}", name, t.shape.size());
+    std::memset(out, 0, sizeof *out);
+    out->rank = static_cast<int32_t>(t.shape.size());
+    for (size_t d = 0; d < t.shape.size(); ++d) out->shape[d] = t.shape[d];
+    if (t.dtype == kiln::rt::DType::f32) {
+      std::vector<float> v = file.to_f32(t);
+      out->dtype = KILN_F32;
+      out->data = std::malloc(std::max<size_t>(1, v.size() * 4));
+      if (out->data && !v.empty()) std::memcpy(out->data, v.data(), v.size() * 4);
+    } else {
+      std::vector<int64_t> v = file.to_i64(t);
+      out->dtype = KILN_I64;
+      out->data = std::malloc(std::max<size_t>(1, v.size() * 8));
+      if (out->data && !v.empty()) std::memcpy(out->data, v.data(), v.size() * 8);
+    }
+    if (!out->data) fail("out of memory reading tensor '{}'", name);
+    if (error) *error = nullptr;
+    return 0;
+  } catch (const std::exception& e) {
+    if (error) *error = copy_error(e.what());
+    return 1;
+  }
+}
+
+void kiln_tensor_free(kiln_tensor* tensor) {
+  if (!tensor) return;
+  std::free(tensor->data);
+  tensor->data = nullptr;
+}
+
+}  // extern "C"

@@ -1,0 +1,322 @@
+// Serialization and validation of execution plans (see plan.h).
+#include "runtime/plan.h"
+
+#include <cstring>
+
+#include "support/error.h"
+
+namespace kiln::rt {
+
+DimExpr DimExpr::symbol(int index, int64_t coeff) {
+  DimExpr d{coeff, std::vector<int8_t>(index + 1, 0)};
+  d.pows[index] = 1;
+  return d;
+}
+
+int64_t DimExpr::eval(const std::vector<int64_t>& symbols) const {
+  int64_t v = coeff;
+  for (size_t i = 0; i < pows.size(); ++i)
+    for (int p = 0; p < pows[i]; ++p) v *= symbols.at(i);
+  return v;
+}
+
+DimExpr DimExpr::operator*(const DimExpr& o) const {
+  DimExpr r{coeff * o.coeff, pows};
+  if (o.pows.size() > r.pows.size()) r.pows.resize(o.pows.size(), 0);
+  for (size_t i = 0; i < o.pows.size(); ++i) r.pows[i] = static_cast<int8_t>(r.pows[i] + o.pows[i]);
+  return r;
+}
+
+bool DimExpr::operator==(const DimExpr& o) const {
+  if (coeff != o.coeff) return false;
+  size_t n = std::max(pows.size(), o.pows.size());
+  for (size_t i = 0; i < n; ++i) {
+    int a = i < pows.size() ? pows[i] : 0, b = i < o.pows.size() ? o.pows[i] : 0;
+    if (a != b) return false;
+  }
+  return true;
+}
+
+bool DimExpr::is_constant() const {
+  for (int8_t p : pows)
+    if (p) return false;
+  return true;
+}
+
+int DimExpr::single_symbol() const {
+  if (coeff != 1) return -1;
+  int found = -1;
+  for (size_t i = 0; i < pows.size(); ++i) {
+    if (pows[i] == 0) continue;
+    if (pows[i] != 1 || found >= 0) return -1;
+    found = static_cast<int>(i);
+  }
+  return found;
+}
+
+int64_t elem_size(ElemType type) {
+  switch (type) {
+    case ElemType::f32: return 4;
+    case ElemType::i64: return 8;
+    case ElemType::u8: return 1;
+  }
+  return 0;
+}
+
+namespace {
+
+constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', '1'};
+
+class Writer {
+ public:
+  void i64(int64_t v) {
+    uint8_t b[8];
+    std::memcpy(b, &v, 8);
+    out.insert(out.end(), b, b + 8);
+  }
+  void str(const std::string& s) {
+    i64(static_cast<int64_t>(s.size()));
+    out.insert(out.end(), s.begin(), s.end());
+  }
+  void dim(const DimExpr& d) {
+    i64(d.coeff);
+    i64(static_cast<int64_t>(d.pows.size()));
+    for (int8_t p : d.pows) i64(p);
+  }
+  void dims(const std::vector<DimExpr>& ds) {
+    i64(static_cast<int64_t>(ds.size()));
+    for (const DimExpr& d : ds) dim(d);
+  }
+  void ints(const std::vector<int64_t>& v) {
+    i64(static_cast<int64_t>(v.size()));
+    for (int64_t x : v) i64(x);
+  }
+  void tensor(const TensorDesc& t) {
+    str(t.name);
+    i64(static_cast<int64_t>(t.type));
+    dims(t.shape);
+    i64(t.id_limit);
+  }
+  std::vector<uint8_t> out;
+};
+
+class Reader {
+ public:
+  Reader(const uint8_t* d, size_t n) : data_(d), size_(n) {}
+  int64_t i64() {
+    if (size_ - pos_ < 8) fail("compiled plan is truncated at byte {}", pos_);
+    int64_t v;
+    std::memcpy(&v, data_ + pos_, 8);
+    pos_ += 8;
+    return v;
+  }
+  int64_t count(int64_t max = 1 << 24) {
+    int64_t n = i64();
+    if (n < 0 || n > max) fail("compiled plan has a bad count {} at byte {}", n, pos_ - 8);
+    return n;
+  }
+  std::string str() {
+    int64_t n = count();
+    if (static_cast<size_t>(n) > size_ - pos_) fail("compiled plan is truncated at byte {}", pos_);
+    std::string s(reinterpret_cast<const char*>(data_ + pos_), n);
+    pos_ += n;
+    return s;
+  }
+  DimExpr dim() {
+    DimExpr d;
+    d.coeff = i64();
+    d.pows.resize(count(64));
+    for (int8_t& p : d.pows) p = static_cast<int8_t>(i64());
+    return d;
+  }
+  std::vector<DimExpr> dims() {
+    std::vector<DimExpr> v(count(16));
+    for (DimExpr& d : v) d = dim();
+    return v;
+  }
+  std::vector<int64_t> ints() {
+    std::vector<int64_t> v(count(16));
+    for (int64_t& x : v) x = i64();
+    return v;
+  }
+  TensorDesc tensor() {
+    TensorDesc t;
+    t.name = str();
+    t.type = elem(i64());
+    t.shape = dims();
+    t.id_limit = i64();
+    return t;
+  }
+  ElemType elem(int64_t v) {
+    if (v < 0 || v > 2) fail("compiled plan has an unknown element type {}", v);
+    return static_cast<ElemType>(v);
+  }
+  bool done() const { return pos_ == size_; }
+  void bytes(const char* want, size_t n) {
+    if (size_ - pos_ < n || std::memcmp(data_ + pos_, want, n) != 0)
+      fail("not a kiln plan (bad magic or version)");
+    pos_ += n;
+  }
+
+ private:
+  const uint8_t* data_;
+  size_t size_;
+  size_t pos_ = 0;
+};
+
+void validate(const Plan& p) {
+  const int64_t nsym = static_cast<int64_t>(p.symbols.size());
+  auto check_dim = [&](const DimExpr& d) {
+    if (static_cast<int64_t>(d.pows.size()) > nsym) fail("compiled plan: dim refers to a missing symbol");
+    for (int8_t pw : d.pows)
+      if (pw < 0 || pw > 4) fail("compiled plan: bad symbol power {}", pw);
+  };
+  for (const FunctionDesc& f : p.functions) {
+    for (const auto* list : {&f.params, &f.results})
+      for (const TensorDesc& t : *list)
+        for (const DimExpr& d : t.shape) check_dim(d);
+    for (const StepDesc& s : f.steps) {
+      if (s.kernel < 0 || s.kernel >= static_cast<int32_t>(p.kernel_names.size()))
+        fail("compiled plan: step '{}' calls missing kernel {}", s.op, s.kernel);
+      for (const BufferDesc& b : s.args) {
+        if (b.extents.size() != b.strides.size() || b.extents.empty() && !b.strides.empty())
+          fail("compiled plan: step '{}' has a buffer with mismatched rank", s.op);
+        int64_t limit = 0;
+        switch (b.storage) {
+          case Storage::param: limit = static_cast<int64_t>(f.params.size()); break;
+          case Storage::result: limit = static_cast<int64_t>(f.results.size()); break;
+          case Storage::arena: limit = 1; break;
+          case Storage::weight: limit = static_cast<int64_t>(p.weights.size()); break;
+          case Storage::table: limit = static_cast<int64_t>(p.tables.size()); break;
+        }
+        if (b.index < 0 || b.index >= limit)
+          fail("compiled plan: step '{}' refers to missing storage {}", s.op, b.index);
+        if (b.byte_offset < 0 || (b.storage == Storage::arena && b.byte_offset > f.arena_bytes))
+          fail("compiled plan: step '{}' has a bad byte offset {}", s.op, b.byte_offset);
+        check_dim(b.elem_offset);
+        for (const DimExpr& d : b.extents) check_dim(d);
+        for (const DimExpr& d : b.strides) check_dim(d);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<uint8_t> serialize_plan(const Plan& p) {
+  Writer w;
+  w.out.insert(w.out.end(), kMagic, kMagic + 8);
+  w.str(p.model);
+  w.i64(static_cast<int64_t>(p.symbols.size()));
+  for (const SymbolDesc& s : p.symbols) {
+    w.str(s.name);
+    w.i64(s.max);
+  }
+  w.i64(static_cast<int64_t>(p.kernel_names.size()));
+  for (const std::string& k : p.kernel_names) w.str(k);
+  w.i64(static_cast<int64_t>(p.weights.size()));
+  for (const WeightDesc& wd : p.weights) {
+    w.str(wd.name);
+    w.i64(static_cast<int64_t>(wd.sources.size()));
+    for (size_t i = 0; i < wd.sources.size(); ++i) {
+      w.str(wd.sources[i]);
+      w.ints(wd.source_shapes[i]);
+    }
+    w.i64(wd.transpose);
+    w.ints(wd.shape);
+  }
+  w.i64(static_cast<int64_t>(p.tables.size()));
+  for (const TableDesc& t : p.tables) {
+    w.str(t.kind);
+    w.i64(t.rows);
+    w.i64(t.dim);
+  }
+  w.i64(static_cast<int64_t>(p.functions.size()));
+  for (const FunctionDesc& f : p.functions) {
+    w.str(f.name);
+    w.i64(f.arena_bytes);
+    w.i64(static_cast<int64_t>(f.params.size()));
+    for (const TensorDesc& t : f.params) w.tensor(t);
+    w.i64(static_cast<int64_t>(f.results.size()));
+    for (const TensorDesc& t : f.results) w.tensor(t);
+    w.i64(static_cast<int64_t>(f.steps.size()));
+    for (const StepDesc& s : f.steps) {
+      w.i64(s.kernel);
+      w.str(s.op);
+      w.i64(static_cast<int64_t>(s.args.size()));
+      for (const BufferDesc& b : s.args) {
+        w.i64(static_cast<int64_t>(b.storage));
+        w.i64(b.index);
+        w.i64(b.byte_offset);
+        w.dim(b.elem_offset);
+        w.i64(static_cast<int64_t>(b.type));
+        w.dims(b.extents);
+        w.dims(b.strides);
+      }
+    }
+  }
+  return w.out;
+}
+
+Plan deserialize_plan(const uint8_t* data, size_t size) {
+  Reader r(data, size);
+  r.bytes(kMagic, 8);
+  Plan p;
+  p.model = r.str();
+  p.symbols.resize(r.count(64));
+  for (SymbolDesc& s : p.symbols) {
+    s.name = r.str();
+    s.max = r.i64();
+    if (s.max < 1) fail("compiled plan: symbol '{}' has maximum {}", s.name, s.max);
+  }
+  p.kernel_names.resize(r.count());
+  for (std::string& k : p.kernel_names) k = r.str();
+  p.weights.resize(r.count());
+  for (WeightDesc& wd : p.weights) {
+    wd.name = r.str();
+    int64_t n = r.count();
+    for (int64_t i = 0; i < n; ++i) {
+      wd.sources.push_back(r.str());
+      wd.source_shapes.push_back(r.ints());
+    }
+    wd.transpose = r.i64() != 0;
+    wd.shape = r.ints();
+  }
+  p.tables.resize(r.count());
+  for (TableDesc& t : p.tables) {
+    t.kind = r.str();
+    t.rows = r.i64();
+    t.dim = r.i64();
+  }
+  p.functions.resize(r.count());
+  for (FunctionDesc& f : p.functions) {
+    f.name = r.str();
+    f.arena_bytes = r.i64();
+    f.params.resize(r.count());
+    for (TensorDesc& t : f.params) t = r.tensor();
+    f.results.resize(r.count());
+    for (TensorDesc& t : f.results) t = r.tensor();
+    f.steps.resize(r.count());
+    for (StepDesc& s : f.steps) {
+      s.kernel = static_cast<int32_t>(r.i64());
+      s.op = r.str();
+      s.args.resize(r.count());
+      for (BufferDesc& b : s.args) {
+        int64_t st = r.i64();
+        if (st < 0 || st > 4) fail("compiled plan: unknown storage {}", st);
+        b.storage = static_cast<Storage>(st);
+        b.index = static_cast<int32_t>(r.i64());
+        b.byte_offset = r.i64();
+        b.elem_offset = r.dim();
+        b.type = r.elem(r.i64());
+        b.extents = r.dims();
+        b.strides = r.dims();
+      }
+    }
+  }
+  if (!r.done()) fail("compiled plan has trailing bytes");
+  validate(p);
+  return p;
+}
+
+}  // namespace kiln::rt

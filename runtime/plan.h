@@ -1,0 +1,109 @@
+// The execution plan of a compiled model: what `kiln compile` hands the runtime.
+//
+// A plan lists the model's symbols, the weights to build at load time (by state_dict
+// name, with concatenation and transposition applied once), precomputed tables, and per
+// entry point the sequence of kernel calls. Each call names a kernel and describes each
+// of its buffers as a view (base storage, element offset, extents and strides) whose
+// sizes are monomials of the symbols, so one plan runs every batch and length up to
+// the maxima. The compiler serializes the plan into the generated library; the runtime
+// deserializes and validates it. Only the runtime's own types appear here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kiln::rt {
+
+// coeff · Π symbols[i]^pows[i]: the size or stride of a dim in elements.
+struct DimExpr {
+  int64_t coeff = 0;
+  std::vector<int8_t> pows;  // one per plan symbol (may be shorter: missing = 0)
+
+  static DimExpr constant(int64_t c) { return DimExpr{c, {}}; }
+  static DimExpr symbol(int index, int64_t coeff = 1);
+  int64_t eval(const std::vector<int64_t>& symbols) const;
+  DimExpr operator*(const DimExpr& other) const;
+  bool operator==(const DimExpr& other) const;  // as monomials (trailing zero pows ignored)
+  bool is_constant() const;
+  // The symbol index when this is exactly one symbol (coeff 1, power 1), else -1.
+  int single_symbol() const;
+};
+
+enum class ElemType : int8_t { f32 = 0, i64 = 1, u8 = 2 };
+int64_t elem_size(ElemType type);
+
+enum class Storage : int8_t {
+  param = 0,   // the entry point's input `index`
+  result = 1,  // the entry point's output `index`
+  arena = 2,   // the arena, at byte offset `byte_offset`
+  weight = 3,  // plan weight `index`
+  table = 4,   // plan table `index`
+};
+
+// A buffer argument of a kernel call, in Halide dimension order (innermost first).
+struct BufferDesc {
+  Storage storage = Storage::arena;
+  int32_t index = 0;
+  int64_t byte_offset = 0;  // added to the storage's base (arena offsets)
+  DimExpr elem_offset = DimExpr::constant(0);
+  ElemType type = ElemType::f32;
+  std::vector<DimExpr> extents, strides;
+};
+
+struct StepDesc {
+  int32_t kernel = 0;              // index into Plan::kernel_names
+  std::string op;                  // what it computes, for errors and profiling
+  std::vector<BufferDesc> args;    // inputs in kernel order, then the output
+};
+
+struct TensorDesc {
+  std::string name;
+  ElemType type = ElemType::f32;
+  std::vector<DimExpr> shape;  // IR order; each a constant or a single symbol
+  int64_t id_limit = 0;        // for ids: valid ids are [0, id_limit); 0 = unchecked
+};
+
+struct FunctionDesc {
+  std::string name;
+  std::vector<TensorDesc> params, results;
+  std::vector<StepDesc> steps;
+  int64_t arena_bytes = 0;
+};
+
+// A weight as the kernels want it: transpose?(concat(sources, axis 0)).
+struct WeightDesc {
+  std::string name;                               // for messages
+  std::vector<std::string> sources;               // state_dict names
+  std::vector<std::vector<int64_t>> source_shapes;
+  bool transpose = false;                         // 2-D transpose after concatenation
+  std::vector<int64_t> shape;                     // as stored
+};
+
+// A table computed at load time: PE[pos, 2i] = sin(pos / 10000^(2i/dim)),
+// PE[pos, 2i+1] = cos(…), in double, stored as f32 [rows, dim].
+struct TableDesc {
+  std::string kind = "sinusoid";
+  int64_t rows = 0, dim = 0;
+};
+
+struct SymbolDesc {
+  std::string name;
+  int64_t max = 0;
+};
+
+struct Plan {
+  std::string model;
+  std::vector<SymbolDesc> symbols;
+  std::vector<std::string> kernel_names;  // the generated library's kernel functions
+  std::vector<WeightDesc> weights;
+  std::vector<TableDesc> tables;
+  std::vector<FunctionDesc> functions;
+};
+
+std::vector<uint8_t> serialize_plan(const Plan& plan);
+// Reads and validates a serialized plan (indices in range, ranks consistent); throws
+// kiln::Error naming the problem.
+Plan deserialize_plan(const uint8_t* data, size_t size);
+
+}  // namespace kiln::rt

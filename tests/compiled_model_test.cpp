@@ -1,0 +1,127 @@
+// The golden models compiled by `kiln compile` (through kiln_add_model) and linked as an
+// application would: outputs match PyTorch's and the interpreter's, bad inputs and bad
+// weights get clear errors.
+#include <cmath>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "frontend/models.h"
+#include "golden_small.h"
+#include "golden_tiny.h"
+#include "pass_harness.h"
+#include "tools/bridge.h"
+
+namespace kiln {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Kernels accumulate in f32 in another order than PyTorch; the golden f32-vs-f64 noise
+// is ~2e-6, so 1e-4 is the bound with a wide margin.
+constexpr double kGoldenTolerance = 1e-4;
+
+std::string golden(const std::string& f) { return std::string(KILN_TEST_DATA_DIR) + "/golden/" + f; }
+
+double max_diff(const kiln::Tensor<float>& got, const kiln::Tensor<float>& want) {
+  EXPECT_EQ(got.shape, want.shape);
+  double err = 0;
+  for (size_t i = 0; i < got.data.size() && i < want.data.size(); ++i)
+    err = std::max(err, std::abs(static_cast<double>(got.data[i]) - want.data[i]));
+  return err;
+}
+
+template <typename Model>
+void expect_golden(Model& model, const std::string& batch) {
+  auto src = kiln::read_tensor<int64_t>(golden(batch + ".inputs.safetensors"), "src");
+  auto tgt = kiln::read_tensor<int64_t>(golden(batch + ".inputs.safetensors"), "tgt");
+  auto logits = kiln::read_tensor<float>(golden(batch + ".expected.safetensors"), "logits");
+  auto memory = kiln::read_tensor<float>(golden(batch + ".expected.safetensors"), "memory");
+  double e_fwd = max_diff(model.forward(src, tgt), logits);
+  double e_enc = max_diff(model.encode(src), memory);
+  EXPECT_LE(e_fwd, kGoldenTolerance);
+  EXPECT_LE(e_enc, kGoldenTolerance);
+  std::printf("[ compiled ] %s: forward max abs error %.3g, encode max abs error %.3g\n", batch.c_str(),
+              e_fwd, e_enc);
+}
+
+TEST(CompiledGolden, TinyMatchesPyTorch) {
+  kiln_models::golden_tiny model(golden("tiny.weights.safetensors").c_str());
+  expect_golden(model, "tiny_b1");
+  expect_golden(model, "tiny_b2");
+}
+
+TEST(CompiledGolden, SmallMatchesPyTorch) {
+  kiln_models::golden_small model(golden("small.weights.safetensors").c_str());
+  expect_golden(model, "small_b1");
+}
+
+// The whole compiled model against the interpreter on random ids, lengths 1, 7, 33 and
+// the maximum, with padding, batch 1 and 3; every kernel kind is on this path.
+TEST(CompiledVsInterpreter, RandomBatchesAndLengths) {
+  ir::Module m = models::build_model("transformer", "tiny");
+  rt::SafeTensors weights = rt::SafeTensors::load(golden("tiny.weights.safetensors"));
+  ir::WeightMap wm = tools::load_weight_map(m, weights);
+  kiln_models::golden_tiny model(golden("tiny.weights.safetensors").c_str());
+  const ir::Function& fwd = *m.find_function("forward");
+  double worst = 0;
+  for (int64_t batch : {1, 3})
+    for (int64_t len : {1, 7, 33, 40})
+      for (bool padding : {false, true}) {
+        std::map<std::string, int64_t> sizes = {{"B", batch}, {"S", len}, {"T", len == 40 ? 5 : len}};
+        auto inputs = testing::random_inputs(m, fwd, sizes, static_cast<uint32_t>(len * 10 + batch), padding);
+        std::vector<ir::Tensor> want = ir::interpret(m, fwd, wm, inputs);
+        kiln::Tensor<int64_t> src{inputs[0].shape, inputs[0].ints}, tgt{inputs[1].shape, inputs[1].ints};
+        kiln::Tensor<float> got = model.forward(src, tgt);
+        ASSERT_EQ(got.shape, want[0].shape);
+        for (size_t i = 0; i < got.data.size(); ++i)
+          worst = std::max(worst, std::abs(static_cast<double>(got.data[i]) - want[0].f[i]));
+      }
+  std::printf("[ compiled ] vs interpreter: max abs error %.3g\n", worst);
+  EXPECT_LE(worst, kGoldenTolerance);
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+TEST(CompiledInputs, BadIdsLengthsAndBatchesAreRejected) {
+  kiln_models::golden_tiny model(golden("tiny.weights.safetensors").c_str());
+  kiln::Tensor<int64_t> tgt{{1, 2}, {3, 4}};
+  EXPECT_EQ(error_of([&] { model.forward(kiln::Tensor<int64_t>{{1, 3}, {5, 37, 2}}, tgt); }),
+            "token id 37 at 'src'[0,1] is out of range [0, 37)");
+  EXPECT_EQ(error_of([&] { model.forward(kiln::Tensor<int64_t>{{1, 3}, {5, 6, -1}}, tgt); }),
+            "token id -1 at 'src'[0,2] is out of range [0, 37)");
+  EXPECT_EQ(error_of([&] { model.forward(kiln::Tensor<int64_t>{{1, 41}, std::vector<int64_t>(41, 3)}, tgt); }),
+            "input 'src' has shape [1,41]: dim 1 (S) is 41, above its maximum 40");
+  EXPECT_EQ(error_of([&] {
+              model.forward(kiln::Tensor<int64_t>{{5, 1}, {1, 2, 3, 4, 5}},
+                            kiln::Tensor<int64_t>{{5, 1}, {1, 2, 3, 4, 5}});
+            }),
+            "input 'src' has shape [5,1]: dim 0 (B) is 5, above its maximum 4");
+  EXPECT_EQ(error_of([&] { model.forward(kiln::Tensor<int64_t>{{2, 3}, {1, 2, 3, 4, 5, 6}}, tgt); }),
+            "input 'tgt' has shape [1,2]: dim 0 (B) is 1, but B is 2 in an earlier input");
+  EXPECT_THAT(error_of([&] { model.forward(kiln::Tensor<float>{{1, 2}, {1, 2}}, tgt); }),
+              HasSubstr("input 'src' must be i64 or i32"));
+  // int32 ids are accepted and give the same result as int64.
+  kiln::Tensor<int32_t> src32{{1, 3}, {5, 6, 7}};
+  kiln::Tensor<int64_t> src64{{1, 3}, {5, 6, 7}};
+  EXPECT_EQ(model.forward(src32, tgt).data, model.forward(src64, tgt).data);
+}
+
+TEST(CompiledWeights, MismatchedCheckpointIsReportedByName) {
+  std::string msg = error_of([] { kiln_models::golden_tiny model(golden("small.weights.safetensors").c_str()); });
+  EXPECT_THAT(msg, HasSubstr("tensor 'src_embed.weight' has shape [53,20], expected [37,24]"));
+  EXPECT_THAT(msg, HasSubstr("unexpected tensor 'decoder.layers.2.norm3.bias'"));
+  EXPECT_THAT(error_of([] { kiln_models::golden_tiny model("/nonexistent.safetensors"); }),
+              HasSubstr("/nonexistent.safetensors"));
+}
+
+}  // namespace
+}  // namespace kiln

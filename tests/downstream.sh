@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Builds examples/ as a downstream project against an installed kiln, runs it on the
+# golden tiny model, and checks its outputs against PyTorch's (max abs error <= 1e-4).
+#   downstream.sh BUILD_DIR SOURCE_DIR WORK_DIR
+set -euo pipefail
+build="$1"; src="$2"; work="$3"
+rm -rf "$work" && mkdir -p "$work"
+cmake --install "$build" --prefix "$work/prefix" >/dev/null
+cmake -S "$src/examples" -B "$work/build" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+cmake --build "$work/build" -j 2
+"$work/build/translate" "$src/tests/golden/tiny.weights.safetensors" \
+  "$src/tests/golden/tiny_b1.inputs.safetensors" "$src/tests/golden/tiny_b1.expected.safetensors"

@@ -1,0 +1,227 @@
+// Tests for the LayerNorm kernel (codegen/layernorm_kernel.cpp): the pipeline, JIT-compiled
+// for the host and for AVX2, against the reference interpreter's `layernorm` and
+// `add_layernorm` on random data, with strided input rows and any number of rows.
+//
+// Tolerance: the interpreter works in double and rounds once; the kernel sums in float.
+// On unit-scale data the error must stay within 1e-5 (absolute) per output value.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "codegen/halide_kernels.h"
+#include "codegen/kernels.h"
+#include "ir/interpreter.h"
+#include "ir/ir.h"
+#include "support/error.h"
+
+namespace kiln {
+namespace {
+
+const char* const kAvx2Target = "x86-64-linux-avx-avx2-f16c-fma-sse41";
+
+Halide::Target target_of(const std::string& name) {
+  return name == "host" ? Halide::get_host_target() : Halide::Target(name);
+}
+
+// Errors of the JIT-compiled pipelines run here: printed, and returned as a status instead
+// of aborting.
+void report_halide_error(Halide::JITUserContext*, const char* message) {
+  std::fprintf(stderr, "halide error (expected where a test checks the status): %s\n", message);
+}
+
+// A kernel pipeline compiled by Halide's JIT with the argument order of AOT compilation:
+// the inputs of `kp.args`, then the output.
+class JitKernel {
+ public:
+  JitKernel(const codegen::KernelPipeline& kp, const Halide::Target& target) {
+    Halide::Pipeline pipeline = kp.pipeline;
+    Halide::Module module = pipeline.compile_to_module(kp.args, "kiln_test_kernel",
+                                                       target.with_feature(Halide::Target::JIT));
+    jit_ = Halide::Internal::JITModule(module, module.get_function_by_name("kiln_test_kernel"));
+  }
+
+  // Runs on the buffers (inputs, then output); returns Halide's status (0: success).
+  int run(const std::vector<Halide::Buffer<>>& buffers) const {
+    std::vector<const void*> argv;
+    for (const Halide::Buffer<>& b : buffers) argv.push_back(b.raw_buffer());
+    Halide::JITHandlers handlers;
+    handlers.custom_error = report_halide_error;
+    const Halide::JITHandlers old =
+        Halide::Internal::JITSharedRuntime::set_default_handlers(handlers);
+    const int status = jit_.argv_function()(argv.data());
+    Halide::Internal::JITSharedRuntime::set_default_handlers(old);
+    return status;
+  }
+
+ private:
+  Halide::Internal::JITModule jit_;
+};
+
+// A [rows × d] matrix of random values in a Halide buffer (c, r) whose rows are `stride`
+// floats apart (stride >= d), and the same values as an IR tensor. The padding is NaN,
+// so a kernel reading it shows.
+struct Matrix {
+  Halide::Buffer<float> buffer;
+  ir::Tensor tensor;
+};
+
+Matrix random_matrix(std::mt19937& rng, int64_t rows, int64_t d, int64_t stride, float lo,
+                     float hi) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  Halide::Buffer<float> full(static_cast<int>(stride), static_cast<int>(rows));
+  full.fill(std::nanf(""));
+  Halide::Buffer<float> view(full.get()->cropped(0, 0, static_cast<int>(d)));
+  std::vector<float> data(rows * d);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < d; ++c) {
+      const float v = dist(rng);
+      view(static_cast<int>(c), static_cast<int>(r)) = v;
+      data[r * d + c] = v;
+    }
+  }
+  return {view, ir::Tensor::from_f32({rows, d}, std::move(data))};
+}
+
+// A module whose function applies `layernorm` (x, gamma, beta) or `add_layernorm`
+// (x, y, gamma, beta) to rows of length d.
+ir::Module layernorm_module(int64_t d, bool with_add, double eps) {
+  ir::Module m;
+  m.name = "test";
+  m.symbols.push_back({"R", 4096});
+  ir::Function f;
+  f.name = "f";
+  const ir::TensorType rows{ir::DType::f32, {ir::Dim::sym("R"), ir::Dim::constant(d)}};
+  const ir::TensorType vec{ir::DType::f32, {ir::Dim::constant(d)}};
+  std::vector<ir::ValueId> operands{f.add_param("x", rows)};
+  if (with_add) operands.push_back(f.add_param("y", rows));
+  operands.push_back(f.add_param("gamma", vec));
+  operands.push_back(f.add_param("beta", vec));
+  f.results.push_back(f.add_op(with_add ? ir::OpKind::add_layernorm : ir::OpKind::layernorm,
+                               operands, rows, {{"eps", eps}}));
+  m.functions.push_back(std::move(f));
+  return m;
+}
+
+// Runs the kernel and the interpreter on the same random data, `rows` rows of `d` values
+// in [lo, hi); returns the largest absolute difference.
+float max_error(const JitKernel& kernel, int64_t d, bool with_add, double eps, int64_t rows,
+                float lo, float hi, uint32_t seed) {
+  std::mt19937 rng(seed);
+  // Rows of x and y are views into wider matrices (different row strides).
+  Matrix x = random_matrix(rng, rows, d, d + 3, lo, hi);
+  Matrix y = random_matrix(rng, rows, d, d + 5, lo, hi);
+  Matrix gamma = random_matrix(rng, 1, d, d, 0.5f, 1.5f);
+  Matrix beta = random_matrix(rng, 1, d, d, -0.5f, 0.5f);
+  Halide::Buffer<float> g(gamma.buffer.get()->sliced(1, 0));
+  Halide::Buffer<float> b(beta.buffer.get()->sliced(1, 0));
+  Halide::Buffer<float> out(static_cast<int>(d), static_cast<int>(rows));
+
+  std::vector<Halide::Buffer<>> buffers{x.buffer};
+  if (with_add) buffers.push_back(y.buffer);
+  buffers.insert(buffers.end(), {g, b, out});
+  EXPECT_EQ(kernel.run(buffers), 0);
+
+  const ir::Module m = layernorm_module(d, with_add, eps);
+  std::vector<ir::Tensor> inputs{x.tensor};
+  if (with_add) inputs.push_back(y.tensor);
+  inputs.push_back(ir::Tensor::from_f32({d}, gamma.tensor.f));
+  inputs.push_back(ir::Tensor::from_f32({d}, beta.tensor.f));
+  const ir::Tensor want = ir::interpret(m, m.functions[0], {}, inputs).at(0);
+
+  float worst = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < d; ++c) {
+      const float got = out(static_cast<int>(c), static_cast<int>(r));
+      const float diff = std::fabs(got - want.f[r * d + c]);
+      if (!(diff <= worst)) worst = diff;  // NaN sticks
+    }
+  }
+  return worst;
+}
+
+struct Params {
+  std::string target;
+  int64_t d;
+  bool with_add;
+};
+
+class LayerNormKernelTest : public ::testing::TestWithParam<Params> {};
+
+TEST_P(LayerNormKernelTest, MatchesInterpreter) {
+  const Params& p = GetParam();
+  const Halide::Target target = target_of(p.target);
+  const double eps = 1e-5;
+  const codegen::LayerNormKernel spec{p.d, eps, p.with_add};
+  const JitKernel kernel(codegen::build_layernorm(spec, target), target);
+  for (int64_t rows : {1, 7, 33, 129}) {
+    SCOPED_TRACE(testing::Message() << "rows " << rows);
+    // Unit-scale data, centred and off-centre.
+    EXPECT_LE(max_error(kernel, p.d, p.with_add, eps, rows, -1.0f, 1.0f, 7 + rows), 1e-5f);
+    EXPECT_LE(max_error(kernel, p.d, p.with_add, eps, rows, 0.0f, 2.0f, 11 + rows), 1e-5f);
+  }
+}
+
+// A large mean and a small spread: the statistics of the row shifted by its first value
+// keep the error as small as on centred data, where E[x²] - mean² would lose every digit
+// and a plain float mean would cost about ulp(100) / spread.
+TEST_P(LayerNormKernelTest, LargeMeanSmallSpread) {
+  const Params& p = GetParam();
+  const Halide::Target target = target_of(p.target);
+  const codegen::LayerNormKernel spec{p.d, 1e-5, p.with_add};
+  const JitKernel kernel(codegen::build_layernorm(spec, target), target);
+  EXPECT_LE(max_error(kernel, p.d, p.with_add, 1e-5, 33, 99.0f, 101.0f, 3), 1e-5f);
+}
+
+// Rows too few in an input: Halide's bounds checks reject the call instead of reading
+// past the buffer.
+TEST_P(LayerNormKernelTest, RejectsShortInput) {
+  const Params& p = GetParam();
+  const Halide::Target target = target_of(p.target);
+  const codegen::LayerNormKernel spec{p.d, 1e-5, p.with_add};
+  const JitKernel kernel(codegen::build_layernorm(spec, target), target);
+  const int d = static_cast<int>(p.d);
+  Halide::Buffer<float> x(d, 3), y(d, 3), g(d), b(d), out(d, 4);
+  std::vector<Halide::Buffer<>> buffers{x};
+  if (p.with_add) buffers.push_back(y);
+  buffers.insert(buffers.end(), {g, b, out});
+  EXPECT_NE(kernel.run(buffers), 0);
+}
+
+std::vector<Params> all_params() {
+  std::vector<Params> params;
+  for (const char* target : {"host", kAvx2Target})
+    for (int64_t d : {7, 24, 512})
+      for (bool with_add : {false, true}) params.push_back({target, d, with_add});
+  return params;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, LayerNormKernelTest, ::testing::ValuesIn(all_params()),
+                         [](const ::testing::TestParamInfo<Params>& param_info) {
+                           const Params& p = param_info.param;
+                           return std::string(p.target == "host" ? "host" : "avx2") + "_d" +
+                                  std::to_string(p.d) + (p.with_add ? "_add" : "");
+                         });
+
+// The AOT path: the kernel compiles to an object (without the runtime) for both targets.
+TEST(LayerNormKernelAotTest, CompilesToObject) {
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "kiln_ln_aot";
+  std::filesystem::create_directories(dir);
+  for (const std::string& target : {std::string("host"), std::string(kAvx2Target)}) {
+    for (bool with_add : {false, true}) {
+      const codegen::KernelSpec spec = codegen::LayerNormKernel{512, 1e-5, with_add};
+      const std::string name = codegen::kernel_name(spec);
+      const std::filesystem::path object = dir / (name + ".o");
+      codegen::compile_kernel(spec, target, name, object.string());
+      EXPECT_GT(std::filesystem::file_size(object), 0u) << target << " " << name;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,245 @@
+// Tests for the linear kernel (codegen/linear_kernel.cpp): the Halide pipeline is
+// JIT-compiled for the host and for AVX2 and compared with the reference interpreter's
+// `linear` op on random data, over row counts that exercise every tail of the schedule
+// (fewer rows than a register block, partial blocks and tiles, several tiles), odd and
+// realistic (K, N), with and without bias and ReLU, and x given as a strided view.
+//
+// Tolerance: the kernel sums K float products in its own order (with FMAs); the
+// interpreter sums in double and rounds once, then adds the bias in float. Whatever the
+// order, float summation of K terms is off by at most γ_K·S, S = Σ_k |x_k·w_k| (γ_K =
+// K·u/(1 − K·u), u = 2⁻²⁴; an FMA only removes roundings), and each of the two final
+// roundings (of the sum, after + bias) adds u·(S + |bias|). So every element must satisfy
+//   |kernel − reference| ≤ (K + 4)·u·(S + |bias_n|),
+// a bound that always holds for a correct kernel (ReLU is 1-Lipschitz) and is far below
+// the size of one missing or doubled product term for the K tested here.
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "codegen/halide_kernels.h"
+#include "codegen/kernels.h"
+#include "ir/interpreter.h"
+#include "ir/ir.h"
+
+namespace kiln::codegen {
+namespace {
+
+using ir::Dim;
+using ir::DType;
+using ir::Function;
+using ir::Module;
+using ir::OpKind;
+using ir::Tensor;
+using ir::TensorType;
+using ir::ValueId;
+
+constexpr char kAvx2Target[] = "x86-64-linux-avx-avx2-f16c-fma-sse41";
+
+// Deterministic pseudo-random floats in [-1, 1).
+std::vector<float> noise(size_t count, uint32_t seed) {
+  std::vector<float> out(count);
+  uint32_t s = seed;
+  for (float& v : out) {
+    s = s * 1664525u + 1013904223u;
+    v = static_cast<float>(s >> 8) / static_cast<float>(1 << 23) - 1.0f;
+  }
+  return out;
+}
+
+// The kernel for `spec` compiled in process for `target`, called like the AOT function:
+// buffers in kernels.h's argument order, the output last.
+class JitLinear {
+ public:
+  JitLinear(const LinearKernel& spec, const std::string& target)
+      : target_(target == "host" ? Halide::get_host_target() : Halide::Target(target)) {
+    KernelPipeline kp = build_linear(spec, target_);
+    Halide::Target jit_target = target_.with_feature(Halide::Target::JIT);
+    Halide::Module module = kp.pipeline.compile_to_module(kp.args, "linear_test", jit_target);
+    jit_ = Halide::Internal::JITModule(module, module.functions().back());
+    fn_ = jit_.argv_function();
+  }
+  // Returns the pipeline's status (0 on success).
+  int operator()(std::vector<halide_buffer_t*> buffers) const {
+    std::vector<const void*> argv(buffers.begin(), buffers.end());
+    return fn_(argv.data());
+  }
+
+ private:
+  Halide::Target target_;
+  Halide::Internal::JITModule jit_;
+  Halide::Internal::JITModule::argv_wrapper fn_ = nullptr;
+};
+
+// One test problem: x [rows..., K] (product of rows = M), W [N, K], b [N].
+struct Problem {
+  int64_t K = 0, N = 0;
+  std::vector<int64_t> rows;  // leading dims of x
+  bool relu = false, has_bias = true;
+  int64_t x_stride = 0;       // row stride of x in the kernel's view; 0: dense (K)
+  uint32_t seed = 1;
+};
+
+int64_t row_count(const Problem& p) {
+  int64_t m = 1;
+  for (int64_t d : p.rows) m *= d;
+  return m;
+}
+
+// The interpreter's result of `linear(x, W[, b]){act}` in a one-op module.
+Tensor reference(const Problem& p, const Tensor& x, const Tensor& w, const Tensor& b) {
+  auto f32 = [](const std::vector<int64_t>& shape) {
+    TensorType t{DType::f32, {}};
+    for (int64_t d : shape) t.shape.push_back(Dim::constant(d));
+    return t;
+  };
+  Module m;
+  m.name = "linear_test";
+  m.declare_weight("W", f32({p.N, p.K}));
+  if (p.has_bias) m.declare_weight("b", f32({p.N}));
+  Function f;
+  f.name = "f";
+  ValueId xv = f.add_param("x", f32(x.shape));
+  std::vector<ValueId> operands = {
+      xv, f.add_op(OpKind::weight, {}, f32({p.N, p.K}), {{"name", std::string("W")}})};
+  if (p.has_bias)
+    operands.push_back(f.add_op(OpKind::weight, {}, f32({p.N}), {{"name", std::string("b")}}));
+  std::vector<int64_t> out_shape = p.rows;
+  out_shape.push_back(p.N);
+  f.results.push_back(f.add_op(OpKind::linear, operands, f32(out_shape),
+                               {{"act", std::string(p.relu ? "relu" : "none")}}));
+  m.functions.push_back(std::move(f));
+  ir::WeightMap weights = {{"W", w}};
+  if (p.has_bias) weights.emplace("b", b);
+  std::vector<Tensor> out = ir::interpret(m, m.functions[0], weights, {x});
+  EXPECT_EQ(out.size(), 1u);
+  return out.at(0);
+}
+
+// Runs `kernel` on random data for `p` and checks every element against the interpreter.
+void check(const JitLinear& kernel, const Problem& p) {
+  const int64_t M = row_count(p), K = p.K, N = p.N;
+  const int64_t stride = p.x_stride ? p.x_stride : K;
+  ASSERT_GE(stride, K);
+  std::vector<int64_t> x_shape = p.rows;
+  x_shape.push_back(K);
+  Tensor x = Tensor::from_f32(x_shape, noise(M * K, p.seed));
+  Tensor w = Tensor::from_f32({N, K}, noise(N * K, p.seed + 1));
+  Tensor b = Tensor::from_f32({N}, noise(N, p.seed + 2));
+  Tensor ref = reference(p, x, w, b);
+
+  // x as a (k, m) view with row stride `stride`, padding filled with NaN so that reading
+  // it would show; wt (n, k) = W transposed; out (n, m) prefilled with NaN.
+  std::vector<float> x_data(stride * M, NAN);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) x_data[m * stride + k] = x.f[m * K + k];
+  std::vector<float> wt_data(K * N);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) wt_data[k * N + n] = w.f[n * K + k];
+  std::vector<float> out_data(N * M, NAN);
+  halide_dimension_t x_dims[] = {{0, static_cast<int32_t>(K), 1},
+                                 {0, static_cast<int32_t>(M), static_cast<int32_t>(stride)}};
+  halide_dimension_t wt_dims[] = {{0, static_cast<int32_t>(N), 1},
+                                  {0, static_cast<int32_t>(K), static_cast<int32_t>(N)}};
+  halide_dimension_t b_dims[] = {{0, static_cast<int32_t>(N), 1}};
+  halide_dimension_t out_dims[] = {{0, static_cast<int32_t>(N), 1},
+                                   {0, static_cast<int32_t>(M), static_cast<int32_t>(N)}};
+  Halide::Runtime::Buffer<float> xb(x_data.data(), 2, x_dims);
+  Halide::Runtime::Buffer<float> wtb(wt_data.data(), 2, wt_dims);
+  Halide::Runtime::Buffer<float> bb(b.f.data(), 1, b_dims);
+  Halide::Runtime::Buffer<float> ob(out_data.data(), 2, out_dims);
+  std::vector<halide_buffer_t*> buffers = {xb.raw_buffer(), wtb.raw_buffer()};
+  if (p.has_bias) buffers.push_back(bb.raw_buffer());
+  buffers.push_back(ob.raw_buffer());
+  ASSERT_EQ(kernel(buffers), 0);
+
+  constexpr double kUnit = 1.0 / (1 << 24);
+  int failures = 0;
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t n = 0; n < N; ++n) {
+      double magnitude = p.has_bias ? std::fabs(b.f[n]) : 0.0;
+      for (int64_t k = 0; k < K; ++k)
+        magnitude += std::fabs(static_cast<double>(x.f[m * K + k]) * w.f[n * K + k]);
+      const double tolerance = static_cast<double>(K + 4) * kUnit * magnitude;
+      const float got = out_data[m * N + n], want = ref.f[m * N + n];
+      if (!(std::fabs(static_cast<double>(got) - want) <= tolerance) && ++failures <= 5)
+        ADD_FAILURE() << "M=" << M << " out(n=" << n << ", m=" << m << ") = " << got
+                      << ", want " << want << " ± " << tolerance;
+    }
+  }
+  EXPECT_EQ(failures, 0) << "elements off for M=" << M;
+}
+
+// (target, K, N, relu, has_bias)
+using Shape = std::tuple<std::string, int64_t, int64_t, bool, bool>;
+
+class LinearKernelTest : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(LinearKernelTest, MatchesInterpreter) {
+  const auto& [target, K, N, relu, has_bias] = GetParam();
+  const JitLinear kernel(LinearKernel{K, N, relu, has_bias}, target);
+  uint32_t seed = 1;
+  for (int64_t M : {1, 2, 5, 6, 7, 33, 129}) {
+    SCOPED_TRACE("M=" + std::to_string(M));
+    check(kernel, Problem{K, N, {M}, relu, has_bias, 0, seed += 3});
+  }
+  // Leading dims [B, L] like the model's activations, and x as a view of a wider tensor.
+  check(kernel, Problem{K, N, {3, 11}, relu, has_bias, 0, seed += 3});
+  check(kernel, Problem{K, N, {33}, relu, has_bias, K + 5, seed += 3});
+}
+
+std::string shape_name(const ::testing::TestParamInfo<Shape>& info) {
+  const auto& [target, K, N, relu, has_bias] = info.param;
+  return (target == "host" ? std::string("host") : std::string("avx2")) + "_K" +
+         std::to_string(K) + "_N" + std::to_string(N) + (relu ? "_relu" : "") +
+         (has_bias ? "" : "_nobias");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    OddShapes, LinearKernelTest,
+    ::testing::Values(Shape{"host", 24, 40, false, true}, Shape{"host", 20, 36, true, true},
+                      Shape{"host", 7, 5, false, false}, Shape{"host", 9, 3, true, false},
+                      Shape{"host", 1, 17, false, true}, Shape{"host", 64, 200, true, true},
+                      Shape{kAvx2Target, 24, 40, false, true},
+                      Shape{kAvx2Target, 20, 36, true, true},
+                      Shape{kAvx2Target, 7, 5, false, false},
+                      Shape{kAvx2Target, 64, 200, true, false}),
+    shape_name);
+
+// The model's shape class: whole register blocks along n, K a multiple of the unroll.
+INSTANTIATE_TEST_SUITE_P(Realistic, LinearKernelTest,
+                         ::testing::Values(Shape{"host", 512, 512, false, true},
+                                           Shape{"host", 512, 512, true, true},
+                                           Shape{kAvx2Target, 512, 512, true, true}),
+                         shape_name);
+
+// Several m tiles (balanced, the last shifted inward) and several n tiles and blocks.
+TEST(LinearKernelTest, ManyTiles) {
+  for (const char* target : {"host", kAvx2Target}) {
+    SCOPED_TRACE(target);
+    const JitLinear kernel(LinearKernel{64, 320, true, true}, target);
+    check(kernel, Problem{64, 320, {517}, true, true, 0, 11});
+    check(kernel, Problem{64, 320, {256}, true, true, 70, 12});
+    check(kernel, Problem{64, 320, {1031}, true, true, 0, 13});
+  }
+}
+
+// The kernel takes its arguments in kernels.h's order: x, wt, bias (only with a bias).
+TEST(LinearKernelTest, Arguments) {
+  const Halide::Target host = Halide::get_host_target();
+  KernelPipeline with_bias = build_linear(LinearKernel{8, 16, false, true}, host);
+  ASSERT_EQ(with_bias.args.size(), 3u);
+  EXPECT_EQ(with_bias.args[0].name, "x");
+  EXPECT_EQ(with_bias.args[1].name, "wt");
+  EXPECT_EQ(with_bias.args[2].name, "bias");
+  KernelPipeline no_bias = build_linear(LinearKernel{8, 16, true, false}, host);
+  ASSERT_EQ(no_bias.args.size(), 2u);
+  EXPECT_EQ(no_bias.args[1].name, "wt");
+  for (const Halide::Argument& a : with_bias.args) EXPECT_TRUE(a.is_input());
+}
+
+}  // namespace
+}  // namespace kiln::codegen

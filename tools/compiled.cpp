@@ -1,0 +1,123 @@
+// Running a compiled model's shared library through its C ABI (see compiled.h).
+#include "tools/compiled.h"
+
+#include <dlfcn.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "kiln/runtime.h"
+#include "support/error.h"
+
+namespace kiln::tools {
+namespace fs = std::filesystem;
+
+namespace {
+// The C ABI, resolved from one library handle.
+struct Api {
+  kiln_model* (*create)(const char*, char**);
+  void (*destroy)(kiln_model*);
+  void (*free_error)(char*);
+  int (*num_inputs)(const kiln_model*, const char*);
+  int (*num_outputs)(const kiln_model*, const char*);
+  const char* (*input_name)(const kiln_model*, const char*, int);
+  int (*output_shapes)(kiln_model*, const char*, const kiln_tensor*, size_t, kiln_tensor*, size_t);
+  int (*run)(kiln_model*, const char*, const kiln_tensor*, size_t, kiln_tensor*, size_t);
+  const char* (*error)(const kiln_model*);
+  int (*set_num_threads)(kiln_model*, int);
+};
+
+template <typename F>
+void resolve(void* handle, const std::string& lib, const std::string& symbol, F* out) {
+  void* p = dlsym(handle, symbol.c_str());
+  if (!p) fail("'{}' does not export '{}': not a kiln model library", lib, symbol);
+  *out = reinterpret_cast<F>(p);
+}
+}  // namespace
+
+std::vector<rt::TensorData> run_compiled(const std::string& dir, const std::string& function,
+                                         const std::string& weights_path,
+                                         const rt::SafeTensors& inputs, int threads) {
+  if (weights_path == "-") fail("run --compiled: weights must be a file, not '-'");
+  std::vector<fs::path> libs;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::string n = e.path().filename().string();
+    if (n.size() > 6 && n.rfind("lib", 0) == 0 && n.substr(n.size() - 3) == ".so") libs.push_back(e.path());
+  }
+  if (ec) fail("run --compiled: cannot read directory '{}': {}", dir, ec.message());
+  if (libs.size() != 1)
+    fail("run --compiled: expected one lib*.so in '{}' (from kiln compile --emit=shared), found {}", dir,
+         libs.size());
+  const std::string lib = libs[0].string();
+  const std::string name = libs[0].filename().string().substr(3, libs[0].filename().string().size() - 6);
+  void* handle = dlopen(fs::absolute(libs[0]).c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle) fail("run --compiled: cannot load '{}': {}", lib, dlerror());
+  Api api{};
+  resolve(handle, lib, name + "_create", &api.create);
+  resolve(handle, lib, "kiln_model_destroy", &api.destroy);
+  resolve(handle, lib, "kiln_free_error", &api.free_error);
+  resolve(handle, lib, "kiln_model_num_inputs", &api.num_inputs);
+  resolve(handle, lib, "kiln_model_num_outputs", &api.num_outputs);
+  resolve(handle, lib, "kiln_model_input_name", &api.input_name);
+  resolve(handle, lib, "kiln_model_output_shapes", &api.output_shapes);
+  resolve(handle, lib, "kiln_model_run", &api.run);
+  resolve(handle, lib, "kiln_model_error", &api.error);
+  resolve(handle, lib, "kiln_model_set_num_threads", &api.set_num_threads);
+
+  char* error = nullptr;
+  kiln_model* model = api.create(weights_path.c_str(), &error);
+  if (!model) {
+    std::string msg = error ? error : "unknown error";
+    api.free_error(error);
+    fail("{}", msg);
+  }
+  std::unique_ptr<kiln_model, void (*)(kiln_model*)> guard(model, api.destroy);
+  if (threads > 0) api.set_num_threads(model, threads);
+  int n_in = api.num_inputs(model, function.c_str());
+  if (n_in < 0) fail("compiled model '{}' has no entry point '{}'", name, function);
+
+  std::vector<kiln_tensor> in(n_in);
+  std::vector<std::vector<int64_t>> ids(n_in);
+  std::vector<std::vector<float>> floats(n_in);
+  for (int i = 0; i < n_in; ++i) {
+    const char* pname = api.input_name(model, function.c_str(), i);
+    const rt::TensorInfo* t = inputs.find(pname);
+    if (!t) fail("inputs '{}' have no tensor '{}' for entry point '{}'", inputs.label(), pname, function);
+    std::memset(&in[i], 0, sizeof in[i]);
+    in[i].name = pname;
+    if (t->shape.size() > KILN_MAX_RANK) fail("input '{}' has rank {}", pname, t->shape.size());
+    in[i].rank = static_cast<int32_t>(t->shape.size());
+    for (size_t d = 0; d < t->shape.size(); ++d) in[i].shape[d] = t->shape[d];
+    if (t->dtype == rt::DType::f32) {
+      floats[i] = inputs.to_f32(*t);
+      in[i].dtype = KILN_F32;
+      in[i].data = floats[i].data();
+    } else {
+      ids[i] = inputs.to_i64(*t);  // I64 or I32; anything else is an error there
+      in[i].dtype = KILN_I64;
+      in[i].data = ids[i].data();
+    }
+  }
+  int n_out = api.num_outputs(model, function.c_str());
+  std::vector<kiln_tensor> out(n_out);
+  if (api.output_shapes(model, function.c_str(), in.data(), in.size(), out.data(), out.size()) != 0)
+    fail("{}", api.error(model));
+  std::vector<rt::TensorData> results(n_out);
+  std::vector<std::vector<float>> buffers(n_out);
+  for (int r = 0; r < n_out; ++r) {
+    if (out[r].dtype != KILN_F32) fail("output '{}' is not f32", out[r].name);
+    int64_t n = 1;
+    for (int d = 0; d < out[r].rank; ++d) n *= out[r].shape[d];
+    buffers[r].resize(n);
+    out[r].data = buffers[r].data();
+  }
+  if (api.run(model, function.c_str(), in.data(), in.size(), out.data(), out.size()) != 0)
+    fail("{}", api.error(model));
+  for (int r = 0; r < n_out; ++r)
+    results[r] = rt::make_f32(out[r].name, std::vector<int64_t>(out[r].shape, out[r].shape + out[r].rank),
+                              buffers[r]);
+  return results;
+}
+
+}  // namespace kiln::tools
