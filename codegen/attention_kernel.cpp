@@ -5,28 +5,28 @@
 // (two vectors: 32 keys with AVX-512, 16 with AVX2). The algorithm is written on these block
 // coordinates (row i = io·12 + ii, key j = jb·KB + jj), so that the schedule can compute, per
 // (batch, head, row block), the scores of the 12 rows against every key block they need into a
-// small scratch buffer, then its row maxima, exponentials, row sums and the weighted sum of V.
-// Keys past Lk (the last block's padding) score kNoKey, whose exponential is exactly 0; masked
-// keys score -1e9 like the interpreter's masked_fill.
+// scratch buffer (12 × Lk floats, reused by every block), then the row maxima, exponentials,
+// row sums and the weighted sum of V. Scores are kept in base 2 (log2 e folded into the scale)
+// for a cheap vectorized exponential. Keys past Lk (the last block's padding) score kNoKey,
+// whose exponential is exactly 0; masked keys score -1e9 like the interpreter's masked_fill.
 //
-// Causal skipping. A causal row i needs keys j <= i only, so row block io needs the first
-// ceil(min(Lk, 12·io + 12) / KB) key blocks, and the 6-row tile of the V product even fewer.
-// The reductions run over every key block with a predicate on the block index, and read the
-// score scratch at a clamped block index, so bounds inference computes scores only for the
-// blocks a row block needs. Skipping keys above the diagonal is exact whenever a row has an
-// unmasked key (their -1e9 scores have exponential exactly 0). A row whose keys are all
-// masked (causal, and every key j <= i padded) must be, as in the interpreter, the uniform
-// average of v over all Lk keys: such rows have the maximum -1e9 and take that average instead.
-// (Without causal every key block is visited and such rows come out uniform by themselves.)
+// Causal skipping. A causal row i needs keys j <= i only, so row block io needs only the first
+// ceil(min(Lk, 12·io + 12) / KB) key blocks. The reductions run over every key block with a
+// predicate on the block index, and read the scratch at a clamped block index, so bounds
+// inference computes scores only for the blocks a row block needs. Skipping keys above the
+// diagonal is exact whenever a row has an unmasked key: their -1e9 scores weigh exactly 0. A
+// row whose keys are all masked (causal, and every key j <= i padded) must be, as in the
+// interpreter, the uniform average of v over all Lk keys: such rows have the maximum -1e9 and
+// take that average instead. (Without causal every key block is visited, and such rows come
+// out uniform by themselves.)
 //
-// Schedule. Parallel over (batch, head); K is transposed once per (batch, head) into
-// contiguous key blocks (kt). Per row block: the QK product in register tiles of 6 rows × KB
-// keys with the dk reduction innermost (12 vector accumulators), the scale and masks on store;
-// maxima and sums reduced first across key blocks in vectors, then across the KB lanes; the
-// exponentials vectorized (exp_nonpositive: a polynomial, since Halide's exp calls scalar
-// expf); the V product in register tiles of 6 rows × EB channels (up to 4 vectors with
-// AVX-512, 2 with AVX2) with the key reduction outermost, broadcasting one probability per
-// (key, row).
+// Schedule. Parallel over (batch, head). Once per (batch, head), K is transposed into
+// contiguous key blocks (kt) and V copied contiguous (vc). Per row block: the QK product in
+// register tiles of 6 rows × KB keys with the dk reduction innermost (12 vector accumulators),
+// scale and masks applied on the way out; maxima and sums reduced across key blocks in vectors,
+// then across the KB lanes by vector reductions; the exponentials vectorized; the V
+// product in register tiles of 12 rows × EB channels (2 vectors with AVX-512: 24
+// accumulators; 1 with AVX2), the keys outermost, one broadcast probability per (key, row).
 #include <algorithm>
 
 #include "codegen/halide_kernels.h"
@@ -43,15 +43,15 @@ using Halide::RDom;
 using Halide::TailStrategy;
 using Halide::Var;
 
-constexpr int kRowBlock = 12;           // query rows per block (score scratch rows)
-constexpr int kRowTile = 6;             // rows per QK register tile
-constexpr float kMaskedScore = -1e9f;   // the interpreter's masked_fill value
-constexpr float kNoKey = -1e30f;        // keys past Lk: exp(kNoKey - max) is exactly 0
-constexpr float kLowest = -3.0e38f;     // start of a running maximum
+constexpr int kRowBlock = 12;          // query rows per block (score scratch rows)
+constexpr int kRowTile = 6;            // rows per QK register tile
+constexpr float kMaskedScore = -1e9f;  // the interpreter's masked_fill value
+constexpr float kNoKey = -1e30f;       // keys past Lk: exp(kNoKey - max) is exactly 0
+constexpr float kLowest = -3.0e38f;    // start of a running maximum
 
 // 2^x for x <= 0, vectorizable (Halide's exp calls scalar expf): x = n + r with n an integer
-// and |r| <= 1/2, 2^r by its Taylor polynomial of degree 6 in r·ln2 (relative error below
-// 1.3e-7), 2^n built in the exponent bits. Inputs at or below -127 give exactly 0 (n = -127
+// and |r| <= 1/2, 2^r by its Taylor polynomial of degree 6 in r·ln2 (relative error 2.2e-7
+// with rounding), 2^n built in the exponent bits. Inputs at or below -127 give exactly 0 (n = -127
 // has a zero exponent field).
 Expr exp2_nonpositive(Expr x) {
   x = Halide::max(x, -127.0f);
@@ -101,7 +101,7 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
   };
 
   Var jj("jj"), d("d"), jb("jb"), ii("ii"), io("io"), h("h"), b("b");
-  Var e("e"), it("it"), ib("ib"), c("c"), i("i");
+  Var e("e"), c("c"), i("i");
 
   // K transposed per (batch, head) into key blocks: kt(jj, d, jb) = k[jb·KB + jj][d].
   Func kt("attention_kt");
@@ -129,10 +129,9 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
   const double log2e = 1.44269504088896340736;
   Expr scaled = dot(jj, ii, jb, io, h, b) * static_cast<float>(spec.scale * log2e);
   Func score("attention_score");
-  score(jj, ii, jb, io, h, b) = is_masked.defined()
-                                    ? Halide::select(key >= lk, kNoKey, is_masked,
-                                                     kMaskedScore, scaled)
-                                    : Halide::select(key >= lk, kNoKey, scaled);
+  score(jj, ii, jb, io, h, b) =
+      is_masked.defined() ? Halide::select(key >= lk, kNoKey, is_masked, kMaskedScore, scaled)
+                          : Halide::select(key >= lk, kNoKey, scaled);
 
   // A reduction over the key blocks row block `io` needs: (RDom, block index to read).
   const Expr blocks_io = blocks_for_rows((io + 1) * kRowBlock);
@@ -180,8 +179,7 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
 
   const Expr out_h = c / dv, out_e = c % dv;
   const Expr out_ii = i % kRowBlock, out_io = i / kRowBlock;
-  Expr result = pv(out_e, out_ii, out_io, out_h, b) /
-                row_sum(out_ii, out_io, out_h, b);
+  Expr result = pv(out_e, out_ii, out_io, out_h, b) / row_sum(out_ii, out_io, out_h, b);
   Func mean_v("attention_mean_v");
   if (causal && padded) {
     // Rows whose keys are all masked: the uniform average of v over all Lk keys.
@@ -222,25 +220,24 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
       .fuse(ch, b, hb)
       .parallel(hb);
 
-  // The transpose in lanes × lanes tiles, both dims vectorized: dense loads and shuffles.
-  Var di("di");
-  const int kd = lanes_dividing(dk, lanes);
-  kt.compute_at(out, hb)
-      .split(d, d, di, kd)
-      .reorder(jj, di, d, jb)
-      .vectorize(jj, lanes)
-      .vectorize(di);
+  kt.compute_at(out, hb).vectorize(jj, lanes);
   vc.compute_at(out, hb).vectorize(e, ve);
   if (causal && padded) {
     mean_v.compute_at(out, hb).vectorize(e, ve);
     mean_v.update().vectorize(e, ve);
   }
 
-  qb.compute_at(out, io).vectorize(d, lanes_dividing(dk, lanes));
-  // Scores of one row block: 6 × KB register tiles.
+  // Per row block (loop io of out). bound_extent(io, 1): one block per computation, so that the
+  // small buffers have constant sizes (on the stack, in registers after unrolling); the score
+  // and probability scratch are allocated once per (batch, head) and reused by every block.
+  for (Func f : {qb, max_lanes, row_max, sum_lanes, row_sum, pv}) f.compute_at(out, io);
+  for (Func f : {score, prob}) f.store_at(out, hb).fold_storage(io, 1).compute_at(out, io);
+  for (Func f : {qb, max_lanes, row_max, sum_lanes, row_sum, pv}) f.bound_extent(io, 1);
+
+  qb.vectorize(d, lanes_dividing(dk, lanes));
+  // Scores: 6 × KB register tiles, the dk reduction innermost.
   Var ito("ito"), iti("iti");
-  score.compute_at(out, io)
-      .split(ii, ito, iti, kRowTile)
+  score.split(ii, ito, iti, kRowTile)
       .reorder(jj, iti, ito, jb)
       .vectorize(jj, lanes)
       .unroll(jj)
@@ -249,21 +246,18 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
   dot.compute_at(score, ito).bound(jj, 0, kb).vectorize(jj, lanes).unroll(jj).unroll(ii);
   dot.update().reorder(jj, ii, rd).vectorize(jj, lanes).unroll(jj).unroll(ii);
 
-  max_lanes.compute_at(out, io).vectorize(jj, lanes).unroll(jj);
+  // Maxima and sums: across key blocks in vectors, then across the lanes.
+  max_lanes.vectorize(jj, lanes).unroll(jj);
   max_lanes.update().reorder(jj, rm.x, ii).vectorize(jj, lanes).unroll(jj);
-  row_max.compute_at(out, io);
-  row_max.update().reorder(ii, rml).unroll(ii);
-
-  prob.compute_at(out, io).reorder(jj, ii, jb).vectorize(jj, lanes).unroll(jj);
-
-  sum_lanes.compute_at(out, io).vectorize(jj, lanes).unroll(jj);
+  sum_lanes.vectorize(jj, lanes).unroll(jj);
   sum_lanes.update().reorder(jj, rs.x, ii).vectorize(jj, lanes).unroll(jj);
-  row_sum.compute_at(out, io);
-  row_sum.update().reorder(ii, rsl).unroll(ii);
+  row_max.update().atomic().vectorize(rml);  // across lanes: vector reductions (shuffles)
+  row_sum.update().atomic().vectorize(rsl);
+  prob.reorder(jj, ii, jb).vectorize(jj, lanes).unroll(jj);
 
   // The V product: 12 rows × eb channels of accumulators per pass over the keys.
   Var eo("eo"), ei("ei");
-  pv.compute_at(out, io).vectorize(e, ve);
+  pv.vectorize(e, ve);
   pv.update()
       .split(e, eo, ei, eb)
       .reorder(ei, ii, rv.x, rv.y, eo)

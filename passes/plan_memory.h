@@ -5,7 +5,7 @@
 //     %a = exp(%x) : f32[B,64]
 //     %b = neg(%a) : f32[B,64]
 //     %c = add(%a, %b) : f32[B,64]
-//     %y = relu(%c) : f32[B,64]
+//     %y = softmax(%c) {axis = 1} : f32[B,64]
 //     return %y
 //   }
 // =>
@@ -13,7 +13,7 @@
 //     %a = exp(%x) : f32[B,64] at 0
 //     %b = neg(%a) : f32[B,64] at 1024       (%a is still live)
 //     %c = add(%a, %b) : f32[B,64] at 0      (in place: %a dies here)
-//     %y = relu(%c) : f32[B,64]              (a result: the caller's buffer)
+//     %y = softmax(%c) {axis = 1} : f32[B,64]  (a result: the caller's buffer)
 //     return %y
 //   }
 //

@@ -19,9 +19,11 @@
 #include "ir/parser.h"
 #include "ir/printer.h"
 #include "passes/pipeline.h"
+#include "passes/plan_memory.h"
 #include "support/error.h"
 #include "tools/bridge.h"
 #include "tools/compiled.h"
+#include "tools/dot.h"
 
 namespace kiln::tools {
 namespace {
@@ -51,13 +53,18 @@ options:
   -o FILE           output file; '-' or none: standard output
 )";
 
-constexpr const char* kInspectHelp = R"(usage: kiln inspect FILE [--ops]
+constexpr const char* kInspectHelp = R"(usage: kiln inspect FILE [--ops | --memory | --dot FUNCTION]
 
 Prints the module's entry points with their inputs and outputs, its weights (count,
 parameters, bytes) and an op histogram per function.
 
 options:
-  --ops   print only the histogram, one 'FUNCTION OP COUNT' line per function and op
+  --ops             print only the histogram, one 'FUNCTION OP COUNT' line per function and op
+  --memory          print each function's memory plan (run 'kiln opt' first): every arena
+                    value with offset, size and live range, the peak arena bytes and the
+                    sum of all intermediate sizes
+  --dot FUNCTION    write FUNCTION as a Graphviz digraph (fused ops drawn as bold boxes),
+                    e.g. kiln inspect m.kir --dot forward | dot -Tsvg -o forward.svg
 )";
 
 constexpr const char* kCompileHelp =
@@ -239,8 +246,26 @@ std::vector<std::pair<std::string, int>> histogram(const ir::Function& f) {
 
 int cmd_inspect(const std::vector<std::string>& argv) {
   if (wants_help(argv)) return fmt::print("{}", kInspectHelp), 0;
-  Args a = Args::parse(argv, {}, {"--ops"}, "inspect");
+  Args a = Args::parse(argv, {"--dot"}, {"--ops", "--memory"}, "inspect");
   ir::Module m = read_module(one_positional(a, "inspect", "FILE"));
+  if (auto fn = a.get("--dot")) {
+    const ir::Function* f = m.find_function(*fn);
+    if (!f) fail("inspect: module has no function '{}'", *fn);
+    fmt::print("{}", to_dot(m, *f));
+    return 0;
+  }
+  if (a.flags.count("--memory")) {
+    for (const ir::Function& f : m.functions) {
+      if (f.arena_bytes < 0)
+        fail("inspect: function '{}' has no memory plan (run 'kiln opt' first)", f.name);
+      std::vector<std::string> problems = passes::check_memory_plan(m, f);
+      fmt::print("function {}\n{}", f.name, passes::memory_report(m, f));
+      fmt::print("plan check: {}\n\n", problems.empty() ? "sound (no two live values overlap)"
+                                                          : fmt::format("{} problem(s): {}", problems.size(),
+                                                                        fmt::join(problems, "; ")));
+    }
+    return 0;
+  }
   if (a.flags.count("--ops")) {
     for (const ir::Function& f : m.functions)
       for (const auto& [op, n] : histogram(f)) fmt::print("{} {} {}\n", f.name, op, n);

@@ -1,0 +1,268 @@
+// Model benchmark: the paper's base Transformer (frontend/models.cpp "base", max_len
+// raised to 1024 for W4, max_batch 16) compiled by kiln (kiln_add_model in
+// bench/CMakeLists.txt) on the workloads, with KILN_BENCH_THREADS (default 2)
+// threads, plus the machine's FMA peak (`peak`, bench/peak.cpp) in the same process.
+//
+//   KILN_BENCH_WEIGHTS=/tmp/kiln-bench/base.safetensors model_bench \
+//       [--benchmark_repetitions=5 --benchmark_report_aggregates_only=true]
+//
+// Workloads (random token ids in [1, vocab) from a fixed seed: no padding):
+//   W1  forward, batch 1,  src 32,   tgt 32    (latency)
+//   W2  forward, batch 16, src 128,  tgt 128   (throughput)
+//   W4  encode,  batch 1,  src 1024            (long sequence)
+// Weights: any checkpoint of the base config by state_dict name, e.g. the one
+// bench/peers.py writes (the same file PyTorch and ONNX Runtime run), path in
+// KILN_BENCH_WEIGHTS; without it every model benchmark is skipped with a message.
+// With KILN_BENCH_REFERENCE (peers.py --reference-out: W1-shaped ids and PyTorch's logits)
+// `check_vs_pytorch` reports kiln's largest difference from PyTorch on those ids.
+//
+// Timing: one call per iteration through the C ABI (kiln_model_run) into output buffers
+// allocated before the timed loop: the model's time, not the C++ wrapper's allocation
+// and zero-fill of a fresh result (forward() allocates 16·128·32000 floats = 262 MB for
+// W2). One untimed warm-up call per workload first. Wall-clock time (UseRealTime): the kernels run on
+// several threads.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bench_base.h"
+#include "peak.h"
+
+namespace kiln_bench {
+namespace {
+
+// The base config (frontend/models.cpp); the compiled library checks weights against it.
+constexpr double kDModel = 512, kHeads = 8, kDk = kDModel / kHeads, kDff = 2048;
+constexpr double kEncLayers = 6, kDecLayers = 6, kTgtVocab = 32000;
+constexpr int64_t kSrcVocab = 32000, kTgtVocabI = 32000, kPadId = 0;
+
+// FLOPs counted analytically: 2·M·N·K for every linear (M = rows = batch·length), and for
+// attention 2·B·H·Lq·Lk·dk for QKᵀ plus the same for P·V. Causal self-attention is counted
+// in full (as if no score were masked). LayerNorm, softmax, embeddings, residual adds and
+// other elementwise work are not counted.
+//   encoder layer (S source tokens, n = B·S):
+//     2·n·d·3d (QKV) + 2·n·d·d (out) + 2·n·d·dff + 2·n·dff·d (FFN) + 2·2·B·H·S·S·dk
+//   decoder layer (T target tokens, m = B·T):
+//     self:  2·m·d·3d + 2·m·d·d + 2·2·B·H·T·T·dk
+//     cross: 2·m·d·d (Q) + 2·n·d·2d (K,V of the memory) + 2·m·d·d (out) + 2·2·B·H·T·S·dk
+//     FFN:   2·m·d·dff + 2·m·dff·d
+//   generator: 2·m·d·tgt_vocab
+//   forward = 6 encoder layers + 6 decoder layers + generator; encode = 6 encoder layers.
+// W1 ≈ 3.905 GFLOP, W2 ≈ 257.16 GFLOP, W4 ≈ 51.54 GFLOP.
+double encoder_flops(double B, double S) {
+  const double n = B * S;
+  const double linear = 2 * n * kDModel * 3 * kDModel + 2 * n * kDModel * kDModel + 2 * n * kDModel * kDff +
+                        2 * n * kDff * kDModel;
+  const double attention = 2 * 2 * B * kHeads * S * S * kDk;
+  return kEncLayers * (linear + attention);
+}
+
+double decoder_flops(double B, double S, double T) {
+  const double n = B * S, m = B * T;
+  const double self = 2 * m * kDModel * 3 * kDModel + 2 * m * kDModel * kDModel + 2 * 2 * B * kHeads * T * T * kDk;
+  const double cross = 2 * m * kDModel * kDModel + 2 * n * kDModel * 2 * kDModel + 2 * m * kDModel * kDModel +
+                       2 * 2 * B * kHeads * T * S * kDk;
+  const double ffn = 2 * m * kDModel * kDff + 2 * m * kDff * kDModel;
+  return kDecLayers * (self + cross + ffn);
+}
+
+double generator_flops(double B, double T) { return 2 * B * T * kDModel * kTgtVocab; }
+
+struct Workload {
+  const char* name;
+  const char* function;  // "forward" or "encode"
+  int64_t batch, src_len, tgt_len;
+  uint64_t seed;
+  double flops() const {
+    const double B = static_cast<double>(batch), S = static_cast<double>(src_len), T = static_cast<double>(tgt_len);
+    if (std::string(function) == "encode") return encoder_flops(B, S);
+    return encoder_flops(B, S) + decoder_flops(B, S, T) + generator_flops(B, T);
+  }
+};
+
+const Workload kWorkloads[] = {
+    {"W1_forward_b1_s32_t32", "forward", 1, 32, 32, 101},
+    {"W2_forward_b16_s128_t128", "forward", 16, 128, 128, 102},
+    {"W4_encode_b1_s1024", "encode", 1, 1024, 0, 104},
+};
+
+// Ids uniform in [1, vocab): never the pad id 0, so no padding.
+std::vector<int64_t> random_ids(std::mt19937_64& rng, int64_t count, int64_t vocab) {
+  std::uniform_int_distribution<int64_t> dist(kPadId + 1, vocab - 1);
+  std::vector<int64_t> ids(static_cast<size_t>(count));
+  for (auto& id : ids) id = dist(rng);
+  return ids;
+}
+
+// The model, loaded once (375 MB of weights) on first use, outside any timing.
+struct Loaded {
+  std::unique_ptr<kiln_models::bench_base> model;
+  std::string error;
+};
+
+Loaded& loaded() {
+  static Loaded l = [] {
+    Loaded r;
+    const char* path = std::getenv("KILN_BENCH_WEIGHTS");
+    if (!path || !*path) {
+      r.error = "KILN_BENCH_WEIGHTS is not set: point it at a base-config safetensors checkpoint "
+                "(bench/peers.py --weights-out writes one; bench/run.sh does it all)";
+      return r;
+    }
+    try {
+      r.model = std::make_unique<kiln_models::bench_base>(path);
+      r.model->set_num_threads(bench_threads());
+    } catch (const std::exception& e) {
+      r.error = std::string("cannot create the compiled model: ") + e.what();
+    }
+    return r;
+  }();
+  return l;
+}
+
+kiln_tensor make_input(const std::vector<int64_t>& ids, int64_t rows, int64_t cols) {
+  kiln_tensor t{};
+  t.name = nullptr;  // by position
+  t.dtype = KILN_I64;
+  t.rank = 2;
+  t.shape[0] = rows;
+  t.shape[1] = cols;
+  t.data = const_cast<int64_t*>(ids.data());
+  return t;
+}
+
+// Inputs and preallocated outputs of one entry point call.
+struct Call {
+  std::vector<std::vector<int64_t>> ids;
+  std::vector<kiln_tensor> inputs, outputs;
+  std::vector<std::vector<float>> buffers;
+
+  // Returns "" or the runtime's message.
+  std::string prepare(kiln_model* m, const char* function) {
+    const int n = kiln_model_num_outputs(m, function);
+    if (n < 0) return std::string("the model has no entry point '") + function + "'";
+    outputs.assign(static_cast<size_t>(n), kiln_tensor{});
+    if (kiln_model_output_shapes(m, function, inputs.data(), inputs.size(), outputs.data(), outputs.size()) != 0)
+      return kiln_model_error(m);
+    buffers.resize(outputs.size());
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      int64_t numel = 1;
+      for (int d = 0; d < outputs[i].rank; ++d) numel *= outputs[i].shape[d];
+      buffers[i].assign(static_cast<size_t>(numel), 0.0f);
+      outputs[i].data = buffers[i].data();
+    }
+    return "";
+  }
+  int run(kiln_model* m, const char* function) {
+    return kiln_model_run(m, function, inputs.data(), inputs.size(), outputs.data(), outputs.size());
+  }
+  bool finite() const {
+    for (const auto& b : buffers)
+      for (float v : b)
+        if (!std::isfinite(v)) return false;
+    return true;
+  }
+};
+
+void BM_workload(benchmark::State& state, const Workload& w) {
+  Loaded& l = loaded();
+  if (!l.model) {
+    state.SkipWithError(l.error.c_str());
+    return;
+  }
+  kiln_model* m = l.model->get();
+  std::mt19937_64 rng(w.seed);
+  Call call;
+  call.ids.push_back(random_ids(rng, w.batch * w.src_len, kSrcVocab));
+  if (std::string(w.function) == "forward") call.ids.push_back(random_ids(rng, w.batch * w.tgt_len, kTgtVocabI));
+  call.inputs.push_back(make_input(call.ids[0], w.batch, w.src_len));
+  if (call.ids.size() > 1) call.inputs.push_back(make_input(call.ids[1], w.batch, w.tgt_len));
+  if (std::string err = call.prepare(m, w.function); !err.empty()) {
+    state.SkipWithError(err.c_str());
+    return;
+  }
+  // Warm-up (untimed), once per workload (not per repetition): first touch of the arena,
+  // thread pool start; the outputs must be finite.
+  static std::set<const Workload*> warmed;
+  if (warmed.insert(&w).second) {
+    if (call.run(m, w.function) != 0) {
+      state.SkipWithError(kiln_model_error(m));
+      return;
+    }
+    if (!call.finite()) {
+      state.SkipWithError("kiln's output has NaN or Inf");
+      return;
+    }
+  }
+  for (auto _ : state) {
+    if (call.run(m, w.function) != 0) {
+      state.SkipWithError(kiln_model_error(m));
+      break;
+    }
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(w.flops() / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP"] = w.flops() / 1e9;
+  state.counters["threads"] = bench_threads();
+}
+
+// kiln against PyTorch on the same ids (W1 shape): max |kiln - PyTorch f32| and max |kiln -
+// PyTorch f64| over the logits, and the largest |logit| for scale (peers.py writes the
+// file and, in its metadata, PyTorch f32's own distance from f64). Not a timing.
+void BM_check(benchmark::State& state) {
+  const char* ref = std::getenv("KILN_BENCH_REFERENCE");
+  Loaded& l = loaded();
+  if (!ref || !*ref) {
+    state.SkipWithError("KILN_BENCH_REFERENCE is not set (bench/peers.py --reference-out writes it)");
+    return;
+  }
+  if (!l.model) {
+    state.SkipWithError(l.error.c_str());
+    return;
+  }
+  double err = 0, err64 = 0, scale = 0;
+  try {
+    auto src = kiln::read_tensor<int64_t>(ref, "src");
+    auto tgt = kiln::read_tensor<int64_t>(ref, "tgt");
+    auto want = kiln::read_tensor<float>(ref, "logits");
+    auto want64 = kiln::read_tensor<float>(ref, "logits_f64");
+    for (auto _ : state) {
+      kiln::Tensor<float> got = l.model->forward(src, tgt);
+      if (got.shape != want.shape) throw std::runtime_error("kiln's logits have another shape than PyTorch's");
+      err = err64 = 0;
+      for (size_t i = 0; i < got.data.size(); ++i) {
+        err = std::max(err, std::abs(static_cast<double>(got.data[i]) - want.data[i]));
+        err64 = std::max(err64, std::abs(static_cast<double>(got.data[i]) - want64.data[i]));
+      }
+    }
+    for (float v : want64.data) scale = std::max(scale, std::abs(static_cast<double>(v)));
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  state.counters["max_abs_err"] = err;
+  state.counters["max_abs_err_f64"] = err64;
+  state.counters["max_abs_logit"] = scale;
+}
+
+const bool registered = [] {
+  for (const Workload& w : kWorkloads)
+    benchmark::RegisterBenchmark(w.name, [&w](benchmark::State& s) { BM_workload(s, w); })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("check_vs_pytorch", BM_check)->Iterations(1)->Unit(benchmark::kMillisecond);
+  return true;
+}();
+
+}  // namespace
+}  // namespace kiln_bench

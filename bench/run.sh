@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# kiln's model benchmarks next to its peers, in one run (see bench/README.md):
+#   builds model_bench (+ peak, + gemm_bench where oneDNN is installed), makes the shared
+#   checkpoint / ONNX files / PyTorch reference (cached in $KILN_BENCH_CACHE), then runs
+#   kiln + peak, gemm_bench (kiln vs oneDNN), PyTorch eager and ONNX Runtime one after the
+#   other, and prints the table (bench/report.py). Results: $KILN_BENCH_CACHE/results/.
+#
+#   bench/run.sh
+#
+# Environment:
+#   KILN_BENCH_BUILD   build directory          (default /tmp/build-bench)
+#   KILN_BENCH_CACHE   weights, ONNX, results   (default /tmp/kiln-bench; ~0.9 GB)
+#   KILN_BENCH_JOBS    build parallelism        (default 1)
+#   KILN_BENCH_THREADS threads of every engine  (default 2)
+#   KILN_BENCH_REPS    kiln repetitions / peer runs per workload (default 5)
+#   KILN_BENCH_GEMM=0  skip gemm_bench;  KILN_BENCH_SKIP_BUILD=1  use the build as is
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD=${KILN_BENCH_BUILD:-/tmp/build-bench}
+CACHE=${KILN_BENCH_CACHE:-/tmp/kiln-bench}
+JOBS=${KILN_BENCH_JOBS:-1}
+export KILN_BENCH_THREADS=${KILN_BENCH_THREADS:-2}
+REPS=${KILN_BENCH_REPS:-5}
+PY=/usr/bin/python3
+OUT=$CACHE/results
+mkdir -p "$CACHE" "$OUT"
+rm -f "$OUT"/*.json "$OUT"/*.log "$OUT"/report.md
+START=$(date +%s)
+log() { echo "[run.sh +$(( $(date +%s) - START ))s] $*" >&2; }
+status() { echo "$1" >> "$OUT/status.log"; log "$1"; }
+: > "$OUT/status.log"
+echo "start $(date -Is) load $(cut -d' ' -f1-3 /proc/loadavg)" > "$OUT/machine.log"
+{ grep -m1 'model name' /proc/cpuinfo; echo "cpus $(nproc)"; } >> "$OUT/machine.log"
+
+# 1. Build.
+if [[ "${KILN_BENCH_SKIP_BUILD:-0}" != 1 ]]; then
+  log "configure + build in $BUILD (-j$JOBS)"
+  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_BUILD_BENCH=ON \
+    > "$OUT/build.log" 2>&1 || status "cmake configure failed (see $OUT/build.log)"
+  for t in peak_bench model_bench gemm_bench; do
+    if [[ $t == gemm_bench ]] && { [[ "${KILN_BENCH_GEMM:-1}" == 0 ]] || ! grep -q 'build bench/gemm_bench:' "$BUILD/build.ninja" 2>/dev/null; }; then
+      continue
+    fi
+    CCACHE_NOHASHDIR=1 cmake --build "$BUILD" -j"$JOBS" --target $t >> "$OUT/build.log" 2>&1 \
+      || status "build of $t failed (see $OUT/build.log)"
+  done
+fi
+
+# 2. OpenBLAS for PyTorch: Debian's torch calls libblas.so.3, which is the netlib reference
+#    BLAS unless an optimized one is installed. Use an installed OpenBLAS, else extract
+#    Debian's libopenblas0-pthread into the cache (apt-get download; nothing is installed).
+OPENBLAS_DIR=
+if [[ -e /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 ]]; then
+  OPENBLAS_DIR=/usr/lib/x86_64-linux-gnu/openblas-pthread
+else
+  OB=$CACHE/openblas-root/usr/lib/x86_64-linux-gnu/openblas-pthread
+  if [[ ! -e $OB/libblas.so.3 ]]; then
+    log "fetching Debian's libopenblas0-pthread (apt-get download) into $CACHE"
+    mkdir -p "$CACHE/debs"
+    (cd "$CACHE/debs" && apt-get download libopenblas0-pthread >/dev/null 2>&1 \
+      && dpkg-deb -x libopenblas0-pthread_*.deb "$CACHE/openblas-root") \
+      || status "could not fetch libopenblas0-pthread: PyTorch runs with the system BLAS only"
+  fi
+  [[ -e $OB/libblas.so.3 ]] && OPENBLAS_DIR=$OB
+fi
+
+# 3. The checkpoint every engine runs, PyTorch's reference logits, the ONNX export.
+log "weights / reference / ONNX (cached in $CACHE)"
+$PY "$ROOT/bench/peers.py" --weights-out "$CACHE/base.safetensors" \
+  --reference-out "$CACHE/reference.safetensors" --onnx-dir "$CACHE" 2> "$OUT/peers-prepare.log" \
+  || status "peers.py (weights/ONNX) failed (see $OUT/peers-prepare.log)"
+
+# 4. ONNX Runtime's npm package.
+if [[ ! -d "$ROOT/bench/ort/node_modules/onnxruntime-node" ]]; then
+  log "npm ci in bench/ort"
+  (cd "$ROOT/bench/ort" && npm ci --no-audit --no-fund > "$OUT/npm.log" 2>&1) \
+    || status "npm ci for onnxruntime-node failed (see $OUT/npm.log): no ONNX Runtime numbers"
+fi
+
+# 5. The runs, one after the other.
+export KILN_BENCH_WEIGHTS=$CACHE/base.safetensors
+export KILN_BENCH_REFERENCE=$CACHE/reference.safetensors
+if [[ -x "$BUILD/bench/model_bench" ]]; then
+  log "kiln: model_bench (peak, W1, W2, W4, check; $REPS repetitions)"
+  "$BUILD/bench/model_bench" --benchmark_repetitions="$REPS" --benchmark_report_aggregates_only=true \
+    --benchmark_out="$OUT/kiln.json" --benchmark_out_format=json > "$OUT/kiln.log" 2>&1 \
+    || status "model_bench failed (see $OUT/kiln.log)"
+else
+  status "model_bench is not built: no kiln numbers"
+  if [[ -x "$BUILD/bench/peak_bench" ]]; then
+    "$BUILD/bench/peak_bench" --benchmark_repetitions="$REPS" --benchmark_report_aggregates_only=true \
+      --benchmark_out="$OUT/peak.json" --benchmark_out_format=json > "$OUT/peak.log" 2>&1
+  fi
+fi
+if [[ "${KILN_BENCH_GEMM:-1}" != 0 && -x "$BUILD/bench/gemm_bench" ]]; then
+  log "gemm_bench (kiln linear kernel vs oneDNN)"
+  "$BUILD/bench/gemm_bench" --benchmark_out="$OUT/gemm.json" --benchmark_out_format=json \
+    > "$OUT/gemm.log" 2>&1 || status "gemm_bench failed (see $OUT/gemm.log)"
+fi
+log "PyTorch eager (each BLAS setting in a subprocess)"
+$PY "$ROOT/bench/peers.py" --weights "$CACHE/base.safetensors" --onnx-dir "$CACHE" \
+  ${OPENBLAS_DIR:+--openblas-dir "$OPENBLAS_DIR"} --threads "$KILN_BENCH_THREADS" --runs "$REPS" \
+  --json-out "$OUT/pytorch.json" 2> "$OUT/pytorch.log" || status "PyTorch run failed (see $OUT/pytorch.log)"
+if [[ -d "$ROOT/bench/ort/node_modules/onnxruntime-node" ]]; then
+  log "ONNX Runtime (onnxruntime-node)"
+  node "$ROOT/bench/ort/run.mjs" --onnx-dir "$CACHE" --reference "$CACHE/reference.safetensors" \
+    --threads "$KILN_BENCH_THREADS" --runs "$REPS" --json-out "$OUT/ort.json" 2> "$OUT/ort.log" \
+    || status "ONNX Runtime run failed (see $OUT/ort.log)"
+fi
+echo "end $(date -Is) load $(cut -d' ' -f1-3 /proc/loadavg) elapsed $(( $(date +%s) - START ))s" >> "$OUT/machine.log"
+
+# 6. The table.
+$PY "$ROOT/bench/report.py" "$OUT" | tee "$OUT/report.md"
+log "done in $(( $(date +%s) - START )) s; JSON and logs in $OUT"
