@@ -1,8 +1,10 @@
 // GEMM benchmark: kiln's linear kernel (codegen/linear_kernel.cpp, JIT-compiled for the
 // host) against oneDNN's dnnl_sgemm on the model's projection shapes, same data, 2
-// threads each. Reports GFLOP/s (2·M·N·K per call) per run and, at the end, a table of
-// kiln / oneDNN per shape (medians over repetitions), with the largest difference between
-// the two outputs as a sanity check.
+// threads each. Reports GFLOP/s (2·M·N·K per call over wall time) per run, and GFLOP per
+// CPU-second of the process (robust to other processes sharing the cores, as long as
+// neither library spins while waiting), and at the end a table of kiln / oneDNN per shape
+// (medians over repetitions), with the largest difference between the two outputs as a
+// sanity check.
 //
 //   [KILN_BENCH_THREADS=2] gemm_bench [--benchmark_repetitions=5
 //       --benchmark_enable_random_interleaving=true] [--benchmark_filter=M2048]
@@ -17,10 +19,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <map>
 #include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -54,6 +58,30 @@ std::string shape_name(const GemmShape& s) {
 }
 
 double flops(const GemmShape& s) { return 2.0 * s.M * s.N * s.K; }
+
+double process_cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// Runs `call` in the benchmark loop and sets the GFLOP/s and GFLOP/cpu-s counters.
+template <typename Call>
+void measure(benchmark::State& state, const GemmShape& s, Call call, const char* error) {
+  const double cpu0 = process_cpu_seconds();
+  for (auto _ : state) {
+    if (!call()) {
+      state.SkipWithError(error);
+      return;
+    }
+  }
+  const double cpu = process_cpu_seconds() - cpu0;
+  const double gflop = flops(s) * 1e-9;
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(gflop, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/cpu-s"] =
+      benchmark::Counter(cpu > 0 ? gflop * static_cast<double>(state.iterations()) / cpu : 0);
+}
 
 // A 64-byte aligned float array.
 struct FreeDeleter {
@@ -152,43 +180,29 @@ dnnl_status_t run_dnnl(Problem& p) {
 
 void bm_kiln(benchmark::State& state, GemmShape s) {
   Problem& p = problem_for(s);
-  for (auto _ : state) {
-    if (run_kiln(p) != 0) {
-      state.SkipWithError("kiln kernel failed");
-      break;
-    }
-  }
-  state.counters["GFLOP/s"] =
-      benchmark::Counter(flops(s) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  measure(state, s, [&] { return run_kiln(p) == 0; }, "kiln kernel failed");
 }
 
 void bm_dnnl(benchmark::State& state, GemmShape s) {
   Problem& p = problem_for(s);
-  for (auto _ : state) {
-    if (run_dnnl(p) != dnnl_success) {
-      state.SkipWithError("dnnl_sgemm failed");
-      break;
-    }
-  }
-  state.counters["GFLOP/s"] =
-      benchmark::Counter(flops(s) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  measure(state, s, [&] { return run_dnnl(p) == dnnl_success; }, "dnnl_sgemm failed");
 }
 
-// Prints as the console reporter does and keeps each run's GFLOP/s by benchmark name.
+// Prints as the console reporter does and keeps each run's counters by benchmark name.
 class CollectingReporter : public benchmark::ConsoleReporter {
  public:
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const Run& r : runs) {
       if (r.run_type != Run::RT_Iteration || r.error_occurred) continue;
-      auto it = r.counters.find("GFLOP/s");
-      if (it != r.counters.end()) gflops_[r.run_name.function_name].push_back(it->second.value);
+      for (const auto& [counter, value] : r.counters)
+        values_[{r.run_name.function_name, counter}].push_back(value.value);
     }
   }
-  // The median GFLOP/s of `name`'s runs; NaN if none ran.
-  double median(const std::string& name) const {
-    auto it = gflops_.find(name);
-    if (it == gflops_.end() || it->second.empty()) return NAN;
+  // The median of `counter` over `name`'s runs; NaN if none ran.
+  double median(const std::string& name, const std::string& counter) const {
+    auto it = values_.find({name, counter});
+    if (it == values_.end() || it->second.empty()) return NAN;
     std::vector<double> v = it->second;
     std::sort(v.begin(), v.end());
     const size_t h = v.size() / 2;
@@ -196,7 +210,7 @@ class CollectingReporter : public benchmark::ConsoleReporter {
   }
 
  private:
-  std::map<std::string, std::vector<double>> gflops_;
+  std::map<std::pair<std::string, std::string>, std::vector<double>> values_;
 };
 
 // The largest |kiln − (oneDNN + bias, ReLU)| over the outputs, after one call of each.
@@ -244,14 +258,19 @@ int main(int argc, char** argv) {
   CollectingReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
 
-  std::printf("\n%-26s %12s %12s %8s %12s\n", "shape", "kiln GF/s", "oneDNN GF/s", "ratio",
-              "max |diff|");
+  std::printf("\n%-22s %25s %8s %25s %8s %10s\n", "", "GFLOP/s (wall)", "", "GFLOP/cpu-s",
+              "", "");
+  std::printf("%-22s %12s %12s %8s %12s %12s %8s %10s\n", "shape", "kiln", "oneDNN", "ratio",
+              "kiln", "oneDNN", "ratio", "max |diff|");
   for (const GemmShape& s : shapes) {
-    const double kiln = reporter.median("kiln/" + shape_name(s));
-    const double dnnl = reporter.median("onednn/" + shape_name(s));
-    if (std::isnan(kiln) && std::isnan(dnnl)) continue;  // filtered out
-    std::printf("%-26s %12.1f %12.1f %7.1f%% %12.3g\n", shape_name(s).c_str(), kiln, dnnl,
-                100.0 * kiln / dnnl, max_difference(problem_for(s)));
+    const std::string kiln = "kiln/" + shape_name(s), dnnl = "onednn/" + shape_name(s);
+    const double kw = reporter.median(kiln, "GFLOP/s"), dw = reporter.median(dnnl, "GFLOP/s");
+    const double kc = reporter.median(kiln, "GFLOP/cpu-s");
+    const double dc = reporter.median(dnnl, "GFLOP/cpu-s");
+    if (std::isnan(kw) && std::isnan(dw)) continue;  // filtered out
+    std::printf("%-22s %12.1f %12.1f %7.1f%% %12.1f %12.1f %7.1f%% %10.3g\n",
+                shape_name(s).c_str(), kw, dw, 100.0 * kw / dw, kc, dc, 100.0 * kc / dc,
+                max_difference(problem_for(s)));
   }
   benchmark::Shutdown();
   return 0;

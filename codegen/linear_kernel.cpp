@@ -47,7 +47,8 @@ GemmParams fit_to_shape(GemmParams p, int64_t K, int64_t N) {
   while (p.lanes > 1 && p.lanes > N) p.lanes /= 2;
   p.vectors = static_cast<int>(std::clamp<int64_t>(N / p.lanes, 1, p.vectors));
   const int block = p.lanes * p.vectors;
-  p.tile_n = static_cast<int>(std::min<int64_t>(p.tile_n, N / block * block));
+  p.tile_n = static_cast<int>(
+      std::min<int64_t>(std::max(block, p.tile_n / block * block), N / block * block));
   while (p.k_unroll > 1 && K % p.k_unroll != 0) p.k_unroll /= 2;
   return p;
 }

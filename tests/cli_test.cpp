@@ -163,5 +163,59 @@ TEST_F(CliTest, BadIrTextIsLocated) {
   EXPECT_THAT(r.output, StartsWith("kiln: error: " + path("bad.kir") + ":4:21: error: unknown dtype 'f33'"));
 }
 
+// Issue acceptance: the compiled golden models through `kiln run --compiled`.
+TEST_F(CliTest, CompileSharedAndRunCompiledMatchesGolden) {
+  ASSERT_EQ(run("emit transformer --config small -o " + path("small.kir")).status, 0);
+  Result c = run("compile " + path("small.kir") + " --emit=static,shared,ir --name small -o " + path("out"));
+  ASSERT_EQ(c.status, 0) << c.output;
+  EXPECT_THAT(c.output, HasSubstr("kiln compile: [1/"));  // progress per kernel
+  EXPECT_THAT(c.output, HasSubstr("kernels in"));
+  for (const char* f : {"libsmall.a", "libsmall.so", "small.h", "small.kir"})
+    EXPECT_TRUE(std::filesystem::exists(path("out/") + f)) << f;
+  for (const char* fn : {"forward", "encode"}) {
+    Result r = run("run --compiled " + path("out") + " --function " + fn + " --weights " +
+                   golden("small.weights.safetensors") + " --inputs " +
+                   golden("small_b1.inputs.safetensors") + " --expect " +
+                   golden("small_b1.expected.safetensors"));
+    EXPECT_EQ(r.status, 0) << r.output;
+    EXPECT_THAT(r.output, HasSubstr("(match <= 0.0001)")) << fn;
+  }
+  // Run-time input checks come from the compiled library too.
+  std::vector<int64_t> src = {5, 53, 2}, tgt = {3};
+  rt::write_safetensors(path("bad.safetensors"),
+                        {rt::make_i64("src", {1, 3}, src), rt::make_i64("tgt", {1, 1}, tgt)});
+  Result bad = run("run --compiled " + path("out") + " --weights " + golden("small.weights.safetensors") +
+                   " --inputs " + path("bad.safetensors"));
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_EQ(bad.output, "kiln: error: token id 53 at 'src'[0,1] is out of range [0, 53)\n");
+}
+
+TEST_F(CliTest, CompileErrorsNameTheProblem) {
+  FILE* f = fopen(path("softmax.kir").c_str(), "w");
+  fputs("module @m {\n  symbol B max 4\n  func @f(%x: f32[B,8]) -> (f32[B,8]) {\n"
+        "    %y = softmax(%x) {axis = 1} : f32[B,8]\n    return %y\n  }\n}\n", f);
+  fclose(f);
+  Result r = run("compile " + path("softmax.kir") + " -o " + path("out"));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.output, HasSubstr("op softmax (%"));
+  EXPECT_THAT(r.output, HasSubstr("has no kernel in compiled code"));
+  ASSERT_EQ(run("emit transformer --config tiny -o " + path("tiny.kir")).status, 0);
+  Result t = run("compile " + path("tiny.kir") + " --target x86-64-linux-nonsense -o " + path("out"));
+  EXPECT_EQ(t.status, 1);
+  EXPECT_THAT(t.output, HasSubstr("invalid target 'x86-64-linux-nonsense'"));
+  Result n = run("compile " + path("tiny.kir") + " --name 9lives -o " + path("out"));
+  EXPECT_EQ(n.status, 1);
+  EXPECT_THAT(n.output, HasSubstr("library name '9lives' is not a C identifier"));
+}
+
+// `kiln opt` output is byte-identical across runs.
+TEST_F(CliTest, OptIsDeterministic) {
+  Result a = run("emit transformer --config base | " + kiln_bin() + " opt -");
+  Result b = run("emit transformer --config base | " + kiln_bin() + " opt -");
+  ASSERT_EQ(a.status, 0);
+  EXPECT_EQ(a.output, b.output);
+  EXPECT_THAT(a.output, HasSubstr("attention("));
+}
+
 }  // namespace
 }  // namespace kiln
