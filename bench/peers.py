@@ -23,12 +23,15 @@ What it does:
      runs, each BLAS setting in its own subprocess (the BLAS is chosen at load time):
        - the system's libblas.so.3 as installed (on Debian 12 without OpenBLAS this is
          the netlib reference BLAS, ~2 GFLOP/s),
-       - with OPENBLAS_CORETYPE=SkylakeX when that BLAS is OpenBLAS,
+       - with OPENBLAS_CORETYPE=SkylakeX when that BLAS is OpenBLAS (and no --openblas-dir),
        - and, with --openblas-dir (a directory holding OpenBLAS's libblas.so.3, e.g. from
          Debian's libopenblas0-pthread; bench/run.sh extracts one without installing it),
          OpenBLAS through LD_LIBRARY_PATH, with OPENBLAS_CORETYPE unset and =SkylakeX.
+     Each OpenBLAS setting runs with OMP_WAIT_POLICY unset and =PASSIVE (torch's libgomp
+     threads otherwise spin on the cores OpenBLAS's threads need: W1 7x slower here).
      "best" is, per workload, the fastest setting, named. Settings whose BLAS probe is
-     below --slow-gflops run W1 only (W2 would take minutes).
+     below --slow-gflops run W1 only (W2 would take minutes); a workload stops after
+     --max-seconds of timed runs (at least 2 runs; the count is in the JSON).
 
 Ids are drawn from torch's seeded generator, uniform in [1, vocab) (no padding): the
 shapes match the other engines', the ids themselves do not (the cost does not depend on
@@ -260,26 +263,31 @@ def worker(args):
                 y = fn()
             assert torch.isfinite(y).all()
             del y
+            start = time.perf_counter()
             for _ in range(runs):
+                if len(times) >= 2 and time.perf_counter() - start > args.max_seconds:
+                    break  # slow setting: fewer runs (recorded below)
                 t0 = time.perf_counter()
                 y = fn()
                 times.append((time.perf_counter() - t0) * 1e3)
                 del y
         out["workloads"][key] = {"median_ms": statistics.median(times), "min_ms": min(times),
-                                 "runs_ms": [round(t, 3) for t in times], "runs": runs, "warmup": args.warmup}
-        print("peers.py:   %s %.1f ms (median of %d)" % (key, statistics.median(times), runs), file=sys.stderr)
+                                 "runs_ms": [round(t, 3) for t in times], "runs": len(times), "warmup": args.warmup}
+        print("peers.py:   %s %.1f ms (median of %d)" % (key, statistics.median(times), len(times)),
+              file=sys.stderr)
     json.dump(out, sys.stdout)
 
 
 def run_setting(args, name, env_changes):
     env = dict(os.environ)
     env.pop("OPENBLAS_CORETYPE", None)
+    env.pop("OMP_WAIT_POLICY", None)
     env["OPENBLAS_NUM_THREADS"] = str(args.threads)
     env["OMP_NUM_THREADS"] = str(args.threads)
     env.update(env_changes)
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--weights", args.weights,
            "--threads", str(args.threads), "--runs", str(args.runs), "--warmup", str(args.warmup),
-           "--slow-gflops", str(args.slow_gflops)]
+           "--slow-gflops", str(args.slow_gflops), "--max-seconds", str(args.max_seconds)]
     print("peers.py: PyTorch with %s" % name, file=sys.stderr)
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
     if p.returncode != 0:
@@ -292,15 +300,23 @@ def run_setting(args, name, env_changes):
 
 def bench(args, onnx_result):
     settings = [run_setting(args, "system libblas.so.3", {})]
-    if settings[0].get("is_openblas"):
+    if settings[0].get("is_openblas") and not args.openblas_dir:
         settings.append(run_setting(args, "system libblas.so.3, OPENBLAS_CORETYPE=SkylakeX",
                                     {"OPENBLAS_CORETYPE": "SkylakeX"}))
     if args.openblas_dir:
         ld = args.openblas_dir + (":" + os.environ["LD_LIBRARY_PATH"] if os.environ.get("LD_LIBRARY_PATH") else "")
-        settings.append(run_setting(args, "OpenBLAS (%s), OPENBLAS_CORETYPE unset" % args.openblas_dir,
-                                    {"LD_LIBRARY_PATH": ld}))
-        settings.append(run_setting(args, "OpenBLAS (%s), OPENBLAS_CORETYPE=SkylakeX" % args.openblas_dir,
-                                    {"LD_LIBRARY_PATH": ld, "OPENBLAS_CORETYPE": "SkylakeX"}))
+        # torch's OpenMP threads spin-wait (libgomp's default) between parallel regions,
+        # on the cores OpenBLAS's own threads need: OMP_WAIT_POLICY=PASSIVE avoids that.
+        for coretype in (None, "SkylakeX"):
+            for wait in (None, "PASSIVE"):
+                env = {"LD_LIBRARY_PATH": ld}
+                if coretype:
+                    env["OPENBLAS_CORETYPE"] = coretype
+                if wait:
+                    env["OMP_WAIT_POLICY"] = wait
+                name = "OpenBLAS, OPENBLAS_CORETYPE=%s, OMP_WAIT_POLICY=%s" % (coretype or "unset",
+                                                                            wait or "unset")
+                settings.append(run_setting(args, name, env))
     best = {}
     for w in load_workloads():
         key = w["key"]
@@ -328,6 +344,8 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--slow-gflops", type=float, default=20.0)
+    ap.add_argument("--max-seconds", type=float, default=30.0,
+                    help="per workload and setting: stop timing after this long (at least 2 runs)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.weights = args.weights or args.weights_out

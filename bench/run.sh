@@ -83,7 +83,9 @@ export KILN_BENCH_WEIGHTS=$CACHE/base.safetensors
 export KILN_BENCH_REFERENCE=$CACHE/reference.safetensors
 if [[ -x "$BUILD/bench/model_bench" ]]; then
   log "kiln: model_bench (peak, W1, W2, W4, check; $REPS repetitions)"
+  # Random interleaving: the peak and the workloads alternate, so they see the same load.
   "$BUILD/bench/model_bench" --benchmark_repetitions="$REPS" --benchmark_report_aggregates_only=true \
+    --benchmark_enable_random_interleaving=true \
     --benchmark_out="$OUT/kiln.json" --benchmark_out_format=json > "$OUT/kiln.log" 2>&1 \
     || status "model_bench failed (see $OUT/kiln.log)"
 else

@@ -255,7 +255,8 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
   row_sum.update().atomic().vectorize(rsl);
   prob.reorder(jj, ii, jb).vectorize(jj, lanes).unroll(jj);
 
-  // The V product: 12 rows × eb channels of accumulators per pass over the keys.
+  // The V product: 12 rows × eb channels of accumulators per pass over the keys. The passes are
+  // unrolled too (constant accumulator addresses stay in registers) unless there are many.
   Var eo("eo"), ei("ei");
   pv.vectorize(e, ve);
   pv.update()
@@ -263,8 +264,8 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
       .reorder(ei, ii, rv.x, rv.y, eo)
       .vectorize(ei, ve)
       .unroll(ei)
-      .unroll(ii)
-      .unroll(eo);
+      .unroll(ii);
+  if (dv / eb <= 16) pv.update().unroll(eo);
 
   std::vector<Halide::Argument> args = {q, k, v};
   if (padded) args.push_back(mask);

@@ -14,6 +14,7 @@
 // the size of one missing or doubled product term for the K tested here.
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -202,7 +203,8 @@ INSTANTIATE_TEST_SUITE_P(
     OddShapes, LinearKernelTest,
     ::testing::Values(Shape{"host", 24, 40, false, true}, Shape{"host", 20, 36, true, true},
                       Shape{"host", 7, 5, false, false}, Shape{"host", 9, 3, true, false},
-                      Shape{"host", 1, 17, false, true}, Shape{"host", 64, 200, true, true},
+                      Shape{"host", 1, 17, false, true}, Shape{"host", 5, 1, true, true},
+                      Shape{"host", 16, 48, true, false}, Shape{"host", 64, 200, true, true},
                       Shape{kAvx2Target, 24, 40, false, true},
                       Shape{kAvx2Target, 20, 36, true, true},
                       Shape{kAvx2Target, 7, 5, false, false},
@@ -239,6 +241,23 @@ TEST(LinearKernelTest, Arguments) {
   ASSERT_EQ(no_bias.args.size(), 2u);
   EXPECT_EQ(no_bias.args[1].name, "wt");
   for (const Halide::Argument& a : with_bias.args) EXPECT_TRUE(a.is_input());
+}
+
+// The model's shapes compile ahead of time (as kiln's compiler does) for both targets.
+TEST(LinearKernelTest, CompilesAheadOfTime) {
+  const std::string dir = ::testing::TempDir();
+  for (const char* target : {"host", kAvx2Target}) {
+    const LinearKernel spec{512, 1536, true, true};
+    const std::string path = dir + "/linear_kernel_test_" + std::to_string(target[0] == 'h') + ".o";
+    std::remove(path.c_str());
+    compile_kernel(spec, target, kernel_name(spec), path);
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    ASSERT_NE(f, nullptr) << target;
+    std::fseek(f, 0, SEEK_END);
+    EXPECT_GT(std::ftell(f), 1000) << target;
+    std::fclose(f);
+    std::remove(path.c_str());
+  }
 }
 
 }  // namespace
