@@ -264,25 +264,16 @@ class Lowerer {
           continue;
         }
         case OpKind::slice: {
+          // A view of the operand: offset += start · stride[axis], extent from the type.
+          // Offsets stay monomials, so a nonzero start needs a constant stride and offset.
           View v = view_of(op.operands[0], op);
           int64_t axis = op.int_attr("axis");
           if (axis < 0) axis += static_cast<int64_t>(v.extents.size());
-          v.elem_offset = DimExpr::constant(0);
-          const View& src = views.at(op.operands[0]);
-          // offset = src offset + start · stride[axis]; monomials only: require a constant
-          // stride or a zero start.
-          int64_t start = op.int_attr("start");
-          if (start != 0 && !src.strides[axis].is_constant())
-            fail("function '{}': slice at a symbolic stride is not supported", f.name);
-          DimExpr add = src.strides[axis] * DimExpr::constant(start);
-          if (src.elem_offset == DimExpr::constant(0)) {
-            v.elem_offset = add;
-          } else if (add.coeff == 0) {
-            v.elem_offset = src.elem_offset;
-          } else if (src.elem_offset.is_constant() && add.is_constant()) {
-            v.elem_offset = DimExpr::constant(src.elem_offset.coeff + add.coeff);
-          } else {
-            fail("function '{}': nested slices at symbolic offsets are not supported", f.name);
+          const int64_t start = op.int_attr("start");
+          if (start != 0) {
+            if (!v.strides[axis].is_constant() || !v.elem_offset.is_constant())
+              fail("function '{}': slice at a symbolic stride or offset is not supported", f.name);
+            v.elem_offset = DimExpr::constant(v.elem_offset.coeff + start * v.strides[axis].coeff);
           }
           v.extents[axis] = dim(type.shape[axis]);
           views[op.result] = v;
