@@ -24,11 +24,8 @@ using ir::ValueId;
 
 constexpr const char* kPass = "fuse-add-layernorm";
 
-// How the text form names `v` (unnamed values by id, which may differ from the printed
-// position number).
-std::string label(const Function& f, ValueId v) {
-  return f.values[v].name.empty() ? fmt::format("%{}", v) : "%" + f.values[v].name;
-}
+// How diagnostics name `v`.
+std::string label(const Function& f, ValueId v) { return value_label(f, v); }
 
 // Whether the layernorm `norm` can absorb the add defining its input; logs why not.
 bool can_fuse_add_layernorm(const Function& f, const std::vector<int>& defs,

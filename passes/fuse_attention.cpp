@@ -37,18 +37,9 @@ constexpr const char* kPass = "fuse-attention";
 constexpr double kMaskFill = -1e9;
 
 // Def/use facts about one function, computed once per function.
-struct Graph {
+struct Graph : UseInfo {
+  Graph(const ir::Module& m, const Function& fn) : UseInfo(fn), module(m) {}
   const ir::Module& module;
-  const Function& f;
-  std::vector<int> defs;  // def_index()
-  std::vector<int> uses;  // use_counts()
-  std::vector<int> user;  // index of the last op using each value (-1: no op uses it)
-
-  Graph(const ir::Module& m, const Function& fn)
-      : module(m), f(fn), defs(def_index(fn)), uses(use_counts(fn)), user(fn.values.size(), -1) {
-    for (size_t i = 0; i < fn.ops.size(); ++i)
-      for (ValueId v : fn.ops[i].operands) user[v] = static_cast<int>(i);
-  }
 
   const TensorType& type(ValueId v) const { return f.type(v); }
   // The op defining `v` if it is of `kind`, else nullptr.
@@ -58,14 +49,10 @@ struct Graph {
   }
   // The only op using `v` if `v` has exactly one use and it is an op of `kind`.
   const Op* sole_user(ValueId v, OpKind kind) const {
-    if (uses[v] != 1 || user[v] < 0) return nullptr;
-    const Op& op = f.ops[user[v]];
-    return op.kind == kind ? &op : nullptr;
+    const int u = UseInfo::sole_user(v);
+    return u >= 0 && f.ops[u].kind == kind ? &f.ops[u] : nullptr;
   }
-  // How the text form names `v`.
-  std::string label(ValueId v) const {
-    return f.values[v].name.empty() ? fmt::format("%{}", v) : "%" + f.values[v].name;
-  }
+  std::string label(ValueId v) const { return value_label(f, v); }
 };
 
 // What a match of the pattern becomes.

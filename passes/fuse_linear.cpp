@@ -31,24 +31,9 @@ using ir::ValueId;
 constexpr const char* kPass = "fuse-linear";
 
 // Def/use facts about one function, computed once per function.
-struct Graph {
-  const Function& f;
-  std::vector<int> defs;  // def_index()
-  std::vector<int> uses;  // use_counts()
-  std::vector<int> user;  // index of the last op using each value (-1: no op uses it)
-
-  explicit Graph(const Function& fn)
-      : f(fn), defs(def_index(fn)), uses(use_counts(fn)), user(fn.values.size(), -1) {
-    for (size_t i = 0; i < fn.ops.size(); ++i)
-      for (ValueId v : fn.ops[i].operands) user[v] = static_cast<int>(i);
-  }
-
-  // Index of the only op using `v`, or -1 when `v` has another use (or is a result).
-  int sole_user(ValueId v) const { return uses[v] == 1 ? user[v] : -1; }
-  // How the text form names `v` (unnamed values by id).
-  std::string label(ValueId v) const {
-    return f.values[v].name.empty() ? fmt::format("%{}", v) : "%" + f.values[v].name;
-  }
+struct Graph : UseInfo {
+  using UseInfo::UseInfo;
+  std::string label(ValueId v) const { return value_label(f, v); }
 };
 
 // What one match becomes: linear(x, w[, bias]) {act} replacing op `last`.

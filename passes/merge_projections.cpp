@@ -38,10 +38,8 @@ using ir::ValueId;
 
 constexpr const char* kPass = "merge-projections";
 
-// How the text form names `v` (unnamed values by id).
-std::string label(const Function& f, ValueId v) {
-  return f.values[v].name.empty() ? fmt::format("%{}", v) : "%" + f.values[v].name;
-}
+// How diagnostics name `v`.
+std::string label(const Function& f, ValueId v) { return value_label(f, v); }
 
 // A linear that may merge with others.
 struct Projection {

@@ -24,6 +24,16 @@ std::vector<int> use_counts(const ir::Function& f) {
   return uses;
 }
 
+UseInfo::UseInfo(const ir::Function& fn)
+    : f(fn), defs(def_index(fn)), uses(use_counts(fn)), user(fn.values.size(), -1) {
+  for (size_t i = 0; i < fn.ops.size(); ++i)
+    for (ir::ValueId v : fn.ops[i].operands) user[v] = static_cast<int>(i);
+}
+
+std::string value_label(const ir::Function& f, ir::ValueId v) {
+  return f.values[v].name.empty() ? fmt::format("%{}", v) : "%" + f.values[v].name;
+}
+
 const ir::Op* def_op(const ir::Function& f, const std::vector<int>& defs, ir::ValueId v) {
   if (v < 0 || static_cast<size_t>(v) >= defs.size() || defs[v] < 0) return nullptr;
   return &f.ops[defs[v]];

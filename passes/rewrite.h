@@ -19,6 +19,22 @@ std::vector<int> use_counts(const ir::Function& f);
 // The op defining `v`, or nullptr for a parameter.
 const ir::Op* def_op(const ir::Function& f, const std::vector<int>& defs, ir::ValueId v);
 
+// Def/use facts of one function, computed once, for passes that match patterns.
+struct UseInfo {
+  explicit UseInfo(const ir::Function& fn);
+
+  const ir::Function& f;
+  std::vector<int> defs;  // def_index()
+  std::vector<int> uses;  // use_counts()
+  std::vector<int> user;  // index of the last op using each value (-1: no op uses it)
+
+  // Index of the only op using `v`, or -1 when `v` has another use (or is a result).
+  int sole_user(ir::ValueId v) const { return uses[v] == 1 ? user[v] : -1; }
+};
+
+// How diagnostics name `v`: `%name`, or `%id` for an unnamed value.
+std::string value_label(const ir::Function& f, ir::ValueId v);
+
 // Replaces every use of `from` (operands and results) by `to`.
 void replace_all_uses(ir::Function& f, ir::ValueId from, ir::ValueId to);
 
