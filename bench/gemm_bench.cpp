@@ -45,7 +45,7 @@ struct GemmShape {
 // for small ones), (K, N) per projection.
 std::vector<GemmShape> model_shapes() {
   const std::vector<std::tuple<int64_t, int64_t, bool>> kn = {
-      {512, 1536, false}, {512, 512, false}, {512, 1024, false},
+      {512, 1536, false}, {512, 512, false},  {512, 1024, false},
       {512, 2048, true},  {2048, 512, false}, {512, 32000, false}};
   std::vector<GemmShape> shapes;
   for (int64_t M : {2048, 32})
@@ -67,7 +67,7 @@ double process_cpu_seconds() {
 
 // Runs `call` in the benchmark loop and sets the GFLOP/s and GFLOP/cpu-s counters.
 template <typename Call>
-void measure(benchmark::State& state, const GemmShape& s, Call call, const char* error) {
+void measure(benchmark::State& state, const GemmShape& s, const char* error, Call call) {
   const double cpu0 = process_cpu_seconds();
   for (auto _ : state) {
     if (!call()) {
@@ -106,8 +106,8 @@ class JitLinear {
   explicit JitLinear(const kiln::codegen::LinearKernel& spec) {
     const Halide::Target host = Halide::get_host_target();
     kiln::codegen::KernelPipeline kp = kiln::codegen::build_linear(spec, host);
-    Halide::Module module = kp.pipeline.compile_to_module(
-        kp.args, "linear_bench", host.with_feature(Halide::Target::JIT));
+    Halide::Module module = kp.pipeline.compile_to_module(kp.args, "linear_bench",
+                                                          host.with_feature(Halide::Target::JIT));
     jit_ = Halide::Internal::JITModule(module, module.functions().back());
     fn_ = jit_.argv_function();
   }
@@ -180,12 +180,12 @@ dnnl_status_t run_dnnl(Problem& p) {
 
 void bm_kiln(benchmark::State& state, GemmShape s) {
   Problem& p = problem_for(s);
-  measure(state, s, [&] { return run_kiln(p) == 0; }, "kiln kernel failed");
+  measure(state, s, "kiln kernel failed", [&] { return run_kiln(p) == 0; });
 }
 
 void bm_dnnl(benchmark::State& state, GemmShape s) {
   Problem& p = problem_for(s);
-  measure(state, s, [&] { return run_dnnl(p) == dnnl_success; }, "dnnl_sgemm failed");
+  measure(state, s, "dnnl_sgemm failed", [&] { return run_dnnl(p) == dnnl_success; });
 }
 
 // Prints as the console reporter does and keeps each run's counters by benchmark name.
@@ -258,8 +258,7 @@ int main(int argc, char** argv) {
   CollectingReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
 
-  std::printf("\n%-22s %25s %8s %25s %8s %10s\n", "", "GFLOP/s (wall)", "", "GFLOP/cpu-s",
-              "", "");
+  std::printf("\n%-22s %25s %8s %25s %8s %10s\n", "", "GFLOP/s (wall)", "", "GFLOP/cpu-s", "", "");
   std::printf("%-22s %12s %12s %8s %12s %12s %8s %10s\n", "shape", "kiln", "oneDNN", "ratio",
               "kiln", "oneDNN", "ratio", "max |diff|");
   for (const GemmShape& s : shapes) {
@@ -268,9 +267,8 @@ int main(int argc, char** argv) {
     const double kc = reporter.median(kiln, "GFLOP/cpu-s");
     const double dc = reporter.median(dnnl, "GFLOP/cpu-s");
     if (std::isnan(kw) && std::isnan(dw)) continue;  // filtered out
-    std::printf("%-22s %12.1f %12.1f %7.1f%% %12.1f %12.1f %7.1f%% %10.3g\n",
-                shape_name(s).c_str(), kw, dw, 100.0 * kw / dw, kc, dc, 100.0 * kc / dc,
-                max_difference(problem_for(s)));
+    std::printf("%-22s %12.1f %12.1f %7.1f%% %12.1f %12.1f %7.1f%% %10.3g\n", shape_name(s).c_str(),
+                kw, dw, 100.0 * kw / dw, kc, dc, 100.0 * kc / dc, max_difference(problem_for(s)));
   }
   benchmark::Shutdown();
   return 0;

@@ -1,11 +1,12 @@
 #!/usr/bin/python3
 """The table of bench/run.sh's results (python3 standard library only).
 
-  bench/report.py RESULTS_DIR        # kiln.json (or peak.json), pytorch.json, ort.json,
-                                     # gemm.json, machine.log, status.log
+  bench/report.py RESULTS_DIR    # round*/{kiln,pytorch,ort,peak-*}.json, gemm.json,
+                                 # machine.log, status.log (bench/run.sh writes them)
 Prints Markdown: per workload kiln / PyTorch / ONNX Runtime ms, ratios (peer ms / kiln
-ms: above 1 = kiln is faster), kiln's GFLOP/s and its share of the FMA peak measured in
-the same run, the issue's acceptance checks (met or MISSED), correctness against
+ms: above 1 = kiln is faster; each engine's best round), kiln's GFLOP/s and its share of
+the highest FMA peak measured in the run, the issue's acceptance checks (met or MISSED),
+every round's figures with the peak measured next to each engine, correctness against
 PyTorch, every PyTorch BLAS setting, and kiln's GEMM kernel against oneDNN.
 """
 
@@ -42,6 +43,17 @@ def gbench_entries(doc):
     return out
 
 
+def gbench_min_ms(doc, prefix):
+    """The fastest single repetition of a benchmark (its JSON has every repetition)."""
+    best = None
+    for b in (doc or {}).get("benchmarks", []):
+        rn = b.get("run_name", b["name"])
+        if (rn == prefix or rn.startswith(prefix + "/")) and b.get("run_type") == "iteration" \
+                and not b.get("error_occurred"):
+            best = to_ms(b) if best is None else min(best, to_ms(b))
+    return best
+
+
 def find(entries, prefix):
     for rn, e in entries.items():
         if rn == prefix or rn.startswith(prefix + "/"):
@@ -67,6 +79,56 @@ def safetensors_metadata(path):
         return {}
 
 
+def peak_of(entries):
+    e = find(entries, "peak")
+    return e.get("GFLOP/s") if e and not e.get("error_occurred") else None
+
+
+def load_round(d):
+    kiln_doc = load(os.path.join(d, "kiln.json"))
+    kiln = gbench_entries(kiln_doc)
+    return {
+        "dir": d,
+        "kiln": kiln,
+        "kiln_doc": kiln_doc,
+        "pt": load(os.path.join(d, "pytorch.json")) or {},
+        "ort": load(os.path.join(d, "ort.json")) or {},
+        "peak_kiln": peak_of(kiln) or peak_of(gbench_entries(load(os.path.join(d, "peak-kiln.json")))),
+        "peak_pt": peak_of(gbench_entries(load(os.path.join(d, "peak-pytorch.json")))),
+        "peak_ort": peak_of(gbench_entries(load(os.path.join(d, "peak-ort.json")))),
+    }
+
+
+def round_times(rd, w, notes):
+    """(kiln ms, kiln GFLOP, PyTorch best ms, its setting, ORT ms) of one round."""
+    key = w["key"]
+    e = find(rd["kiln"], w["kiln_name"])
+    k_ms = gflop = None
+    tag = os.path.basename(rd["dir"])
+    if e is None:
+        if rd["kiln"]:
+            notes.append("%s kiln %s: no result" % (tag, key))
+    elif e.get("error_occurred"):
+        notes.append("%s kiln %s: skipped: %s" % (tag, key, e.get("error_message")))
+    else:
+        k_ms, gflop = to_ms(e), e.get("GFLOP")
+    pb = (rd["pt"].get("best") or {}).get(key)
+    ow = (rd["ort"].get("workloads") or {}).get(key, {})
+    if ow and not ow.get("median_ms"):
+        notes.append("%s ORT %s: %s" % (tag, key, ow.get("skipped") or ow.get("error")))
+    # Fastest single run: kiln's best repetition, PyTorch's best run in any setting, ORT's.
+    k_min = gbench_min_ms(rd.get("kiln_doc"), w["kiln_name"]) if k_ms else None
+    p_min = best_of(s["workloads"][key].get("min_ms") for s in rd["pt"].get("settings", [])
+                    if key in s.get("workloads", {}))
+    return (k_ms, gflop, pb["median_ms"] if pb else None, pb["setting"] if pb else None, ow.get("median_ms"),
+            k_min, p_min, ow.get("min_ms"))
+
+
+def best_of(values):
+    values = [v for v in values if v is not None]
+    return min(values) if values else None
+
+
 def main():
     if len(sys.argv) != 2:
         print(__doc__, file=sys.stderr)
@@ -74,55 +136,69 @@ def main():
     res = sys.argv[1]
     with open(os.path.join(HERE, "workloads.json")) as f:
         workloads = json.load(f)["workloads"]
-    kiln_doc = load(os.path.join(res, "kiln.json"))
-    kiln = gbench_entries(kiln_doc)
-    if not kiln:
-        kiln = gbench_entries(load(os.path.join(res, "peak.json")))
-    pt = load(os.path.join(res, "pytorch.json")) or {}
-    ort = load(os.path.join(res, "ort.json")) or {}
+    dirs = sorted((os.path.join(res, d) for d in os.listdir(res) if d.startswith("round")),
+                  key=lambda d: int(os.path.basename(d)[5:] or 0))
+    rounds = [load_round(d) for d in (dirs or [res])]
+    first = rounds[0]
+    kiln, pt, ort = first["kiln"], first["pt"], first["ort"]
     lines = []
     p = lines.append
+    notes = []
 
-    peak_e = find(kiln, "peak")
-    peak = peak_e.get("GFLOP/s") if peak_e and not peak_e.get("error_occurred") else None
+    peaks = [x for rd in rounds for x in (rd["peak_kiln"], rd["peak_pt"], rd["peak_ort"]) if x]
+    peak = max(peaks) if peaks else None
+    peak_label = next((find(rd["kiln"], "peak").get("label", "") for rd in rounds if find(rd["kiln"], "peak")), "")
     threads = os.environ.get("KILN_BENCH_THREADS", "2")
-    p("## kiln vs PyTorch vs ONNX Runtime (%s threads each)" % threads)
+    p("## kiln vs PyTorch vs ONNX Runtime (%s threads each; best of %d round%s)" % (
+        threads, len(rounds), "s" if len(rounds) > 1 else ""))
     p("")
     p("| workload | GFLOP | kiln ms | PyTorch best ms | ORT ms | PyTorch/kiln | ORT/kiln "
       "| kiln GFLOP/s | % of peak |")
     p("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     rows = {}
-    notes = []
+    per_round = {}
     for w in workloads:
         key = w["key"]
-        e = find(kiln, w["kiln_name"])
-        k_ms = k_gf = gflop = None
-        if e is None:
-            notes.append("kiln %s: no result (model_bench not run or filtered)" % key)
-        elif e.get("error_occurred"):
-            notes.append("kiln %s: skipped: %s" % (key, e.get("error_message")))
-        else:
-            k_ms, k_gf, gflop = to_ms(e), e.get("GFLOP/s"), e.get("GFLOP")
-        pb = (pt.get("best") or {}).get(key)
-        p_ms = pb["median_ms"] if pb else None
-        ow = (ort.get("workloads") or {}).get(key, {})
-        o_ms = ow.get("median_ms")
-        if not o_ms and ow:
-            notes.append("ORT %s: %s" % (key, ow.get("skipped") or ow.get("error")))
+        times = [round_times(rd, w, notes) for rd in rounds]
+        per_round[key] = times
+        k_ms = best_of(t[0] for t in times)
+        gflop = next((t[1] for t in times if t[1]), None)
+        p_ms = best_of(t[2] for t in times)
+        o_ms = best_of(t[4] for t in times)
+        k_gf = gflop / (k_ms / 1e3) if gflop and k_ms else None
         rp = p_ms / k_ms if p_ms and k_ms else None
         ro = o_ms / k_ms if o_ms and k_ms else None
         pct = 100.0 * k_gf / peak if k_gf and peak else None
         rows[key] = dict(k_ms=k_ms, p_ms=p_ms, o_ms=o_ms, rp=rp, ro=ro, pct=pct)
+        rows[key]["setting"] = next((t[3] for t in times if t[2] == p_ms), None)
         shape = "%s B=%d S=%d" % (w["function"], w["batch"], w["src_len"]) + \
             (" T=%d" % w["tgt_len"] if w["function"] == "forward" else "")
         p("| %s %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             key, shape, fmt(gflop, 2), fmt(k_ms), fmt(p_ms), fmt(o_ms),
             fmt(rp, 2) + ("×" if rp else ""), fmt(ro, 2) + ("×" if ro else ""), fmt(k_gf), fmt(pct)))
     p("")
-    p("Peak (FP32 FMA, measured in the same process as kiln): %s GFLOP/s%s." % (
-        fmt(peak), " (%s)" % peak_e.get("label", "") if peak_e else ""))
-    for key, b in sorted((pt.get("best") or {}).items()):
-        p("PyTorch best for %s: %s." % (key, b["setting"]))
+    p("ms: each engine's median per round, best round shown. Peak: the highest FP32 FMA peak "
+      "measured in the run, %s GFLOP/s (%s); %% of peak = kiln GFLOP/s / that." % (fmt(peak), peak_label))
+    for w in workloads:
+        if rows[w["key"]]["setting"]:
+            p("PyTorch best for %s: %s." % (w["key"], rows[w["key"]]["setting"]))
+    p("")
+    p("The same from each engine's fastest single run (kiln: fastest repetition, itself a mean "
+      "over ≥0.5 s; peers: fastest call), which load hurts least:")
+    p("")
+    p("| workload | kiln min ms | PyTorch min ms | ORT min ms | PyTorch/kiln | ORT/kiln | kiln GFLOP/s | % of peak |")
+    p("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for w in workloads:
+        times = per_round[w["key"]]
+        k = best_of(t[5] for t in times)
+        pm = best_of(t[6] for t in times)
+        o = best_of(t[7] for t in times)
+        gflop = next((t[1] for t in times if t[1]), None)
+        gf = gflop / (k / 1e3) if gflop and k else None
+        p("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            w["key"], fmt(k), fmt(pm), fmt(o), fmt(pm / k if pm and k else None, 2) + ("×" if pm and k else ""),
+            fmt(o / k if o and k else None, 2) + ("×" if o and k else ""), fmt(gf),
+            fmt(100 * gf / peak if gf and peak else None)))
     p("")
 
     # Acceptance.
@@ -134,7 +210,7 @@ def main():
     def gt1(x):
         return None if x is None else x > 1.0
 
-    p("### Acceptance (issue)")
+    p("### Acceptance (issue; on the medians above)")
     p(check(gt1(rows["W2"]["rp"]), "W2 kiln faster than PyTorch (ratio %s)" % fmt(rows["W2"]["rp"], 2)))
     p(check(gt1(rows["W2"]["ro"]), "W2 kiln faster than ONNX Runtime (ratio %s)" % fmt(rows["W2"]["ro"], 2)))
     p(check(gt1(rows["W4"]["rp"]), "W4 kiln faster than PyTorch (ratio %s)" % fmt(rows["W4"]["rp"], 2)))
@@ -144,9 +220,25 @@ def main():
     p(check(None if pct is None else pct >= 60.0, "W2 at >= 60%% of the measured peak (%s%%)" % fmt(pct)))
     p("")
 
+    # Every round: the noise.
+    p("### Every round (median ms; peak GFLOP/s measured just before each engine)")
+    p("")
+    p("| round | " + " | ".join("%s kiln / PyTorch / ORT" % w["key"] for w in workloads)
+      + " | peak at kiln / PyTorch / ORT |")
+    p("|---|" + "---|" * (len(workloads) + 1))
+    for i, rd in enumerate(rounds):
+        cells = []
+        for w in workloads:
+            t = per_round[w["key"]][i]
+            cells.append("%s / %s / %s" % (fmt(t[0]), fmt(t[2]), fmt(t[4])))
+        p("| %s | %s | %s / %s / %s |" % (os.path.basename(rd["dir"]), " | ".join(cells),
+                                           fmt(rd["peak_kiln"], 0), fmt(rd["peak_pt"], 0), fmt(rd["peak_ort"], 0)))
+    p("")
+
     # Correctness on the same ids (W1 shape).
     p("### Same ids, W1 shape: logits against PyTorch")
-    meta = safetensors_metadata(os.path.join(os.path.dirname(os.path.abspath(res)), "reference.safetensors"))
+    meta = safetensors_metadata(os.environ.get("KILN_BENCH_REFERENCE") or os.path.join(
+        os.path.dirname(os.path.abspath(res)), "reference.safetensors"))
     ce = find(kiln, "check_vs_pytorch")
     if ce and not ce.get("error_occurred"):
         p("- kiln: max |Δ| vs PyTorch f32 %.3g, vs f64 %.3g (max |logit| %.3g)" % (
@@ -163,7 +255,7 @@ def main():
 
     # Every PyTorch setting.
     if pt.get("settings"):
-        p("### PyTorch %s, every BLAS setting (median ms)" % pt.get("torch_version", ""))
+        p("### PyTorch %s, every BLAS setting (round 1, median ms)" % pt.get("torch_version", ""))
         p("")
         p("| setting | BLAS probe GFLOP/s | " + " | ".join(w["key"] for w in workloads) + " |")
         p("|---|---:|" + "---:|" * len(workloads))
@@ -176,11 +268,11 @@ def main():
                 r = s["workloads"].get(w["key"], {})
                 cells.append(fmt(r.get("median_ms")) if "median_ms" in r else "skipped")
             p("| %s | %s | %s |" % (s["name"], fmt(s.get("probe_gflops")), " | ".join(cells)))
-        skipped = {r.get("skipped") for s in pt["settings"] for r in s.get("workloads", {}).values()
-                   if r.get("skipped")}
-        for reason in sorted(skipped):
-            p("")
-            p("skipped: %s" % reason)
+        for s in pt["settings"]:
+            reasons = sorted({r["skipped"] for r in s.get("workloads", {}).values() if r.get("skipped")})
+            for reason in reasons:
+                p("")
+                p("%s: %s" % (s["name"], reason))
         p("")
     ox = pt.get("onnx_export") or {}
     if ox.get("errors"):

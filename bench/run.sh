@@ -2,8 +2,9 @@
 # kiln's model benchmarks next to its peers, in one run (see bench/README.md):
 #   builds model_bench (+ peak, + gemm_bench where oneDNN is installed), makes the shared
 #   checkpoint / ONNX files / PyTorch reference (cached in $KILN_BENCH_CACHE), then runs
-#   kiln + peak, gemm_bench (kiln vs oneDNN), PyTorch eager and ONNX Runtime one after the
-#   other, and prints the table (bench/report.py). Results: $KILN_BENCH_CACHE/results/.
+#   kiln + peak, PyTorch eager and ONNX Runtime one after the other (in rounds), and
+#   gemm_bench (kiln vs oneDNN) once, and prints the table (bench/report.py).
+#   Results: $KILN_BENCH_CACHE/results/ (round*/ per round).
 #
 #   bench/run.sh
 #
@@ -13,6 +14,7 @@
 #   KILN_BENCH_JOBS    build parallelism        (default 1)
 #   KILN_BENCH_THREADS threads of every engine  (default 2)
 #   KILN_BENCH_REPS    kiln repetitions / peer runs per workload (default 5)
+#   KILN_BENCH_ROUNDS  rounds of kiln + PyTorch + ORT (default 2; report takes each best)
 #   KILN_BENCH_GEMM=0  skip gemm_bench;  KILN_BENCH_SKIP_BUILD=1  use the build as is
 set -uo pipefail
 
@@ -25,7 +27,7 @@ REPS=${KILN_BENCH_REPS:-5}
 PY=/usr/bin/python3
 OUT=$CACHE/results
 mkdir -p "$CACHE" "$OUT"
-rm -f "$OUT"/*.json "$OUT"/*.log "$OUT"/report.md
+rm -rf "$OUT"/*.json "$OUT"/*.log "$OUT"/report.md "$OUT"/round*
 START=$(date +%s)
 log() { echo "[run.sh +$(( $(date +%s) - START ))s] $*" >&2; }
 status() { echo "$1" >> "$OUT/status.log"; log "$1"; }
@@ -78,38 +80,63 @@ if [[ ! -d "$ROOT/bench/ort/node_modules/onnxruntime-node" ]]; then
     || status "npm ci for onnxruntime-node failed (see $OUT/npm.log): no ONNX Runtime numbers"
 fi
 
-# 5. The runs, one after the other.
+# 5. The runs: KILN_BENCH_ROUNDS rounds (default 2) of kiln, PyTorch and ONNX Runtime, one
+#    engine after the other, in reverse order in even rounds. The machine is shared, so
+#    the load changes between engines: before each peer a short peak probe records how
+#    fast the machine was then, and report.py takes each engine's best round. Round 1
+#    tries every PyTorch BLAS setting; later rounds rerun only the best ones.
 export KILN_BENCH_WEIGHTS=$CACHE/base.safetensors
 export KILN_BENCH_REFERENCE=$CACHE/reference.safetensors
-if [[ -x "$BUILD/bench/model_bench" ]]; then
-  log "kiln: model_bench (peak, W1, W2, W4, check; $REPS repetitions)"
-  # Random interleaving: the peak and the workloads alternate, so they see the same load.
-  "$BUILD/bench/model_bench" --benchmark_repetitions="$REPS" --benchmark_report_aggregates_only=true \
-    --benchmark_enable_random_interleaving=true \
-    --benchmark_out="$OUT/kiln.json" --benchmark_out_format=json > "$OUT/kiln.log" 2>&1 \
-    || status "model_bench failed (see $OUT/kiln.log)"
-else
-  status "model_bench is not built: no kiln numbers"
-  if [[ -x "$BUILD/bench/peak_bench" ]]; then
-    "$BUILD/bench/peak_bench" --benchmark_repetitions="$REPS" --benchmark_report_aggregates_only=true \
-      --benchmark_out="$OUT/peak.json" --benchmark_out_format=json > "$OUT/peak.log" 2>&1
+ROUNDS=${KILN_BENCH_ROUNDS:-2}
+peak_probe() {
+  [[ -x "$BUILD/bench/peak_bench" ]] && "$BUILD/bench/peak_bench" --benchmark_repetitions=3 \
+    --benchmark_report_aggregates_only=true --benchmark_out="$1" --benchmark_out_format=json > /dev/null 2>&1
+}
+run_kiln() {
+  if [[ -x "$BUILD/bench/model_bench" ]]; then
+    log "round $r: kiln model_bench (peak, W1, W2, W4, check; $REPS repetitions, interleaved)"
+    # Random interleaving: the peak and the workloads alternate, so they see the same load.
+    # Console: aggregates only; JSON: every repetition too (report.py shows the min).
+    "$BUILD/bench/model_bench" --benchmark_repetitions="$REPS" --benchmark_display_aggregates_only=true \
+      --benchmark_enable_random_interleaving=true \
+      --benchmark_out="$R/kiln.json" --benchmark_out_format=json > "$R/kiln.log" 2>&1 \
+      || status "round $r: model_bench failed (see $R/kiln.log)"
+  else
+    status "round $r: model_bench is not built: no kiln numbers"
+    peak_probe "$R/peak-kiln.json"
   fi
-fi
-if [[ "${KILN_BENCH_GEMM:-1}" != 0 && -x "$BUILD/bench/gemm_bench" ]]; then
-  log "gemm_bench (kiln linear kernel vs oneDNN)"
-  "$BUILD/bench/gemm_bench" --benchmark_out="$OUT/gemm.json" --benchmark_out_format=json \
-    > "$OUT/gemm.log" 2>&1 || status "gemm_bench failed (see $OUT/gemm.log)"
-fi
-log "PyTorch eager (each BLAS setting in a subprocess)"
-$PY "$ROOT/bench/peers.py" --weights "$CACHE/base.safetensors" --onnx-dir "$CACHE" \
-  ${OPENBLAS_DIR:+--openblas-dir "$OPENBLAS_DIR"} --threads "$KILN_BENCH_THREADS" --runs "$REPS" \
-  --json-out "$OUT/pytorch.json" 2> "$OUT/pytorch.log" || status "PyTorch run failed (see $OUT/pytorch.log)"
-if [[ -d "$ROOT/bench/ort/node_modules/onnxruntime-node" ]]; then
-  log "ONNX Runtime (onnxruntime-node)"
+}
+run_pytorch() {
+  peak_probe "$R/peak-pytorch.json"
+  local only=()
+  [[ $r -gt 1 && -s "$OUT/round1/pytorch.json" ]] && only=(--only-settings-from "$OUT/round1/pytorch.json")
+  local what="every BLAS setting"
+  [[ ${#only[@]} -gt 0 ]] && what="the best settings of round 1"
+  log "round $r: PyTorch eager ($what, one subprocess each)"
+  $PY "$ROOT/bench/peers.py" --weights "$CACHE/base.safetensors" --onnx-dir "$CACHE" \
+    ${OPENBLAS_DIR:+--openblas-dir "$OPENBLAS_DIR"} --threads "$KILN_BENCH_THREADS" --runs "$REPS" \
+    "${only[@]}" --json-out "$R/pytorch.json" 2> "$R/pytorch.log" \
+    || status "round $r: PyTorch run failed (see $R/pytorch.log)"
+}
+run_ort() {
+  [[ -d "$ROOT/bench/ort/node_modules/onnxruntime-node" ]] || return 0
+  peak_probe "$R/peak-ort.json"
+  log "round $r: ONNX Runtime (onnxruntime-node)"
   node "$ROOT/bench/ort/run.mjs" --onnx-dir "$CACHE" --reference "$CACHE/reference.safetensors" \
-    --threads "$KILN_BENCH_THREADS" --runs "$REPS" --json-out "$OUT/ort.json" 2> "$OUT/ort.log" \
-    || status "ONNX Runtime run failed (see $OUT/ort.log)"
-fi
+    --threads "$KILN_BENCH_THREADS" --runs "$REPS" --json-out "$R/ort.json" 2> "$R/ort.log" \
+    || status "round $r: ONNX Runtime run failed (see $R/ort.log)"
+}
+for r in $(seq 1 "$ROUNDS"); do
+  R=$OUT/round$r
+  rm -rf "$R" && mkdir -p "$R"
+  echo "round $r start $(date -Is) load $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/machine.log"
+  if (( r % 2 )); then run_kiln; run_pytorch; run_ort; else run_ort; run_pytorch; run_kiln; fi
+  if [[ $r == 1 && "${KILN_BENCH_GEMM:-1}" != 0 && -x "$BUILD/bench/gemm_bench" ]]; then
+    log "gemm_bench (kiln linear kernel vs oneDNN)"
+    "$BUILD/bench/gemm_bench" --benchmark_out="$OUT/gemm.json" --benchmark_out_format=json \
+      > "$OUT/gemm.log" 2>&1 || status "gemm_bench failed (see $OUT/gemm.log)"
+  fi
+done
 echo "end $(date -Is) load $(cut -d' ' -f1-3 /proc/loadavg) elapsed $(( $(date +%s) - START ))s" >> "$OUT/machine.log"
 
 # 6. The table.
