@@ -21,6 +21,7 @@
 #include <gtest/gtest.h>
 
 #include "codegen/halide_kernels.h"
+#include "jit_kernel.h"
 #include "codegen/kernels.h"
 #include "ir/interpreter.h"
 #include "ir/ir.h"
@@ -29,53 +30,11 @@
 namespace kiln::codegen {
 namespace {
 
-const char* const kAvx2Target = "x86-64-linux-avx-avx2-f16c-fma-sse41";
+using jit::JitKernel;
+using jit::kAvx2Target;
+using jit::last_error;
+using jit::target_named;
 constexpr float kTolerance = 1e-5f;
-
-// The last error the JIT runtime reported (its default handler would end the process).
-std::string& last_error() {
-  static std::string message;
-  return message;
-}
-
-void record_error(Halide::JITUserContext*, const char* message) { last_error() = message; }
-
-// A pipeline JIT-compiled for one target and called with buffers in argument order (output
-// last) through Halide's argv entry point, like the AOT-compiled function is.
-class JitKernel {
- public:
-  JitKernel(KernelPipeline kp, const Halide::Target& target) {
-    static int counter = 0;
-    const Halide::Target t = target.with_feature(Halide::Target::JIT);
-    Halide::Module m =
-        kp.pipeline.compile_to_module(kp.args, "attention_test_" + std::to_string(counter++), t);
-    module_ = Halide::Internal::JITModule(m, m.functions().back());
-    fn_ = module_.argv_function();
-    // Once the shared runtime exists: keep its handlers but route errors to the test.
-    static const bool handler_installed = [] {
-      using Halide::Internal::JITSharedRuntime;
-      Halide::JITHandlers handlers = JITSharedRuntime::set_default_handlers({});
-      handlers.custom_error = record_error;
-      JITSharedRuntime::set_default_handlers(handlers);
-      return true;
-    }();
-    (void)handler_installed;
-  }
-
-  // Returns the pipeline's status: 0, or a Halide error code.
-  int operator()(const std::vector<halide_buffer_t*>& buffers) const {
-    std::vector<const void*> argv(buffers.begin(), buffers.end());
-    return fn_(argv.data());
-  }
-
- private:
-  Halide::Internal::JITModule module_;
-  Halide::Internal::JITModule::argv_wrapper fn_ = nullptr;
-};
-
-Halide::Target target_named(const std::string& name) {
-  return name == "host" ? Halide::get_host_target() : Halide::Target(name);
-}
 
 // A [rows, width] matrix per batch, holding NaN outside the views cut from it, so that a read
 // outside a view spoils the result.

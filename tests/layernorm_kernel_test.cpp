@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "codegen/halide_kernels.h"
+#include "jit_kernel.h"
 #include "codegen/kernels.h"
 #include "ir/interpreter.h"
 #include "ir/ir.h"
@@ -23,45 +24,9 @@
 namespace kiln {
 namespace {
 
-const char* const kAvx2Target = "x86-64-linux-avx-avx2-f16c-fma-sse41";
-
-Halide::Target target_of(const std::string& name) {
-  return name == "host" ? Halide::get_host_target() : Halide::Target(name);
-}
-
-// Errors of the JIT-compiled pipelines run here: printed, and returned as a status instead
-// of aborting.
-void report_halide_error(Halide::JITUserContext*, const char* message) {
-  std::fprintf(stderr, "halide error (expected where a test checks the status): %s\n", message);
-}
-
-// A kernel pipeline compiled by Halide's JIT with the argument order of AOT compilation:
-// the inputs of `kp.args`, then the output.
-class JitKernel {
- public:
-  JitKernel(const codegen::KernelPipeline& kp, const Halide::Target& target) {
-    Halide::Pipeline pipeline = kp.pipeline;
-    Halide::Module module = pipeline.compile_to_module(kp.args, "kiln_test_kernel",
-                                                       target.with_feature(Halide::Target::JIT));
-    jit_ = Halide::Internal::JITModule(module, module.get_function_by_name("kiln_test_kernel"));
-  }
-
-  // Runs on the buffers (inputs, then output); returns Halide's status (0: success).
-  int run(const std::vector<Halide::Buffer<>>& buffers) const {
-    std::vector<const void*> argv;
-    for (const Halide::Buffer<>& b : buffers) argv.push_back(b.raw_buffer());
-    Halide::JITHandlers handlers;
-    handlers.custom_error = report_halide_error;
-    const Halide::JITHandlers old =
-        Halide::Internal::JITSharedRuntime::set_default_handlers(handlers);
-    const int status = jit_.argv_function()(argv.data());
-    Halide::Internal::JITSharedRuntime::set_default_handlers(old);
-    return status;
-  }
-
- private:
-  Halide::Internal::JITModule jit_;
-};
+using jit::JitKernel;
+using jit::kAvx2Target;
+Halide::Target target_of(const std::string& name) { return jit::target_named(name); }
 
 // A [rows × d] matrix of random values in a Halide buffer (c, r) whose rows are `stride`
 // floats apart (stride >= d), and the same values as an IR tensor. The padding is NaN,

@@ -22,6 +22,7 @@
 #include <gtest/gtest.h>
 
 #include "codegen/halide_kernels.h"
+#include "jit_kernel.h"
 #include "codegen/kernels.h"
 #include "ir/interpreter.h"
 #include "ir/ir.h"
@@ -38,7 +39,7 @@ using ir::Tensor;
 using ir::TensorType;
 using ir::ValueId;
 
-constexpr char kAvx2Target[] = "x86-64-linux-avx-avx2-f16c-fma-sse41";
+using jit::kAvx2Target;
 
 // Deterministic pseudo-random floats in [-1, 1).
 std::vector<float> noise(size_t count, uint32_t seed) {
@@ -53,25 +54,10 @@ std::vector<float> noise(size_t count, uint32_t seed) {
 
 // The kernel for `spec` compiled in process for `target`, called like the AOT function:
 // buffers in kernels.h's argument order, the output last.
-class JitLinear {
+class JitLinear : public jit::JitKernel {
  public:
-  JitLinear(const LinearKernel& spec, const std::string& target) {
-    const Halide::Target t = target == "host" ? Halide::get_host_target() : Halide::Target(target);
-    KernelPipeline kp = build_linear(spec, t);
-    Halide::Module module =
-        kp.pipeline.compile_to_module(kp.args, "linear_test", t.with_feature(Halide::Target::JIT));
-    jit_ = Halide::Internal::JITModule(module, module.functions().back());
-    fn_ = jit_.argv_function();
-  }
-  // Returns the pipeline's status (0 on success).
-  int operator()(std::vector<halide_buffer_t*> buffers) const {
-    std::vector<const void*> argv(buffers.begin(), buffers.end());
-    return fn_(argv.data());
-  }
-
- private:
-  Halide::Internal::JITModule jit_;
-  Halide::Internal::JITModule::argv_wrapper fn_ = nullptr;
+  JitLinear(const LinearKernel& spec, const std::string& target)
+      : jit::JitKernel(build_linear(spec, jit::target_named(target)), jit::target_named(target)) {}
 };
 
 // One test problem: x [rows..., K] (product of rows = M), W [N, K], b [N].
