@@ -34,6 +34,7 @@
 #include <fmt/format.h>
 
 #include "ir/op_types.h"
+#include "ir/printer.h"
 #include "support/error.h"
 
 namespace kiln::ir {
@@ -840,17 +841,11 @@ class Interpreter {
       if (!valid(id) || !defined[id]) invalid(fmt::format("returns undefined value {}", id));
   }
 
-  // Names values as the printer does: the value's name, or the next number among the
-  // unnamed values in definition order.
+  // Names values as the printer does: the value's name, or '%N' for the N-th unnamed one.
   void name_values() {
-    names_.assign(f_.values.size(), {});
-    int next = 0;
-    auto assign = [&](ValueId id) {
-      if (names_[id].empty())
-        names_[id] = f_.values[id].name.empty() ? "%" + std::to_string(next++) : f_.values[id].name;
-    };
-    for (ValueId p : f_.params) assign(p);
-    for (const Op& op : f_.ops) assign(op.result);
+    names_ = value_names(f_);
+    for (size_t i = 0; i < names_.size(); ++i)
+      if (f_.values[i].name.empty()) names_[i] = "%" + names_[i];
   }
 
   // 'src', or '%3' for an unnamed value.

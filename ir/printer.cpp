@@ -38,7 +38,8 @@ std::string print_attrs(const Attrs& attrs) {
   return out + "}";
 }
 
-// Names every value: its own name, or the next number for unnamed ones.
+}  // namespace
+
 std::vector<std::string> value_names(const Function& f) {
   std::vector<std::string> names(f.values.size());
   int next = 0;
@@ -52,8 +53,6 @@ std::vector<std::string> value_names(const Function& f) {
     if (names[i].empty()) names[i] = f.values[i].name.empty() ? "?" + std::to_string(i) : f.values[i].name;
   return names;
 }
-
-}  // namespace
 
 std::string print_attr_value(const AttrValue& value) {
   if (const int64_t* i = std::get_if<int64_t>(&value)) return std::to_string(*i);

@@ -28,6 +28,7 @@
 
 #include <fmt/format.h>
 
+#include "ir/printer.h"
 #include "passes/rewrite.h"
 #include "support/error.h"
 
@@ -91,17 +92,9 @@ std::vector<int> last_reads(const ir::Function& f) {
   return last;
 }
 
-// Names as the printer shows them: a value's own name, or its number among the unnamed
-// values (parameters first, then op results in order).
+// Names as the printer shows them, with their '%'.
 std::vector<std::string> display_names(const ir::Function& f) {
-  std::vector<std::string> names(f.values.size());
-  int next = 0;
-  auto assign = [&](ir::ValueId id) {
-    if (names[id].empty())
-      names[id] = f.values[id].name.empty() ? std::to_string(next++) : f.values[id].name;
-  };
-  for (ir::ValueId p : f.params) assign(p);
-  for (const ir::Op& op : f.ops) assign(op.result);
+  std::vector<std::string> names = ir::value_names(f);
   for (std::string& name : names) name = "%" + name;
   return names;
 }

@@ -31,19 +31,10 @@ bool is_fused(ir::OpKind kind) {
          kind == ir::OpKind::add_layernorm;
 }
 
-// Names as the printer shows them: the value's own name, or its number among the unnamed
-// values (parameters first, then op results in order).
+// Names as the printer shows them, with their '%'.
 std::vector<std::string> display_names(const ir::Function& f) {
-  std::vector<std::string> names(f.values.size());
-  int next = 0;
-  auto assign = [&](ir::ValueId id) {
-    if (names[id].empty())
-      names[id] = f.values[id].name.empty() ? std::to_string(next++) : f.values[id].name;
-  };
-  for (ir::ValueId p : f.params) assign(p);
-  for (const ir::Op& op : f.ops) assign(op.result);
-  for (size_t i = 0; i < names.size(); ++i)
-    names[i] = "%" + (names[i].empty() ? "?" + std::to_string(i) : names[i]);
+  std::vector<std::string> names = ir::value_names(f);
+  for (std::string& name : names) name = "%" + name;
   return names;
 }
 
