@@ -124,26 +124,32 @@ class Scheduler {
 
   const std::vector<int>& regular() const { return regular_; }
 
+  // The lazy ops that op `r` needs and that are not placed yet, transitively, in the
+  // current order (which is topological); marks them placed.
+  std::vector<int> take_lazy_operands(int r, std::vector<bool>& placed) const {
+    std::vector<int> closure, stack(1, r);
+    while (!stack.empty()) {
+      const int i = stack.back();
+      stack.pop_back();
+      for (ir::ValueId v : f_.ops[i].operands) {
+        const int d = defs_[v];
+        if (d < 0 || !lazy_[d] || placed[d]) continue;
+        placed[d] = true;
+        closure.push_back(d);
+        stack.push_back(d);
+      }
+    }
+    std::sort(closure.begin(), closure.end());
+    return closure;
+  }
+
   // The full order for an order of the regular ops (step 1).
   std::vector<int> expand(const std::vector<int>& seq) const {
     std::vector<bool> placed(f_.ops.size(), false);
-    std::vector<int> order, closure, stack;
+    std::vector<int> order;
     order.reserve(f_.ops.size());
     for (int r : seq) {
-      closure.clear();
-      stack.assign(1, r);
-      while (!stack.empty()) {
-        const int i = stack.back();
-        stack.pop_back();
-        for (ir::ValueId v : f_.ops[i].operands) {
-          const int d = defs_[v];
-          if (d < 0 || !lazy_[d] || placed[d]) continue;
-          placed[d] = true;
-          closure.push_back(d);
-          stack.push_back(d);
-        }
-      }
-      std::sort(closure.begin(), closure.end());  // the current order is topological
+      const std::vector<int> closure = take_lazy_operands(r, placed);
       order.insert(order.end(), closure.begin(), closure.end());
       order.push_back(r);
     }
@@ -219,7 +225,6 @@ std::vector<int> Scheduler::greedy() const {
 
   std::vector<int> seq;
   seq.reserve(regular_.size());
-  std::vector<int> closure, stack;
   while (!ready.empty()) {
     size_t best = 0;
     auto best_cost = cost(ready[0]);
@@ -233,21 +238,7 @@ std::vector<int> Scheduler::greedy() const {
     const int r = ready[best];
     ready.erase(ready.begin() + static_cast<std::ptrdiff_t>(best));
     // Its lazy operands first (as `expand` will place them), then the op.
-    closure.clear();
-    stack.assign(1, r);
-    while (!stack.empty()) {
-      const int i = stack.back();
-      stack.pop_back();
-      for (ir::ValueId v : f_.ops[i].operands) {
-        const int d = defs_[v];
-        if (d < 0 || !lazy_[d] || placed[d]) continue;
-        placed[d] = true;
-        closure.push_back(d);
-        stack.push_back(d);
-      }
-    }
-    std::sort(closure.begin(), closure.end());
-    for (int d : closure) place(d);
+    for (int d : take_lazy_operands(r, placed)) place(d);
     place(r);
     seq.push_back(r);
     for (int u : users_[r])
