@@ -280,6 +280,29 @@ class Parser {
     advance();
   }
 
+  // Parses a comma-separated list closed by `close` (consumed): `item` parses one element;
+  // the list may be empty when `allow_empty`. Another token after an element is reported
+  // as "expected ',' or '<close>' <where()>".
+  template <typename Item, typename Where>
+  void parse_list(std::string_view close, bool allow_empty, Item item, Where where) {
+    if (allow_empty && is_punct(close)) {
+      advance();
+      return;
+    }
+    while (true) {
+      item();
+      if (is_punct(",")) {
+        advance();
+        continue;
+      }
+      if (is_punct(close)) {
+        advance();
+        return;
+      }
+      expected(fmt::format("',' or '{}' {}", close, where()));
+    }
+  }
+
   int64_t int_value(const Token& tok) const {
     int64_t v = 0;
     const char* first = tok.text.data();
@@ -320,30 +343,22 @@ class Parser {
   void parse_config(Module* m) {
     advance();
     expect_punct("{", "after 'config'");
-    if (is_punct("}")) {
-      advance();
-      return;
-    }
-    while (true) {
-      if (tok_.kind != Tok::kIdent) expected("config key");
-      const std::string key(tok_.text);
-      const Loc key_loc = tok_.loc;
-      advance();
-      expect_punct("=", fmt::format("after config key '{}'", key));
-      if (tok_.kind != Tok::kString) expected(fmt::format("string value for config key '{}'", key));
-      if (!m->config.emplace(key, tok_.str).second)
-        error(key_loc, fmt::format("config key '{}' is defined twice", key));
-      advance();
-      if (is_punct(",")) {
-        advance();
-        continue;
-      }
-      if (is_punct("}")) {
-        advance();
-        return;
-      }
-      expected(fmt::format("',' or '}}' after config key '{}'", key));
-    }
+    std::string key;
+    parse_list(
+        "}", /*allow_empty=*/true,
+        [&] {
+          if (tok_.kind != Tok::kIdent) expected("config key");
+          key = std::string(tok_.text);
+          const Loc key_loc = tok_.loc;
+          advance();
+          expect_punct("=", fmt::format("after config key '{}'", key));
+          if (tok_.kind != Tok::kString)
+            expected(fmt::format("string value for config key '{}'", key));
+          if (!m->config.emplace(key, tok_.str).second)
+            error(key_loc, fmt::format("config key '{}' is defined twice", key));
+          advance();
+        },
+        [&] { return fmt::format("after config key '{}'", key); });
   }
 
   // symbol := 'symbol' IDENT 'max' INT
@@ -378,21 +393,15 @@ class Parser {
       d.op = std::string(tok_.text);
       advance();
       expect_punct("(", fmt::format("after derivation op '{}'", d.op));
-      while (true) {
-        if (tok_.kind != Tok::kGlobal)
-          expected(fmt::format("weight name (@NAME) in derivation of '@{}'", w.name));
-        d.inputs.push_back(tok_.str);
-        advance();
-        if (is_punct(",")) {
-          advance();
-          continue;
-        }
-        if (is_punct(")")) {
-          advance();
-          break;
-        }
-        expected(fmt::format("',' or ')' in derivation of '@{}'", w.name));
-      }
+      parse_list(
+          ")", /*allow_empty=*/false,
+          [&] {
+            if (tok_.kind != Tok::kGlobal)
+              expected(fmt::format("weight name (@NAME) in derivation of '@{}'", w.name));
+            d.inputs.push_back(tok_.str);
+            advance();
+          },
+          [&] { return fmt::format("in derivation of '@{}'", w.name); });
       if (is_punct("{")) d.attrs = parse_attrs();
       w.derivation = std::move(d);
     }
@@ -408,60 +417,43 @@ class Parser {
     t.dtype = *dtype;
     advance();
     expect_punct("[", fmt::format("after dtype '{}'", dtype_name(t.dtype)));
-    if (is_punct("]")) {
-      advance();
-      return t;
-    }
-    while (true) {
-      if (tok_.kind == Tok::kInt) {
-        const int64_t v = int_value(tok_);
-        if (v < 0) error(tok_.loc, fmt::format("negative dimension '{}'", v));
-        t.shape.push_back(Dim::constant(v));
-      } else if (tok_.kind == Tok::kIdent) {
-        t.shape.push_back(Dim::sym(std::string(tok_.text)));
-      } else {
-        expected("dimension (integer or symbol)");
-      }
-      advance();
-      if (is_punct(",")) {
-        advance();
-        continue;
-      }
-      if (is_punct("]")) {
-        advance();
-        return t;
-      }
-      expected("',' or ']' in shape");
-    }
+    parse_list(
+        "]", /*allow_empty=*/true,
+        [&] {
+          if (tok_.kind == Tok::kInt) {
+            const int64_t v = int_value(tok_);
+            if (v < 0) error(tok_.loc, fmt::format("negative dimension '{}'", v));
+            t.shape.push_back(Dim::constant(v));
+          } else if (tok_.kind == Tok::kIdent) {
+            t.shape.push_back(Dim::sym(std::string(tok_.text)));
+          } else {
+            expected("dimension (integer or symbol)");
+          }
+          advance();
+        },
+        [] { return std::string("in shape"); });
+    return t;
   }
 
   // attrs := '{' (IDENT '=' attr (',' IDENT '=' attr)*)? '}'
   Attrs parse_attrs() {
     advance();  // '{'
     Attrs attrs;
-    if (is_punct("}")) {
-      advance();
-      return attrs;
-    }
-    while (true) {
-      if (tok_.kind != Tok::kIdent) expected("attribute name");
-      const std::string key(tok_.text);
-      const Loc key_loc = tok_.loc;
-      advance();
-      expect_punct("=", fmt::format("after attribute '{}'", key));
-      AttrValue value = parse_attr_value(key);
-      if (!attrs.emplace(key, std::move(value)).second)
-        error(key_loc, fmt::format("attribute '{}' is defined twice", key));
-      if (is_punct(",")) {
-        advance();
-        continue;
-      }
-      if (is_punct("}")) {
-        advance();
-        return attrs;
-      }
-      expected(fmt::format("',' or '}}' after attribute '{}'", key));
-    }
+    std::string key;
+    parse_list(
+        "}", /*allow_empty=*/true,
+        [&] {
+          if (tok_.kind != Tok::kIdent) expected("attribute name");
+          key = std::string(tok_.text);
+          const Loc key_loc = tok_.loc;
+          advance();
+          expect_punct("=", fmt::format("after attribute '{}'", key));
+          AttrValue value = parse_attr_value(key);
+          if (!attrs.emplace(key, std::move(value)).second)
+            error(key_loc, fmt::format("attribute '{}' is defined twice", key));
+        },
+        [&] { return fmt::format("after attribute '{}'", key); });
+    return attrs;
   }
 
   // attr := INT | FLOAT | STRING | '[' (INT (',' INT)*)? ']'
@@ -477,21 +469,16 @@ class Parser {
     } else if (is_punct("[")) {
       advance();
       std::vector<int64_t> list;
-      if (!is_punct("]")) {
-        while (true) {
-          if (tok_.kind != Tok::kInt)
-            expected(fmt::format("integer in list for attribute '{}'", key));
-          list.push_back(int_value(tok_));
-          advance();
-          if (is_punct(",")) {
+      parse_list(
+          "]", /*allow_empty=*/true,
+          [&] {
+            if (tok_.kind != Tok::kInt)
+              expected(fmt::format("integer in list for attribute '{}'", key));
+            list.push_back(int_value(tok_));
             advance();
-            continue;
-          }
-          if (is_punct("]")) break;
-          expected(fmt::format("',' or ']' in list for attribute '{}'", key));
-        }
-      }
-      value = std::move(list);
+          },
+          [&] { return fmt::format("in list for attribute '{}'", key); });
+      return list;  // parse_list consumed the ']'
     } else {
       expected(fmt::format("value for attribute '{}'", key));
     }
@@ -533,48 +520,26 @@ class Parser {
     advance();
     expect_punct("(", "after function name " + fname);
     Scope scope;
-    if (is_punct(")")) {
-      advance();
-    } else {
-      while (true) {
-        if (tok_.kind != Tok::kValue) expected("parameter name (%NAME) in function " + fname);
-        check_new_value(scope);
-        const std::string written = tok_.str;
-        const std::string shown(tok_.text);
-        advance();
-        expect_punct(":", fmt::format("after parameter '{}'", shown));
-        TensorType type = parse_type();
-        scope.ids[written] = f.add_param(value_name(written), std::move(type));
-        if (is_punct(",")) {
+    std::string shown;
+    parse_list(
+        ")", /*allow_empty=*/true,
+        [&] {
+          if (tok_.kind != Tok::kValue) expected("parameter name (%NAME) in function " + fname);
+          check_new_value(scope);
+          const std::string written = tok_.str;
+          shown = std::string(tok_.text);
           advance();
-          continue;
-        }
-        if (is_punct(")")) {
-          advance();
-          break;
-        }
-        expected(fmt::format("',' or ')' after parameter '{}'", shown));
-      }
-    }
+          expect_punct(":", fmt::format("after parameter '{}'", shown));
+          TensorType type = parse_type();
+          scope.ids[written] = f.add_param(value_name(written), std::move(type));
+        },
+        [&] { return fmt::format("after parameter '{}'", shown); });
     expect_punct("->", "after the parameters of " + fname);
     expect_punct("(", "before the result types of " + fname);
     std::vector<TensorType> result_types;
-    if (is_punct(")")) {
-      advance();
-    } else {
-      while (true) {
-        result_types.push_back(parse_type());
-        if (is_punct(",")) {
-          advance();
-          continue;
-        }
-        if (is_punct(")")) {
-          advance();
-          break;
-        }
-        expected("',' or ')' in the result types of " + fname);
-      }
-    }
+    parse_list(
+        ")", /*allow_empty=*/true, [&] { result_types.push_back(parse_type()); },
+        [&] { return "in the result types of " + fname; });
     if (is_keyword("arena")) {
       advance();
       f.arena_bytes = parse_non_negative("arena size", "for 'arena' of " + fname);
@@ -608,24 +573,14 @@ class Parser {
     advance();
     expect_punct("(", fmt::format("after op name '{}'", op));
     std::vector<ValueId> operands;
-    if (is_punct(")")) {
-      advance();
-    } else {
-      while (true) {
-        if (tok_.kind != Tok::kValue) expected(fmt::format("operand (%NAME) of '{}'", op));
-        operands.push_back(use_value(*scope));
-        advance();
-        if (is_punct(",")) {
+    parse_list(
+        ")", /*allow_empty=*/true,
+        [&] {
+          if (tok_.kind != Tok::kValue) expected(fmt::format("operand (%NAME) of '{}'", op));
+          operands.push_back(use_value(*scope));
           advance();
-          continue;
-        }
-        if (is_punct(")")) {
-          advance();
-          break;
-        }
-        expected(fmt::format("',' or ')' after operand of '{}'", op));
-      }
-    }
+        },
+        [&] { return fmt::format("after operand of '{}'", op); });
     Attrs attrs;
     if (is_punct("{")) attrs = parse_attrs();
     expect_punct(":", fmt::format("before the result type of '{}'", shown));
