@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "error_of.h"
 #include "frontend/models.h"
 #include "golden_small.h"
 #include "golden_tiny.h"
@@ -83,12 +84,7 @@ TEST(CompiledVsInterpreter, RandomBatchesAndLengths) {
 }
 
 std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "<no error>";
+  return testing::error_of<std::exception>(fn);
 }
 
 TEST(CompiledInputs, BadIdsLengthsAndBatchesAreRejected) {

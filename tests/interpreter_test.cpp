@@ -10,6 +10,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "error_of.h"
 #include "ir/interpreter.h"
 #include "ir/ir.h"
 #include "ir/verifier.h"
@@ -22,19 +23,7 @@ using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
-// The message of the kiln::Error thrown by `fn`, or a test failure if it does not throw one.
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const kiln::Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected kiln::Error, got another exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected kiln::Error, nothing was thrown";
-  return "";
-}
+using kiln::testing::error_of;
 
 Dim C(int64_t v) { return Dim::constant(v); }
 Dim Sym(const char* name) { return Dim::sym(name); }

@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "error_of.h"
 #include "frontend/dsl.h"
 #include "frontend/models.h"
 #include "frontend/nn.h"
@@ -21,14 +22,7 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using kiln::testing::error_of;
 
 TEST(Dsl, MatmulMismatchNamesOpShapesAndPlace) {
   std::string msg = error_of([] {

@@ -13,6 +13,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "error_of.h"
 #include "runtime/json.h"
 #include "runtime/safetensors.h"
 #include "support/error.h"
@@ -26,19 +27,7 @@ using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
 using ::testing::Pair;
 
-// The message of the kiln::Error thrown by `fn`, or a test failure if it does not throw one.
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const kiln::Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected kiln::Error, got another exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected kiln::Error, nothing was thrown";
-  return "";
-}
+using kiln::testing::error_of;
 
 // A safetensors file from a header text and a data section, with a correct length prefix.
 std::vector<uint8_t> file_bytes(const std::string& header, size_t data_size = 0) {
