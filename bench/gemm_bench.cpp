@@ -9,9 +9,10 @@
 //   [KILN_BENCH_THREADS=2] gemm_bench [--benchmark_repetitions=5
 //       --benchmark_enable_random_interleaving=true] [--benchmark_filter=M2048]
 //
-// The kiln kernel computes out = x·Wᵀ + bias (ReLU where the model has it); dnnl_sgemm
-// computes x·wt with wt = Wᵀ (K × N, the layout kiln loads), row-major, no bias: the
-// epilogue is kiln's extra work.
+// The kiln kernel computes out = x·Wᵀ + bias (ReLU where the model has it) with W in the
+// layout kiln's runtime loads (packed in 64-column panels for these N); dnnl_sgemm computes
+// x·wt with wt = Wᵀ (K × N), row-major, no bias: the epilogue is kiln's extra work. Both
+// layouts are prepared once, outside the timing, as both runtimes do at load time.
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -121,9 +122,9 @@ class JitLinear {
 // Inputs and outputs of one shape, shared by both implementations, and the kiln kernel.
 struct Problem {
   GemmShape shape;
-  Floats x, wt, bias, out_kiln, out_dnnl;
+  Floats x, wt, wt_packed, bias, out_kiln, out_dnnl;
   halide_buffer_t x_buf{}, wt_buf{}, bias_buf{}, out_buf{};
-  halide_dimension_t x_dims[2], wt_dims[2], bias_dims[1], out_dims[2];
+  halide_dimension_t x_dims[2], wt_dims[3], bias_dims[1], out_dims[2];
   std::shared_ptr<JitLinear> kernel;
 };
 
@@ -152,17 +153,31 @@ Problem& problem_for(const GemmShape& s) {
   const auto i32 = [](int64_t v) { return static_cast<int32_t>(v); };
   p->x_dims[0] = {0, i32(s.K), 1};
   p->x_dims[1] = {0, i32(s.M), i32(s.K)};
-  p->wt_dims[0] = {0, i32(s.N), 1};
-  p->wt_dims[1] = {0, i32(s.K), i32(s.N)};
+  // kiln's weight in the layout its runtime loads for this N (panels, see kernels.h).
+  const int64_t P = kiln::codegen::linear_panel_for(s.N);
+  if (P) {
+    p->wt_packed = aligned_floats(s.K * s.N, 0);
+    for (int64_t k = 0; k < s.K; ++k)
+      for (int64_t n = 0; n < s.N; ++n)
+        p->wt_packed[(n / P) * P * s.K + k * P + n % P] = p->wt[k * s.N + n];
+    p->wt_dims[0] = {0, i32(P), 1};
+    p->wt_dims[1] = {0, i32(s.K), i32(P)};
+    p->wt_dims[2] = {0, i32(s.N / P), i32(P * s.K)};
+  } else {
+    p->wt_dims[0] = {0, i32(s.N), 1};
+    p->wt_dims[1] = {0, i32(s.K), i32(s.N)};
+  }
   p->bias_dims[0] = {0, i32(s.N), 1};
   p->out_dims[0] = {0, i32(s.N), 1};
   p->out_dims[1] = {0, i32(s.M), i32(s.N)};
   p->x_buf = make_buffer(p->x.get(), 2, p->x_dims);
-  p->wt_buf = make_buffer(p->wt.get(), 2, p->wt_dims);
+  p->wt_buf = P ? make_buffer(p->wt_packed.get(), 3, p->wt_dims)
+                : make_buffer(p->wt.get(), 2, p->wt_dims);
   p->bias_buf = make_buffer(p->bias.get(), 1, p->bias_dims);
   p->out_buf = make_buffer(p->out_kiln.get(), 2, p->out_dims);
   std::shared_ptr<JitLinear>& k = kernels[{s.K, s.N, s.relu}];
-  if (!k) k = std::make_shared<JitLinear>(kiln::codegen::LinearKernel{s.K, s.N, s.relu, true});
+  if (!k)
+    k = std::make_shared<JitLinear>(kiln::codegen::LinearKernel{s.K, s.N, s.relu, true, P});
   p->kernel = k;
   return *p;
 }

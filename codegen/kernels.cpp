@@ -49,8 +49,8 @@ std::string scale_tag(double scale) {
 
 std::string kernel_name(const KernelSpec& spec) {
   if (const auto* k = std::get_if<LinearKernel>(&spec))
-    return fmt::format("kiln_linear_k{}_n{}{}{}", k->K, k->N, k->has_bias ? "" : "_nobias",
-                       k->relu ? "_relu" : "");
+    return fmt::format("kiln_linear_k{}_n{}{}{}{}", k->K, k->N, k->has_bias ? "" : "_nobias",
+                       k->relu ? "_relu" : "", k->panel ? fmt::format("_p{}", k->panel) : "");
   if (const auto* k = std::get_if<AttentionKernel>(&spec))
     return fmt::format("kiln_attention_h{}_dk{}_dv{}{}{}_s{}", k->heads, k->dk, k->dv,
                        k->causal ? "_causal" : "", k->key_padding ? "_kpad" : "",

@@ -21,14 +21,23 @@
 namespace kiln::codegen {
 
 // out(n, m) = act(Σ_k x(k, m) · wt(n, k) + bias(n))
-//   args: x f32 (k, m) [K × M], wt f32 (n, k) [N × K] dense (the weight W[N,K] of the IR
-//   `linear` op, transposed once at load time), bias f32 (n) [N] (when has_bias),
-//   out f32 (n, m) [N × M] dense. M = product of the IR's leading dims, any size ≥ 1.
+//   args: x f32 (k, m) [K × M], wt: the weight W[N,K] of the IR `linear` op, laid out
+//   once at load time either as wt f32 (n, k) [N × K] dense (W transposed; panel = 0), or
+//   packed in panels of `panel` columns, wt f32 (j, k, p) [panel × K × N/panel] dense
+//   with wt(j, k, p) = W[p·panel + j, k] (panel > 0, N a multiple of it), so a block of
+//   columns reads one contiguous strip; bias f32 (n) [N] (when has_bias), out f32 (n, m)
+//   [N × M] dense. M = product of the IR's leading dims, any size ≥ 1.
 struct LinearKernel {
   int64_t K = 0, N = 0;
   bool relu = false;
   bool has_bias = true;
+  int64_t panel = 0;
 };
+
+// The panel width codegen packs linear weights into (a multiple of every target's
+// register block: 4 AVX-512 vectors, 8 AVX2 ones), or 0 when N is not a multiple of it.
+constexpr int64_t kLinearPanel = 64;
+inline int64_t linear_panel_for(int64_t N) { return N % kLinearPanel == 0 ? kLinearPanel : 0; }
 
 // Scaled dot-product attention, heads merged in the feature dim (the IR `attention` op):
 //   for batch b, head h, query i: s_j = (Σ_d q(h·dk+d, i, b) · k(h·dk+d, j, b)) · scale,

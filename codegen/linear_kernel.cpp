@@ -1,9 +1,17 @@
 // The `linear` kernel: out(n, m) = act(Σ_k x(k, m) · wt(n, k) + bias(n)) as a Halide
 // pipeline with a register-blocked GEMM schedule per x86 vector width. The schedule's
 // shape follows /work/shared/HALIDE-NOTES.md: parallel outer tiles clamped to the matrix,
-// a contiguous K × block strip of wt copied per block column, register blocks of
-// `vectors` vectors × `rows` rows kept in registers over the whole (unrolled) reduction,
-// and the bias + ReLU epilogue fused into the store.
+// register blocks of `vectors` vectors × `rows` rows kept in registers over the whole
+// (unrolled) reduction, and the bias + ReLU epilogue fused into the store.
+//
+// The weight is read as a contiguous K × 64 strip per block column. When N is a multiple
+// of 64 the runtime packs it that way once at load time (kernels.h, `panel`), and the
+// kernel reads the strips in place; otherwise the kernel copies each strip out of the
+// dense N × K weight per tile. Reading the dense weight in place instead is what the copy
+// avoids: its rows are N floats apart, and for N = 1024 or 2048 (4 or 8 KiB) every row of
+// a strip falls into the same L1 sets. Measured with gemm_bench on the model's shapes:
+// packing lifted M = 32 from 62–82% to 86–97% of oneDNN, and M = 2048 from 94–102% to
+// 98–103% (one thread).
 #include <algorithm>
 
 #include "codegen/halide_kernels.h"
@@ -21,19 +29,23 @@ using Halide::Var;
 // Schedule parameters of one target family; adapted to the spec's N and K by
 // `fit_to_shape`.
 struct GemmParams {
-  int lanes = 16;     // f32 lanes per vector
-  int vectors = 4;    // vectors per register block along n
-  int rows = 6;       // rows (m) per register block: vectors · rows accumulators
-  int tile_n = 64;    // outer tile along n (a multiple of lanes · vectors)
-  int tile_m = 1024;  // largest outer tile along m
-  int k_unroll = 4;   // reduction unroll factor
+  int lanes = 16;      // f32 lanes per vector
+  int vectors = 4;     // vectors per register block along n
+  int rows = 6;        // rows (m) per register block: vectors · rows accumulators
+  int few_rows = 4;    // rows per register block when M < many_rows
+  int many_rows = 64;  // from here on `rows`
+  int tile_n = 64;     // outer tile along n (a multiple of lanes · vectors)
+  int tile_m = 1024;   // largest outer tile along m
+  int k_unroll = 4;    // reduction unroll factor
 };
 
 // AVX-512 has 32 vector registers: 4 × 6 = 24 accumulators, 4 loads of wt and a
 // broadcast of x per k. AVX2 and SSE have 16: 2 × 6 = 12 accumulators.
-// Tiles: the strided copy of a wt strip is the main overhead, so a strip serves up to
-// 1024 rows; measured on the model's shapes (M = 2048, 1 and 2 threads), 64 × 1024 tiles
-// ran 3–8% faster than 128 × 256 ones, and 64 × 2048 or 128 × 512 no faster.
+// Tiles: a strip serves up to 1024 rows; measured on the model's shapes (M = 2048, 1 and
+// 2 threads, strips copied), 64 × 1024 tiles ran 3–8% faster than 128 × 256 ones, and
+// 64 × 2048 or 128 × 512 no faster.
+// Rows: 6-row blocks compute 36 rows for M = 32; 4-row blocks fit it exactly and ran
+// 1–10% faster there (packed weights, one thread), but 2–20% slower at M = 2048.
 GemmParams params_for(const Halide::Target& target) {
   GemmParams p;
   p.lanes = vector_lanes(target);
@@ -43,13 +55,19 @@ GemmParams params_for(const Halide::Target& target) {
 
 // Shrinks the vector width and block to what N allows (every split of n shifts inwards,
 // so a block must fit in N) and picks a reduction unroll that divides K.
-GemmParams fit_to_shape(GemmParams p, int64_t K, int64_t N) {
+GemmParams fit_to_shape(GemmParams p, int64_t K, int64_t N, int64_t panel) {
   while (p.lanes > 1 && p.lanes > N) p.lanes /= 2;
   p.vectors = static_cast<int>(std::clamp<int64_t>(N / p.lanes, 1, p.vectors));
   const int block = p.lanes * p.vectors;
   p.tile_n = static_cast<int>(
       std::min<int64_t>(std::max(block, p.tile_n / block * block), N / block * block));
   while (p.k_unroll > 1 && K % p.k_unroll != 0) p.k_unroll /= 2;
+  if (panel) {
+    // A tile is one panel, so the tiles divide N and a block never straddles two panels.
+    KILN_ASSERT(N % panel == 0 && panel % block == 0,
+                "linear kernel: panel width must divide N and be a multiple of the register block");
+    p.tile_n = static_cast<int>(panel);
+  }
   return p;
 }
 
@@ -60,18 +78,24 @@ KernelPipeline build_linear(const LinearKernel& spec, const Halide::Target& targ
   KILN_ASSERT(spec.K <= (int64_t{1} << 30) && spec.N <= (int64_t{1} << 30),
               "linear kernel dims must fit in int32");
   const int K = static_cast<int>(spec.K), N = static_cast<int>(spec.N);
-  const GemmParams p = fit_to_shape(params_for(target), K, N);
+  KILN_ASSERT(spec.panel >= 0 && spec.panel <= spec.N, "linear kernel: bad panel width");
+  const int P = static_cast<int>(spec.panel);
+  const GemmParams p = fit_to_shape(params_for(target), K, N, P);
   const int block_n = p.lanes * p.vectors;
 
   Halide::ImageParam x(Halide::Float(32), 2, "x");
-  Halide::ImageParam wt(Halide::Float(32), 2, "wt");
+  Halide::ImageParam wt(Halide::Float(32), P ? 3 : 2, "wt");
   Halide::ImageParam bias(Halide::Float(32), 1, "bias");
   Var n("n"), m("m"), k("k");
   RDom r(0, K, "r");
 
-  // The K × block_n strip of wt that a column of register blocks reads, contiguous.
+  // The K × block_n strip of wt that a column of register blocks reads, contiguous:
+  // in place when packed, else copied per tile.
   Func wt_strip("wt_strip");
-  wt_strip(n, k) = wt(n, k);
+  if (P)
+    wt_strip(n, k) = wt(n % P, k, n / P);
+  else
+    wt_strip(n, k) = wt(n, k);
   // One register block's accumulators.
   Func acc("acc");
   acc(n, m) = 0.0f;
@@ -87,15 +111,24 @@ KernelPipeline build_linear(const LinearKernel& spec, const Halide::Target& targ
   // 0; wt and out are dense, x may have any row stride.
   x.dim(0).set_bounds(0, K);
   x.dim(1).set_min(0);
-  wt.dim(0).set_bounds(0, N);
-  wt.dim(1).set_bounds(0, K).set_stride(N);
+  if (P) {
+    wt.dim(0).set_bounds(0, P);
+    wt.dim(1).set_bounds(0, K).set_stride(P);
+    wt.dim(2).set_bounds(0, N / P).set_stride(P * K);
+  } else {
+    wt.dim(0).set_bounds(0, N);
+    wt.dim(1).set_bounds(0, K).set_stride(N);
+  }
   bias.dim(0).set_bounds(0, N);
   Halide::OutputImageParam ob = out.output_buffer();
   ob.dim(0).set_bounds(0, N);
   ob.dim(1).set_min(0).set_stride(N);
   const Expr M = ob.dim(1).extent();
   x.set_estimates({{0, K}, {0, 2048}});
-  wt.set_estimates({{0, N}, {0, K}});
+  if (P)
+    wt.set_estimates({{0, P}, {0, K}, {0, N / P}});
+  else
+    wt.set_estimates({{0, N}, {0, K}});
   bias.set_estimates({{0, N}});
   out.set_estimates({{0, N}, {0, 2048}});
 
@@ -104,9 +137,11 @@ KernelPipeline build_linear(const LinearKernel& spec, const Halide::Target& targ
   // Every split shifts inwards, so no block reads or writes outside the matrix as long as
   // the tile and block sizes do not exceed the extents: tile_n and block_n fit in N by
   // construction, the m tile is at most M, and the register block is `rows` ≤ the m tile.
+  // With packed weights the n tiles divide N exactly (RoundUp adds no tail), so the
+  // simplifier sees that each block reads inside one panel, contiguously.
   Var nt("nt"), mt("mt"), ni("ni"), mi("mi"), nb("nb"), nv("nv"), mb("mb"), mr("mr"), t("t");
   auto schedule_out = [&](Halide::Stage s, const Expr& tile_m, int rows) {
-    s.split(n, nt, ni, p.tile_n, TailStrategy::ShiftInwards)
+    s.split(n, nt, ni, p.tile_n, P ? TailStrategy::RoundUp : TailStrategy::ShiftInwards)
         .split(m, mt, mi, tile_m, TailStrategy::ShiftInwards)
         .split(ni, nb, nv, block_n, TailStrategy::ShiftInwards)
         .split(mi, mb, mr, rows, TailStrategy::ShiftInwards)
@@ -117,14 +152,15 @@ KernelPipeline build_linear(const LinearKernel& spec, const Halide::Target& targ
         .unroll(nv)
         .unroll(mr);
   };
-  // Fewer rows than a register block (e.g. one token): one row at a time.
-  Halide::Stage small_m = out.specialize(M < p.rows);
-  schedule_out(small_m, M, 1);
+  // Fewer rows than a small register block (e.g. one token): one row at a time.
+  schedule_out(out.specialize(M < p.few_rows), M, 1);
+  // A few rows (a short sequence): one tile of them, in small register blocks.
+  schedule_out(out.specialize(M < p.many_rows), M, p.few_rows);
   // Otherwise tiles of at most tile_m rows, balanced so the last one is not mostly overlap.
   const Expr tiles_m = (M + p.tile_m - 1) / p.tile_m;
   schedule_out(out, (M + tiles_m - 1) / tiles_m, p.rows);
 
-  wt_strip.compute_at(out, nb).vectorize(n, p.lanes).unroll(n);
+  if (!P) wt_strip.compute_at(out, nb).vectorize(n, p.lanes).unroll(n);
   acc.compute_at(out, mb).vectorize(n, p.lanes).unroll(n).unroll(m);
   Halide::RVar ko("ko"), ki("ki");
   acc.update()

@@ -108,8 +108,10 @@ class Lowerer {
     return v;
   }
 
-  int32_t weight_index(const std::string& name, bool transpose) {
-    std::string key = name + (transpose ? "#t" : "");
+  // The weight `name` as stored: as declared, or for a linear's weight (`linear`) laid
+  // out as its kernel reads it, transposed or packed in panels of `panel` columns.
+  int32_t weight_index(const std::string& name, bool linear, int64_t panel = 0) {
+    std::string key = name + (linear ? fmt::format("#t{}", panel) : "");
     auto it = weights_.find(key);
     if (it != weights_.end()) return it->second;
     const ir::Weight* w = m_.find_weight(name);
@@ -134,10 +136,12 @@ class Lowerer {
       d.source_shapes.push_back(shape_of(w->type));
     }
     d.shape = shape_of(w->type);
-    if (transpose) {
+    if (linear) {
       if (d.shape.size() != 2) fail("weight '{}' of a linear must be 2-D", name);
-      std::swap(d.shape[0], d.shape[1]);
+      const int64_t N = d.shape[0], K = d.shape[1];
+      d.shape = panel ? std::vector<int64_t>{N / panel, K, panel} : std::vector<int64_t>{K, N};
       d.transpose = true;
+      d.panel = panel;
     }
     int32_t index = static_cast<int32_t>(out_.plan.weights.size());
     out_.plan.weights.push_back(std::move(d));
@@ -289,13 +293,18 @@ class Lowerer {
           if (!w || w->kind != OpKind::weight)
             fail("function '{}': linear weights must come from a weight", f.name);
           const ir::TensorType& wt = f.type(op.operands[1]);
-          LinearKernel k{wt.shape[1].value, wt.shape[0].value, op.str_attr("act") == "relu",
-                         op.operands.size() == 3};
+          const int64_t N = wt.shape[0].value, K = wt.shape[1].value;
+          LinearKernel k{K, N, op.str_attr("act") == "relu", op.operands.size() == 3,
+                         linear_panel_for(N)};
           View out = output_view(op);
           rt::StepDesc s{kernel_index(k), fmt::format("linear %{}", op.result), {}};
           s.args.push_back(rows_view(view_of(op.operands[0], op), "input", op));
-          View wv = dense_view(ir::TensorType{ir::DType::f32, {wt.shape[1], wt.shape[0]}}, Storage::weight,
-                               weight_index(w->str_attr("name"), true), 0);
+          const std::vector<ir::Dim> stored =
+              k.panel ? std::vector<ir::Dim>{ir::Dim::constant(N / k.panel), ir::Dim::constant(K),
+                                            ir::Dim::constant(k.panel)}
+                      : std::vector<ir::Dim>{wt.shape[1], wt.shape[0]};
+          View wv = dense_view(ir::TensorType{ir::DType::f32, stored}, Storage::weight,
+                               weight_index(w->str_attr("name"), true, k.panel), 0);
           s.args.push_back(wv.halide());
           if (k.has_bias) s.args.push_back(view_of(op.operands[2], op).halide());
           s.args.push_back(rows_view(out, "output", op));

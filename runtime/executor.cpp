@@ -101,7 +101,7 @@ struct kiln_model {
     weights.resize(plan.weights.size());
     for (size_t wi = 0; wi < plan.weights.size(); ++wi) {
       const auto& w = plan.weights[wi];
-      // Concatenate along axis 0, then transpose a 2-D result when asked.
+      // Concatenate along axis 0, then lay out a linear weight as its kernel reads it.
       std::vector<float> cat;
       for (const std::string& s : w.sources) {
         std::vector<float> part = file.to_f32(file.at(s));
@@ -114,11 +114,9 @@ struct kiln_model {
       weights[wi].allocate(numel * 4);
       float* dst = reinterpret_cast<float*>(weights[wi].data.get());
       if (w.transpose) {
-        if (w.shape.size() != 2) fail("weight '{}': only 2-D weights can be transposed", w.name);
-        // Stored shape [cols, rows] of the concatenated [rows, cols] source.
-        const int64_t rows = w.shape[1], cols = w.shape[0];
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t c = 0; c < cols; ++c) dst[c * rows + r] = cat[r * cols + c];
+        // Stored as [K, N] or [N/panel, K, panel] (the plan is validated) from W[N, K].
+        const int64_t K = w.panel ? w.shape[1] : w.shape[0];
+        kiln::rt::lay_out_linear_weight(cat.data(), numel / K, K, w.panel, dst);
       } else {
         std::memcpy(dst, cat.data(), cat.size() * 4);
       }

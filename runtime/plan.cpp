@@ -65,7 +65,7 @@ int64_t elem_size(ElemType type) {
 
 namespace {
 
-constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', '1'};
+constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', '2'};
 
 class Writer {
  public:
@@ -165,6 +165,13 @@ class Reader {
 };
 
 void validate(const Plan& p) {
+  for (const WeightDesc& w : p.weights) {
+    const bool packed_shape = w.shape.size() == 3 && w.shape[2] == w.panel;
+    if (w.panel < 0 || (w.panel > 0 && (!w.transpose || !packed_shape)) ||
+        (w.panel == 0 && w.transpose && w.shape.size() != 2))
+      fail("compiled plan: weight '{}' has a bad layout (panel {}, shape [{}])", w.name, w.panel,
+           fmt::join(w.shape, ","));
+  }
   const int64_t nsym = static_cast<int64_t>(p.symbols.size());
   auto check_dim = [&](const DimExpr& d) {
     if (static_cast<int64_t>(d.pows.size()) > nsym) fail("compiled plan: dim refers to a missing symbol");
@@ -203,6 +210,15 @@ void validate(const Plan& p) {
 
 }  // namespace
 
+void lay_out_linear_weight(const float* w, int64_t N, int64_t K, int64_t panel, float* wt) {
+  KILN_ASSERT(panel >= 0 && (panel == 0 || N % panel == 0), "panel width must divide N");
+  for (int64_t n = 0; n < N; ++n) {
+    float* column = panel ? wt + (n / panel) * K * panel + n % panel : wt + n;
+    const int64_t stride = panel ? panel : N;
+    for (int64_t k = 0; k < K; ++k) column[k * stride] = w[n * K + k];
+  }
+}
+
 std::vector<uint8_t> serialize_plan(const Plan& p) {
   Writer w;
   w.out.insert(w.out.end(), kMagic, kMagic + 8);
@@ -223,6 +239,7 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
       w.ints(wd.source_shapes[i]);
     }
     w.i64(wd.transpose);
+    w.i64(wd.panel);
     w.ints(wd.shape);
   }
   w.i64(static_cast<int64_t>(p.tables.size()));
@@ -280,6 +297,7 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
       wd.source_shapes.push_back(r.ints());
     }
     wd.transpose = r.i64() != 0;
+    wd.panel = r.i64();
     wd.shape = r.ints();
   }
   p.tables.resize(r.count());

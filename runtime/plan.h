@@ -71,14 +71,22 @@ struct FunctionDesc {
   int64_t arena_bytes = 0;
 };
 
-// A weight as the kernels want it: transpose?(concat(sources, axis 0)).
+// A weight as the kernels want it: concat(sources, axis 0), then for a linear weight
+// W[N, K] the layout its kernel reads (lay_out_linear_weight).
 struct WeightDesc {
   std::string name;                               // for messages
   std::vector<std::string> sources;               // state_dict names
   std::vector<std::vector<int64_t>> source_shapes;
-  bool transpose = false;                         // 2-D transpose after concatenation
-  std::vector<int64_t> shape;                     // as stored
+  bool transpose = false;                         // a linear weight, laid out after concatenation
+  int64_t panel = 0;                              // its panel width (0: transposed only)
+  std::vector<int64_t> shape;                     // as stored: [K, N] or [N/panel, K, panel]
 };
+
+// Lays out a linear weight W[N, K] (row-major) as codegen's linear kernel reads it
+// (codegen/kernels.h, LinearKernel): panel = 0: wt[k·N + n] = W[n, k], i.e. Wᵀ [K, N];
+// panel > 0 (dividing N): wt[(n / panel)·K·panel + k·panel + n % panel] = W[n, k], i.e.
+// [N/panel, K, panel], each block of `panel` columns a contiguous K × panel strip.
+void lay_out_linear_weight(const float* w, int64_t N, int64_t K, int64_t panel, float* wt);
 
 // A table computed at load time: PE[pos, 2i] = sin(pos / 10000^(2i/dim)),
 // PE[pos, 2i+1] = cos(…), in double, stored as f32 [rows, dim].

@@ -16,9 +16,8 @@ template <typename E = kiln::Error, typename Fn>
 std::string error_of(Fn&& fn) {
   try {
     fn();
-  } catch (const E& e) {
-    return e.what();
   } catch (const std::exception& e) {
+    if (dynamic_cast<const E*>(&e)) return e.what();
     ADD_FAILURE() << "expected another exception type, got: " << e.what();
     return "";
   }

@@ -2,7 +2,9 @@
 // JIT-compiled for the host and for AVX2 and compared with the reference interpreter's
 // `linear` op on random data, over row counts that exercise every tail of the schedule
 // (fewer rows than a register block, partial blocks and tiles, several tiles), odd and
-// realistic (K, N), with and without bias and ReLU, and x given as a strided view.
+// realistic (K, N), with and without bias and ReLU, with the weight dense or packed in
+// panels (as the runtime lays it out, rt::lay_out_linear_weight), and x given as a
+// strided view.
 //
 // Tolerance: the kernel sums K float products in its own order (with FMAs); the
 // interpreter sums in double and rounds once, then adds the bias in float. Whatever the
@@ -26,6 +28,7 @@
 #include "codegen/kernels.h"
 #include "ir/interpreter.h"
 #include "ir/ir.h"
+#include "runtime/plan.h"
 
 namespace kiln::codegen {
 namespace {
@@ -62,7 +65,7 @@ class JitLinear : public jit::JitKernel {
 
 // One test problem: x [rows..., K] (product of rows = M), W [N, K], b [N].
 struct Problem {
-  int64_t K = 0, N = 0;
+  int64_t K = 0, N = 0, panel = 0;
   std::vector<int64_t> rows;  // leading dims of x
   bool relu = false, has_bias = true;
   int64_t x_stride = 0;  // row stride of x in the kernel's view; 0: dense (K)
@@ -118,23 +121,27 @@ void check(const JitLinear& kernel, const Problem& p) {
   Tensor ref = reference(p, x, w, b);
 
   // x as a (k, m) view with row stride `stride`, padding filled with NaN so that reading
-  // it would show; wt (n, k) = W transposed; out (n, m) prefilled with NaN.
+  // it would show; wt = W laid out as the runtime does; out (n, m) prefilled with NaN.
   std::vector<float> x_data(stride * M, NAN);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t k = 0; k < K; ++k) x_data[m * stride + k] = x.f[m * K + k];
   std::vector<float> wt_data(K * N);
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t k = 0; k < K; ++k) wt_data[k * N + n] = w.f[n * K + k];
+  rt::lay_out_linear_weight(w.f.data(), N, K, p.panel, wt_data.data());
   std::vector<float> out_data(N * M, NAN);
   halide_dimension_t x_dims[] = {{0, static_cast<int32_t>(K), 1},
                                  {0, static_cast<int32_t>(M), static_cast<int32_t>(stride)}};
-  halide_dimension_t wt_dims[] = {{0, static_cast<int32_t>(N), 1},
-                                  {0, static_cast<int32_t>(K), static_cast<int32_t>(N)}};
+  const auto i32 = [](int64_t v) { return static_cast<int32_t>(v); };
+  halide_dimension_t wt_dims[] = {{0, i32(N), 1}, {0, i32(K), i32(N)}, {}};
+  if (p.panel) {
+    wt_dims[0] = {0, i32(p.panel), 1};
+    wt_dims[1] = {0, i32(K), i32(p.panel)};
+    wt_dims[2] = {0, i32(N / p.panel), i32(K * p.panel)};
+  }
   halide_dimension_t b_dims[] = {{0, static_cast<int32_t>(N), 1}};
   halide_dimension_t out_dims[] = {{0, static_cast<int32_t>(N), 1},
                                    {0, static_cast<int32_t>(M), static_cast<int32_t>(N)}};
   Halide::Runtime::Buffer<float> xb(x_data.data(), 2, x_dims);
-  Halide::Runtime::Buffer<float> wtb(wt_data.data(), 2, wt_dims);
+  Halide::Runtime::Buffer<float> wtb(wt_data.data(), p.panel ? 3 : 2, wt_dims);
   Halide::Runtime::Buffer<float> bb(b.f.data(), 1, b_dims);
   Halide::Runtime::Buffer<float> ob(out_data.data(), 2, out_dims);
   std::vector<halide_buffer_t*> buffers = {xb.raw_buffer(), wtb.raw_buffer()};
@@ -159,57 +166,67 @@ void check(const JitLinear& kernel, const Problem& p) {
   EXPECT_EQ(failures, 0) << "elements off for M=" << M;
 }
 
-// (target, K, N, relu, has_bias)
-using Shape = std::tuple<std::string, int64_t, int64_t, bool, bool>;
+// (target, K, N, relu, has_bias, panel)
+using Shape = std::tuple<std::string, int64_t, int64_t, bool, bool, int64_t>;
 
 class LinearKernelShapeTest : public ::testing::TestWithParam<Shape> {};
 
 TEST_P(LinearKernelShapeTest, MatchesInterpreter) {
-  const auto& [target, K, N, relu, has_bias] = GetParam();
-  const JitLinear kernel(LinearKernel{K, N, relu, has_bias}, target);
+  const auto& [target, K, N, relu, has_bias, panel] = GetParam();
+  const JitLinear kernel(LinearKernel{K, N, relu, has_bias, panel}, target);
   uint32_t seed = 1;
-  for (int64_t M : {1, 2, 5, 6, 7, 33, 129}) {
+  // Every register-block schedule: 1-row blocks (M < 4), 4-row blocks (M < 64), 6-row.
+  for (int64_t M : {1, 2, 3, 4, 5, 6, 7, 32, 33, 63, 64, 129}) {
     SCOPED_TRACE("M=" + std::to_string(M));
-    check(kernel, Problem{K, N, {M}, relu, has_bias, 0, seed += 3});
+    check(kernel, Problem{K, N, panel, {M}, relu, has_bias, 0, seed += 3});
   }
   // Leading dims [B, L] like the model's activations, and x as a view of a wider tensor.
-  check(kernel, Problem{K, N, {3, 11}, relu, has_bias, 0, seed += 3});
-  check(kernel, Problem{K, N, {33}, relu, has_bias, K + 5, seed += 3});
+  check(kernel, Problem{K, N, panel, {3, 11}, relu, has_bias, 0, seed += 3});
+  check(kernel, Problem{K, N, panel, {33}, relu, has_bias, K + 5, seed += 3});
 }
 
 std::string shape_name(const ::testing::TestParamInfo<Shape>& info) {
-  const auto& [target, K, N, relu, has_bias] = info.param;
+  const auto& [target, K, N, relu, has_bias, panel] = info.param;
   return (target == "host" ? std::string("host") : std::string("avx2")) + "_K" + std::to_string(K) +
-         "_N" + std::to_string(N) + (relu ? "_relu" : "") + (has_bias ? "" : "_nobias");
+         "_N" + std::to_string(N) + (relu ? "_relu" : "") + (has_bias ? "" : "_nobias") +
+         (panel ? "_p" + std::to_string(panel) : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(
     OddShapes, LinearKernelShapeTest,
-    ::testing::Values(Shape{"host", 24, 40, false, true}, Shape{"host", 20, 36, true, true},
-                      Shape{"host", 7, 5, false, false}, Shape{"host", 9, 3, true, false},
-                      Shape{"host", 1, 17, false, true}, Shape{"host", 5, 1, true, true},
-                      Shape{"host", 16, 48, true, false}, Shape{"host", 64, 200, true, true},
-                      Shape{kAvx2Target, 24, 40, false, true},
-                      Shape{kAvx2Target, 20, 36, true, true},
-                      Shape{kAvx2Target, 7, 5, false, false},
-                      Shape{kAvx2Target, 64, 200, true, false}),
+    ::testing::Values(Shape{"host", 24, 40, false, true, 0}, Shape{"host", 20, 36, true, true, 0},
+                      Shape{"host", 7, 5, false, false, 0}, Shape{"host", 9, 3, true, false, 0},
+                      Shape{"host", 1, 17, false, true, 0}, Shape{"host", 5, 1, true, true, 0},
+                      Shape{"host", 16, 48, true, false, 0}, Shape{"host", 64, 200, true, true, 0},
+                      Shape{kAvx2Target, 24, 40, false, true, 0},
+                      Shape{kAvx2Target, 20, 36, true, true, 0},
+                      Shape{kAvx2Target, 7, 5, false, false, 0},
+                      Shape{kAvx2Target, 64, 200, true, false, 0},
+                      // Packed weights: one panel, several, K not a multiple of the unroll.
+                      Shape{"host", 24, 64, false, true, 64}, Shape{"host", 7, 192, true, false, 64},
+                      Shape{kAvx2Target, 9, 128, true, true, 64}),
     shape_name);
 
-// The model's shape class: whole register blocks along n, K a multiple of the unroll.
+// The model's shape class: whole register blocks along n, K a multiple of the unroll,
+// weights packed as the runtime packs them for these N (and dense once).
 INSTANTIATE_TEST_SUITE_P(Realistic, LinearKernelShapeTest,
-                         ::testing::Values(Shape{"host", 512, 512, false, true},
-                                           Shape{"host", 512, 512, true, true},
-                                           Shape{kAvx2Target, 512, 512, true, true}),
+                         ::testing::Values(Shape{"host", 512, 512, false, true, 64},
+                                           Shape{"host", 512, 512, true, true, 64},
+                                           Shape{kAvx2Target, 512, 512, true, true, 64},
+                                           Shape{"host", 512, 512, true, true, 0}),
                          shape_name);
 
 // Several m tiles (balanced: 1031 rows are 2 tiles, 2100 are 3), several n tiles and blocks.
 TEST(LinearKernelTest, ManyTiles) {
   for (const char* target : {"host", kAvx2Target}) {
     SCOPED_TRACE(target);
-    const JitLinear kernel(LinearKernel{64, 320, true, true}, target);
-    check(kernel, Problem{64, 320, {1031}, true, true, 0, 11});
-    check(kernel, Problem{64, 320, {256}, true, true, 70, 12});
-    check(kernel, Problem{64, 320, {2100}, true, true, 0, 13});
+    for (int64_t panel : {0, 64}) {
+      SCOPED_TRACE("panel " + std::to_string(panel));
+      const JitLinear kernel(LinearKernel{64, 320, true, true, panel}, target);
+      check(kernel, Problem{64, 320, panel, {1031}, true, true, 0, 11});
+      check(kernel, Problem{64, 320, panel, {256}, true, true, 70, 12});
+      check(kernel, Problem{64, 320, panel, {2100}, true, true, 0, 13});
+    }
   }
 }
 
@@ -225,11 +242,16 @@ TEST(LinearKernelTest, Arguments) {
   ASSERT_EQ(no_bias.args.size(), 2u);
   EXPECT_EQ(no_bias.args[1].name, "wt");
   for (const Halide::Argument& a : with_bias.args) EXPECT_TRUE(a.is_input());
+  EXPECT_EQ(with_bias.args[1].dimensions, 2);
+  // Packed weights are the 3-D (j, k, panel) buffer.
+  KernelPipeline packed = build_linear(LinearKernel{8, 128, false, true, 64}, host);
+  ASSERT_EQ(packed.args.size(), 3u);
+  EXPECT_EQ(packed.args[1].dimensions, 3);
 }
 
 // The model's shapes compile ahead of time (as kiln's compiler does) for both targets.
 TEST(LinearKernelTest, CompilesAheadOfTime) {
-  const LinearKernel spec{512, 1536, true, true};
+  const LinearKernel spec{512, 1536, true, true, 64};
   int index = 0;
   for (const char* target : {"host", kAvx2Target}) {
     const std::string path =

@@ -1,0 +1,85 @@
+// Tests for the compiled plan's weight layouts (runtime/plan.h): the linear-weight layout
+// function against its definition written out for a small case, the layout's survival of
+// serialization, and the rejection of inconsistent layouts in a deserialized plan.
+#include <cstdint>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "error_of.h"
+#include "runtime/plan.h"
+
+namespace kiln::rt {
+namespace {
+
+using ::testing::HasSubstr;
+using kiln::testing::error_of;
+
+// W[N=4, K=3] with W[n, k] = 10·n + k, so every output element names its source.
+std::vector<float> small_weight() {
+  std::vector<float> w;
+  for (int n = 0; n < 4; ++n)
+    for (int k = 0; k < 3; ++k) w.push_back(static_cast<float>(10 * n + k));
+  return w;
+}
+
+TEST(LinearWeightLayout, TransposedIsKByN) {
+  std::vector<float> wt(12, -1.0f);
+  lay_out_linear_weight(small_weight().data(), 4, 3, 0, wt.data());
+  EXPECT_EQ(wt, (std::vector<float>{0, 10, 20, 30, 1, 11, 21, 31, 2, 12, 22, 32}));
+}
+
+TEST(LinearWeightLayout, PanelsAreContiguousKByPanelStrips) {
+  std::vector<float> wt(12, -1.0f);
+  lay_out_linear_weight(small_weight().data(), 4, 3, 2, wt.data());
+  // Panel 0 holds columns n = 0, 1 for k = 0, 1, 2; panel 1 columns n = 2, 3.
+  EXPECT_EQ(wt, (std::vector<float>{0, 10, 1, 11, 2, 12, 20, 30, 21, 31, 22, 32}));
+  // One panel as wide as N is the transposed layout.
+  std::vector<float> one(12), transposed(12);
+  lay_out_linear_weight(small_weight().data(), 4, 3, 4, one.data());
+  lay_out_linear_weight(small_weight().data(), 4, 3, 0, transposed.data());
+  EXPECT_EQ(one, transposed);
+}
+
+Plan plan_with_weight(WeightDesc w) {
+  Plan p;
+  p.model = "m";
+  p.weights.push_back(std::move(w));
+  return p;
+}
+
+TEST(PlanWeights, PackedLayoutRoundTrips) {
+  WeightDesc w{"proj", {"a.weight", "b.weight"}, {{64, 8}, {64, 8}}, true, 64, {2, 8, 64}};
+  std::vector<uint8_t> bytes = serialize_plan(plan_with_weight(w));
+  Plan back = deserialize_plan(bytes.data(), bytes.size());
+  ASSERT_EQ(back.weights.size(), 1u);
+  EXPECT_EQ(back.weights[0].name, "proj");
+  EXPECT_EQ(back.weights[0].sources, w.sources);
+  EXPECT_EQ(back.weights[0].source_shapes, w.source_shapes);
+  EXPECT_TRUE(back.weights[0].transpose);
+  EXPECT_EQ(back.weights[0].panel, 64);
+  EXPECT_EQ(back.weights[0].shape, w.shape);
+}
+
+TEST(PlanWeights, InconsistentLayoutsAreRejected) {
+  auto error_for = [](WeightDesc w) {
+    std::vector<uint8_t> bytes = serialize_plan(plan_with_weight(std::move(w)));
+    return error_of([&] { deserialize_plan(bytes.data(), bytes.size()); });
+  };
+  // Panels on a weight that is not a linear's, a shape that is not [N/panel, K, panel],
+  // a negative panel, a transposed weight that is not 2-D.
+  EXPECT_THAT(error_for({"w", {"w"}, {{64, 8}}, false, 64, {1, 8, 64}}),
+              HasSubstr("weight 'w' has a bad layout (panel 64, shape [1,8,64])"));
+  EXPECT_THAT(error_for({"w", {"w"}, {{64, 8}}, true, 64, {8, 64}}),
+              HasSubstr("weight 'w' has a bad layout (panel 64, shape [8,64])"));
+  EXPECT_THAT(error_for({"w", {"w"}, {{64, 8}}, true, 32, {1, 8, 64}}),
+              HasSubstr("weight 'w' has a bad layout"));
+  EXPECT_THAT(error_for({"w", {"w"}, {{64, 8}}, true, -1, {8, 64}}),
+              HasSubstr("weight 'w' has a bad layout (panel -1"));
+  EXPECT_THAT(error_for({"w", {"w"}, {{64, 8}}, true, 0, {512}}),
+              HasSubstr("weight 'w' has a bad layout (panel 0, shape [512])"));
+}
+
+}  // namespace
+}  // namespace kiln::rt
