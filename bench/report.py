@@ -292,13 +292,24 @@ def main():
         p("|---|---:|---:|---:|---:|")
         shapes = sorted({rn.split("/")[1] for rn in gemm if rn.startswith("kiln/")},
                         key=lambda s: [int(t[1:]) if t[1:].isdigit() else 0 for t in s.split("_")[:3]])
+        ratios = {}
         for s in shapes:
             k = find(gemm, "kiln/" + s)
             d = find(gemm, "onednn/" + s)
             kg = k.get("GFLOP/s") if k and not k.get("error_occurred") else None
             dg = d.get("GFLOP/s") if d and not d.get("error_occurred") else None
+            ratios[s] = kg / dg if kg and dg else None
             p("| %s | %s | %s | %s | %s |" % (s, fmt(kg), fmt(dg), fmt(kg / dg * 100 if kg and dg else None) + "%",
                                              fmt(kg / peak * 100 if kg and peak else None) + "%"))
+        p("")
+        repeated = any(e.get("run_type") == "aggregate" for e in gemm.values())
+        p("GFLOP/s: %s." % ("medians over the repetitions" if repeated else "one run per shape"))
+        missed = [s for s, r in ratios.items() if r is None or r < 0.9]
+        if ratios:
+            p("- %s: kiln's linear at >= 90%% of oneDNN on every model shape%s" % (
+                "met" if not missed else "NOT met",
+                "" if not missed else " (below: %s)" % ", ".join(
+                    "%s %s%%" % (s, fmt(ratios[s] * 100 if ratios[s] else None)) for s in missed)))
         p("")
 
     # Machine and problems.

@@ -3,7 +3,8 @@
 #   builds model_bench (+ peak, + gemm_bench where oneDNN is installed), makes the shared
 #   checkpoint / ONNX files / PyTorch reference (cached in $KILN_BENCH_CACHE), then runs
 #   kiln + peak, PyTorch eager and ONNX Runtime one after the other (in rounds), and
-#   gemm_bench (kiln vs oneDNN) once, and prints the table (bench/report.py).
+#   gemm_bench (kiln vs oneDNN; medians of 20 interleaved repetitions) once, and prints
+#   the table (bench/report.py).
 #   Results: $KILN_BENCH_CACHE/results/ (round*/ per round).
 #
 #   bench/run.sh
@@ -133,7 +134,11 @@ for r in $(seq 1 "$ROUNDS"); do
   if (( r % 2 )); then run_kiln; run_pytorch; run_ort; else run_ort; run_pytorch; run_kiln; fi
   if [[ $r == 1 && "${KILN_BENCH_GEMM:-1}" != 0 && -x "$BUILD/bench/gemm_bench" ]]; then
     log "gemm_bench (kiln linear kernel vs oneDNN)"
-    "$BUILD/bench/gemm_bench" --benchmark_out="$OUT/gemm.json" --benchmark_out_format=json \
+    # Many short repetitions in random order, medians reported: the shared machine's load
+    # moves within seconds, and a single long run per shape lets one burst decide a ratio.
+    "$BUILD/bench/gemm_bench" --benchmark_min_time=0.05 --benchmark_repetitions=20 \
+      --benchmark_enable_random_interleaving=true \
+      --benchmark_out="$OUT/gemm.json" --benchmark_out_format=json \
       > "$OUT/gemm.log" 2>&1 || status "gemm_bench failed (see $OUT/gemm.log)"
   fi
 done

@@ -6,8 +6,8 @@
 //    kernel per group (an op is folded into its user when it has that single use and
 //    the same shape; inputs of the group may broadcast);
 //  - `reshape` and `slice` become views (no copy); `weight` ops bind load-time weights
-//    (`linear` weights transposed once at load time); `sinusoid_table` binds a table
-//    computed at load time.
+//    (`linear` weights transposed, or packed in 64-column panels, once at load time);
+//    `sinusoid_table` binds a table computed at load time.
 // Pre: the module went through the default pipeline (every intermediate has an arena
 // offset). Ops with no kernel (matmul, softmax, transpose, ...) are an error naming them.
 #pragma once

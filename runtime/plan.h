@@ -1,7 +1,7 @@
 // The execution plan of a compiled model: what `kiln compile` hands the runtime.
 //
 // A plan lists the model's symbols, the weights to build at load time (by state_dict
-// name, with concatenation and transposition applied once), precomputed tables, and per
+// name, with concatenation and the linear kernels' layout applied once), precomputed tables, and per
 // entry point the sequence of kernel calls. Each call names a kernel and describes each
 // of its buffers as a view (base storage, element offset, extents and strides) whose
 // sizes are monomials of the symbols, so one plan runs every batch and length up to
