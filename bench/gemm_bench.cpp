@@ -34,6 +34,7 @@
 
 #include "codegen/halide_kernels.h"
 #include "codegen/kernels.h"
+#include "runtime/plan.h"
 
 namespace {
 
@@ -156,10 +157,12 @@ Problem& problem_for(const GemmShape& s) {
   // kiln's weight in the layout its runtime loads for this N (panels, see kernels.h).
   const int64_t P = kiln::codegen::linear_panel_for(s.N);
   if (P) {
-    p->wt_packed = aligned_floats(s.K * s.N, 0);
+    // W[N, K] = wtᵀ, then the runtime's layout of it.
+    std::vector<float> w(s.N * s.K);
     for (int64_t k = 0; k < s.K; ++k)
-      for (int64_t n = 0; n < s.N; ++n)
-        p->wt_packed[(n / P) * P * s.K + k * P + n % P] = p->wt[k * s.N + n];
+      for (int64_t n = 0; n < s.N; ++n) w[n * s.K + k] = p->wt[k * s.N + n];
+    p->wt_packed = aligned_floats(s.K * s.N, 0);
+    kiln::rt::lay_out_linear_weight(w.data(), s.N, s.K, P, p->wt_packed.get());
     p->wt_dims[0] = {0, i32(P), 1};
     p->wt_dims[1] = {0, i32(s.K), i32(P)};
     p->wt_dims[2] = {0, i32(s.N / P), i32(P * s.K)};
