@@ -139,6 +139,12 @@ std::string header_source(const std::string& name, const rt::Plan& plan, const s
       ins += (ins.empty() ? "" : ", ") + type_comment(p, plan);
     }
     for (const auto& r : f.results) outs += (outs.empty() ? "" : ", ") + type_comment(r, plan);
+    // The outputs as out-parameters too, reusing the caller's storage (kiln::Model::run).
+    std::string out_params, out_args;
+    for (const auto& r : f.results) {
+      out_params += fmt::format(", kiln::Tensor<float>& {}", r.name);
+      out_args += (out_args.empty() ? "&" : ", &") + r.name;
+    }
     if (f.results.size() == 1)
       out += fmt::format(
           "\n  /* {0}({2}) -> {3} */\n"
@@ -149,6 +155,10 @@ std::string header_source(const std::string& name, const rt::Plan& plan, const s
           "\n  /* {0}({2}) -> ({3}) */\n"
           "  std::vector<kiln::Tensor<float>> {0}({1}) {{ return run(\"{0}\", {{{4}}}); }}\n",
           f.name, params, ins, outs, args);
+    out += fmt::format(
+        "  /* The same into {3}, reusing {5} storage: no allocation once large enough. */\n"
+        "  void {0}({1}{2}) {{ run(\"{0}\", {{{4}}}, {{{6}}}); }}\n",
+        f.name, params, out_params, outs, args, f.results.size() == 1 ? "its" : "their", out_args);
   }
   out += fmt::format(
       "\n private:\n"

@@ -158,6 +158,34 @@ TEST(CompiledInputs, BadIdsLengthsAndBatchesAreRejected) {
   EXPECT_EQ(model.forward(src32, tgt).data, model.forward(src64, tgt).data);
 }
 
+// The out-parameter entry points give the returned results, and reuse the caller's storage.
+TEST(CompiledOutputs, IntoCallerTensorsReusesStorage) {
+  kiln_models::golden_tiny model(golden("tiny.weights.safetensors").c_str());
+  auto ids = [](int64_t batch, int64_t len) {
+    kiln::Tensor<int64_t> t{{batch, len}, {}};
+    for (int64_t i = 0; i < batch * len; ++i) t.data.push_back(1 + (i * 7) % 30);
+    return t;
+  };
+  kiln::Tensor<float> logits, memory;
+  model.forward(ids(4, 40), ids(4, 40), logits);  // the maxima: the largest result
+  EXPECT_EQ(logits.shape, (std::vector<int64_t>{4, 40, 41}));
+  EXPECT_EQ(logits.data, model.forward(ids(4, 40), ids(4, 40)).data);
+  const float* storage = logits.data.data();
+  for (int64_t len : {1, 17, 40}) {
+    model.forward(ids(2, len), ids(2, len), logits);
+    kiln::Tensor<float> want = model.forward(ids(2, len), ids(2, len));
+    EXPECT_EQ(logits.shape, want.shape);
+    EXPECT_EQ(logits.data, want.data);
+    EXPECT_EQ(logits.data.data(), storage) << "reallocated at length " << len;
+  }
+  model.encode(ids(3, 9), memory);
+  EXPECT_EQ(memory.shape, (std::vector<int64_t>{3, 9, 24}));
+  EXPECT_EQ(memory.data, model.encode(ids(3, 9)).data);
+  // Through the untyped call: the number of outputs is checked.
+  EXPECT_EQ(error_of([&] { model.run("encode", {ids(1, 3)}, {&memory, &logits}); }),
+            "kiln: entry point 'encode' has 1 output(s), 2 given");
+}
+
 TEST(CompiledWeights, MismatchedCheckpointIsReportedByName) {
   std::string msg = error_of([] { kiln_models::golden_tiny model(golden("small.weights.safetensors").c_str()); });
   EXPECT_THAT(msg, HasSubstr("tensor 'src_embed.weight' has shape [53,20], expected [37,24]"));

@@ -127,6 +127,20 @@ class Model {
 
   /* Runs `function` on `inputs` (in parameter order); returns its f32 outputs. */
   std::vector<Tensor<float>> run(const char* function, const std::vector<Input>& inputs) {
+    int n = kiln_model_num_outputs(model_.get(), function);
+    if (n < 0) throw std::runtime_error(std::string("kiln: no entry point '") + function + "'");
+    std::vector<Tensor<float>> result(static_cast<size_t>(n));
+    std::vector<Tensor<float>*> outputs;
+    for (Tensor<float>& t : result) outputs.push_back(&t);
+    run(function, inputs, outputs);
+    return result;
+  }
+
+  /* As above, into `outputs` (one per output of `function`, in order): each is reshaped
+   * and its storage reused, so repeated calls allocate nothing once every output has held
+   * a result at least as large (e.g. one call at the maximum batch and lengths). */
+  void run(const char* function, const std::vector<Input>& inputs,
+           const std::vector<Tensor<float>*>& outputs) {
     std::vector<kiln_tensor> in(inputs.size());
     for (size_t i = 0; i < inputs.size(); ++i) {
       std::memset(&in[i], 0, sizeof in[i]);
@@ -138,16 +152,19 @@ class Model {
     }
     int n = kiln_model_num_outputs(model_.get(), function);
     if (n < 0) throw std::runtime_error(std::string("kiln: no entry point '") + function + "'");
-    std::vector<kiln_tensor> out(static_cast<size_t>(n));
+    if (outputs.size() != static_cast<size_t>(n))
+      throw std::runtime_error(std::string("kiln: entry point '") + function + "' has " +
+                               std::to_string(n) + " output(s), " + std::to_string(outputs.size()) +
+                               " given");
+    std::vector<kiln_tensor> out(outputs.size());
     check(kiln_model_output_shapes(model_.get(), function, in.data(), in.size(), out.data(), out.size()));
-    std::vector<Tensor<float>> result(out.size());
     for (size_t i = 0; i < out.size(); ++i) {
-      result[i].shape.assign(out[i].shape, out[i].shape + out[i].rank);
-      result[i].data.resize(static_cast<size_t>(result[i].numel()));
-      out[i].data = result[i].data.data();
+      if (!outputs[i]) throw std::runtime_error("kiln: output tensor is null");
+      outputs[i]->shape.assign(out[i].shape, out[i].shape + out[i].rank);
+      outputs[i]->data.resize(static_cast<size_t>(outputs[i]->numel()));
+      out[i].data = outputs[i]->data.data();
     }
     check(kiln_model_run(model_.get(), function, in.data(), in.size(), out.data(), out.size()));
-    return result;
   }
 
  protected:
