@@ -1,6 +1,7 @@
 // The runtime behind kiln/runtime.h: loads weights for a plan, validates inputs, and
 // runs an entry point's kernel calls over one preallocated arena.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -78,6 +79,44 @@ struct kiln_model {
   AlignedBytes arena;
   std::string error;
   std::vector<const char*> function_names;
+
+  // Profiling (kiln_model_set_profiling): per kernel, calls and seconds; per entry point,
+  // runs and seconds.
+  struct Tally {
+    int64_t calls = 0;
+    double seconds = 0;
+  };
+  bool profiling = false;
+  std::vector<Tally> kernel_time;
+  std::map<std::string, Tally> run_time;
+  std::string profile_text;
+
+  std::string profile_report() const {
+    std::string out;
+    double in_kernels = 0;
+    for (const Tally& t : kernel_time) in_kernels += t.seconds;
+    for (const auto& [name, t] : run_time)
+      out += fmt::format("kiln profile: '{}' ran {} time(s), {:.3f} ms per run\n", name, t.calls,
+                         1e3 * t.seconds / static_cast<double>(std::max<int64_t>(t.calls, 1)));
+    if (run_time.empty()) return out + "kiln profile: nothing ran while profiling\n";
+    std::vector<size_t> order;
+    for (size_t k = 0; k < kernel_time.size(); ++k)
+      if (kernel_time[k].calls) order.push_back(k);
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return kernel_time[a].seconds > kernel_time[b].seconds;
+    });
+    size_t width = 6;
+    for (size_t k : order) width = std::max(width, plan.kernel_names[k].size());
+    out += fmt::format("{:<{}}  {:>7}  {:>10}  {:>12}  {:>6}\n", "kernel", width, "calls", "total ms",
+                       "ms per call", "share");
+    for (size_t k : order) {
+      const Tally& t = kernel_time[k];
+      out += fmt::format("{:<{}}  {:>7}  {:>10.3f}  {:>12.4f}  {:>5.1f}%\n", plan.kernel_names[k], width,
+                         t.calls, 1e3 * t.seconds, 1e3 * t.seconds / static_cast<double>(t.calls),
+                         in_kernels > 0 ? 100.0 * t.seconds / in_kernels : 0.0);
+    }
+    return out;
+  }
 
   const FunctionDesc& function(const char* name) const {
     for (const FunctionDesc& f : plan.functions)
@@ -234,6 +273,8 @@ struct kiln_model {
   }
 
   void run(const char* fname, const kiln_tensor* inputs, size_t n_in, kiln_tensor* outputs, size_t n_out) {
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point run_start = Clock::now();
     const FunctionDesc& f = function(fname);
     std::vector<const kiln_tensor*> ordered;
     std::vector<int64_t> syms = bind(f, inputs, n_in, &ordered);
@@ -312,10 +353,21 @@ struct kiln_model {
         args[a] = &hb;
       }
       g_kernel_error.clear();
+      const Clock::time_point start = profiling ? Clock::now() : Clock::time_point{};
       int status = kernels[step.kernel](args.data());
       if (status != 0)
         fail("kernel {} ({}) failed with status {}{}{}", plan.kernel_names[step.kernel], step.op, status,
              g_kernel_error.empty() ? "" : ": ", g_kernel_error);
+      if (profiling) {
+        Tally& t = kernel_time[static_cast<size_t>(step.kernel)];
+        t.calls += 1;
+        t.seconds += std::chrono::duration<double>(Clock::now() - start).count();
+      }
+    }
+    if (profiling) {
+      Tally& t = run_time[f.name];
+      t.calls += 1;
+      t.seconds += std::chrono::duration<double>(Clock::now() - run_start).count();
     }
   }
 };
@@ -411,6 +463,20 @@ const char* kiln_model_error(const kiln_model* model) { return model->error.c_st
 int kiln_model_set_num_threads(kiln_model* model, int threads) {
   if (!model->hooks.set_num_threads) return -1;
   return model->hooks.set_num_threads(threads < 1 ? 1 : threads);
+}
+
+int kiln_model_set_profiling(kiln_model* model, int on) {
+  model->profiling = on != 0;
+  if (model->profiling) {
+    model->kernel_time.assign(model->plan.kernel_names.size(), {});
+    model->run_time.clear();
+  }
+  return 0;
+}
+
+const char* kiln_model_profile(kiln_model* model) {
+  model->profile_text = model->kernel_time.empty() ? "" : model->profile_report();
+  return model->profile_text.c_str();
 }
 
 int kiln_tensor_read(const char* path, const char* name, kiln_tensor* out, char** error) {

@@ -188,6 +188,24 @@ TEST_F(CliTest, CompileSharedAndRunCompiledMatchesGolden) {
                    " --inputs " + path("bad.safetensors"));
   EXPECT_EQ(bad.status, 1);
   EXPECT_EQ(bad.output, "kiln: error: token id 53 at 'src'[0,1] is out of range [0, 53)\n");
+  // --repeat and --profile: the runs and every kernel call are counted.
+  const std::string compiled_run = "run --compiled " + path("out") + " --weights " +
+                                   golden("small.weights.safetensors") + " --inputs " +
+                                   golden("small_b1.inputs.safetensors");
+  Result prof = run(compiled_run + " --function encode --repeat 3 --profile");
+  EXPECT_EQ(prof.status, 0) << prof.output;
+  EXPECT_THAT(prof.output, HasSubstr("kiln profile: 'encode' ran 3 time(s)"));
+  EXPECT_THAT(prof.output, HasSubstr("ms per call"));
+  // small has one encoder layer: 3 runs call its merged q/k/v projection (N = 3·20) 3 times.
+  EXPECT_THAT(prof.output, ::testing::ContainsRegex("small_kiln_linear_k20_n60 +3 "));
+  EXPECT_EQ(run(compiled_run + " --repeat 0").output,
+            "kiln: error: run: --repeat must be a whole number >= 1, got '0'\n");
+  EXPECT_EQ(run(compiled_run + " --threads two").output,
+            "kiln: error: run: --threads must be a whole number >= 1, got 'two'\n");
+  EXPECT_EQ(run("run " + path("small.kir") + " --weights " + golden("small.weights.safetensors") +
+                " --inputs " + golden("small_b1.inputs.safetensors") + " --profile")
+                .output,
+            "kiln: error: run: --profile needs --compiled DIR\n");
 }
 
 TEST_F(CliTest, CompileErrorsNameTheProblem) {

@@ -21,6 +21,7 @@ namespace kiln {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Kernels accumulate in f32 in another order than PyTorch; the golden f32-vs-f64 noise
 // is ~2e-6, so 1e-4 is the bound with a wide margin.
@@ -184,6 +185,28 @@ TEST(CompiledOutputs, IntoCallerTensorsReusesStorage) {
   // Through the untyped call: the number of outputs is checked.
   EXPECT_EQ(error_of([&] { model.run("encode", {ids(1, 3)}, {&memory, &logits}); }),
             "kiln: entry point 'encode' has 1 output(s), 2 given");
+}
+
+// Profiling counts the runs and each kernel's calls while on, and nothing after.
+TEST(CompiledProfile, CountsRunsAndKernelCalls) {
+  kiln_models::golden_tiny model(golden("tiny.weights.safetensors").c_str());
+  kiln::Tensor<int64_t> src{{1, 3}, {5, 6, 7}};
+  EXPECT_EQ(model.profile(), "");
+  model.set_profiling(true);
+  model.encode(src);
+  model.encode(src);
+  model.set_profiling(false);
+  model.encode(src);
+  const std::string report = model.profile();
+  EXPECT_THAT(report, HasSubstr("kiln profile: 'encode' ran 2 time(s)")) << report;
+  // tiny has two encoder layers, each with one merged q/k/v projection (N = 3·24).
+  EXPECT_THAT(report, ::testing::ContainsRegex("kiln_linear_k24_n72 +4 ")) << report;
+  EXPECT_THAT(report, Not(HasSubstr("forward")));
+  // Turning it on again starts from zero.
+  model.set_profiling(true);
+  model.forward(src, kiln::Tensor<int64_t>{{1, 2}, {3, 4}});
+  EXPECT_THAT(model.profile(), HasSubstr("'forward' ran 1 time(s)"));
+  EXPECT_THAT(model.profile(), Not(HasSubstr("'encode'")));
 }
 
 TEST(CompiledWeights, MismatchedCheckpointIsReportedByName) {

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include <fmt/format.h>
+
 #include "kiln/runtime.h"
 #include "support/error.h"
 
@@ -25,6 +27,8 @@ struct Api {
   int (*run)(kiln_model*, const char*, const kiln_tensor*, size_t, kiln_tensor*, size_t);
   const char* (*error)(const kiln_model*);
   int (*set_num_threads)(kiln_model*, int);
+  int (*set_profiling)(kiln_model*, int);
+  const char* (*profile)(kiln_model*);
 };
 
 template <typename F>
@@ -37,7 +41,9 @@ void resolve(void* handle, const std::string& lib, const std::string& symbol, F*
 
 std::vector<rt::TensorData> run_compiled(const std::string& dir, const std::string& function,
                                          const std::string& weights_path,
-                                         const rt::SafeTensors& inputs, int threads) {
+                                         const rt::SafeTensors& inputs,
+                                         const CompiledRunOptions& options) {
+  if (options.repeat < 1) fail("run --compiled: --repeat must be at least 1, got {}", options.repeat);
   if (weights_path == "-") fail("run --compiled: weights must be a file, not '-'");
   std::vector<fs::path> libs;
   std::error_code ec;
@@ -64,6 +70,8 @@ std::vector<rt::TensorData> run_compiled(const std::string& dir, const std::stri
   resolve(handle, lib, "kiln_model_run", &api.run);
   resolve(handle, lib, "kiln_model_error", &api.error);
   resolve(handle, lib, "kiln_model_set_num_threads", &api.set_num_threads);
+  resolve(handle, lib, "kiln_model_set_profiling", &api.set_profiling);
+  resolve(handle, lib, "kiln_model_profile", &api.profile);
 
   char* error = nullptr;
   kiln_model* model = api.create(weights_path.c_str(), &error);
@@ -73,7 +81,7 @@ std::vector<rt::TensorData> run_compiled(const std::string& dir, const std::stri
     fail("{}", msg);
   }
   std::unique_ptr<kiln_model, void (*)(kiln_model*)> guard(model, api.destroy);
-  if (threads > 0) api.set_num_threads(model, threads);
+  if (options.threads > 0) api.set_num_threads(model, options.threads);
   int n_in = api.num_inputs(model, function.c_str());
   if (n_in < 0) fail("compiled model '{}' has no entry point '{}'", name, function);
 
@@ -112,8 +120,11 @@ std::vector<rt::TensorData> run_compiled(const std::string& dir, const std::stri
     buffers[r].resize(n);
     out[r].data = buffers[r].data();
   }
-  if (api.run(model, function.c_str(), in.data(), in.size(), out.data(), out.size()) != 0)
-    fail("{}", api.error(model));
+  if (options.profile) api.set_profiling(model, 1);
+  for (int i = 0; i < options.repeat; ++i)
+    if (api.run(model, function.c_str(), in.data(), in.size(), out.data(), out.size()) != 0)
+      fail("{}", api.error(model));
+  if (options.profile) fmt::print(stderr, "{}", api.profile(model));
   for (int r = 0; r < n_out; ++r)
     results[r] = rt::make_f32(out[r].name, std::vector<int64_t>(out[r].shape, out[r].shape + out[r].rank),
                               buffers[r]);

@@ -1,4 +1,5 @@
 // The `kiln` command-line tool: emit, inspect and run models.
+#include <charconv>
 #include <cmath>
 #include <cstring>
 #include <cstdio>
@@ -117,6 +118,9 @@ options:
                       DIR instead of the interpreter (FILE is then not needed: pass '-'
                       or omit it)
   --threads N         kernel threads for --compiled (default: the Halide runtime's)
+  --repeat N          with --compiled: run N times (outputs from the last run)
+  --profile           with --compiled: print the time per entry-point run and per kernel
+                      (calls, total, per call, share) to stderr
 )";
 
 // A minimal option parser: positional arguments and --name value / --name=value.
@@ -337,11 +341,20 @@ int cmd_opt(const std::vector<std::string>& argv) {
   return 0;
 }
 
+// The value of option `name` as an integer >= 1.
+int positive_int(const std::string& value, const char* name) {
+  int v = 0;
+  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+  if (ec != std::errc() || end != value.data() + value.size() || v < 1)
+    fail("run: {} must be a whole number >= 1, got '{}'", name, value);
+  return v;
+}
+
 int cmd_run(const std::vector<std::string>& argv) {
   if (wants_help(argv)) return fmt::print("{}", kRunHelp), 0;
   Args a = Args::parse(argv, {"--weights", "--inputs", "--function", "-o", "--expect", "--atol",
-                              "--compiled", "--threads"},
-                       {}, "run");
+                              "--compiled", "--threads", "--repeat"},
+                       {"--profile"}, "run");
   std::string weights_path = a.require("--weights", "run");
   std::string inputs_path = a.require("--inputs", "run");
   std::string fname = a.get("--function").value_or("forward");
@@ -350,10 +363,14 @@ int cmd_run(const std::vector<std::string>& argv) {
     if (a.positional.size() > 1 || (a.positional.size() == 1 && a.positional[0] != "-"))
       fail("run: with --compiled, FILE is not used (got '{}')", a.positional[0]);
     rt::SafeTensors ifile = load_safetensors(inputs_path);
-    int threads = 0;
-    if (auto t = a.get("--threads")) threads = std::atoi(t->c_str());
-    data = run_compiled(*dir, fname, weights_path, ifile, threads);
+    CompiledRunOptions options;
+    if (auto t = a.get("--threads")) options.threads = positive_int(*t, "--threads");
+    if (auto r = a.get("--repeat")) options.repeat = positive_int(*r, "--repeat");
+    options.profile = a.flags.count("--profile") > 0;
+    data = run_compiled(*dir, fname, weights_path, ifile, options);
   } else {
+    for (const char* only : {"--threads", "--repeat", "--profile"})
+      if (a.get(only) || a.flags.count(only)) fail("run: {} needs --compiled DIR", only);
     std::string file = one_positional(a, "run", "FILE");
     int stdin_uses = (file == "-") + (weights_path == "-") + (inputs_path == "-");
     if (stdin_uses > 1) fail("run: only one of FILE, --weights and --inputs can be '-'");

@@ -71,6 +71,13 @@ int kiln_model_run(kiln_model* model, const char* function, const kiln_tensor* i
 const char* kiln_model_error(const kiln_model* model);
 /* Threads used by the kernels (process-wide). */
 int kiln_model_set_num_threads(kiln_model* model, int threads);
+/* Profiling: non-zero clears the tallies and times every kernel call of the runs that
+ * follow (one clock read per call); zero stops. */
+int kiln_model_set_profiling(kiln_model* model, int on);
+/* The tallies as text: per entry point its runs and ms per run, then per kernel its
+ * calls, total and per-call ms and share of kernel time, slowest first ("" if profiling
+ * was never on). Valid until the next call of this function. */
+const char* kiln_model_profile(kiln_model* model);
 
 /* Reads tensor `name` of a safetensors file into `out` (dtype F32 -> KILN_F32; I64 or
  * I32 -> KILN_I64); out->data is malloc'ed (release with kiln_tensor_free). Returns 0, or
@@ -123,6 +130,9 @@ class Model {
   Model& operator=(Model&&) = default;
 
   void set_num_threads(int threads) { kiln_model_set_num_threads(model_.get(), threads); }
+  /* See kiln_model_set_profiling and kiln_model_profile. */
+  void set_profiling(bool on) { kiln_model_set_profiling(model_.get(), on ? 1 : 0); }
+  std::string profile() { return kiln_model_profile(model_.get()); }
   kiln_model* get() const { return model_.get(); }
 
   /* Runs `function` on `inputs` (in parameter order); returns its f32 outputs. */
