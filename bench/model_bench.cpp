@@ -16,14 +16,21 @@
 // With KILN_BENCH_REFERENCE (peers.py --reference-out: W1-shaped ids and PyTorch's logits)
 // `check_vs_pytorch` reports kiln's largest difference from PyTorch on those ids.
 //
+// Setup and memory: with KILN_BENCH_MEMORY_OUT=FILE, the process writes at exit a JSON
+// object with the model's load time (kiln_models::bench_base's constructor: read and check
+// the safetensors, lay out the weights, allocate the arena), the resident set size right
+// after it, and the process's peak resident set size (getrusage; over every workload run).
+//
 // Timing: one call per iteration through the C ABI (kiln_model_run) into output buffers
 // allocated before the timed loop: the model's time, not the C++ wrapper's allocation
 // and zero-fill of a fresh result (forward() allocates 16·128·32000 floats = 262 MB for
 // W2). One untimed warm-up call per workload first. Wall-clock time (UseRealTime): the kernels run on
 // several threads.
 #include <benchmark/benchmark.h>
+#include <sys/resource.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -108,7 +115,24 @@ std::vector<int64_t> random_ids(std::mt19937_64& rng, int64_t count, int64_t voc
 struct Loaded {
   std::unique_ptr<kiln_models::bench_base> model;
   std::string error;
+  double load_ms = 0;
+  double rss_after_load_mib = 0;
 };
+
+// The resident set size now (VmRSS of /proc/self/status), in MiB; 0 if unreadable.
+double rss_mib() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  double kib = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "VmRSS: %lf kB", &kib) == 1) break;
+  std::fclose(f);
+  return kib / 1024.0;
+}
+
+// Writes the setup and memory figures to KILN_BENCH_MEMORY_OUT at exit (see the header).
+void write_memory_report();
 
 Loaded& loaded() {
   static Loaded l = [] {
@@ -120,14 +144,31 @@ Loaded& loaded() {
       return r;
     }
     try {
+      const auto start = std::chrono::steady_clock::now();
       r.model = std::make_unique<kiln_models::bench_base>(path);
+      r.load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      r.rss_after_load_mib = rss_mib();
       r.model->set_num_threads(bench_threads());
+      std::atexit(write_memory_report);
     } catch (const std::exception& e) {
       r.error = std::string("cannot create the compiled model: ") + e.what();
     }
     return r;
   }();
   return l;
+}
+
+void write_memory_report() {
+  const char* out = std::getenv("KILN_BENCH_MEMORY_OUT");
+  if (!out || !*out) return;
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  if (std::FILE* f = std::fopen(out, "w")) {
+    const Loaded& l = loaded();
+    std::fprintf(f, "{\"load_ms\": %.1f, \"rss_after_load_mib\": %.1f, \"peak_rss_mib\": %.1f}\n", l.load_ms,
+                 l.rss_after_load_mib, static_cast<double>(usage.ru_maxrss) / 1024.0);
+    std::fclose(f);
+  }
 }
 
 kiln_tensor make_input(const std::vector<int64_t>& ids, int64_t rows, int64_t cols) {

@@ -42,6 +42,7 @@ import argparse
 import collections
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -236,13 +237,26 @@ def blas_probe(threads):
     return 2.0 * 2048 * 512 * 2048 / dt / 1e9
 
 
+def rss_mib():
+    """The resident set size now (VmRSS), in MiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return 0.0
+
+
 def worker(args):
     torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
     model = load_model(args.weights)
+    load_ms = (time.perf_counter() - t0) * 1e3
+    rss_after_load = rss_mib()
     blas = loaded_blas()
     probe = blas_probe(args.threads)
     out = {"blas": blas, "is_openblas": any("openblas" in b for b in blas),
            "probe_gflops": round(probe, 1), "torch_num_threads": torch.get_num_threads(),
+           "load_ms": round(load_ms, 1), "rss_after_load_mib": round(rss_after_load, 1),
            "workloads": {}}
     slow = probe < args.slow_gflops
     for w in load_workloads():
@@ -275,6 +289,8 @@ def worker(args):
                                  "runs_ms": [round(t, 3) for t in times], "runs": len(times), "warmup": args.warmup}
         print("peers.py:   %s %.1f ms (median of %d)" % (key, statistics.median(times), len(times)),
               file=sys.stderr)
+    # Peak over the load and every workload run (ru_maxrss is in KiB on Linux).
+    out["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
     json.dump(out, sys.stdout)
 
 

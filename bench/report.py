@@ -93,6 +93,7 @@ def load_round(d):
         "kiln_doc": kiln_doc,
         "pt": load(os.path.join(d, "pytorch.json")) or {},
         "ort": load(os.path.join(d, "ort.json")) or {},
+        "kiln_memory": load(os.path.join(d, "kiln-memory.json")) or {},
         "peak_kiln": peak_of(kiln) or peak_of(gbench_entries(load(os.path.join(d, "peak-kiln.json")))),
         "peak_pt": peak_of(gbench_entries(load(os.path.join(d, "peak-pytorch.json")))),
         "peak_ort": peak_of(gbench_entries(load(os.path.join(d, "peak-ort.json")))),
@@ -127,6 +128,50 @@ def round_times(rd, w, notes):
 def best_of(values):
     values = [v for v in values if v is not None]
     return min(values) if values else None
+
+
+def setup_and_memory(p, rd, compiled):
+    """The table of load time and resident memory per engine (round `rd`)."""
+    km = rd["kiln_memory"]
+    pt = rd["pt"]
+    ort = rd["ort"]
+    # PyTorch: the process of the setting that was fastest on W2 (else the first that ran).
+    best_w2 = (pt.get("best") or {}).get("W2", {}).get("setting")
+    settings = [x for x in pt.get("settings", []) if not x.get("error")]
+    ps = next((x for x in settings if x.get("name") == best_w2), settings[0] if settings else {})
+    sessions = ort.get("sessions") or {}
+    ort_load = sum(x.get("create_ms", 0) for x in sessions.values()) if sessions else None
+    if not (km or ps or ort):
+        return
+    k_peak = km.get("peak_rss_mib")
+
+    def vs_kiln(peak):
+        return fmt(peak / k_peak, 2) + "×" if peak and k_peak else "—"
+
+    p("### Setup and memory (round 1)")
+    p("")
+    p("| engine | ahead of time | load ms | RSS after load MiB | peak RSS MiB | peak RSS / kiln's |")
+    p("|---|---|---:|---:|---:|---:|")
+    aot = ("`kiln compile` %s s, library %s KiB" % (fmt(compiled.get("seconds"), 1),
+                                                    fmt(compiled["library_bytes"] / 1024.0, 0))
+           if compiled.get("seconds") is not None else "`kiln compile` (not timed in this run)")
+    p("| kiln | %s | %s | %s | %s | %s |" % (aot, fmt(km.get("load_ms"), 0), fmt(km.get("rss_after_load_mib"), 0),
+                                            fmt(k_peak, 0), vs_kiln(k_peak)))
+    if ps:
+        p("| PyTorch (%s) | none (eager) | %s | %s | %s | %s |" % (
+            ps.get("name", "?"), fmt(ps.get("load_ms"), 0), fmt(ps.get("rss_after_load_mib"), 0),
+            fmt(ps.get("peak_rss_mib"), 0), vs_kiln(ps.get("peak_rss_mib"))))
+    if ort:
+        p("| ONNX Runtime | ONNX export (once, cached, not timed) | %s | %s | %s | %s |" % (
+            fmt(ort_load, 0), fmt(ort.get("rss_after_load_mib"), 0), fmt(ort.get("peak_rss_mib"), 0),
+            vs_kiln(ort.get("peak_rss_mib"))))
+    p("")
+    p("load: kiln, the generated class's constructor (read and check the safetensors, lay out "
+      "the weights, allocate the arena); PyTorch, building the module and `load_state_dict`; "
+      "ORT, `InferenceSession.create` of forward.onnx and encode.onnx (graph optimizations "
+      "included; each session holds its own copy of the weights). Peak RSS: the whole "
+      "process over the load and W1, W2, W4 (each engine also holds W2's 262 MB of logits).")
+    p("")
 
 
 def main():
@@ -234,6 +279,9 @@ def main():
         p("| %s | %s | %s / %s / %s |" % (os.path.basename(rd["dir"]), " | ".join(cells),
                                            fmt(rd["peak_kiln"], 0), fmt(rd["peak_pt"], 0), fmt(rd["peak_ort"], 0)))
     p("")
+
+    # Setup and memory (round 1: every engine's first process).
+    setup_and_memory(p, first, load(os.path.join(res, "compile.json")) or {})
 
     # Correctness on the same ids (W1 shape).
     p("### Same ids, W1 shape: logits against PyTorch")

@@ -74,6 +74,28 @@ $PY "$ROOT/bench/peers.py" --weights-out "$CACHE/base.safetensors" \
   --reference-out "$CACHE/reference.safetensors" --onnx-dir "$CACHE" 2> "$OUT/peers-prepare.log" \
   || status "peers.py (weights/ONNX) failed (see $OUT/peers-prepare.log)"
 
+# 3b. kiln's ahead-of-time step, timed: emit the model bench_base is built from and compile
+#     it as kiln_add_model does (kiln compile; the library is written to the cache).
+if [[ -x "$BUILD/tools/kiln" ]]; then
+  log "kiln compile of the base model (timed)"
+  mkdir -p "$CACHE/compile"
+  if "$BUILD/tools/kiln" emit transformer --config base --set max_len=1024 -o "$CACHE/compile/base.kir" \
+       > "$OUT/compile.log" 2>&1; then
+    t0=$(date +%s.%N)
+    if "$BUILD/tools/kiln" compile "$CACHE/compile/base.kir" --name transformer -o "$CACHE/compile/out" \
+         >> "$OUT/compile.log" 2>&1; then
+      t1=$(date +%s.%N)
+      $PY -c 'import json, os, sys; print(json.dumps({"seconds": round(float(sys.argv[2]) - float(sys.argv[1]), 2),
+               "library_bytes": os.path.getsize(sys.argv[3])}))' "$t0" "$t1" \
+        "$CACHE/compile/out/libtransformer.a" > "$OUT/compile.json"
+    else
+      status "kiln compile of the base model failed (see $OUT/compile.log)"
+    fi
+  else
+    status "kiln emit of the base model failed (see $OUT/compile.log)"
+  fi
+fi
+
 # 4. ONNX Runtime's npm package.
 if [[ ! -d "$ROOT/bench/ort/node_modules/onnxruntime-node" ]]; then
   log "npm ci in bench/ort"
@@ -98,6 +120,7 @@ run_kiln() {
     log "round $r: kiln model_bench (peak, W1, W2, W4, check; $REPS repetitions, interleaved)"
     # Random interleaving: the peak and the workloads alternate, so they see the same load.
     # Console: aggregates only; JSON: every repetition too (report.py shows the min).
+    KILN_BENCH_MEMORY_OUT="$R/kiln-memory.json" \
     "$BUILD/bench/model_bench" --benchmark_repetitions="$REPS" --benchmark_display_aggregates_only=true \
       --benchmark_enable_random_interleaving=true \
       --benchmark_out="$R/kiln.json" --benchmark_out_format=json > "$R/kiln.log" 2>&1 \

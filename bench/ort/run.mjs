@@ -100,6 +100,7 @@ async function main() {
       result.sessions[fn] = { file, error: String(e.message || e) };
     }
   }
+  result.rss_after_load_mib = process.memoryUsage().rss / 1048576;
   for (const w of workloads) {
     const s = sessions[w.function];
     if (!s) { result.workloads[w.key] = { skipped: `no ${w.function} session: ${result.sessions[w.function].error}` }; continue; }
@@ -141,6 +142,8 @@ async function main() {
     result.check_vs_pytorch = { max_abs_err: err, max_abs_err_f64: err64, max_abs_logit: scale,
                                 shape_ok: JSON.stringify(out.dims) === JSON.stringify(ref.logits.shape) };
   }
+  // Peak over the sessions and every workload run (maxRSS is in KiB).
+  result.peak_rss_mib = process.resourceUsage().maxRSS / 1024;
   const text = JSON.stringify(result, null, 1);
   if (args.jsonOut) fs.writeFileSync(args.jsonOut, text + '\n');
   else console.log(text);
