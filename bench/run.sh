@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # kiln's model benchmarks next to its peers, in one run (see bench/README.md):
 #   builds model_bench (+ peak, + gemm_bench where oneDNN is installed), makes the shared
-#   checkpoint / ONNX files / PyTorch reference (cached in $KILN_BENCH_CACHE), then runs
-#   kiln + peak, PyTorch eager and ONNX Runtime one after the other (in rounds), and
+#   checkpoint / ONNX files / PyTorch reference (cached in $KILN_BENCH_CACHE), times
+#   `kiln compile` of the base model, then runs kiln + peak, PyTorch eager and ONNX Runtime
+#   one after the other (in rounds; each also reports its load time and memory), and
 #   gemm_bench (kiln vs oneDNN; medians of 20 interleaved repetitions) once, and prints
 #   the table (bench/report.py).
 #   Results: $KILN_BENCH_CACHE/results/ (round*/ per round).
