@@ -210,13 +210,24 @@ void validate(const Plan& p) {
 
 }  // namespace
 
-void lay_out_linear_weight(const float* w, int64_t N, int64_t K, int64_t panel, float* wt) {
+void lay_out_linear_weight_rows(const uint8_t* w_rows, int64_t n0, int64_t rows, int64_t N, int64_t K,
+                                int64_t panel, float* wt) {
   KILN_ASSERT(panel >= 0 && (panel == 0 || N % panel == 0), "panel width must divide N");
-  for (int64_t n = 0; n < N; ++n) {
+  KILN_ASSERT(n0 >= 0 && rows >= 0 && n0 + rows <= N, "rows outside the weight");
+  const int64_t stride = panel ? panel : N;
+  for (int64_t n = n0; n < n0 + rows; ++n) {
     float* column = panel ? wt + (n / panel) * K * panel + n % panel : wt + n;
-    const int64_t stride = panel ? panel : N;
-    for (int64_t k = 0; k < K; ++k) column[k * stride] = w[n * K + k];
+    const uint8_t* row = w_rows + (n - n0) * K * 4;
+    for (int64_t k = 0; k < K; ++k) {
+      float v;
+      std::memcpy(&v, row + k * 4, 4);
+      column[k * stride] = v;
+    }
   }
+}
+
+void lay_out_linear_weight(const float* w, int64_t N, int64_t K, int64_t panel, float* wt) {
+  lay_out_linear_weight_rows(reinterpret_cast<const uint8_t*>(w), 0, N, N, K, panel, wt);
 }
 
 std::vector<uint8_t> serialize_plan(const Plan& p) {

@@ -87,6 +87,10 @@ struct WeightDesc {
 // panel > 0 (dividing N): wt[(n / panel)·K·panel + k·panel + n % panel] = W[n, k], i.e.
 // [N/panel, K, panel], each block of `panel` columns a contiguous K × panel strip.
 void lay_out_linear_weight(const float* w, int64_t N, int64_t K, int64_t panel, float* wt);
+// The same for rows [n0, n0 + rows) of W given on their own (`w_rows`: rows × K f32,
+// little-endian, any alignment), e.g. one source of a weight concatenated along axis 0.
+void lay_out_linear_weight_rows(const uint8_t* w_rows, int64_t n0, int64_t rows, int64_t N, int64_t K,
+                                int64_t panel, float* wt);
 
 // A table computed at load time: PE[pos, 2i] = sin(pos / 10000^(2i/dim)),
 // PE[pos, 2i+1] = cos(…), in double, stored as f32 [rows, dim].

@@ -2,6 +2,7 @@
 // function against its definition written out for a small case, the layout's survival of
 // serialization, and the rejection of inconsistent layouts in a deserialized plan.
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -40,6 +41,21 @@ TEST(LinearWeightLayout, PanelsAreContiguousKByPanelStrips) {
   lay_out_linear_weight(small_weight().data(), 4, 3, 4, one.data());
   lay_out_linear_weight(small_weight().data(), 4, 3, 0, transposed.data());
   EXPECT_EQ(one, transposed);
+}
+
+// Row blocks laid out one at a time (as the runtime does for a weight concatenated from
+// several tensors, read from unaligned file bytes) give the whole weight's layout.
+TEST(LinearWeightLayout, RowBlocksFromUnalignedBytes) {
+  const std::vector<float> w = small_weight();  // N=4, K=3
+  for (int64_t panel : {0, 2}) {
+    std::vector<float> whole(12), blocks(12, -1.0f);
+    lay_out_linear_weight(w.data(), 4, 3, panel, whole.data());
+    std::vector<uint8_t> bytes(1 + w.size() * 4);  // one byte in: misaligned for floats
+    std::memcpy(bytes.data() + 1, w.data(), w.size() * 4);
+    lay_out_linear_weight_rows(bytes.data() + 1, 0, 1, 4, 3, panel, blocks.data());           // row 0
+    lay_out_linear_weight_rows(bytes.data() + 1 + 3 * 4, 1, 3, 4, 3, panel, blocks.data());   // rows 1-3
+    EXPECT_EQ(blocks, whole) << "panel " << panel;
+  }
 }
 
 Plan plan_with_weight(WeightDesc w) {
