@@ -2,6 +2,8 @@
 // one-line errors (non-zero exit) for bad models, keys, files and token ids.
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include <gmock/gmock.h>
@@ -224,6 +226,36 @@ TEST_F(CliTest, CompileErrorsNameTheProblem) {
   Result n = run("compile " + path("tiny.kir") + " --name 9lives -o " + path("out"));
   EXPECT_EQ(n.status, 1);
   EXPECT_THAT(n.output, HasSubstr("library name '9lives' is not a C identifier"));
+}
+
+// Inputs and outputs named like C++ keywords still give a header that compiles (kiln
+// compile builds it with the glue); entry points that cannot be methods of the generated
+// class are refused up front, by name.
+TEST_F(CliTest, CompileHandlesNamesThatAreNotCppFriendly) {
+  auto write = [&](const std::string& file, const std::string& func) {
+    FILE* f = fopen(path(file).c_str(), "w");
+    fputs(("module @m {\n  symbol B max 4\n  func @" + func +
+           "(%class: f32[B,8]) -> (f32[B,8]) {\n    %new = relu(%class) : f32[B,8]\n    return %new\n"
+           "  }\n}\n")
+              .c_str(),
+          f);
+    fclose(f);
+  };
+  write("keywords.kir", "f");
+  Result ok = run("compile " + path("keywords.kir") + " --name m -o " + path("kw"));
+  ASSERT_EQ(ok.status, 0) << ok.output;
+  EXPECT_THAT(ok.output, HasSubstr("glue code and header"));
+  std::ifstream header(path("kw/m.h"));
+  std::string text((std::istreambuf_iterator<char>(header)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, HasSubstr("void f(const kiln::Input& input0, kiln::Tensor<float>& output0)"));
+  EXPECT_THAT(text, HasSubstr("f(class: f32[B,8]) -> (new: f32[B,8])"));  // the real names, in comments
+  for (const char* bad : {"run", "m", "max_B"}) {
+    write("bad.kir", bad);
+    Result r = run("compile " + path("bad.kir") + " --name m -o " + path("bad"));
+    EXPECT_EQ(r.status, 1);
+    EXPECT_THAT(r.output, HasSubstr(std::string("entry point '") + bad + "' clashes with a member of the generated class m"));
+    EXPECT_THAT(r.output, Not(HasSubstr("kernel")));  // refused before compiling kernels
+  }
 }
 
 // `kiln opt` output is byte-identical across runs.
