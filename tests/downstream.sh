@@ -6,6 +6,13 @@ set -euo pipefail
 build="$1"; src="$2"; work="$3"
 rm -rf "$work" && mkdir -p "$work"
 cmake --install "$build" --prefix "$work/prefix" >/dev/null
+# The runtime library needs nothing but libc/libstdc++ at link time (fmt is compiled in).
+needs_fmt=$(nm -u "$work/prefix/lib/libkiln_runtime.a" | grep -E '_ZN(K)?3fmt' || true)
+if [[ -n "$needs_fmt" ]]; then
+  echo "downstream.sh: libkiln_runtime.a has undefined fmt symbols:" >&2
+  echo "$needs_fmt" | head -5 >&2
+  exit 1
+fi
 cmake -S "$src/examples" -B "$work/build" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
 cmake --build "$work/build" -j 2
 "$work/build/translate" "$src/tests/golden/tiny.weights.safetensors" \
