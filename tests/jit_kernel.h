@@ -3,10 +3,14 @@
 // last), exactly as the AOT-compiled function is called by the runtime.
 #pragma once
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "codegen/halide_kernels.h"
+#include "codegen/kernels.h"
 
 namespace kiln::jit {
 
@@ -59,5 +63,23 @@ class JitKernel {
  private:
   Halide::Internal::JITModule jit_;
 };
+
+// The AOT path: `spec` compiles to an object file (as kiln compile does, without the
+// runtime) for the host and for AVX2, and each object is a real one (over 1000 bytes; any
+// file left by an earlier run is removed first, so it cannot pass for a new one).
+inline void expect_compiles_ahead_of_time(const codegen::KernelSpec& spec) {
+  const std::string name = codegen::kernel_name(spec);
+  for (const char* target : {"host", kAvx2Target}) {
+    const std::filesystem::path object =
+        std::filesystem::path(::testing::TempDir()) /
+        ("kiln_aot_" + name + (target == std::string("host") ? "_host" : "_avx2") + ".o");
+    std::filesystem::remove(object);
+    codegen::compile_kernel(spec, target, name, object.string());
+    std::error_code ec;
+    EXPECT_GT(std::filesystem::file_size(object, ec), 1000u)
+        << target << " " << name << " " << ec.message();
+    std::filesystem::remove(object);
+  }
+}
 
 }  // namespace kiln::jit
