@@ -24,9 +24,6 @@ using ir::ValueId;
 
 constexpr const char* kPass = "fuse-add-layernorm";
 
-// How diagnostics name `v`.
-std::string label(const Function& f, ValueId v) { return value_label(f, v); }
-
 // Whether the layernorm `norm` can absorb the add defining its input; logs why not.
 bool can_fuse_add_layernorm(const Function& f, const std::vector<int>& defs,
                             const std::vector<int>& uses, const Op& norm) {
@@ -35,16 +32,16 @@ bool can_fuse_add_layernorm(const Function& f, const std::vector<int>& defs,
   const ValueId s = norm.operands[0];
   const Op* add = def_op(f, defs, s);
   if (!add || add->kind != OpKind::add) {
-    debug_log(kPass, "{}: input {} is not an add", label(f, norm.result), label(f, s));
+    debug_log(kPass, "{}: input {} is not an add", value_label(f, norm.result), value_label(f, s));
     return false;
   }
   if (uses[s] != 1) {
-    debug_log(kPass, "{}: add {} has {} uses", label(f, norm.result), label(f, s), uses[s]);
+    debug_log(kPass, "{}: add {} has {} uses", value_label(f, norm.result), value_label(f, s), uses[s]);
     return false;
   }
   const ValueId x = add->operands[0], y = add->operands[1];
   if (!(f.type(x) == f.type(y))) {
-    debug_log(kPass, "{}: add {} broadcasts {} and {}", label(f, norm.result), label(f, s),
+    debug_log(kPass, "{}: add {} broadcasts {} and {}", value_label(f, norm.result), value_label(f, s),
               ir::to_string(f.type(x)), ir::to_string(f.type(y)));
     return false;
   }
@@ -56,8 +53,8 @@ void fuse(Function& f, const std::vector<int>& defs, const std::vector<int>& use
   KILN_ASSERT(can_fuse_add_layernorm(f, defs, uses, f.ops[pos]), "fuse-add-layernorm: no match");
   Op& norm = f.ops[pos];
   const Op& add = f.ops[defs[norm.operands[0]]];
-  debug_log(kPass, "fused {} = layernorm(add({}, {}))", label(f, norm.result),
-            label(f, add.operands[0]), label(f, add.operands[1]));
+  debug_log(kPass, "fused {} = layernorm(add({}, {}))", value_label(f, norm.result),
+            value_label(f, add.operands[0]), value_label(f, add.operands[1]));
   norm.kind = OpKind::add_layernorm;
   norm.operands = {add.operands[0], add.operands[1], norm.operands[1], norm.operands[2]};
 }

@@ -38,9 +38,6 @@ using ir::ValueId;
 
 constexpr const char* kPass = "merge-projections";
 
-// How diagnostics name `v`.
-std::string label(const Function& f, ValueId v) { return value_label(f, v); }
-
 // A linear that may merge with others.
 struct Projection {
   int pos = -1;  // op index
@@ -60,7 +57,7 @@ std::string weight_name_of(const ir::Module& m, const Function& f, const std::ve
                            ValueId v, std::string* why) {
   const Op* op = def_op(f, defs, v);
   if (!op || op->kind != OpKind::weight) {
-    *why = fmt::format("{} is not a weight op", label(f, v));
+    *why = fmt::format("{} is not a weight op", value_label(f, v));
     return {};
   }
   const std::string& name = op->str_attr("name");
@@ -81,14 +78,14 @@ bool as_projection(const ir::Module& m, const Function& f, const std::vector<int
   std::string why;
   const std::string w = weight_name_of(m, f, defs, op.operands[1], &why);
   if (w.empty()) {
-    debug_log(kPass, "linear {}: W {}", label(f, op.result), why);
+    debug_log(kPass, "linear {}: W {}", value_label(f, op.result), why);
     return false;
   }
   std::string b;
   if (op.operands.size() == 3) {
     b = weight_name_of(m, f, defs, op.operands[2], &why);
     if (b.empty()) {
-      debug_log(kPass, "linear {}: bias {}", label(f, op.result), why);
+      debug_log(kPass, "linear {}: bias {}", value_label(f, op.result), why);
       return false;
     }
   }
@@ -97,7 +94,7 @@ bool as_projection(const ir::Module& m, const Function& f, const std::vector<int
   if (w.size() <= suffix.size() ||
       w.compare(w.size() - suffix.size(), suffix.size(), suffix) != 0) {
     debug_log(kPass, "linear {}: weight '{}' is not named <prefix>.<component>.weight",
-              label(f, op.result), w);
+              value_label(f, op.result), w);
     return false;
   }
   const std::string stem = w.substr(0, w.size() - suffix.size());
@@ -122,7 +119,7 @@ bool can_merge_projections(const Function& f, const std::vector<Projection>& gro
   if (group.size() < 2) {
     if (!group.empty())
       debug_log(kPass, "linear {}: no other linear of {} in block '{}' with act {} and {}",
-                label(f, f.ops[group[0].pos].result), label(f, group[0].x), group[0].prefix,
+                value_label(f, f.ops[group[0].pos].result), value_label(f, group[0].x), group[0].prefix,
                 group[0].act, group[0].bias.empty() ? "no bias" : "a bias");
     return false;
   }
@@ -130,11 +127,11 @@ bool can_merge_projections(const Function& f, const std::vector<Projection>& gro
   for (const Projection& p : group) {
     if (!components.insert(p.component).second) {
       debug_log(kPass, "linear {}: component '{}' of block '{}' appears twice",
-                label(f, f.ops[p.pos].result), p.component, p.prefix);
+                value_label(f, f.ops[p.pos].result), p.component, p.prefix);
       return false;
     }
     if (p.k != group[0].k) {
-      debug_log(kPass, "linear {}: K {} differs from {}", label(f, f.ops[p.pos].result), p.k,
+      debug_log(kPass, "linear {}: K {} differs from {}", value_label(f, f.ops[p.pos].result), p.k,
                 group[0].k);
       return false;
     }
@@ -222,7 +219,7 @@ void merge(ir::Module& m, Function& f, const std::vector<Projection>& group, Ins
   int64_t start = 0;
   for (const Projection& p : group) {
     Op& op = f.ops[p.pos];
-    names.push_back(label(f, op.result));
+    names.push_back(value_label(f, op.result));
     op.kind = OpKind::slice;
     op.operands = {merged};
     op.attrs = {{"axis", axis}, {"start", start}};
