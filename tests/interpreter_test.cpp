@@ -14,6 +14,7 @@
 #include "ir/interpreter.h"
 #include "ir/ir.h"
 #include "ir/verifier.h"
+#include "noise.h"
 #include "support/error.h"
 
 namespace kiln::ir {
@@ -608,16 +609,7 @@ TEST(InterpreterTest, LinearAndRelu) {
               ElementsAre(1, 2, 3, 3, 4, 7));
 }
 
-// Deterministic pseudo-random floats in [-1, 1).
-std::vector<float> noise(size_t n, uint32_t seed) {
-  std::vector<float> out(n);
-  uint32_t s = seed;
-  for (auto& v : out) {
-    s = s * 1664525u + 1013904223u;
-    v = static_cast<float>(s >> 8) / static_cast<float>(1 << 23) - 1.0f;
-  }
-  return out;
-}
+using kiln::testing::noise;
 
 TEST(InterpreterTest, LinearEqualsUnfusedGraph) {
   Module m;

@@ -27,6 +27,7 @@
 #include "codegen/kernels.h"
 #include "ir/interpreter.h"
 #include "ir/ir.h"
+#include "noise.h"
 #include "runtime/plan.h"
 
 namespace kiln::codegen {
@@ -43,16 +44,7 @@ using ir::ValueId;
 
 using jit::kAvx2Target;
 
-// Deterministic pseudo-random floats in [-1, 1).
-std::vector<float> noise(size_t count, uint32_t seed) {
-  std::vector<float> out(count);
-  uint32_t s = seed;
-  for (float& v : out) {
-    s = s * 1664525u + 1013904223u;
-    v = static_cast<float>(s >> 8) / static_cast<float>(1 << 23) - 1.0f;
-  }
-  return out;
-}
+using kiln::testing::noise;
 
 // The kernel for `spec` compiled in process for `target`, called like the AOT function:
 // buffers in kernels.h's argument order, the output last.
