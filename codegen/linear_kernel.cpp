@@ -12,6 +12,16 @@
 // a strip falls into the same L1 sets. Measured with gemm_bench on the model's shapes (one
 // thread): packing and the 4-row blocks below lifted M = 32 from 62–82% of oneDNN to
 // 89–101%, and packing lifted M = 2048 from 94–102% to 98–103%.
+//
+// Tried and measured slower (gemm_bench, 2 threads, both variants in one process with
+// interleaved repetitions): K-blocking, i.e. a tile's accumulators kept in memory across
+// chunks of Kc rows of the panel so that a chunk stays in L1 over the row blocks, ran
+// 10–20% slower at M = 2048 (Kc = 128, 256) and 20% slower at M = 32 (Kc = 8) than the
+// full-K register blocks here. Halide 14's `prefetch` directive cannot hide the weight
+// stream of the memory-bound M = 32, N = 32000 generator either: it lowers to
+// `prefetchnta` (rw 0, locality 0), which fills L1 but not L2, so the row blocks after the
+// first miss the panel in L2; and for these footprints it steps by a whole panel row (256
+// bytes) per cache line, prefetching one line in four. Measured 4–5× slower.
 #include <algorithm>
 
 #include "codegen/halide_kernels.h"
