@@ -4,7 +4,7 @@
 #   checkpoint / ONNX files / PyTorch reference (cached in $KILN_BENCH_CACHE), times
 #   `kiln compile` of the base model, then runs kiln + peak, PyTorch eager and ONNX Runtime
 #   one after the other (in rounds; each also reports its load time and memory), and
-#   gemm_bench (kiln vs oneDNN; medians of 20 interleaved repetitions) once, and prints
+#   gemm_bench (kiln vs oneDNN; medians of 20 interleaved repetitions) in every round, and prints
 #   the table (bench/report.py).
 #   Results: $KILN_BENCH_CACHE/results/ (round*/ per round).
 #
@@ -156,14 +156,15 @@ for r in $(seq 1 "$ROUNDS"); do
   rm -rf "$R" && mkdir -p "$R"
   echo "round $r start $(date -Is) load $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/machine.log"
   if (( r % 2 )); then run_kiln; run_pytorch; run_ort; else run_ort; run_pytorch; run_kiln; fi
-  if [[ $r == 1 && "${KILN_BENCH_GEMM:-1}" != 0 && -x "$BUILD/bench/gemm_bench" ]]; then
-    log "gemm_bench (kiln linear kernel vs oneDNN)"
+  if [[ "${KILN_BENCH_GEMM:-1}" != 0 && -x "$BUILD/bench/gemm_bench" ]]; then
+    log "round $r: gemm_bench (kiln linear kernel vs oneDNN)"
     # Many short repetitions in random order, medians reported: the shared machine's load
     # moves within seconds, and a single long run per shape lets one burst decide a ratio.
+    # Once per round, like the model workloads: report.py takes each library's best round.
     "$BUILD/bench/gemm_bench" --benchmark_min_time=0.05 --benchmark_repetitions=20 \
       --benchmark_enable_random_interleaving=true \
-      --benchmark_out="$OUT/gemm.json" --benchmark_out_format=json \
-      > "$OUT/gemm.log" 2>&1 || status "gemm_bench failed (see $OUT/gemm.log)"
+      --benchmark_out="$R/gemm.json" --benchmark_out_format=json \
+      > "$R/gemm.log" 2>&1 || status "round $r: gemm_bench failed (see $R/gemm.log)"
   fi
 done
 echo "end $(date -Is) load $(cut -d' ' -f1-3 /proc/loadavg) elapsed $(( $(date +%s) - START ))s" >> "$OUT/machine.log"
