@@ -21,7 +21,7 @@
 // stream of the memory-bound M = 32, N = 32000 generator either: it lowers to
 // `prefetchnta` (rw 0, locality 0), which fills L1 but not L2, so the row blocks after the
 // first miss the panel in L2; and for these footprints it steps by a whole panel row (256
-// bytes) per cache line, prefetching one line in four. Measured 4–5× slower.
+// bytes) per cache line, prefetching one line in four. Measured 4–5× slower (one thread).
 #include <algorithm>
 
 #include "codegen/halide_kernels.h"
