@@ -14,7 +14,6 @@
 // x·wt with wt = Wᵀ (K × N), row-major, no bias: the epilogue is kiln's extra work. Both
 // layouts are prepared once, outside the timing, as both runtimes do at load time.
 #include <dlfcn.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <cmath>
@@ -86,21 +85,15 @@ void measure(benchmark::State& state, const GemmShape& s, const char* error, Cal
       benchmark::Counter(cpu > 0 ? gflop * static_cast<double>(state.iterations()) / cpu : 0);
 }
 
-// A float array allocated as kiln's runtime allocates its weights and arena: 64-byte
-// aligned, and from 2 MiB on 2 MiB aligned with transparent huge pages asked for. Both
+// A float array allocated as kiln's runtime allocates its weights and arena
+// (rt::allocate_aligned: from 2 MiB on, 2 MiB aligned on transparent huge pages). Both
 // libraries get their operands this way.
 struct FreeDeleter {
   void operator()(float* p) const { std::free(p); }
 };
 using Floats = std::unique_ptr<float[], FreeDeleter>;
 Floats aligned_floats(int64_t count, uint32_t seed) {
-  constexpr size_t kHuge = size_t{2} << 20;
-  const size_t used = static_cast<size_t>(count) * sizeof(float);
-  const size_t align = used >= kHuge ? kHuge : 64;
-  const size_t bytes = (used + align - 1) / align * align;
-  Floats a(static_cast<float*>(std::aligned_alloc(align, bytes)));
-  if (!a) std::abort();
-  if (align == kHuge) madvise(a.get(), bytes, MADV_HUGEPAGE);
+  Floats a(reinterpret_cast<float*>(kiln::rt::allocate_aligned(count * int64_t{sizeof(float)}).release()));
   uint32_t s = seed;
   for (int64_t i = 0; i < count; ++i) {
     s = s * 1664525u + 1013904223u;

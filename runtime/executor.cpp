@@ -1,6 +1,5 @@
 // The runtime behind kiln/runtime.h: loads weights for a plan, validates inputs, and
 // runs an entry point's kernel calls over one preallocated arena.
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -31,25 +30,13 @@ using kiln::rt::Storage;
 
 namespace {
 
-struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
-};
-
-// 64-byte aligned float storage.
+// 64-byte aligned storage (large buffers on huge pages; see rt::allocate_aligned).
 struct AlignedBytes {
-  std::unique_ptr<uint8_t, FreeDeleter> data;
+  kiln::rt::AlignedStorage data;
   int64_t size = 0;
-  // Large buffers (weights, the arena) on 2 MiB boundaries, and transparent huge pages
-  // asked for: fewer page faults when they are first written, fewer TLB misses when the
-  // kernels stream them. Where THP is off the advice is ignored.
   void allocate(int64_t bytes) {
     size = bytes;
-    constexpr int64_t kHuge = int64_t{2} << 20;
-    const int64_t align = bytes >= kHuge ? kHuge : 64;
-    int64_t rounded = std::max<int64_t>(64, (bytes + align - 1) / align * align);
-    data.reset(static_cast<uint8_t*>(std::aligned_alloc(static_cast<size_t>(align), static_cast<size_t>(rounded))));
-    if (!data) fail("cannot allocate {} bytes", bytes);
-    if (align == kHuge) madvise(data.get(), static_cast<size_t>(rounded), MADV_HUGEPAGE);
+    data = kiln::rt::allocate_aligned(bytes);
   }
 };
 

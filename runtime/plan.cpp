@@ -1,6 +1,9 @@
 // Serialization and validation of execution plans (see plan.h).
 #include "runtime/plan.h"
 
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <cstring>
 
 #include "support/error.h"
@@ -224,6 +227,17 @@ void lay_out_linear_weight_rows(const uint8_t* w_rows, int64_t n0, int64_t rows,
       column[k * stride] = v;
     }
   }
+}
+
+AlignedStorage allocate_aligned(int64_t bytes) {
+  constexpr int64_t kHuge = int64_t{2} << 20;
+  const int64_t align = bytes >= kHuge ? kHuge : 64;
+  const int64_t rounded = std::max<int64_t>(64, (bytes + align - 1) / align * align);
+  AlignedStorage data(static_cast<uint8_t*>(
+      std::aligned_alloc(static_cast<size_t>(align), static_cast<size_t>(rounded))));
+  if (!data) fail("cannot allocate {} bytes", bytes);
+  if (align == kHuge) madvise(data.get(), static_cast<size_t>(rounded), MADV_HUGEPAGE);
+  return data;
 }
 
 void lay_out_linear_weight(const float* w, int64_t N, int64_t K, int64_t panel, float* wt) {

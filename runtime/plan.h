@@ -10,6 +10,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -91,6 +93,16 @@ void lay_out_linear_weight(const float* w, int64_t N, int64_t K, int64_t panel, 
 // little-endian, any alignment), e.g. one source of a weight concatenated along axis 0.
 void lay_out_linear_weight_rows(const uint8_t* w_rows, int64_t n0, int64_t rows, int64_t N, int64_t K,
                                 int64_t panel, float* wt);
+
+// Storage as the runtime allocates its weights, tables and arena: 64-byte aligned, and
+// from 2 MiB on 2 MiB aligned with transparent huge pages asked for (fewer page faults
+// when it is first written, fewer TLB misses when the kernels stream it; where THP is off
+// the advice is ignored). At least 64 bytes; throws kiln::Error when memory runs out.
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+using AlignedStorage = std::unique_ptr<uint8_t, FreeDeleter>;
+AlignedStorage allocate_aligned(int64_t bytes);
 
 // A table computed at load time: PE[pos, 2i] = sin(pos / 10000^(2i/dim)),
 // PE[pos, 2i+1] = cos(…), in double, stored as f32 [rows, dim].
