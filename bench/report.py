@@ -363,15 +363,17 @@ def main():
             names |= {rn.split("/")[1] for rn in g if rn.startswith("kiln/")}
         shapes = sorted(names, key=lambda s: [int(t[1:]) if t[1:].isdigit() else 0 for t in s.split("_")[:3]])
         ratios = {}
+        per_round = {}  # shape -> [(kiln, oneDNN) GFLOP/s per round]
         for s in shapes:
             ks = [gflops(g, "kiln/" + s) for _, g in gemm_rounds]
             ds = [gflops(g, "onednn/" + s) for _, g in gemm_rounds]
+            per_round[s] = list(zip(ks, ds))
             kg = max([v for v in ks if v], default=None)
             dg = max([v for v in ds if v], default=None)
             ratios[s] = kg / dg if kg and dg else None
             row = "| %s | %s | %s | %s | %s |" % (s, fmt(kg), fmt(dg), pct(kg, dg), pct(kg, peak))
             if multi:
-                row += "".join(" %s |" % pct(k, d) for k, d in zip(ks, ds))
+                row += "".join(" %s |" % pct(k, d) for k, d in per_round[s])
             p(row)
         p("")
         repeated = any(e.get("run_type") == "aggregate" for _, g in gemm_rounds for e in g.values())
@@ -385,10 +387,10 @@ def main():
                 "" if not missed else " (below: %s)" % ", ".join(
                     "%s %s%%" % (s, fmt(ratios[s] * 100 if ratios[s] else None)) for s in missed)))
             if multi:
-                for name, g in gemm_rounds:
+                for i, (name, _) in enumerate(gemm_rounds):
                     below = [s for s in shapes
-                             if not (gflops(g, "kiln/" + s) and gflops(g, "onednn/" + s)
-                                     and gflops(g, "kiln/" + s) >= 0.9 * gflops(g, "onednn/" + s))]
+                             if not (per_round[s][i][0] and per_round[s][i][1]
+                                     and per_round[s][i][0] >= 0.9 * per_round[s][i][1])]
                     p("- %s alone: %s" % (name, "every shape >= 90%" if not below else
                                           "below 90%: " + ", ".join(below)))
         p("")
