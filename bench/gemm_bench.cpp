@@ -6,6 +6,16 @@
 // (medians over repetitions), with the largest difference between the two outputs as a
 // sanity check.
 //
+// Besides one benchmark per library and shape, `paired/SHAPE` alternates the two in one
+// loop, in blocks: each iteration times kiln over at least 20 ms of back-to-back calls and
+// then oneDNN over as long (oneDNN first on odd iterations), each block after the untimed
+// settling calls described at `kSettleSeconds`. Its counter `kiln/oneDNN` is the median
+// over the iterations of oneDNN's time per call over kiln's in the same iteration: above
+// 1, kiln is faster. The two blocks of an iteration run within 0.1 s of each other, so a
+// neighbour's load on this shared machine, which moves on a scale of seconds, slows both
+// alike; the libraries' separate medians, taken at different moments, carry it into their
+// ratio.
+//
 //   [KILN_BENCH_THREADS=2] gemm_bench [--benchmark_repetitions=5
 //       --benchmark_enable_random_interleaving=true] [--benchmark_filter=M2048]
 //
@@ -16,6 +26,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -23,6 +34,7 @@
 #include <ctime>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -67,9 +79,42 @@ double process_cpu_seconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-// Runs `call` in the benchmark loop and sets the GFLOP/s and GFLOP/cpu-s counters.
+// Seconds per call of `call` over back-to-back calls lasting at least `seconds`; negative
+// if a call failed.
 template <typename Call>
-void measure(benchmark::State& state, const GemmShape& s, const char* error, Call call) {
+double seconds_per_call(Call call, double seconds) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = Clock::now();
+  int64_t calls = 0;
+  double elapsed = 0;
+  do {
+    if (!call()) return -1;
+    ++calls;
+    elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+  } while (elapsed < seconds);
+  return elapsed / static_cast<double>(calls);
+}
+
+// Untimed calls before a library is timed after the other one ran: libgomp's workers (under
+// oneDNN) spin after a parallel region, on the cores kiln's next call needs, for about
+// 20 ms (GOMP_SPINCOUNT's default of 300,000 pause loops at ~140 cycles each). Measured
+// without them (one library's 5 ms right after the other's): kiln at M = 32 read 64–86%
+// of oneDNN with 1–3 ms of settling, 98–120% with 6–20 ms.
+constexpr double kSettleSeconds = 0.03;
+
+enum class Library { kKiln, kOneDnn };
+std::optional<Library> last_library;  // the library whose calls ran last
+
+// Runs `call` in the benchmark loop, after settling if the other library ran last, and
+// sets the GFLOP/s and GFLOP/cpu-s counters.
+template <typename Call>
+void measure(benchmark::State& state, const GemmShape& s, Library library, const char* error,
+             Call call) {
+  if (last_library != library && seconds_per_call(call, kSettleSeconds) < 0) {
+    state.SkipWithError(error);
+    return;
+  }
+  last_library = library;
   const double cpu0 = process_cpu_seconds();
   for (auto _ : state) {
     if (!call()) {
@@ -93,7 +138,8 @@ struct FreeDeleter {
 };
 using Floats = std::unique_ptr<float[], FreeDeleter>;
 Floats aligned_floats(int64_t count, uint32_t seed) {
-  Floats a(reinterpret_cast<float*>(kiln::rt::allocate_aligned(count * int64_t{sizeof(float)}).release()));
+  Floats a(reinterpret_cast<float*>(
+      kiln::rt::allocate_aligned(count * int64_t{sizeof(float)}).release()));
   uint32_t s = seed;
   for (int64_t i = 0; i < count; ++i) {
     s = s * 1664525u + 1013904223u;
@@ -175,13 +221,12 @@ Problem& problem_for(const GemmShape& s) {
   p->out_dims[0] = {0, i32(s.N), 1};
   p->out_dims[1] = {0, i32(s.M), i32(s.N)};
   p->x_buf = make_buffer(p->x.get(), 2, p->x_dims);
-  p->wt_buf = P ? make_buffer(p->wt_packed.get(), 3, p->wt_dims)
-                : make_buffer(p->wt.get(), 2, p->wt_dims);
+  p->wt_buf =
+      P ? make_buffer(p->wt_packed.get(), 3, p->wt_dims) : make_buffer(p->wt.get(), 2, p->wt_dims);
   p->bias_buf = make_buffer(p->bias.get(), 1, p->bias_dims);
   p->out_buf = make_buffer(p->out_kiln.get(), 2, p->out_dims);
   std::shared_ptr<JitLinear>& k = kernels[{s.K, s.N, s.relu}];
-  if (!k)
-    k = std::make_shared<JitLinear>(kiln::codegen::LinearKernel{s.K, s.N, s.relu, true, P});
+  if (!k) k = std::make_shared<JitLinear>(kiln::codegen::LinearKernel{s.K, s.N, s.relu, true, P});
   p->kernel = k;
   return *p;
 }
@@ -199,12 +244,52 @@ dnnl_status_t run_dnnl(Problem& p) {
 
 void bm_kiln(benchmark::State& state, GemmShape s) {
   Problem& p = problem_for(s);
-  measure(state, s, "kiln kernel failed", [&] { return run_kiln(p) == 0; });
+  measure(state, s, Library::kKiln, "kiln kernel failed", [&] { return run_kiln(p) == 0; });
 }
 
 void bm_dnnl(benchmark::State& state, GemmShape s) {
   Problem& p = problem_for(s);
-  measure(state, s, "dnnl_sgemm failed", [&] { return run_dnnl(p) == dnnl_success; });
+  measure(state, s, Library::kOneDnn, "dnnl_sgemm failed",
+          [&] { return run_dnnl(p) == dnnl_success; });
+}
+
+double median_of(std::vector<double> v) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
+}
+
+constexpr double kPairedBlockSeconds = 0.02;
+
+void bm_paired(benchmark::State& state, GemmShape s) {
+  Problem& p = problem_for(s);
+  const auto kiln = [&] { return run_kiln(p) == 0; };
+  const auto dnnl = [&] { return run_dnnl(p) == dnnl_success; };
+  const auto block = [&](auto call) {
+    return seconds_per_call(call, kSettleSeconds) < 0 ? -1.0
+                                                      : seconds_per_call(call, kPairedBlockSeconds);
+  };
+  std::vector<double> ratios;
+  bool kiln_first = true;
+  for (auto _ : state) {
+    double tk, td;
+    if (kiln_first) {
+      tk = block(kiln);
+      td = block(dnnl);
+    } else {
+      td = block(dnnl);
+      tk = block(kiln);
+    }
+    last_library = kiln_first ? Library::kOneDnn : Library::kKiln;
+    kiln_first = !kiln_first;
+    if (tk <= 0 || td <= 0) {
+      state.SkipWithError(tk <= 0 ? "kiln kernel failed" : "dnnl_sgemm failed");
+      return;
+    }
+    ratios.push_back(td / tk);
+  }
+  state.counters["kiln/oneDNN"] = median_of(ratios);
 }
 
 // Prints as the console reporter does and keeps each run's counters by benchmark name.
@@ -221,11 +306,7 @@ class CollectingReporter : public benchmark::ConsoleReporter {
   // The median of `counter` over `name`'s runs; NaN if none ran.
   double median(const std::string& name, const std::string& counter) const {
     auto it = values_.find({name, counter});
-    if (it == values_.end() || it->second.empty()) return NAN;
-    std::vector<double> v = it->second;
-    std::sort(v.begin(), v.end());
-    const size_t h = v.size() / 2;
-    return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
+    return it == values_.end() ? NAN : median_of(it->second);
   }
 
  private:
@@ -271,23 +352,29 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(("onednn/" + shape_name(s)).c_str(), bm_dnnl, s)
         ->UseRealTime()
         ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("paired/" + shape_name(s)).c_str(), bm_paired, s)
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
   }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   CollectingReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
 
-  std::printf("\n%-22s %25s %8s %25s %8s %10s\n", "", "GFLOP/s (wall)", "", "GFLOP/cpu-s", "", "");
-  std::printf("%-22s %12s %12s %8s %12s %12s %8s %10s\n", "shape", "kiln", "oneDNN", "ratio",
-              "kiln", "oneDNN", "ratio", "max |diff|");
+  std::printf("\n%-22s %25s %8s %25s %8s %8s %10s\n", "", "GFLOP/s (wall)", "", "GFLOP/cpu-s", "",
+              "paired", "");
+  std::printf("%-22s %12s %12s %8s %12s %12s %8s %8s %10s\n", "shape", "kiln", "oneDNN", "ratio",
+              "kiln", "oneDNN", "ratio", "ratio", "max |diff|");
   for (const GemmShape& s : shapes) {
     const std::string kiln = "kiln/" + shape_name(s), dnnl = "onednn/" + shape_name(s);
     const double kw = reporter.median(kiln, "GFLOP/s"), dw = reporter.median(dnnl, "GFLOP/s");
     const double kc = reporter.median(kiln, "GFLOP/cpu-s");
     const double dc = reporter.median(dnnl, "GFLOP/cpu-s");
-    if (std::isnan(kw) && std::isnan(dw)) continue;  // filtered out
-    std::printf("%-22s %12.1f %12.1f %7.1f%% %12.1f %12.1f %7.1f%% %10.3g\n", shape_name(s).c_str(),
-                kw, dw, 100.0 * kw / dw, kc, dc, 100.0 * kc / dc, max_difference(problem_for(s)));
+    const double pr = reporter.median("paired/" + shape_name(s), "kiln/oneDNN");
+    if (std::isnan(kw) && std::isnan(dw) && std::isnan(pr)) continue;  // filtered out
+    std::printf("%-22s %12.1f %12.1f %7.1f%% %12.1f %12.1f %7.1f%% %7.1f%% %10.3g\n",
+                shape_name(s).c_str(), kw, dw, 100.0 * kw / dw, kc, dc, 100.0 * kc / dc, 100.0 * pr,
+                max_difference(problem_for(s)));
   }
   benchmark::Shutdown();
   return 0;

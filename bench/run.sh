@@ -160,7 +160,8 @@ for r in $(seq 1 "$ROUNDS"); do
     log "round $r: gemm_bench (kiln linear kernel vs oneDNN)"
     # Many short repetitions in random order, medians reported: the shared machine's load
     # moves within seconds, and a single long run per shape lets one burst decide a ratio.
-    # Once per round, like the model workloads: report.py takes each library's best round.
+    # Once per round, like the model workloads: report.py takes each library's best round
+    # of GFLOP/s, and the median of the paired ratios (paired/SHAPE) over both rounds.
     "$BUILD/bench/gemm_bench" --benchmark_min_time=0.05 --benchmark_repetitions=20 \
       --benchmark_enable_random_interleaving=true \
       --benchmark_out="$R/gemm.json" --benchmark_out_format=json \
