@@ -22,6 +22,13 @@
 // `prefetchnta` (rw 0, locality 0), which fills L1 but not L2, so the row blocks after the
 // first miss the panel in L2; and for these footprints it steps by a whole panel row (256
 // bytes) per cache line, prefetching one line in four. Measured 4–5× slower (one thread).
+// Viewing the packed weight as 4-D (16 floats, 4, K, N/64) did not change that stepping,
+// and the K-chunks of 4 rows it would need (all row blocks per chunk, so that the lines
+// are used from L1) ran at 75–83% of this schedule without any prefetch. Also slower at
+// M = 32 (one thread, against the 4 × 4 blocks below): register blocks of 1 vector × 16
+// rows (63–68%) or 2 × 8 (78–91%), and copying each packed panel before use (78–92%).
+// Single-threaded, M = 32, N = 32000 runs at about the sum of streaming its 65 MB (16 GB/s
+// on one core) and its compute from L2; oneDNN is at the same rate.
 #include <algorithm>
 
 #include "codegen/halide_kernels.h"
