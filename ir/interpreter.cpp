@@ -841,11 +841,11 @@ class Interpreter {
       if (!valid(id) || !defined[id]) invalid(fmt::format("returns undefined value {}", id));
   }
 
-  // Names values as the printer does: the value's name, or '%N' for the N-th unnamed one.
+  // Names values as the printer does, but a named value without its '%' ('src', '%3').
   void name_values() {
     names_ = value_names(f_);
     for (size_t i = 0; i < names_.size(); ++i)
-      if (f_.values[i].name.empty()) names_[i] = "%" + names_[i];
+      if (!f_.values[i].name.empty()) names_[i] = f_.values[i].name;
   }
 
   // 'src', or '%3' for an unnamed value.

@@ -49,8 +49,10 @@ std::vector<std::string> value_names(const Function& f) {
   };
   for (ValueId p : f.params) assign(p);
   for (const Op& op : f.ops) assign(op.result);
-  for (size_t i = 0; i < names.size(); ++i)
+  for (size_t i = 0; i < names.size(); ++i) {
     if (names[i].empty()) names[i] = f.values[i].name.empty() ? "?" + std::to_string(i) : f.values[i].name;
+    names[i] = "%" + names[i];
+  }
   return names;
 }
 
@@ -79,7 +81,7 @@ std::string print_function(const Module&, const Function& f, int indent) {
   std::string out = pad + "func @" + f.name + "(";
   for (size_t i = 0; i < f.params.size(); ++i) {
     if (i) out += ", ";
-    out += "%" + names[f.params[i]] + ": " + to_string(f.type(f.params[i]));
+    out += names[f.params[i]] + ": " + to_string(f.type(f.params[i]));
   }
   out += ") -> (";
   for (size_t i = 0; i < f.results.size(); ++i) {
@@ -90,17 +92,17 @@ std::string print_function(const Module&, const Function& f, int indent) {
   if (f.arena_bytes >= 0) out += " arena " + std::to_string(f.arena_bytes);
   out += " {\n";
   for (const Op& op : f.ops) {
-    out += pad + "  %" + names[op.result] + " = " + op_name(op.kind) + "(";
+    out += pad + "  " + names[op.result] + " = " + op_name(op.kind) + "(";
     for (size_t i = 0; i < op.operands.size(); ++i) {
       if (i) out += ", ";
-      out += "%" + names[op.operands[i]];
+      out += names[op.operands[i]];
     }
     out += ")" + print_attrs(op.attrs) + " : " + to_string(f.type(op.result));
     if (op.arena_offset >= 0) out += " at " + std::to_string(op.arena_offset);
     out += "\n";
   }
   out += pad + "  return";
-  for (size_t i = 0; i < f.results.size(); ++i) out += (i ? ", %" : " %") + names[f.results[i]];
+  for (size_t i = 0; i < f.results.size(); ++i) out += (i ? ", " : " ") + names[f.results[i]];
   out += "\n" + pad + "}\n";
   return out;
 }

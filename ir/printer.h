@@ -49,8 +49,8 @@ std::string print_module(const Module& module);
 std::string print_function(const Module& module, const Function& function, int indent = 2);
 std::string print_attr_value(const AttrValue& value);
 
-// Each value's name as the text form shows it (without '%'): its own name, or its number
-// among the unnamed values (parameters first, then op results in order).
+// Each value's name as the text form shows it: '%' and its own name, or its number among
+// the unnamed values (parameters first, then op results in order).
 std::vector<std::string> value_names(const Function& function);
 
 }  // namespace kiln::ir

@@ -92,13 +92,6 @@ std::vector<int> last_reads(const ir::Function& f) {
   return last;
 }
 
-// Names as the printer shows them, with their '%'.
-std::vector<std::string> display_names(const ir::Function& f) {
-  std::vector<std::string> names = ir::value_names(f);
-  for (std::string& name : names) name = "%" + name;
-  return names;
-}
-
 struct Block {
   int64_t offset;
   int64_t size;
@@ -184,7 +177,7 @@ bool plan_memory(ir::Module& module) {
 // overlap test, so that a bug in the planner is not repeated here.
 std::vector<std::string> check_memory_plan(const ir::Module& module, const ir::Function& f) {
   std::vector<std::string> errors;
-  const std::vector<std::string> names = display_names(f);
+  const std::vector<std::string> names = ir::value_names(f);
   auto describe = [&](size_t i) {
     return fmt::format("{} (op {}, {})", names[f.ops[i].result], i, ir::op_name(f.ops[i].kind));
   };
@@ -287,7 +280,7 @@ int64_t sum_of_intermediates(const ir::Module& module, const ir::Function& funct
 
 std::string memory_report(const ir::Module& module, const ir::Function& f) {
   const std::vector<int> last = last_reads(f);
-  const std::vector<std::string> names = display_names(f);
+  const std::vector<std::string> names = ir::value_names(f);
   std::vector<bool> is_result(f.values.size(), false);
   for (ir::ValueId r : f.results) is_result[r] = true;
 

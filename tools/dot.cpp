@@ -31,13 +31,6 @@ bool is_fused(ir::OpKind kind) {
          kind == ir::OpKind::add_layernorm;
 }
 
-// Names as the printer shows them, with their '%'.
-std::vector<std::string> display_names(const ir::Function& f) {
-  std::vector<std::string> names = ir::value_names(f);
-  for (std::string& name : names) name = "%" + name;
-  return names;
-}
-
 // The attributes worth showing in a label: a weight's name, a constant's value.
 std::string detail(const ir::Op& op) {
   if (op.kind == ir::OpKind::weight && op.has_attr("name")) return op.str_attr("name");
@@ -56,7 +49,7 @@ std::string detail(const ir::Op& op) {
 }  // namespace
 
 std::string to_dot(const ir::Module& module, const ir::Function& f) {
-  const std::vector<std::string> names = display_names(f);
+  const std::vector<std::string> names = ir::value_names(f);
   // The node of each value: a parameter's or its defining op's.
   std::vector<std::string> node(f.values.size());
   for (size_t i = 0; i < f.params.size(); ++i) node[f.params[i]] = fmt::format("p{}", i);
