@@ -299,12 +299,12 @@ class Lowerer {
           View out = output_view(op);
           rt::StepDesc s{kernel_index(k), fmt::format("linear %{}", op.result), {}};
           s.args.push_back(rows_view(view_of(op.operands[0], op), "input", op));
-          const std::vector<ir::Dim> stored =
-              k.panel ? std::vector<ir::Dim>{ir::Dim::constant(N / k.panel), ir::Dim::constant(K),
-                                            ir::Dim::constant(k.panel)}
-                      : std::vector<ir::Dim>{wt.shape[1], wt.shape[0]};
-          View wv = dense_view(ir::TensorType{ir::DType::f32, stored}, Storage::weight,
-                               weight_index(w->str_attr("name"), true, k.panel), 0);
+          // The weight as stored (weight_index lays it out): [K, N] or [N/panel, K, panel].
+          const int32_t wi = weight_index(w->str_attr("name"), true, k.panel);
+          std::vector<ir::Dim> stored;
+          for (int64_t d : out_.plan.weights[static_cast<size_t>(wi)].shape)
+            stored.push_back(ir::Dim::constant(d));
+          View wv = dense_view(ir::TensorType{ir::DType::f32, stored}, Storage::weight, wi, 0);
           s.args.push_back(wv.halide());
           if (k.has_bias) s.args.push_back(view_of(op.operands[2], op).halide());
           s.args.push_back(rows_view(out, "output", op));
