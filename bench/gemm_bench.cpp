@@ -47,6 +47,7 @@
 #include "codegen/halide_kernels.h"
 #include "codegen/kernels.h"
 #include "runtime/plan.h"
+#include "tests/noise.h"
 
 namespace {
 
@@ -130,21 +131,15 @@ void measure(benchmark::State& state, const GemmShape& s, Library library, const
       benchmark::Counter(cpu > 0 ? gflop * static_cast<double>(state.iterations()) / cpu : 0);
 }
 
-// A float array allocated as kiln's runtime allocates its weights and arena
+// A float array of noise allocated as kiln's runtime allocates its weights and arena
 // (rt::allocate_aligned: from 2 MiB on, 2 MiB aligned on transparent huge pages). Both
 // libraries get their operands this way.
-struct FreeDeleter {
-  void operator()(float* p) const { std::free(p); }
-};
-using Floats = std::unique_ptr<float[], FreeDeleter>;
+using Floats = std::unique_ptr<float[], kiln::rt::FreeDeleter>;
 Floats aligned_floats(int64_t count, uint32_t seed) {
   Floats a(reinterpret_cast<float*>(
       kiln::rt::allocate_aligned(count * int64_t{sizeof(float)}).release()));
-  uint32_t s = seed;
-  for (int64_t i = 0; i < count; ++i) {
-    s = s * 1664525u + 1013904223u;
-    a[i] = static_cast<float>(s >> 8) / static_cast<float>(1 << 23) - 1.0f;
-  }
+  const std::vector<float> values = kiln::testing::noise(static_cast<size_t>(count), seed);
+  std::copy(values.begin(), values.end(), a.get());
   return a;
 }
 
