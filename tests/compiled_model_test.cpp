@@ -2,7 +2,6 @@
 // application would: outputs match PyTorch's and the interpreter's, bad inputs and bad
 // weights get clear errors.
 #include <cmath>
-#include <cstring>
 #include <string>
 
 #include <gmock/gmock.h>
@@ -100,9 +99,7 @@ TEST(CompiledVsInterpreter, PackedWeights) {
   for (const ir::Weight& w : m.weights) {
     if (w.derivation) continue;  // built by the runtime from the plain ones
     const ir::Tensor& t = wm.at(w.name);
-    rt::TensorData d{w.name, rt::DType::f32, t.shape, std::vector<uint8_t>(t.f.size() * 4)};
-    std::memcpy(d.data.data(), t.f.data(), d.data.size());
-    tensors.push_back(std::move(d));
+    tensors.push_back(rt::make_f32(w.name, t.shape, t.f));
   }
   const std::string path = ::testing::TempDir() + "compiled_wide.safetensors";
   rt::write_safetensors(path, tensors);
