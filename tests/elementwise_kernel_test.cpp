@@ -34,7 +34,7 @@ using ir::OpKind;
 
 using jit::JitKernel;
 using jit::kAvx2Target;
-Halide::Target target_of(const std::string& name) { return jit::target_named(name); }
+using jit::target_named;
 
 // ---------------------------------------------------------------------------------
 // Kernel specs
@@ -252,7 +252,7 @@ ir::Tensor choice_f32(std::mt19937& rng, std::vector<int64_t> shape,
 
 class ElementwiseKernelTest : public ::testing::TestWithParam<std::string> {
  protected:
-  Halide::Target target() const { return target_of(GetParam()); }
+  Halide::Target target() const { return target_named(GetParam()); }
   JitKernel jit(const ElementwiseKernel& spec) const {
     return JitKernel(codegen::build_elementwise(spec, target()), target());
   }

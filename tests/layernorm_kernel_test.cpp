@@ -24,7 +24,7 @@ namespace {
 
 using jit::JitKernel;
 using jit::kAvx2Target;
-Halide::Target target_of(const std::string& name) { return jit::target_named(name); }
+using jit::target_named;
 
 // A [rows × d] matrix of random values in a Halide buffer (c, r) whose rows are `stride`
 // floats apart (stride >= d), and the same values as an IR tensor. The padding is NaN,
@@ -118,7 +118,7 @@ class LayerNormKernelTest : public ::testing::TestWithParam<Params> {};
 
 TEST_P(LayerNormKernelTest, MatchesInterpreter) {
   const Params& p = GetParam();
-  const Halide::Target target = target_of(p.target);
+  const Halide::Target target = target_named(p.target);
   const double eps = 1e-5;
   const codegen::LayerNormKernel spec{p.d, eps, p.with_add};
   const JitKernel kernel(codegen::build_layernorm(spec, target), target);
@@ -135,7 +135,7 @@ TEST_P(LayerNormKernelTest, MatchesInterpreter) {
 // and a plain float mean would cost about ulp(100) / spread.
 TEST_P(LayerNormKernelTest, LargeMeanSmallSpread) {
   const Params& p = GetParam();
-  const Halide::Target target = target_of(p.target);
+  const Halide::Target target = target_named(p.target);
   const codegen::LayerNormKernel spec{p.d, 1e-5, p.with_add};
   const JitKernel kernel(codegen::build_layernorm(spec, target), target);
   EXPECT_LE(max_error(kernel, p.d, p.with_add, 1e-5, 33, 99.0f, 101.0f, 3), 1e-5f);
@@ -145,7 +145,7 @@ TEST_P(LayerNormKernelTest, LargeMeanSmallSpread) {
 // past the buffer.
 TEST_P(LayerNormKernelTest, RejectsShortInput) {
   const Params& p = GetParam();
-  const Halide::Target target = target_of(p.target);
+  const Halide::Target target = target_named(p.target);
   const codegen::LayerNormKernel spec{p.d, 1e-5, p.with_add};
   const JitKernel kernel(codegen::build_layernorm(spec, target), target);
   const int d = static_cast<int>(p.d);
