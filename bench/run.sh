@@ -4,8 +4,8 @@
 #   checkpoint / ONNX files / PyTorch reference (cached in $KILN_BENCH_CACHE), times
 #   `kiln compile` of the base model, then runs kiln + peak, PyTorch eager and ONNX Runtime
 #   one after the other (in rounds; each also reports its load time and memory), and
-#   gemm_bench (kiln vs oneDNN; medians of 20 interleaved repetitions) in every round, and prints
-#   the table (bench/report.py).
+#   gemm_bench (kiln vs oneDNN: medians of 20 interleaved repetitions, and paired ratios)
+#   in every round, and prints the table (bench/report.py).
 #   Results: $KILN_BENCH_CACHE/results/ (round*/ per round).
 #
 #   bench/run.sh
@@ -161,7 +161,7 @@ for r in $(seq 1 "$ROUNDS"); do
     # Many short repetitions in random order, medians reported: the shared machine's load
     # moves within seconds, and a single long run per shape lets one burst decide a ratio.
     # Once per round, like the model workloads: report.py takes each library's best round
-    # of GFLOP/s, and the median of the paired ratios (paired/SHAPE) over both rounds.
+    # of GFLOP/s, and the median of the paired ratios (paired/SHAPE) over every round.
     "$BUILD/bench/gemm_bench" --benchmark_min_time=0.05 --benchmark_repetitions=20 \
       --benchmark_enable_random_interleaving=true \
       --benchmark_out="$R/gemm.json" --benchmark_out_format=json \
