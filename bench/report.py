@@ -43,26 +43,23 @@ def gbench_entries(doc):
     return out
 
 
-def gbench_min_ms(doc, prefix):
-    """The fastest single repetition of a benchmark (its JSON has every repetition)."""
-    best = None
+def gbench_repetitions(doc, prefix):
+    """Every repetition of a benchmark (not the aggregates), errors left out."""
     for b in (doc or {}).get("benchmarks", []):
         rn = b.get("run_name", b["name"])
         if (rn == prefix or rn.startswith(prefix + "/")) and b.get("run_type") == "iteration" \
                 and not b.get("error_occurred"):
-            best = to_ms(b) if best is None else min(best, to_ms(b))
-    return best
+            yield b
+
+
+def gbench_min_ms(doc, prefix):
+    """The fastest single repetition of a benchmark (its JSON has every repetition)."""
+    return best_of(to_ms(b) for b in gbench_repetitions(doc, prefix))
 
 
 def gbench_values(doc, prefix, counter):
-    """`counter` of every repetition of a benchmark (not the aggregates), errors left out."""
-    values = []
-    for b in (doc or {}).get("benchmarks", []):
-        rn = b.get("run_name", b["name"])
-        if (rn == prefix or rn.startswith(prefix + "/")) and b.get("run_type") == "iteration" \
-                and not b.get("error_occurred") and b.get(counter) is not None:
-            values.append(b[counter])
-    return values
+    """`counter` of every repetition of a benchmark."""
+    return [b[counter] for b in gbench_repetitions(doc, prefix) if b.get(counter) is not None]
 
 
 def median(values):
