@@ -24,8 +24,8 @@
 // Timing: one call per iteration through the C ABI (kiln_model_run) into output buffers
 // allocated before the timed loop: the model's time, not the C++ wrapper's allocation
 // and zero-fill of a fresh result (forward() allocates 16·128·32000 floats = 262 MB for
-// W2). One untimed warm-up call per workload first. Wall-clock time (UseRealTime): the kernels run on
-// several threads.
+// W2). One untimed warm-up call per workload first. Wall-clock time (UseRealTime): the kernels run
+// on several threads.
 #include <benchmark/benchmark.h>
 #include <sys/resource.h>
 
@@ -68,17 +68,18 @@ constexpr int64_t kSrcVocab = 32000, kTgtVocabI = 32000, kPadId = 0;
 // W1 ≈ 3.905 GFLOP, W2 ≈ 257.16 GFLOP, W4 ≈ 51.54 GFLOP.
 double encoder_flops(double B, double S) {
   const double n = B * S;
-  const double linear = 2 * n * kDModel * 3 * kDModel + 2 * n * kDModel * kDModel + 2 * n * kDModel * kDff +
-                        2 * n * kDff * kDModel;
+  const double linear = 2 * n * kDModel * 3 * kDModel + 2 * n * kDModel * kDModel +
+                        2 * n * kDModel * kDff + 2 * n * kDff * kDModel;
   const double attention = 2 * 2 * B * kHeads * S * S * kDk;
   return kEncLayers * (linear + attention);
 }
 
 double decoder_flops(double B, double S, double T) {
   const double n = B * S, m = B * T;
-  const double self = 2 * m * kDModel * 3 * kDModel + 2 * m * kDModel * kDModel + 2 * 2 * B * kHeads * T * T * kDk;
-  const double cross = 2 * m * kDModel * kDModel + 2 * n * kDModel * 2 * kDModel + 2 * m * kDModel * kDModel +
-                       2 * 2 * B * kHeads * T * S * kDk;
+  const double self =
+      2 * m * kDModel * 3 * kDModel + 2 * m * kDModel * kDModel + 2 * 2 * B * kHeads * T * T * kDk;
+  const double cross = 2 * m * kDModel * kDModel + 2 * n * kDModel * 2 * kDModel +
+                       2 * m * kDModel * kDModel + 2 * 2 * B * kHeads * T * S * kDk;
   const double ffn = 2 * m * kDModel * kDff + 2 * m * kDff * kDModel;
   return kDecLayers * (self + cross + ffn);
 }
@@ -91,7 +92,8 @@ struct Workload {
   int64_t batch, src_len, tgt_len;
   uint64_t seed;
   double flops() const {
-    const double B = static_cast<double>(batch), S = static_cast<double>(src_len), T = static_cast<double>(tgt_len);
+    const double B = static_cast<double>(batch), S = static_cast<double>(src_len),
+                 T = static_cast<double>(tgt_len);
     if (std::string(function) == "encode") return encoder_flops(B, S);
     return encoder_flops(B, S) + decoder_flops(B, S, T) + generator_flops(B, T);
   }
@@ -139,14 +141,17 @@ Loaded& loaded() {
     Loaded r;
     const char* path = std::getenv("KILN_BENCH_WEIGHTS");
     if (!path || !*path) {
-      r.error = "KILN_BENCH_WEIGHTS is not set: point it at a base-config safetensors checkpoint "
-                "(bench/peers.py --weights-out writes one; bench/run.sh does it all)";
+      r.error =
+          "KILN_BENCH_WEIGHTS is not set: point it at a base-config safetensors checkpoint "
+          "(bench/peers.py --weights-out writes one; bench/run.sh does it all)";
       return r;
     }
     try {
       const auto start = std::chrono::steady_clock::now();
       r.model = std::make_unique<kiln_models::bench_base>(path);
-      r.load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+      r.load_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count();
       r.rss_after_load_mib = rss_mib();
       r.model->set_num_threads(bench_threads());
       std::atexit(write_memory_report);
@@ -165,8 +170,8 @@ void write_memory_report() {
   getrusage(RUSAGE_SELF, &usage);
   if (std::FILE* f = std::fopen(out, "w")) {
     const Loaded& l = loaded();
-    std::fprintf(f, "{\"load_ms\": %.1f, \"rss_after_load_mib\": %.1f, \"peak_rss_mib\": %.1f}\n", l.load_ms,
-                 l.rss_after_load_mib, static_cast<double>(usage.ru_maxrss) / 1024.0);
+    std::fprintf(f, "{\"load_ms\": %.1f, \"rss_after_load_mib\": %.1f, \"peak_rss_mib\": %.1f}\n",
+                 l.load_ms, l.rss_after_load_mib, static_cast<double>(usage.ru_maxrss) / 1024.0);
     std::fclose(f);
   }
 }
@@ -193,7 +198,8 @@ struct Call {
     const int n = kiln_model_num_outputs(m, function);
     if (n < 0) return std::string("the model has no entry point '") + function + "'";
     outputs.assign(static_cast<size_t>(n), kiln_tensor{});
-    if (kiln_model_output_shapes(m, function, inputs.data(), inputs.size(), outputs.data(), outputs.size()) != 0)
+    if (kiln_model_output_shapes(m, function, inputs.data(), inputs.size(), outputs.data(),
+                                 outputs.size()) != 0)
       return kiln_model_error(m);
     buffers.resize(outputs.size());
     for (size_t i = 0; i < outputs.size(); ++i) {
@@ -205,7 +211,8 @@ struct Call {
     return "";
   }
   int run(kiln_model* m, const char* function) {
-    return kiln_model_run(m, function, inputs.data(), inputs.size(), outputs.data(), outputs.size());
+    return kiln_model_run(m, function, inputs.data(), inputs.size(), outputs.data(),
+                          outputs.size());
   }
   bool finite() const {
     for (const auto& b : buffers)
@@ -225,7 +232,8 @@ void BM_workload(benchmark::State& state, const Workload& w) {
   std::mt19937_64 rng(w.seed);
   Call call;
   call.ids.push_back(random_ids(rng, w.batch * w.src_len, kSrcVocab));
-  if (std::string(w.function) == "forward") call.ids.push_back(random_ids(rng, w.batch * w.tgt_len, kTgtVocabI));
+  if (std::string(w.function) == "forward")
+    call.ids.push_back(random_ids(rng, w.batch * w.tgt_len, kTgtVocabI));
   call.inputs.push_back(make_input(call.ids[0], w.batch, w.src_len));
   if (call.ids.size() > 1) call.inputs.push_back(make_input(call.ids[1], w.batch, w.tgt_len));
   if (std::string err = call.prepare(m, w.function); !err.empty()) {
@@ -252,7 +260,8 @@ void BM_workload(benchmark::State& state, const Workload& w) {
     }
     benchmark::ClobberMemory();
   }
-  state.counters["GFLOP/s"] = benchmark::Counter(w.flops() / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(w.flops() / 1e9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["GFLOP"] = w.flops() / 1e9;
   state.counters["threads"] = bench_threads();
 }
@@ -264,7 +273,8 @@ void BM_check(benchmark::State& state) {
   const char* ref = std::getenv("KILN_BENCH_REFERENCE");
   Loaded& l = loaded();
   if (!ref || !*ref) {
-    state.SkipWithError("KILN_BENCH_REFERENCE is not set (bench/peers.py --reference-out writes it)");
+    state.SkipWithError(
+        "KILN_BENCH_REFERENCE is not set (bench/peers.py --reference-out writes it)");
     return;
   }
   if (!l.model) {
@@ -279,7 +289,8 @@ void BM_check(benchmark::State& state) {
     auto want64 = kiln::read_tensor<float>(ref, "logits_f64");
     for (auto _ : state) {
       kiln::Tensor<float> got = l.model->forward(src, tgt);
-      if (got.shape != want.shape) throw std::runtime_error("kiln's logits have another shape than PyTorch's");
+      if (got.shape != want.shape)
+        throw std::runtime_error("kiln's logits have another shape than PyTorch's");
       err = err64 = 0;
       for (size_t i = 0; i < got.data.size(); ++i) {
         err = std::max(err, std::abs(static_cast<double>(got.data[i]) - want.data[i]));
@@ -301,7 +312,9 @@ const bool registered = [] {
     benchmark::RegisterBenchmark(w.name, [&w](benchmark::State& s) { BM_workload(s, w); })
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("check_vs_pytorch", BM_check)->Iterations(1)->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("check_vs_pytorch", BM_check)
+      ->Iterations(1)
+      ->Unit(benchmark::kMillisecond);
   return true;
 }();
 

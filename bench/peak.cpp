@@ -31,12 +31,14 @@ void BM_peak(benchmark::State& state) {
   for (auto _ : state) {
     std::vector<std::thread> pool;
     for (int t = 0; t < threads; ++t)
-      pool.emplace_back([&, t] { sink[t] = avx512 ? fma_loop_avx512(kRounds) : fma_loop_avx2(kRounds); });
+      pool.emplace_back(
+          [&, t] { sink[t] = avx512 ? fma_loop_avx512(kRounds) : fma_loop_avx2(kRounds); });
     for (auto& th : pool) th.join();
     benchmark::DoNotOptimize(sink.data());
   }
   const double gflop = flops_per_round * static_cast<double>(kRounds) * threads / 1e9;
-  state.counters["GFLOP/s"] = benchmark::Counter(gflop, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(gflop, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["threads"] = threads;
   state.SetLabel(std::string(avx512 ? "avx512 zmm" : "avx2 ymm") + ", " + std::to_string(threads) +
                  " threads, " + std::to_string(kPeakAccumulators) + " accumulators");

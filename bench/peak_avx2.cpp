@@ -36,8 +36,9 @@ float fma_loop_avx2(int64_t iters) {
   }
   __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3)),
                            _mm256_add_ps(_mm256_add_ps(c4, c5), _mm256_add_ps(c6, c7)));
-  s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c8, c9), _mm256_add_ps(c10, c11)),
-                                     _mm256_add_ps(_mm256_add_ps(c12, c13), _mm256_add_ps(c14, c15))));
+  s = _mm256_add_ps(s,
+                    _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c8, c9), _mm256_add_ps(c10, c11)),
+                                  _mm256_add_ps(_mm256_add_ps(c12, c13), _mm256_add_ps(c14, c15))));
   alignas(32) float v[8];
   _mm256_store_ps(v, s);
   return v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];

@@ -36,8 +36,9 @@ float fma_loop_avx512(int64_t iters) {
   }
   __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)),
                            _mm512_add_ps(_mm512_add_ps(c4, c5), _mm512_add_ps(c6, c7)));
-  s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c8, c9), _mm512_add_ps(c10, c11)),
-                                     _mm512_add_ps(_mm512_add_ps(c12, c13), _mm512_add_ps(c14, c15))));
+  s = _mm512_add_ps(s,
+                    _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c8, c9), _mm512_add_ps(c10, c11)),
+                                  _mm512_add_ps(_mm512_add_ps(c12, c13), _mm512_add_ps(c14, c15))));
   return _mm512_reduce_add_ps(s);
 }
 

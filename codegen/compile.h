@@ -19,7 +19,7 @@ namespace kiln::codegen {
 struct CompileOptions {
   std::string target = "host";  // a Halide target string
   std::string out_dir = ".";
-  std::string name;             // library name; default: the module's name
+  std::string name;  // library name; default: the module's name
   bool emit_static = true;
   bool emit_shared = false;
   bool emit_ir = false;

@@ -72,14 +72,14 @@ struct ElementwiseKernel {
   // "input" (a buffer argument), or "constant".
   struct Node {
     std::string op;
-    std::vector<int> operands;     // node indices, each < this node's index
+    std::vector<int> operands;  // node indices, each < this node's index
     Dtype dtype = Dtype::f32;
-    int rank = 0;                  // of this node's value
-    std::vector<bool> broadcast;   // per dim (IR order): extent 1 broadcast to output
-    int input = -1;                // for "input": index among the kernel's buffer inputs
-    double value = 0;              // for "constant"
-    int64_t axis = 0;              // for "iota"
-    int64_t table_rows = 0;        // for "gather": rows of the table (ids are clamped)
+    int rank = 0;                 // of this node's value
+    std::vector<bool> broadcast;  // per dim (IR order): extent 1 broadcast to output
+    int input = -1;               // for "input": index among the kernel's buffer inputs
+    double value = 0;             // for "constant"
+    int64_t axis = 0;             // for "iota"
+    int64_t table_rows = 0;       // for "gather": rows of the table (ids are clamped)
   };
   std::vector<Node> nodes;  // the last node is the output
   int out_rank = 0;

@@ -21,19 +21,26 @@ using rt::Storage;
 
 ElemType elem_type(ir::DType d) {
   switch (d) {
-    case ir::DType::f32: return ElemType::f32;
-    case ir::DType::i64: return ElemType::i64;
-    case ir::DType::boolean: return ElemType::u8;
-    case ir::DType::i32: break;
+    case ir::DType::f32:
+      return ElemType::f32;
+    case ir::DType::i64:
+      return ElemType::i64;
+    case ir::DType::boolean:
+      return ElemType::u8;
+    case ir::DType::i32:
+      break;
   }
   fail("compiled code does not support {} tensors yet", ir::dtype_name(d));
 }
 
 ElementwiseKernel::Dtype node_dtype(ir::DType d) {
   switch (elem_type(d)) {
-    case ElemType::f32: return ElementwiseKernel::Dtype::f32;
-    case ElemType::i64: return ElementwiseKernel::Dtype::i64;
-    case ElemType::u8: return ElementwiseKernel::Dtype::u8;
+    case ElemType::f32:
+      return ElementwiseKernel::Dtype::f32;
+    case ElemType::i64:
+      return ElementwiseKernel::Dtype::i64;
+    case ElemType::u8:
+      return ElementwiseKernel::Dtype::u8;
   }
   return ElementwiseKernel::Dtype::f32;
 }
@@ -96,7 +103,8 @@ class Lowerer {
     return m_.find_symbol(d.symbol)->max;
   }
 
-  View dense_view(const ir::TensorType& t, Storage storage, int32_t index, int64_t byte_offset) const {
+  View dense_view(const ir::TensorType& t, Storage storage, int32_t index,
+                  int64_t byte_offset) const {
     View v;
     v.storage = storage;
     v.index = index;
@@ -125,7 +133,8 @@ class Lowerer {
     };
     if (w->derivation) {
       if (w->derivation->op != "concat" ||
-          (w->derivation->attrs.count("axis") && std::get<int64_t>(w->derivation->attrs.at("axis")) != 0))
+          (w->derivation->attrs.count("axis") &&
+           std::get<int64_t>(w->derivation->attrs.at("axis")) != 0))
         fail("weight '{}': only concatenation along axis 0 is supported at load time", name);
       for (const std::string& in : w->derivation->inputs) {
         d.sources.push_back(in);
@@ -151,7 +160,8 @@ class Lowerer {
 
   int32_t table_index(int64_t rows, int64_t dim) {
     for (size_t i = 0; i < out_.plan.tables.size(); ++i)
-      if (out_.plan.tables[i].rows == rows && out_.plan.tables[i].dim == dim) return static_cast<int32_t>(i);
+      if (out_.plan.tables[i].rows == rows && out_.plan.tables[i].dim == dim)
+        return static_cast<int32_t>(i);
     out_.plan.tables.push_back({"sinusoid", rows, dim});
     return static_cast<int32_t>(out_.plan.tables.size() - 1);
   }
@@ -221,10 +231,13 @@ class Lowerer {
     // Where a computed value is written.
     auto output_view = [&](const ir::Op& op) {
       auto r = result_index.find(op.result);
-      if (r != result_index.end()) return dense_view(f.type(op.result), Storage::result, r->second, 0);
+      if (r != result_index.end())
+        return dense_view(f.type(op.result), Storage::result, r->second, 0);
       if (op.arena_offset < 0)
-        fail("function '{}': %{} ({}) has no arena offset: run the default pipeline before compiling",
-             f.name, op.result, ir::op_name(op.kind));
+        fail(
+            "function '{}': %{} ({}) has no arena offset: run the default pipeline before "
+            "compiling",
+            f.name, op.result, ir::op_name(op.kind));
       return dense_view(f.type(op.result), Storage::arena, 0, op.arena_offset);
     };
     auto view_of = [&](ir::ValueId v, const ir::Op& user) -> const View& {
@@ -257,11 +270,13 @@ class Lowerer {
       const ir::TensorType& type = f.type(op.result);
       switch (op.kind) {
         case OpKind::weight:
-          views[op.result] = dense_view(type, Storage::weight, weight_index(op.str_attr("name"), false), 0);
+          views[op.result] =
+              dense_view(type, Storage::weight, weight_index(op.str_attr("name"), false), 0);
           continue;
         case OpKind::reshape: {
           const View& src = view_of(op.operands[0], op);
-          if (!src.dense()) fail("function '{}': reshape of a strided view is not supported", f.name);
+          if (!src.dense())
+            fail("function '{}': reshape of a strided view is not supported", f.name);
           View v = dense_view(type, src.storage, src.index, src.byte_offset);
           v.elem_offset = src.elem_offset;
           views[op.result] = v;
@@ -284,7 +299,8 @@ class Lowerer {
           continue;
         }
         case OpKind::sinusoid_table: {
-          View v = dense_view(type, Storage::table, table_index(dim_max(type.shape[0]), type.shape[1].value), 0);
+          View v = dense_view(type, Storage::table,
+                              table_index(dim_max(type.shape[0]), type.shape[1].value), 0);
           views[op.result] = v;
           continue;
         }
@@ -316,9 +332,12 @@ class Lowerer {
           const ir::TensorType& q = f.type(op.operands[0]);
           const ir::TensorType& v = f.type(op.operands[2]);
           int64_t heads = op.int_attr("heads");
-          AttentionKernel k{heads, q.shape[2].value / heads, v.shape[2].value / heads,
+          AttentionKernel k{heads,
+                            q.shape[2].value / heads,
+                            v.shape[2].value / heads,
                             op.has_attr("causal") && op.int_attr("causal") == 1,
-                            op.operands.size() == 4, op.float_attr("scale")};
+                            op.operands.size() == 4,
+                            op.float_attr("scale")};
           View out = output_view(op);
           rt::StepDesc s{kernel_index(k), fmt::format("attention %{}", op.result), {}};
           for (ir::ValueId operand : op.operands) s.args.push_back(view_of(operand, op).halide());
@@ -332,7 +351,8 @@ class Lowerer {
           bool with_add = op.kind == OpKind::add_layernorm;
           LayerNormKernel k{type.shape.back().value, op.float_attr("eps"), with_add};
           View out = output_view(op);
-          rt::StepDesc s{kernel_index(k), fmt::format("{} %{}", ir::op_name(op.kind), op.result), {}};
+          rt::StepDesc s{
+              kernel_index(k), fmt::format("{} %{}", ir::op_name(op.kind), op.result), {}};
           s.args.push_back(rows_view(view_of(op.operands[0], op), "input", op));
           if (with_add) s.args.push_back(rows_view(view_of(op.operands[1], op), "input", op));
           for (size_t i = with_add ? 2 : 1; i < op.operands.size(); ++i)
@@ -346,9 +366,10 @@ class Lowerer {
           break;
       }
       if (!is_pointwise(op.kind))
-        fail("function '{}': op {} (%{}) has no kernel in compiled code; run the default pipeline, "
-             "which fuses it, or extend codegen",
-             f.name, ir::op_name(op.kind), op.result);
+        fail(
+            "function '{}': op {} (%{}) has no kernel in compiled code; run the default pipeline, "
+            "which fuses it, or extend codegen",
+            f.name, ir::op_name(op.kind), op.result);
       if (inlined(op.result)) continue;  // evaluated inside its user's kernel
       if (uses[op.result] == 0) continue;
 
@@ -377,7 +398,8 @@ class Lowerer {
           n.broadcast.assign(t.rank(), false);
           for (int64_t dd = 0; dd < t.rank(); ++dd) {
             int64_t od = type.rank() - t.rank() + dd;
-            if (od >= 0 && t.shape[dd].is_const(1) && !type.shape[od].is_const(1)) n.broadcast[dd] = true;
+            if (od >= 0 && t.shape[dd].is_const(1) && !type.shape[od].is_const(1))
+              n.broadcast[dd] = true;
           }
         }
         k.nodes.push_back(std::move(n));
@@ -394,7 +416,8 @@ class Lowerer {
     for (ir::ValueId r : f.results) {
       const ir::Op* d = passes::def_op(f, defs, r);
       if (!d || views.count(r) == 0 || views.at(r).storage != Storage::result)
-        fail("function '{}': result %{} is not computed by a kernel (a parameter or a view)", f.name, r);
+        fail("function '{}': result %{} is not computed by a kernel (a parameter or a view)",
+             f.name, r);
     }
     out_.plan.functions.push_back(std::move(fd));
   }

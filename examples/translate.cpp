@@ -12,7 +12,8 @@
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    std::fprintf(stderr, "usage: %s WEIGHTS.safetensors INPUTS.safetensors [EXPECTED.safetensors]\n",
+    std::fprintf(stderr,
+                 "usage: %s WEIGHTS.safetensors INPUTS.safetensors [EXPECTED.safetensors]\n",
                  argv[0]);
     return 2;
   }

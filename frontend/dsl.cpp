@@ -44,8 +44,8 @@ const TensorType& Tensor::type() const {
 const Dim& Tensor::dim(int64_t axis) const {
   int64_t a = ir::normalize_axis(axis, rank());
   if (a < 0)
-    fb_->error(Loc::current(), fmt::format("axis {} out of range for {}", axis,
-                                           ir::to_string(type())));
+    fb_->error(Loc::current(),
+               fmt::format("axis {} out of range for {}", axis, ir::to_string(type())));
   return type().shape[a];
 }
 
@@ -160,7 +160,8 @@ FunctionBuilder& ModelBuilder::function(const std::string& name) {
   if (module_->find_function(name)) fail("dsl error: function '{}' is defined twice", name);
   module_->functions.push_back(ir::Function{});
   module_->functions.back().name = name;
-  builders_.push_back(std::make_unique<FunctionBuilder>(module_.get(), module_->functions.size() - 1));
+  builders_.push_back(
+      std::make_unique<FunctionBuilder>(module_.get(), module_->functions.size() - 1));
   return *builders_.back();
 }
 
@@ -199,9 +200,7 @@ Tensor gt(Tensor a, Tensor b, Loc loc) { return emit(OpKind::gt, {a, b}, {}, loc
 Tensor logical_and(Tensor a, Tensor b, Loc loc) {
   return emit(OpKind::logical_and, {a, b}, {}, loc);
 }
-Tensor logical_or(Tensor a, Tensor b, Loc loc) {
-  return emit(OpKind::logical_or, {a, b}, {}, loc);
-}
+Tensor logical_or(Tensor a, Tensor b, Loc loc) { return emit(OpKind::logical_or, {a, b}, {}, loc); }
 Tensor logical_not(Tensor a, Loc loc) { return emit(OpKind::logical_not, {a}, {}, loc); }
 Tensor relu(Tensor x, Loc loc) { return emit(OpKind::relu, {x}, {}, loc); }
 Tensor exp(Tensor x, Loc loc) { return emit(OpKind::exp, {x}, {}, loc); }
@@ -234,8 +233,8 @@ Tensor slice(Tensor x, int64_t axis, int64_t start, Dim extent, Loc loc) {
   TensorType t = x.type();
   int64_t a = ir::normalize_axis(axis, x.rank());
   if (a < 0)
-    x.builder()->error(loc, fmt::format("slice: axis {} out of range for {}", axis,
-                                        ir::to_string(x.type())));
+    x.builder()->error(
+        loc, fmt::format("slice: axis {} out of range for {}", axis, ir::to_string(x.type())));
   t.shape[a] = extent;
   return emit(OpKind::slice, {x}, {{"axis", axis}, {"start", start}}, loc, &t);
 }

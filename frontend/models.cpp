@@ -35,14 +35,12 @@ std::vector<ModelInfo> make_registry() {
                                  {"dec_layers", 6},    {"pad_id", 0},        {"max_len", 128},
                                  {"max_batch", 16}};
   // The golden test models (tests/golden/make_golden.py).
-  transformer.configs["tiny"] = {{"src_vocab", 37}, {"tgt_vocab", 41}, {"d_model", 24},
-                                 {"heads", 3},      {"d_ff", 40},      {"enc_layers", 2},
-                                 {"dec_layers", 2}, {"pad_id", 0},     {"max_len", 40},
-                                 {"max_batch", 4}};
-  transformer.configs["small"] = {{"src_vocab", 53}, {"tgt_vocab", 29}, {"d_model", 20},
-                                  {"heads", 5},      {"d_ff", 36},      {"enc_layers", 1},
-                                  {"dec_layers", 3}, {"pad_id", 1},     {"max_len", 48},
-                                  {"max_batch", 3}};
+  transformer.configs["tiny"] = {
+      {"src_vocab", 37}, {"tgt_vocab", 41}, {"d_model", 24}, {"heads", 3},    {"d_ff", 40},
+      {"enc_layers", 2}, {"dec_layers", 2}, {"pad_id", 0},   {"max_len", 40}, {"max_batch", 4}};
+  transformer.configs["small"] = {
+      {"src_vocab", 53}, {"tgt_vocab", 29}, {"d_model", 20}, {"heads", 5},    {"d_ff", 36},
+      {"enc_layers", 1}, {"dec_layers", 3}, {"pad_id", 1},   {"max_len", 48}, {"max_batch", 3}};
   transformer.build = [](const Config& c) {
     return nn::build_transformer(to_transformer_config(c));
   };
@@ -76,8 +74,7 @@ Config resolve_config(const ModelInfo& model, const std::string& config_name,
   Config config = it->second;
   for (const std::string& o : overrides) {
     size_t eq = o.find('=');
-    if (eq == std::string::npos || eq == 0)
-      fail("--set '{}' is not of the form key=value", o);
+    if (eq == std::string::npos || eq == 0) fail("--set '{}' is not of the form key=value", o);
     std::string key = o.substr(0, eq), value = o.substr(eq + 1);
     if (!config.count(key)) {
       std::string known;

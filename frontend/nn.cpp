@@ -54,14 +54,16 @@ Tensor MultiHeadAttention::operator()(Tensor xq, Tensor xkv, Tensor mask) const 
   if (mask.valid()) scores = dsl::select(mask, dsl::scalar(scores, -1e9), scores);
   Tensor p = dsl::softmax(scores, -1);
   Tensor o = dsl::transpose(dsl::matmul(p, vh), {0, 2, 1, 3});
-  return Linear{prefix + ".w_o", d_model, d_model}(dsl::reshape(o, {B, Lq, Dim::constant(d_model)}));
+  return Linear{prefix + ".w_o", d_model,
+                d_model}(dsl::reshape(o, {B, Lq, Dim::constant(d_model)}));
 }
 
 Tensor EncoderLayer::operator()(Tensor x, Tensor src_mask) const {
   const TransformerConfig& c = *cfg;
   MultiHeadAttention attn{prefix + ".self_attn", c.d_model, c.heads};
   x = LayerNorm{prefix + ".norm1", c.d_model}(x + attn(x, x, src_mask));
-  return LayerNorm{prefix + ".norm2", c.d_model}(x + FeedForward{prefix + ".ffn", c.d_model, c.d_ff}(x));
+  return LayerNorm{prefix + ".norm2",
+                   c.d_model}(x + FeedForward{prefix + ".ffn", c.d_model, c.d_ff}(x));
 }
 
 Tensor DecoderLayer::operator()(Tensor x, Tensor memory, Tensor src_mask, Tensor tgt_mask) const {
@@ -70,7 +72,8 @@ Tensor DecoderLayer::operator()(Tensor x, Tensor memory, Tensor src_mask, Tensor
   MultiHeadAttention cross_attn{prefix + ".cross_attn", c.d_model, c.heads};
   x = LayerNorm{prefix + ".norm1", c.d_model}(x + self_attn(x, x, tgt_mask));
   x = LayerNorm{prefix + ".norm2", c.d_model}(x + cross_attn(x, memory, src_mask));
-  return LayerNorm{prefix + ".norm3", c.d_model}(x + FeedForward{prefix + ".ffn", c.d_model, c.d_ff}(x));
+  return LayerNorm{prefix + ".norm3",
+                   c.d_model}(x + FeedForward{prefix + ".ffn", c.d_model, c.d_ff}(x));
 }
 
 Tensor Encoder::operator()(Tensor x, Tensor src_mask) const {
@@ -89,7 +92,8 @@ Tensor embed(const std::string& table, Tensor ids, const TransformerConfig& cfg,
   FunctionBuilder& fb = fb_of(ids);
   ScopeGuard scope(fb, table);
   Tensor e = dsl::gather(fb.weight(table + ".weight", {vocab, cfg.d_model}), ids);
-  Tensor x = e * static_cast<double>(static_cast<float>(std::sqrt(static_cast<double>(cfg.d_model))));
+  Tensor x =
+      e * static_cast<double>(static_cast<float>(std::sqrt(static_cast<double>(cfg.d_model))));
   Tensor pe = dsl::slice(dsl::sinusoid_table(fb, cfg.max_len, cfg.d_model), 0, 0, ids.dim(1));
   return x + pe;
 }
@@ -130,8 +134,8 @@ ir::Module build_transformer(const TransformerConfig& c) {
   const Dim S = mb.symbol("S", c.max_len);
   const Dim T = mb.symbol("T", c.max_len);
   const std::pair<const char*, int64_t> keys[] = {
-      {"src_vocab", c.src_vocab}, {"tgt_vocab", c.tgt_vocab},   {"d_model", c.d_model},
-      {"heads", c.heads},         {"d_ff", c.d_ff},             {"enc_layers", c.enc_layers},
+      {"src_vocab", c.src_vocab},   {"tgt_vocab", c.tgt_vocab}, {"d_model", c.d_model},
+      {"heads", c.heads},           {"d_ff", c.d_ff},           {"enc_layers", c.enc_layers},
       {"dec_layers", c.dec_layers}, {"pad_id", c.pad_id},       {"max_len", c.max_len},
       {"max_batch", c.max_batch}};
   for (const auto& [k, v] : keys) mb.set_config(k, std::to_string(v));
@@ -149,7 +153,8 @@ ir::Module build_transformer(const TransformerConfig& c) {
   {
     FunctionBuilder& f = mb.function("encode");
     Tensor src = f.input("src", DType::i64, {B, S});
-    Tensor memory = Encoder{&c}(embed("src_embed", src, c, c.src_vocab), key_padding_mask(src, c.pad_id));
+    Tensor memory =
+        Encoder{&c}(embed("src_embed", src, c, c.src_vocab), key_padding_mask(src, c.pad_id));
     f.output(memory, "memory");
   }
   return mb.finish();

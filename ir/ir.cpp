@@ -9,10 +9,14 @@ namespace kiln::ir {
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::f32: return "f32";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
-    case DType::boolean: return "bool";
+    case DType::f32:
+      return "f32";
+    case DType::i32:
+      return "i32";
+    case DType::i64:
+      return "i64";
+    case DType::boolean:
+      return "bool";
   }
   return "?";
 }
@@ -27,10 +31,14 @@ std::optional<DType> parse_dtype(std::string_view s) {
 
 int64_t dtype_size(DType dtype) {
   switch (dtype) {
-    case DType::f32: return 4;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
-    case DType::boolean: return 1;
+    case DType::f32:
+      return 4;
+    case DType::i32:
+      return 4;
+    case DType::i64:
+      return 8;
+    case DType::boolean:
+      return 1;
   }
   return 0;
 }
@@ -174,8 +182,7 @@ ValueId Function::add_param(std::string name, TensorType type) {
   return id;
 }
 
-ValueId Function::add_op(OpKind kind, std::vector<ValueId> operands, TensorType type,
-                         Attrs attrs) {
+ValueId Function::add_op(OpKind kind, std::vector<ValueId> operands, TensorType type, Attrs attrs) {
   ValueId id = add_value(std::move(type));
   ops.push_back(Op{kind, id, std::move(operands), std::move(attrs)});
   return id;
@@ -214,8 +221,7 @@ const Function* Module::find_function(std::string_view name) const {
 void Module::declare_weight(const std::string& name, const TensorType& type) {
   if (const Weight* w = find_weight(name)) {
     if (!(w->type == type))
-      fail("weight '{}' declared as {} and again as {}", name, to_string(w->type),
-           to_string(type));
+      fail("weight '{}' declared as {} and again as {}", name, to_string(w->type), to_string(type));
     return;
   }
   weights.push_back(Weight{name, type, std::nullopt});

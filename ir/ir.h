@@ -64,10 +64,24 @@ enum class OpKind {
   sinusoid_table,  // (): the sinusoidal position table, result [rows, dim]
   iota,            // {axis}: result[i...] = index along axis
   // Elementwise with numpy broadcasting.
-  add, sub, mul, div, maximum,
-  eq, ne, lt, le, gt, ge,  // comparisons -> bool
-  logical_and, logical_or, logical_not,
-  relu, neg, exp, sqrt,
+  add,
+  sub,
+  mul,
+  div,
+  maximum,
+  eq,
+  ne,
+  lt,
+  le,
+  gt,
+  ge,  // comparisons -> bool
+  logical_and,
+  logical_or,
+  logical_not,
+  relu,
+  neg,
+  exp,
+  sqrt,
   select,  // (cond, a, b)
   cast,    // to the result dtype
   // Data movement.
@@ -80,8 +94,10 @@ enum class OpKind {
   matmul,     // batched [..., M, K] x [..., K, N] -> [..., M, N]; a rank-2 rhs broadcasts
   softmax,    // {axis}
   layernorm,  // (x, gamma, beta) {eps}: over the last axis, biased variance
-  reduce_sum, reduce_max, reduce_mean,  // {axes, keepdims}
-  argmax,     // {axis}
+  reduce_sum,
+  reduce_max,
+  reduce_mean,  // {axes, keepdims}
+  argmax,       // {axis}
   // Fused ops (produced by passes; ordinary ops otherwise).
   linear,         // (x, W[N,K], b[N]) {act}: x·Wᵀ + b, act "none" | "relu"
   add_layernorm,  // (x, y, gamma, beta) {eps}: layernorm(x + y)
@@ -112,7 +128,7 @@ struct Op {
   int64_t arena_offset = -1;  // byte offset of the result in the arena; -1: not planned
 
   bool has_attr(const std::string& key) const { return attrs.count(key) != 0; }
-  int64_t int_attr(const std::string& key) const;  // asserts presence and type
+  int64_t int_attr(const std::string& key) const;   // asserts presence and type
   double float_attr(const std::string& key) const;  // accepts an integer too
   const std::string& str_attr(const std::string& key) const;
   const std::vector<int64_t>& ints_attr(const std::string& key) const;

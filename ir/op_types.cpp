@@ -232,8 +232,8 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
       KILN_CHECK(want_operands(1, 1));
       KILN_CHECK(check_attr_keys(attrs, {}));
       if (in[0].shape != declared->shape)
-        return err("result shape {} differs from operand shape {}",
-                   shape_string(declared->shape), shape_string(in[0].shape));
+        return err("result shape {} differs from operand shape {}", shape_string(declared->shape),
+                   shape_string(in[0].shape));
       return ok(*declared);
     }
     case OpKind::reshape: {
@@ -254,8 +254,8 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
       int64_t a = normalize_axis(axis, in[0].rank());
       if (a < 0) return err("axis {} out of range for rank {}", axis, in[0].rank());
       if (declared->dtype != in[0].dtype || declared->rank() != in[0].rank())
-        return err("result {} must have the operand's dtype and rank ({})",
-                   to_string(*declared), to_string(in[0]));
+        return err("result {} must have the operand's dtype and rank ({})", to_string(*declared),
+                   to_string(in[0]));
       for (int64_t i = 0; i < in[0].rank(); ++i)
         if (i != a && !(declared->shape[i] == in[0].shape[i]))
           return err("result {} differs from operand {} outside axis {}", to_string(*declared),

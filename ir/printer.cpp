@@ -12,10 +12,18 @@ std::string quote(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20)
           out += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
@@ -50,7 +58,8 @@ std::vector<std::string> value_names(const Function& f) {
   for (ValueId p : f.params) assign(p);
   for (const Op& op : f.ops) assign(op.result);
   for (size_t i = 0; i < names.size(); ++i) {
-    if (names[i].empty()) names[i] = f.values[i].name.empty() ? "?" + std::to_string(i) : f.values[i].name;
+    if (names[i].empty())
+      names[i] = f.values[i].name.empty() ? "?" + std::to_string(i) : f.values[i].name;
     names[i] = "%" + names[i];
   }
   return names;

@@ -31,8 +31,7 @@ class Verifier {
     check_weights();
     std::set<std::string> names;
     for (const Function& f : m_.functions) {
-      if (!names.insert(f.name).second)
-        module_error("[V3] function '{}' is defined twice", f.name);
+      if (!names.insert(f.name).second) module_error("[V3] function '{}' is defined twice", f.name);
       check_function(f);
     }
     return std::move(diags_);
@@ -47,7 +46,8 @@ class Verifier {
   void check_symbols() {
     std::set<std::string> seen;
     for (const Symbol& s : m_.symbols) {
-      if (!is_identifier(s.name)) module_error("[V1] symbol name '{}' is not an identifier", s.name);
+      if (!is_identifier(s.name))
+        module_error("[V1] symbol name '{}' is not an identifier", s.name);
       if (!seen.insert(s.name).second) module_error("[V1] symbol '{}' is declared twice", s.name);
       if (s.max < 1) module_error("[V1] symbol '{}' has maximum {}, expected >= 1", s.name, s.max);
     }
@@ -66,8 +66,8 @@ class Verifier {
                     bytes > kMaxTensorBytes;
       }
       if (bad_size)
-        module_error("[V2] weight '{}' of type {} has a negative dim or more than {} bytes",
-                     w.name, to_string(w.type), kMaxTensorBytes);
+        module_error("[V2] weight '{}' of type {} has a negative dim or more than {} bytes", w.name,
+                     to_string(w.type), kMaxTensorBytes);
       if (w.derivation) check_derivation(w);
     }
   }
@@ -192,9 +192,11 @@ class Verifier {
 std::vector<Diagnostic> verify(const Module& module) { return Verifier(module).run(); }
 
 std::string format_diagnostic(const Diagnostic& d, const std::string& file) {
-  if (d.loc.line > 0) return fmt::format("{}:{}:{}: error: {}", file, d.loc.line, d.loc.col, d.message);
+  if (d.loc.line > 0)
+    return fmt::format("{}:{}:{}: error: {}", file, d.loc.line, d.loc.col, d.message);
   if (d.function.empty()) return fmt::format("{}: error: {}", file, d.message);
-  if (d.op_index < 0) return fmt::format("{}: error: in function '{}': {}", file, d.function, d.message);
+  if (d.op_index < 0)
+    return fmt::format("{}: error: in function '{}': {}", file, d.function, d.message);
   return fmt::format("{}: error: in function '{}', op {}: {}", file, d.function, d.op_index,
                      d.message);
 }

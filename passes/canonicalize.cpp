@@ -145,10 +145,14 @@ class Canonicalizer {
     Op& op = f_.ops[i];
     if (ir::is_elementwise(op.kind)) return fold_constant(i);
     switch (op.kind) {
-      case OpKind::slice: return fold_sinusoid_slice(i);
-      case OpKind::reshape: return skip_inner_reshape(i);
-      case OpKind::transpose: return compose_transposes(i);
-      default: return false;
+      case OpKind::slice:
+        return fold_sinusoid_slice(i);
+      case OpKind::reshape:
+        return skip_inner_reshape(i);
+      case OpKind::transpose:
+        return compose_transposes(i);
+      default:
+        return false;
     }
   }
 
@@ -192,13 +196,13 @@ class Canonicalizer {
     const Op* src = def(op.operands[0]);
     if (!src || src->kind != OpKind::sinusoid_table) return false;
     if (ir::normalize_axis(op.int_attr("axis"), 2) != 0) {
-      debug_log(kPass, "{}: slice of sinusoid_table not folded: axis {} is not the rows",
-                where(i), op.int_attr("axis"));
+      debug_log(kPass, "{}: slice of sinusoid_table not folded: axis {} is not the rows", where(i),
+                op.int_attr("axis"));
       return false;
     }
     if (op.int_attr("start") != 0) {
-      debug_log(kPass, "{}: slice of sinusoid_table not folded: starts at row {}, not 0",
-                where(i), op.int_attr("start"));
+      debug_log(kPass, "{}: slice of sinusoid_table not folded: starts at row {}, not 0", where(i),
+                op.int_attr("start"));
       return false;
     }
     debug_log(kPass, "{}: slice of sinusoid_table folded into a table of type {}", where(i),

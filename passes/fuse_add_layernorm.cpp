@@ -36,13 +36,14 @@ bool can_fuse_add_layernorm(const Function& f, const std::vector<int>& defs,
     return false;
   }
   if (uses[s] != 1) {
-    debug_log(kPass, "{}: add {} has {} uses", value_label(f, norm.result), value_label(f, s), uses[s]);
+    debug_log(kPass, "{}: add {} has {} uses", value_label(f, norm.result), value_label(f, s),
+              uses[s]);
     return false;
   }
   const ValueId x = add->operands[0], y = add->operands[1];
   if (!(f.type(x) == f.type(y))) {
-    debug_log(kPass, "{}: add {} broadcasts {} and {}", value_label(f, norm.result), value_label(f, s),
-              ir::to_string(f.type(x)), ir::to_string(f.type(y)));
+    debug_log(kPass, "{}: add {} broadcasts {} and {}", value_label(f, norm.result),
+              value_label(f, s), ir::to_string(f.type(x)), ir::to_string(f.type(y)));
     return false;
   }
   return true;

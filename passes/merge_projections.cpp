@@ -119,8 +119,8 @@ bool can_merge_projections(const Function& f, const std::vector<Projection>& gro
   if (group.size() < 2) {
     if (!group.empty())
       debug_log(kPass, "linear {}: no other linear of {} in block '{}' with act {} and {}",
-                value_label(f, f.ops[group[0].pos].result), value_label(f, group[0].x), group[0].prefix,
-                group[0].act, group[0].bias.empty() ? "no bias" : "a bias");
+                value_label(f, f.ops[group[0].pos].result), value_label(f, group[0].x),
+                group[0].prefix, group[0].act, group[0].bias.empty() ? "no bias" : "a bias");
     return false;
   }
   std::set<std::string> components;

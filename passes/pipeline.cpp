@@ -62,7 +62,8 @@ std::vector<std::string> parse_pass_list(const std::string& spec) {
   size_t start = 0;
   while (start <= spec.size()) {
     size_t comma = spec.find(',', start);
-    std::string name = spec.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    std::string name =
+        spec.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     if (name.empty()) fail("empty pass name in '{}'", spec);
     if (!find_pass(name)) {
       std::vector<std::string> known;
@@ -84,17 +85,19 @@ void run_passes(ir::Module& module, const std::vector<std::string>& names,
     if (!pass) fail("unknown pass '{}'", name);
     auto start = std::chrono::steady_clock::now();
     bool changed = pass->run(module);
-    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     if (options.time_passes)
-      fmt::print(options.dump, "pass {:<20} {:9.3f} ms{}\n", name, ms, changed ? "" : "  (no change)");
+      fmt::print(options.dump, "pass {:<20} {:9.3f} ms{}\n", name, ms,
+                 changed ? "" : "  (no change)");
     if (options.verify_each) {
       std::vector<ir::Diagnostic> diags = ir::verify(module);
       KILN_ASSERT(diags.empty(), fmt::format("pass '{}' produced an invalid module: {}", name,
                                              diags.empty() ? "" : ir::format_diagnostic(diags[0])));
     }
     if ((options.print_ir_after_all && changed) || options.print_ir_after.count(name)) {
-      fmt::print(options.dump, "// ----- IR after {}{} -----\n{}", name, changed ? "" : " (no change)",
-                 ir::print_module(module));
+      fmt::print(options.dump, "// ----- IR after {}{} -----\n{}", name,
+                 changed ? "" : " (no change)", ir::print_module(module));
     }
   }
   ir::verify_or_throw(module, "<after passes>");

@@ -15,7 +15,7 @@ namespace kiln::passes {
 using PassFn = bool (*)(ir::Module&);
 
 struct PassInfo {
-  const char* name;     // kebab-case, as given to `kiln opt --passes=`
+  const char* name;  // kebab-case, as given to `kiln opt --passes=`
   PassFn run;
   const char* summary;  // one line for --help
 };
@@ -32,12 +32,12 @@ struct PipelineOptions {
 #ifdef NDEBUG
   bool verify_each = false;  // release builds verify once at the end
 #else
-  bool verify_each = true;   // debug and test builds verify after every pass
+  bool verify_each = true;  // debug and test builds verify after every pass
 #endif
-  bool print_ir_after_all = false;      // dump after every pass that changed the module
+  bool print_ir_after_all = false;       // dump after every pass that changed the module
   std::set<std::string> print_ir_after;  // dump after these passes (changed or not)
-  bool time_passes = false;             // report each pass's wall time
-  std::FILE* dump = stderr;             // where dumps and timings go
+  bool time_passes = false;              // report each pass's wall time
+  std::FILE* dump = stderr;              // where dumps and timings go
 };
 
 // Runs the named passes in order. Verifies after each pass when `verify_each` (a

@@ -31,8 +31,8 @@
 //     lazy op sunk past the point where its operands died), the current order stays. So
 //     the peak never grows and an order that is already good is kept as it is.
 // Cost: O(n * ready) for the greedy walk and O(n log n + uses) per evaluated order, so
-// O(n^2 log n) per refinement sweep (about 50 ms for the unfused base Transformer). Only op indices and positions decide anything, so the result is
-// the same on every run.
+// O(n^2 log n) per refinement sweep (about 50 ms for the unfused base Transformer). Only op indices
+// and positions decide anything, so the result is the same on every run.
 #include "passes/schedule.h"
 
 #include <algorithm>

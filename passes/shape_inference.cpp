@@ -31,8 +31,8 @@ void infer_function(const ir::Module& m, const ir::Function& f) {
     if (p < 0 || p >= nvalues)
       fail("shape inference: in function '{}': parameter refers to missing value {}", f.name, p);
     defined[p] = true;
-    check_symbols(m, f.type(p), fmt::format("in function '{}', parameter %{}", f.name,
-                                            f.values[p].name));
+    check_symbols(m, f.type(p),
+                  fmt::format("in function '{}', parameter %{}", f.name, f.values[p].name));
   }
   for (size_t i = 0; i < f.ops.size(); ++i) {
     const ir::Op& op = f.ops[i];

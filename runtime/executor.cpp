@@ -40,22 +40,30 @@ struct AlignedBytes {
   }
 };
 
-std::string shape_str(const std::vector<int64_t>& s) { return fmt::format("[{}]", fmt::join(s, ",")); }
+std::string shape_str(const std::vector<int64_t>& s) {
+  return fmt::format("[{}]", fmt::join(s, ","));
+}
 
 const char* type_name(ElemType t) {
   switch (t) {
-    case ElemType::f32: return "f32";
-    case ElemType::i64: return "i64";
-    case ElemType::u8: return "bool";
+    case ElemType::f32:
+      return "f32";
+    case ElemType::i64:
+      return "i64";
+    case ElemType::u8:
+      return "bool";
   }
   return "?";
 }
 
 halide_type_t halide_type(ElemType t) {
   switch (t) {
-    case ElemType::f32: return halide_type_t(halide_type_float, 32);
-    case ElemType::i64: return halide_type_t(halide_type_int, 64);
-    case ElemType::u8: return halide_type_t(halide_type_uint, 8);
+    case ElemType::f32:
+      return halide_type_t(halide_type_float, 32);
+    case ElemType::i64:
+      return halide_type_t(halide_type_int, 64);
+    case ElemType::u8:
+      return halide_type_t(halide_type_uint, 8);
   }
   return halide_type_t(halide_type_float, 32);
 }
@@ -103,12 +111,13 @@ struct kiln_model {
     });
     size_t width = 6;
     for (size_t k : order) width = std::max(width, plan.kernel_names[k].size());
-    out += fmt::format("{:<{}}  {:>7}  {:>10}  {:>12}  {:>6}\n", "kernel", width, "calls", "total ms",
-                       "ms per call", "share");
+    out += fmt::format("{:<{}}  {:>7}  {:>10}  {:>12}  {:>6}\n", "kernel", width, "calls",
+                       "total ms", "ms per call", "share");
     for (size_t k : order) {
       const Tally& t = kernel_time[k];
-      out += fmt::format("{:<{}}  {:>7}  {:>10.3f}  {:>12.4f}  {:>5.1f}%\n", plan.kernel_names[k], width,
-                         t.calls, 1e3 * t.seconds, 1e3 * t.seconds / static_cast<double>(t.calls),
+      out += fmt::format("{:<{}}  {:>7}  {:>10.3f}  {:>12.4f}  {:>5.1f}%\n", plan.kernel_names[k],
+                         width, t.calls, 1e3 * t.seconds,
+                         1e3 * t.seconds / static_cast<double>(t.calls),
                          in_kernels > 0 ? 100.0 * t.seconds / in_kernels : 0.0);
     }
     return out;
@@ -119,7 +128,8 @@ struct kiln_model {
       if (f.name == name) return f;
     std::vector<std::string> names;
     for (const FunctionDesc& f : plan.functions) names.push_back(f.name);
-    fail("model '{}' has no entry point '{}' (entry points: {})", plan.model, name, fmt::join(names, ", "));
+    fail("model '{}' has no entry point '{}' (entry points: {})", plan.model, name,
+         fmt::join(names, ", "));
   }
 
   void load_weights(const std::string& path) {
@@ -177,7 +187,8 @@ struct kiln_model {
       float* pe = reinterpret_cast<float*>(tables[ti].data.get());
       for (int64_t pos = 0; pos < t.rows; ++pos)
         for (int64_t c = 0; c < t.dim; ++c) {
-          double freq = std::pow(10000.0, static_cast<double>(c - c % 2) / static_cast<double>(t.dim));
+          double freq =
+              std::pow(10000.0, static_cast<double>(c - c % 2) / static_cast<double>(t.dim));
           double angle = static_cast<double>(pos) / freq;
           pe[pos * t.dim + c] = static_cast<float>(c % 2 == 0 ? std::sin(angle) : std::cos(angle));
         }
@@ -196,7 +207,8 @@ struct kiln_model {
         slot = f.params.size();
         for (size_t p = 0; p < f.params.size(); ++p)
           if (f.params[p].name == inputs[i].name) slot = p;
-        if (slot == f.params.size()) fail("entry point '{}' has no input '{}'", f.name, inputs[i].name);
+        if (slot == f.params.size())
+          fail("entry point '{}' has no input '{}'", f.name, inputs[i].name);
       }
       if ((*ordered)[slot]) fail("input '{}' is given twice", f.params[slot].name);
       (*ordered)[slot] = &inputs[i];
@@ -207,7 +219,8 @@ struct kiln_model {
       const kiln_tensor& t = *(*ordered)[p];
       bool ok_type = want.type == ElemType::f32 ? t.dtype == KILN_F32
                                                 : (t.dtype == KILN_I64 || t.dtype == KILN_I32);
-      if (!ok_type) fail("input '{}' must be {}", want.name, want.type == ElemType::f32 ? "f32" : "i64 or i32");
+      if (!ok_type)
+        fail("input '{}' must be {}", want.name, want.type == ElemType::f32 ? "f32" : "i64 or i32");
       if (t.rank != static_cast<int32_t>(want.shape.size()) || t.rank < 0 || t.rank > KILN_MAX_RANK)
         fail("input '{}' has rank {}, expected {}", want.name, t.rank, want.shape.size());
       if (!t.data) fail("input '{}' has no data", want.name);
@@ -217,8 +230,8 @@ struct kiln_model {
         int s = dim.single_symbol();
         if (s < 0) {
           if (shape[d] != dim.coeff)
-            fail("input '{}' has shape {}: dim {} is {}, expected {}", want.name, shape_str(shape), d,
-                 shape[d], dim.coeff);
+            fail("input '{}' has shape {}: dim {} is {}, expected {}", want.name, shape_str(shape),
+                 d, shape[d], dim.coeff);
           continue;
         }
         const auto& sym = plan.symbols[s];
@@ -245,7 +258,8 @@ struct kiln_model {
               index = std::to_string(r % shape[d]) + (index.empty() ? "" : ",") + index;
               r /= shape[d];
             }
-            fail("token id {} at '{}'[{}] is out of range [0, {})", id, want.name, index, want.id_limit);
+            fail("token id {} at '{}'[{}] is out of range [0, {})", id, want.name, index,
+                 want.id_limit);
           }
         }
       }
@@ -255,14 +269,15 @@ struct kiln_model {
     return syms;
   }
 
-  std::vector<int64_t> result_shape(const kiln::rt::TensorDesc& r, const std::vector<int64_t>& syms) const {
+  std::vector<int64_t> result_shape(const kiln::rt::TensorDesc& r,
+                                    const std::vector<int64_t>& syms) const {
     std::vector<int64_t> s;
     for (const auto& d : r.shape) s.push_back(d.eval(syms));
     return s;
   }
 
-  void output_shapes(const char* fname, const kiln_tensor* inputs, size_t n_in, kiln_tensor* outputs,
-                     size_t n_out) {
+  void output_shapes(const char* fname, const kiln_tensor* inputs, size_t n_in,
+                     kiln_tensor* outputs, size_t n_out) {
     const FunctionDesc& f = function(fname);
     std::vector<const kiln_tensor*> ordered;
     std::vector<int64_t> syms = bind(f, inputs, n_in, &ordered);
@@ -271,14 +286,16 @@ struct kiln_model {
     for (size_t i = 0; i < n_out; ++i) {
       std::vector<int64_t> s = result_shape(f.results[i], syms);
       outputs[i].name = f.results[i].name.c_str();
-      outputs[i].dtype = f.results[i].type == ElemType::f32 ? KILN_F32
-                         : f.results[i].type == ElemType::i64 ? KILN_I64 : KILN_BOOL;
+      outputs[i].dtype = f.results[i].type == ElemType::f32   ? KILN_F32
+                         : f.results[i].type == ElemType::i64 ? KILN_I64
+                                                              : KILN_BOOL;
       outputs[i].rank = static_cast<int32_t>(s.size());
       for (size_t d = 0; d < s.size(); ++d) outputs[i].shape[d] = s[d];
     }
   }
 
-  void run(const char* fname, const kiln_tensor* inputs, size_t n_in, kiln_tensor* outputs, size_t n_out) {
+  void run(const char* fname, const kiln_tensor* inputs, size_t n_in, kiln_tensor* outputs,
+           size_t n_out) {
     using Clock = std::chrono::steady_clock;
     const Clock::time_point run_start = Clock::now();
     const FunctionDesc& f = function(fname);
@@ -309,9 +326,11 @@ struct kiln_model {
     std::vector<int64_t> result_bytes(n_out);
     for (size_t r = 0; r < n_out; ++r) {
       std::vector<int64_t> want = result_shape(f.results[r], syms);
-      std::vector<int64_t> got(outputs[r].shape, outputs[r].shape + std::clamp(outputs[r].rank, 0, KILN_MAX_RANK));
+      std::vector<int64_t> got(outputs[r].shape,
+                               outputs[r].shape + std::clamp(outputs[r].rank, 0, KILN_MAX_RANK));
       if (got != want)
-        fail("output '{}' has shape {}, expected {}", f.results[r].name, shape_str(got), shape_str(want));
+        fail("output '{}' has shape {}, expected {}", f.results[r].name, shape_str(got),
+             shape_str(want));
       if (!outputs[r].data) fail("output '{}' has no data", f.results[r].name);
       int64_t n_el = 1;
       for (int64_t d : want) n_el *= d;
@@ -331,11 +350,26 @@ struct kiln_model {
         uint8_t* base = nullptr;
         int64_t size = 0;
         switch (b.storage) {
-          case Storage::param: base = const_cast<uint8_t*>(param_data[b.index]); size = param_bytes[b.index]; break;
-          case Storage::result: base = result_data[b.index]; size = result_bytes[b.index]; break;
-          case Storage::arena: base = arena.data.get(); size = f.arena_bytes; break;
-          case Storage::weight: base = weights[b.index].data.get(); size = weights[b.index].size; break;
-          case Storage::table: base = tables[b.index].data.get(); size = tables[b.index].size; break;
+          case Storage::param:
+            base = const_cast<uint8_t*>(param_data[b.index]);
+            size = param_bytes[b.index];
+            break;
+          case Storage::result:
+            base = result_data[b.index];
+            size = result_bytes[b.index];
+            break;
+          case Storage::arena:
+            base = arena.data.get();
+            size = f.arena_bytes;
+            break;
+          case Storage::weight:
+            base = weights[b.index].data.get();
+            size = weights[b.index].size;
+            break;
+          case Storage::table:
+            base = tables[b.index].data.get();
+            size = tables[b.index].size;
+            break;
         }
         const int64_t esize = kiln::rt::elem_size(b.type);
         int64_t first = b.byte_offset + b.elem_offset.eval(syms) * esize, last = first;
@@ -345,12 +379,13 @@ struct kiln_model {
           if (extent < 1 || extent > INT32_MAX || stride < 0 || stride > INT32_MAX)
             fail("step '{}': buffer {} has extent {} and stride {}", step.op, a, extent, stride);
           last += (extent - 1) * stride * esize;
-          dims[a][d] = halide_dimension_t(0, static_cast<int32_t>(extent), static_cast<int32_t>(stride));
+          dims[a][d] =
+              halide_dimension_t(0, static_cast<int32_t>(extent), static_cast<int32_t>(stride));
         }
         // A wrong plan must never read or write outside its storage.
         KILN_ASSERT(first >= 0 && last + esize <= size,
-                    fmt::format("step '{}': buffer {} spans bytes [{}, {}) of {}", step.op, a, first,
-                                last + esize, size));
+                    fmt::format("step '{}': buffer {} spans bytes [{}, {}) of {}", step.op, a,
+                                first, last + esize, size));
         halide_buffer_t& hb = bufs[a];
         hb.host = base + first;
         hb.type = halide_type(b.type);
@@ -362,8 +397,8 @@ struct kiln_model {
       const Clock::time_point start = profiling ? Clock::now() : Clock::time_point{};
       int status = kernels[step.kernel](args.data());
       if (status != 0)
-        fail("kernel {} ({}) failed with status {}{}{}", plan.kernel_names[step.kernel], step.op, status,
-             g_kernel_error.empty() ? "" : ": ", g_kernel_error);
+        fail("kernel {} ({}) failed with status {}{}{}", plan.kernel_names[step.kernel], step.op,
+             status, g_kernel_error.empty() ? "" : ": ", g_kernel_error);
       if (profiling) {
         Tally& t = kernel_time[static_cast<size_t>(step.kernel)];
         t.calls += 1;
@@ -395,7 +430,8 @@ kiln_model* kiln_model_create(const uint8_t* plan, size_t plan_size, const kiln_
     auto m = std::make_unique<kiln_model>();
     m->plan = kiln::rt::deserialize_plan(plan, plan_size);
     if (num_kernels != m->plan.kernel_names.size())
-      fail("model library has {} kernels, its plan needs {}", num_kernels, m->plan.kernel_names.size());
+      fail("model library has {} kernels, its plan needs {}", num_kernels,
+           m->plan.kernel_names.size());
     m->kernels.assign(kernels, kernels + num_kernels);
     if (hooks) m->hooks = *hooks;
     // Halide prints kernel errors by default; kiln returns them instead.
@@ -438,7 +474,9 @@ const char* kiln_model_input_name(const kiln_model* model, const char* function,
   return nullptr;
 }
 
-const char* const* kiln_model_functions(const kiln_model* model) { return model->function_names.data(); }
+const char* const* kiln_model_functions(const kiln_model* model) {
+  return model->function_names.data();
+}
 
 int kiln_model_output_shapes(kiln_model* model, const char* function, const kiln_tensor* inputs,
                              size_t num_inputs, kiln_tensor* outputs, size_t num_outputs) {
@@ -452,8 +490,8 @@ int kiln_model_output_shapes(kiln_model* model, const char* function, const kiln
   }
 }
 
-int kiln_model_run(kiln_model* model, const char* function, const kiln_tensor* inputs, size_t num_inputs,
-                   kiln_tensor* outputs, size_t num_outputs) {
+int kiln_model_run(kiln_model* model, const char* function, const kiln_tensor* inputs,
+                   size_t num_inputs, kiln_tensor* outputs, size_t num_outputs) {
   try {
     model->error.clear();
     model->run(function, inputs, num_inputs, outputs, num_outputs);

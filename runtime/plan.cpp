@@ -59,9 +59,12 @@ int DimExpr::single_symbol() const {
 
 int64_t elem_size(ElemType type) {
   switch (type) {
-    case ElemType::f32: return 4;
-    case ElemType::i64: return 8;
-    case ElemType::u8: return 1;
+    case ElemType::f32:
+      return 4;
+    case ElemType::i64:
+      return 8;
+    case ElemType::u8:
+      return 1;
   }
   return 0;
 }
@@ -177,7 +180,8 @@ void validate(const Plan& p) {
   }
   const int64_t nsym = static_cast<int64_t>(p.symbols.size());
   auto check_dim = [&](const DimExpr& d) {
-    if (static_cast<int64_t>(d.pows.size()) > nsym) fail("compiled plan: dim refers to a missing symbol");
+    if (static_cast<int64_t>(d.pows.size()) > nsym)
+      fail("compiled plan: dim refers to a missing symbol");
     for (int8_t pw : d.pows)
       if (pw < 0 || pw > 4) fail("compiled plan: bad symbol power {}", pw);
   };
@@ -193,11 +197,21 @@ void validate(const Plan& p) {
           fail("compiled plan: step '{}' has a buffer with mismatched rank", s.op);
         int64_t limit = 0;
         switch (b.storage) {
-          case Storage::param: limit = static_cast<int64_t>(f.params.size()); break;
-          case Storage::result: limit = static_cast<int64_t>(f.results.size()); break;
-          case Storage::arena: limit = 1; break;
-          case Storage::weight: limit = static_cast<int64_t>(p.weights.size()); break;
-          case Storage::table: limit = static_cast<int64_t>(p.tables.size()); break;
+          case Storage::param:
+            limit = static_cast<int64_t>(f.params.size());
+            break;
+          case Storage::result:
+            limit = static_cast<int64_t>(f.results.size());
+            break;
+          case Storage::arena:
+            limit = 1;
+            break;
+          case Storage::weight:
+            limit = static_cast<int64_t>(p.weights.size());
+            break;
+          case Storage::table:
+            limit = static_cast<int64_t>(p.tables.size());
+            break;
         }
         if (b.index < 0 || b.index >= limit)
           fail("compiled plan: step '{}' refers to missing storage {}", s.op, b.index);
@@ -213,8 +227,8 @@ void validate(const Plan& p) {
 
 }  // namespace
 
-void lay_out_linear_weight_rows(const uint8_t* w_rows, int64_t n0, int64_t rows, int64_t N, int64_t K,
-                                int64_t panel, float* wt) {
+void lay_out_linear_weight_rows(const uint8_t* w_rows, int64_t n0, int64_t rows, int64_t N,
+                                int64_t K, int64_t panel, float* wt) {
   KILN_ASSERT(panel >= 0 && (panel == 0 || N % panel == 0), "panel width must divide N");
   KILN_ASSERT(n0 >= 0 && rows >= 0 && n0 + rows <= N, "rows outside the weight");
   const int64_t stride = panel ? panel : N;

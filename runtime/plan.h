@@ -1,12 +1,12 @@
 // The execution plan of a compiled model: what `kiln compile` hands the runtime.
 //
 // A plan lists the model's symbols, the weights to build at load time (by state_dict
-// name, with concatenation and the linear kernels' layout applied once), precomputed tables, and per
-// entry point the sequence of kernel calls. Each call names a kernel and describes each
-// of its buffers as a view (base storage, element offset, extents and strides) whose
-// sizes are monomials of the symbols, so one plan runs every batch and length up to
-// the maxima. The compiler serializes the plan into the generated library; the runtime
-// deserializes and validates it. Only the runtime's own types appear here.
+// name, with concatenation and the linear kernels' layout applied once), precomputed tables, and
+// per entry point the sequence of kernel calls. Each call names a kernel and describes each of its
+// buffers as a view (base storage, element offset, extents and strides) whose sizes are monomials
+// of the symbols, so one plan runs every batch and length up to the maxima. The compiler serializes
+// the plan into the generated library; the runtime deserializes and validates it. Only the
+// runtime's own types appear here.
 #pragma once
 
 #include <cstdint>
@@ -54,9 +54,9 @@ struct BufferDesc {
 };
 
 struct StepDesc {
-  int32_t kernel = 0;              // index into Plan::kernel_names
-  std::string op;                  // what it computes, for errors and profiling
-  std::vector<BufferDesc> args;    // inputs in kernel order, then the output
+  int32_t kernel = 0;            // index into Plan::kernel_names
+  std::string op;                // what it computes, for errors and profiling
+  std::vector<BufferDesc> args;  // inputs in kernel order, then the output
 };
 
 struct TensorDesc {
@@ -76,12 +76,12 @@ struct FunctionDesc {
 // A weight as the kernels want it: concat(sources, axis 0), then for a linear weight
 // W[N, K] the layout its kernel reads (lay_out_linear_weight).
 struct WeightDesc {
-  std::string name;                               // for messages
-  std::vector<std::string> sources;               // state_dict names
+  std::string name;                  // for messages
+  std::vector<std::string> sources;  // state_dict names
   std::vector<std::vector<int64_t>> source_shapes;
-  bool transpose = false;                         // a linear weight, laid out after concatenation
-  int64_t panel = 0;                              // its panel width (0: transposed only)
-  std::vector<int64_t> shape;                     // as stored: [K, N] or [N/panel, K, panel]
+  bool transpose = false;      // a linear weight, laid out after concatenation
+  int64_t panel = 0;           // its panel width (0: transposed only)
+  std::vector<int64_t> shape;  // as stored: [K, N] or [N/panel, K, panel]
 };
 
 // Lays out a linear weight W[N, K] (row-major) as codegen's linear kernel reads it
@@ -91,8 +91,8 @@ struct WeightDesc {
 void lay_out_linear_weight(const float* w, int64_t N, int64_t K, int64_t panel, float* wt);
 // The same for rows [n0, n0 + rows) of W given on their own (`w_rows`: rows × K f32,
 // little-endian, any alignment), e.g. one source of a weight concatenated along axis 0.
-void lay_out_linear_weight_rows(const uint8_t* w_rows, int64_t n0, int64_t rows, int64_t N, int64_t K,
-                                int64_t panel, float* wt);
+void lay_out_linear_weight_rows(const uint8_t* w_rows, int64_t n0, int64_t rows, int64_t N,
+                                int64_t K, int64_t panel, float* wt);
 
 // Storage as the runtime allocates its weights, tables and arena: 64-byte aligned, and
 // from 2 MiB on 2 MiB aligned with transparent huge pages asked for (fewer page faults

@@ -4,7 +4,7 @@ set -euo pipefail
 
 packages=(cmake ninja-build g++ ccache pkg-config llvm-14-tools
           libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
-          libhalide14-0-dev llvm-14-dev)
+          libhalide14-0-dev llvm-14-dev clang-format-14)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

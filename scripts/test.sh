@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Runs kiln's whole test suite: installs what is missing, builds, runs every test, then
 # runs the tests that read hostile input (weights files, IR text) again under
-# AddressSanitizer and UBSan.
+# AddressSanitizer and UBSan. Fails on a formatting violation (scripts/check_format.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
+bash scripts/check_format.sh
 (cd build && ctest --output-on-failure -j 2)
 
 echo "== AddressSanitizer + UBSan: runtime_tests, ir_tests"

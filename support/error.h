@@ -29,11 +29,11 @@ template <typename... Args>
 }  // namespace kiln
 
 // A broken internal invariant: a bug in kiln, never a user's mistake.
-#define KILN_ASSERT(cond, msg)                                                   \
-  do {                                                                           \
-    if (!(cond)) {                                                               \
+#define KILN_ASSERT(cond, msg)                                                     \
+  do {                                                                             \
+    if (!(cond)) {                                                                 \
       std::fprintf(stderr, "%s:%d: internal error: %s (%s)\n", __FILE__, __LINE__, \
-                   std::string(msg).c_str(), #cond);                             \
-      std::abort();                                                              \
-    }                                                                            \
+                   std::string(msg).c_str(), #cond);                               \
+      std::abort();                                                                \
+    }                                                                              \
   } while (0)

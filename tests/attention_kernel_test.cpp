@@ -21,11 +21,11 @@
 #include <gtest/gtest.h>
 
 #include "codegen/halide_kernels.h"
-#include "jit_kernel.h"
 #include "codegen/kernels.h"
 #include "ir/interpreter.h"
 #include "ir/ir.h"
 #include "ir/verifier.h"
+#include "jit_kernel.h"
 
 namespace kiln::codegen {
 namespace {

@@ -63,8 +63,8 @@ ir::Module projection_module(const TensorType& declared) {
   f.name = "forward";
   ir::ValueId x = f.add_param("x", f32({sym("B"), sym("S"), c(24)}));
   ir::ValueId w = f.add_op(OpKind::weight, {}, f32({c(24), c(24)}), {{"name", std::string("w")}});
-  ir::ValueId wt = f.add_op(OpKind::transpose, {w}, f32({c(24), c(24)}),
-                            {{"perm", std::vector<int64_t>{1, 0}}});
+  ir::ValueId wt =
+      f.add_op(OpKind::transpose, {w}, f32({c(24), c(24)}), {{"perm", std::vector<int64_t>{1, 0}}});
   ir::ValueId y = f.add_op(OpKind::matmul, {x, wt}, declared);
   f.values[y].name = "y";
   f.results = {y};
@@ -262,8 +262,8 @@ TEST(CanonicalizeTest, HandMadeModuleKeepsOutputs) {
   EXPECT_EQ(count_ops(fa, OpKind::transpose), 2);
   bool composed = false;
   for (const ir::Op& op : fa.ops)
-    composed |= op.kind == OpKind::transpose &&
-                op.ints_attr("perm") == std::vector<int64_t>{0, 1, 4, 3, 2};
+    composed |=
+        op.kind == OpKind::transpose && op.ints_attr("perm") == std::vector<int64_t>{0, 1, 4, 3, 2};
   EXPECT_TRUE(composed);
   EXPECT_EQ(count_ops(fa, OpKind::weight), 2);
   // select(c, a, a), select(true, a, b), x or false, true and x, the repeated mask and

@@ -24,7 +24,9 @@ struct Result {
 };
 
 std::string kiln_bin() { return std::string(KILN_BINARY_DIR) + "/tools/kiln"; }
-std::string golden(const std::string& f) { return std::string(KILN_TEST_DATA_DIR) + "/golden/" + f; }
+std::string golden(const std::string& f) {
+  return std::string(KILN_TEST_DATA_DIR) + "/golden/" + f;
+}
 
 Result run(const std::string& args) {
   std::string cmd = kiln_bin() + " " + args + " 2>&1";
@@ -43,7 +45,8 @@ class CliTest : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = std::filesystem::temp_directory_path() /
-           ("kiln_cli_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+           ("kiln_cli_" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
     std::filesystem::create_directories(dir_);
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
@@ -87,7 +90,8 @@ TEST_F(CliTest, EmitErrorsNameTheProblem) {
   EXPECT_EQ(r.output, "kiln: error: config 'd_model' = 500 is not divisible by 'heads' = 8\n");
   r = run("emit transformer --set colour=blue");
   EXPECT_EQ(r.status, 1);
-  EXPECT_THAT(r.output, StartsWith("kiln: error: unknown config key 'colour' for model 'transformer'"));
+  EXPECT_THAT(r.output,
+              StartsWith("kiln: error: unknown config key 'colour' for model 'transformer'"));
   r = run("emit transformer --bogus");
   EXPECT_EQ(r.status, 1);
   EXPECT_THAT(r.output, HasSubstr("emit: unknown option '--bogus'"));
@@ -111,10 +115,10 @@ TEST_F(CliTest, RunMatchesGoldenAndWritesOutputs) {
   rt::SafeTensors out = rt::SafeTensors::load(path("out.safetensors"));
   EXPECT_EQ(out.at("logits").shape, (std::vector<int64_t>{3, 6, 41}));
 
-  Result e = run("run " + path("tiny.kir") + " --function encode --weights " +
-                 golden("tiny.weights.safetensors") + " --inputs " +
-                 golden("tiny_b1.inputs.safetensors") + " --expect " +
-                 golden("tiny_b1.expected.safetensors"));
+  Result e =
+      run("run " + path("tiny.kir") + " --function encode --weights " +
+          golden("tiny.weights.safetensors") + " --inputs " + golden("tiny_b1.inputs.safetensors") +
+          " --expect " + golden("tiny_b1.expected.safetensors"));
   ASSERT_EQ(e.status, 0) << e.output;
   EXPECT_THAT(e.output, HasSubstr("memory: max abs error"));
 }
@@ -141,7 +145,8 @@ TEST_F(CliTest, RunRejectsTooLongInputs) {
   Result r = run("run " + path("tiny.kir") + " --weights " + golden("tiny.weights.safetensors") +
                  " --inputs " + path("long.safetensors"));
   EXPECT_EQ(r.status, 1);
-  EXPECT_THAT(r.output, HasSubstr("input 'src' has shape [1,41]: dim 1 (S) is 41, above its maximum 40"));
+  EXPECT_THAT(r.output,
+              HasSubstr("input 'src' has shape [1,41]: dim 1 (S) is 41, above its maximum 40"));
 }
 
 TEST_F(CliTest, RunReportsWeightMismatchesByName) {
@@ -152,23 +157,28 @@ TEST_F(CliTest, RunReportsWeightMismatchesByName) {
   EXPECT_EQ(r.status, 1);
   EXPECT_THAT(r.output, HasSubstr("do not match the model"));
   EXPECT_THAT(r.output, HasSubstr("tensor 'src_embed.weight' has shape [37,24], expected [53,20]"));
-  EXPECT_THAT(r.output, HasSubstr("missing tensor 'decoder.layers.2.norm3.bias' (expected F32 [20])"));
+  EXPECT_THAT(r.output,
+              HasSubstr("missing tensor 'decoder.layers.2.norm3.bias' (expected F32 [20])"));
 }
 
 TEST_F(CliTest, BadIrTextIsLocated) {
   FILE* f = fopen(path("bad.kir").c_str(), "w");
-  fputs("module @m {\n  symbol B max 4\n  func @f(%x: f32[B]) -> (f32[B]) {\n"
-        "    %0 = relu(%x) : f33[B]\n    return %0\n  }\n}\n", f);
+  fputs(
+      "module @m {\n  symbol B max 4\n  func @f(%x: f32[B]) -> (f32[B]) {\n"
+      "    %0 = relu(%x) : f33[B]\n    return %0\n  }\n}\n",
+      f);
   fclose(f);
   Result r = run("inspect " + path("bad.kir"));
   EXPECT_EQ(r.status, 1);
-  EXPECT_THAT(r.output, StartsWith("kiln: error: " + path("bad.kir") + ":4:21: error: unknown dtype 'f33'"));
+  EXPECT_THAT(r.output,
+              StartsWith("kiln: error: " + path("bad.kir") + ":4:21: error: unknown dtype 'f33'"));
 }
 
 // Issue acceptance: the compiled golden models through `kiln run --compiled`.
 TEST_F(CliTest, CompileSharedAndRunCompiledMatchesGolden) {
   ASSERT_EQ(run("emit transformer --config small -o " + path("small.kir")).status, 0);
-  Result c = run("compile " + path("small.kir") + " --emit=static,shared,ir --name small -o " + path("out"));
+  Result c = run("compile " + path("small.kir") + " --emit=static,shared,ir --name small -o " +
+                 path("out"));
   ASSERT_EQ(c.status, 0) << c.output;
   EXPECT_THAT(c.output, HasSubstr("kiln compile: [1/"));  // progress per kernel
   EXPECT_THAT(c.output, HasSubstr("kernels in"));
@@ -186,8 +196,8 @@ TEST_F(CliTest, CompileSharedAndRunCompiledMatchesGolden) {
   std::vector<int64_t> src = {5, 53, 2}, tgt = {3};
   rt::write_safetensors(path("bad.safetensors"),
                         {rt::make_i64("src", {1, 3}, src), rt::make_i64("tgt", {1, 1}, tgt)});
-  Result bad = run("run --compiled " + path("out") + " --weights " + golden("small.weights.safetensors") +
-                   " --inputs " + path("bad.safetensors"));
+  Result bad = run("run --compiled " + path("out") + " --weights " +
+                   golden("small.weights.safetensors") + " --inputs " + path("bad.safetensors"));
   EXPECT_EQ(bad.status, 1);
   EXPECT_EQ(bad.output, "kiln: error: token id 53 at 'src'[0,1] is out of range [0, 53)\n");
   // --repeat and --profile: the runs and every kernel call are counted.
@@ -212,15 +222,18 @@ TEST_F(CliTest, CompileSharedAndRunCompiledMatchesGolden) {
 
 TEST_F(CliTest, CompileErrorsNameTheProblem) {
   FILE* f = fopen(path("softmax.kir").c_str(), "w");
-  fputs("module @m {\n  symbol B max 4\n  func @f(%x: f32[B,8]) -> (f32[B,8]) {\n"
-        "    %y = softmax(%x) {axis = 1} : f32[B,8]\n    return %y\n  }\n}\n", f);
+  fputs(
+      "module @m {\n  symbol B max 4\n  func @f(%x: f32[B,8]) -> (f32[B,8]) {\n"
+      "    %y = softmax(%x) {axis = 1} : f32[B,8]\n    return %y\n  }\n}\n",
+      f);
   fclose(f);
   Result r = run("compile " + path("softmax.kir") + " -o " + path("out"));
   EXPECT_EQ(r.status, 1);
   EXPECT_THAT(r.output, HasSubstr("op softmax (%"));
   EXPECT_THAT(r.output, HasSubstr("has no kernel in compiled code"));
   ASSERT_EQ(run("emit transformer --config tiny -o " + path("tiny.kir")).status, 0);
-  Result t = run("compile " + path("tiny.kir") + " --target x86-64-linux-nonsense -o " + path("out"));
+  Result t =
+      run("compile " + path("tiny.kir") + " --target x86-64-linux-nonsense -o " + path("out"));
   EXPECT_EQ(t.status, 1);
   EXPECT_THAT(t.output, HasSubstr("invalid target 'x86-64-linux-nonsense'"));
   Result n = run("compile " + path("tiny.kir") + " --name 9lives -o " + path("out"));
@@ -234,11 +247,12 @@ TEST_F(CliTest, CompileErrorsNameTheProblem) {
 TEST_F(CliTest, CompileHandlesNamesThatAreNotCppFriendly) {
   auto write = [&](const std::string& file, const std::string& func) {
     FILE* f = fopen(path(file).c_str(), "w");
-    fputs(("module @m {\n  symbol B max 4\n  func @" + func +
-           "(%class: f32[B,8]) -> (f32[B,8]) {\n    %new = relu(%class) : f32[B,8]\n    return %new\n"
-           "  }\n}\n")
-              .c_str(),
-          f);
+    fputs(
+        ("module @m {\n  symbol B max 4\n  func @" + func +
+         "(%class: f32[B,8]) -> (f32[B,8]) {\n    %new = relu(%class) : f32[B,8]\n    return %new\n"
+         "  }\n}\n")
+            .c_str(),
+        f);
     fclose(f);
   };
   write("keywords.kir", "f");
@@ -248,12 +262,14 @@ TEST_F(CliTest, CompileHandlesNamesThatAreNotCppFriendly) {
   std::ifstream header(path("kw/m.h"));
   std::string text((std::istreambuf_iterator<char>(header)), std::istreambuf_iterator<char>());
   EXPECT_THAT(text, HasSubstr("void f(const kiln::Input& input0, kiln::Tensor<float>& output0)"));
-  EXPECT_THAT(text, HasSubstr("f(class: f32[B,8]) -> (new: f32[B,8])"));  // the real names, in comments
+  EXPECT_THAT(text,
+              HasSubstr("f(class: f32[B,8]) -> (new: f32[B,8])"));  // the real names, in comments
   for (const char* bad : {"run", "m", "max_B"}) {
     write("bad.kir", bad);
     Result r = run("compile " + path("bad.kir") + " --name m -o " + path("bad"));
     EXPECT_EQ(r.status, 1);
-    EXPECT_THAT(r.output, HasSubstr(std::string("entry point '") + bad + "' clashes with a member of the generated class m"));
+    EXPECT_THAT(r.output, HasSubstr(std::string("entry point '") + bad +
+                                    "' clashes with a member of the generated class m"));
     EXPECT_THAT(r.output, Not(HasSubstr("kernel")));  // refused before compiling kernels
   }
 }

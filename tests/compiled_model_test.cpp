@@ -7,9 +7,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "compiled_wide.h"
 #include "error_of.h"
 #include "frontend/models.h"
-#include "compiled_wide.h"
 #include "golden_small.h"
 #include "golden_tiny.h"
 #include "pass_harness.h"
@@ -26,7 +26,9 @@ using ::testing::Not;
 // is ~2e-6, so 1e-4 is the bound with a wide margin.
 constexpr double kGoldenTolerance = 1e-4;
 
-std::string golden(const std::string& f) { return std::string(KILN_TEST_DATA_DIR) + "/golden/" + f; }
+std::string golden(const std::string& f) {
+  return std::string(KILN_TEST_DATA_DIR) + "/golden/" + f;
+}
 
 double max_diff(const kiln::Tensor<float>& got, const kiln::Tensor<float>& want) {
   EXPECT_EQ(got.shape, want.shape);
@@ -46,8 +48,8 @@ void expect_golden(Model& model, const std::string& batch) {
   double e_enc = max_diff(model.encode(src), memory);
   EXPECT_LE(e_fwd, kGoldenTolerance);
   EXPECT_LE(e_enc, kGoldenTolerance);
-  std::printf("[ compiled ] %s: forward max abs error %.3g, encode max abs error %.3g\n", batch.c_str(),
-              e_fwd, e_enc);
+  std::printf("[ compiled ] %s: forward max abs error %.3g, encode max abs error %.3g\n",
+              batch.c_str(), e_fwd, e_enc);
 }
 
 TEST(CompiledGolden, TinyMatchesPyTorch) {
@@ -73,10 +75,13 @@ TEST(CompiledVsInterpreter, RandomBatchesAndLengths) {
   for (int64_t batch : {1, 3})
     for (int64_t len : {1, 7, 33, 40})
       for (bool padding : {false, true}) {
-        std::map<std::string, int64_t> sizes = {{"B", batch}, {"S", len}, {"T", len == 40 ? 5 : len}};
-        auto inputs = testing::random_inputs(m, fwd, sizes, static_cast<uint32_t>(len * 10 + batch), padding);
+        std::map<std::string, int64_t> sizes = {
+            {"B", batch}, {"S", len}, {"T", len == 40 ? 5 : len}};
+        auto inputs =
+            testing::random_inputs(m, fwd, sizes, static_cast<uint32_t>(len * 10 + batch), padding);
         std::vector<ir::Tensor> want = ir::interpret(m, fwd, wm, inputs);
-        kiln::Tensor<int64_t> src{inputs[0].shape, inputs[0].ints}, tgt{inputs[1].shape, inputs[1].ints};
+        kiln::Tensor<int64_t> src{inputs[0].shape, inputs[0].ints},
+            tgt{inputs[1].shape, inputs[1].ints};
         kiln::Tensor<float> got = model.forward(src, tgt);
         ASSERT_EQ(got.shape, want[0].shape);
         for (size_t i = 0; i < got.data.size(); ++i)
@@ -87,7 +92,7 @@ TEST(CompiledVsInterpreter, RandomBatchesAndLengths) {
 }
 
 // The settings of tests/CMakeLists.txt's compiled_wide.
-const std::vector<std::string> kWideSettings = {"d_model=64", "heads=4",      "d_ff=160",
+const std::vector<std::string> kWideSettings = {"d_model=64",    "heads=4",      "d_ff=160",
                                                 "tgt_vocab=128", "enc_layers=1", "dec_layers=1"};
 
 // Linear weights packed in 64-column panels at load time (q/k/v, output, generator) next to
@@ -111,7 +116,8 @@ TEST(CompiledVsInterpreter, PackedWeights) {
       for (int64_t len : {1, 7, 33})
         for (bool padding : {false, true}) {
           std::map<std::string, int64_t> sizes = {{"B", batch}, {"S", len}, {"T", len}};
-          auto inputs = testing::random_inputs(m, f, sizes, static_cast<uint32_t>(len + batch), padding);
+          auto inputs =
+              testing::random_inputs(m, f, sizes, static_cast<uint32_t>(len + batch), padding);
           std::vector<ir::Tensor> want = ir::interpret(m, f, wm, inputs);
           kiln::Tensor<int64_t> src{inputs[0].shape, inputs[0].ints};
           kiln::Tensor<float> got;
@@ -135,20 +141,30 @@ std::string error_of(const std::function<void()>& fn) {
 TEST(CompiledInputs, BadIdsLengthsAndBatchesAreRejected) {
   kiln_models::golden_tiny model(golden("tiny.weights.safetensors").c_str());
   kiln::Tensor<int64_t> tgt{{1, 2}, {3, 4}};
-  EXPECT_EQ(error_of([&] { model.forward(kiln::Tensor<int64_t>{{1, 3}, {5, 37, 2}}, tgt); }),
+  EXPECT_EQ(error_of([&] {
+              model.forward(kiln::Tensor<int64_t>{{1, 3}, {5, 37, 2}}, tgt);
+            }),
             "token id 37 at 'src'[0,1] is out of range [0, 37)");
-  EXPECT_EQ(error_of([&] { model.forward(kiln::Tensor<int64_t>{{1, 3}, {5, 6, -1}}, tgt); }),
+  EXPECT_EQ(error_of([&] {
+              model.forward(kiln::Tensor<int64_t>{{1, 3}, {5, 6, -1}}, tgt);
+            }),
             "token id -1 at 'src'[0,2] is out of range [0, 37)");
-  EXPECT_EQ(error_of([&] { model.forward(kiln::Tensor<int64_t>{{1, 41}, std::vector<int64_t>(41, 3)}, tgt); }),
+  EXPECT_EQ(error_of([&] {
+              model.forward(kiln::Tensor<int64_t>{{1, 41}, std::vector<int64_t>(41, 3)}, tgt);
+            }),
             "input 'src' has shape [1,41]: dim 1 (S) is 41, above its maximum 40");
   EXPECT_EQ(error_of([&] {
               model.forward(kiln::Tensor<int64_t>{{5, 1}, {1, 2, 3, 4, 5}},
                             kiln::Tensor<int64_t>{{5, 1}, {1, 2, 3, 4, 5}});
             }),
             "input 'src' has shape [5,1]: dim 0 (B) is 5, above its maximum 4");
-  EXPECT_EQ(error_of([&] { model.forward(kiln::Tensor<int64_t>{{2, 3}, {1, 2, 3, 4, 5, 6}}, tgt); }),
+  EXPECT_EQ(error_of([&] {
+              model.forward(kiln::Tensor<int64_t>{{2, 3}, {1, 2, 3, 4, 5, 6}}, tgt);
+            }),
             "input 'tgt' has shape [1,2]: dim 0 (B) is 1, but B is 2 in an earlier input");
-  EXPECT_THAT(error_of([&] { model.forward(kiln::Tensor<float>{{1, 2}, {1, 2}}, tgt); }),
+  EXPECT_THAT(error_of([&] {
+                model.forward(kiln::Tensor<float>{{1, 2}, {1, 2}}, tgt);
+              }),
               HasSubstr("input 'src' must be i64 or i32"));
   // int32 ids are accepted and give the same result as int64.
   kiln::Tensor<int32_t> src32{{1, 3}, {5, 6, 7}};
@@ -180,7 +196,9 @@ TEST(CompiledOutputs, IntoCallerTensorsReusesStorage) {
   EXPECT_EQ(memory.shape, (std::vector<int64_t>{3, 9, 24}));
   EXPECT_EQ(memory.data, model.encode(ids(3, 9)).data);
   // Through the untyped call: the number of outputs is checked.
-  EXPECT_EQ(error_of([&] { model.run("encode", {ids(1, 3)}, {&memory, &logits}); }),
+  EXPECT_EQ(error_of([&] {
+              model.run("encode", {ids(1, 3)}, {&memory, &logits});
+            }),
             "kiln: entry point 'encode' has 1 output(s), 2 given");
 }
 
@@ -207,7 +225,8 @@ TEST(CompiledProfile, CountsRunsAndKernelCalls) {
 }
 
 TEST(CompiledWeights, MismatchedCheckpointIsReportedByName) {
-  std::string msg = error_of([] { kiln_models::golden_tiny model(golden("small.weights.safetensors").c_str()); });
+  std::string msg =
+      error_of([] { kiln_models::golden_tiny model(golden("small.weights.safetensors").c_str()); });
   EXPECT_THAT(msg, HasSubstr("tensor 'src_embed.weight' has shape [53,20], expected [37,24]"));
   EXPECT_THAT(msg, HasSubstr("unexpected tensor 'decoder.layers.2.norm3.bias'"));
   EXPECT_THAT(error_of([] { kiln_models::golden_tiny model("/nonexistent.safetensors"); }),

@@ -17,10 +17,10 @@
 #include <gtest/gtest.h>
 
 #include "codegen/halide_kernels.h"
-#include "jit_kernel.h"
 #include "codegen/kernels.h"
 #include "ir/interpreter.h"
 #include "ir/ir.h"
+#include "jit_kernel.h"
 #include "support/error.h"
 
 namespace kiln {

@@ -20,7 +20,9 @@ namespace {
 // semantic slip (a wrong mask or scale moves logits by 1e-2 or more).
 constexpr double kTolerance = 1e-4;
 
-std::string golden(const std::string& file) { return std::string(KILN_TEST_DATA_DIR) + "/golden/" + file; }
+std::string golden(const std::string& file) {
+  return std::string(KILN_TEST_DATA_DIR) + "/golden/" + file;
+}
 
 double max_abs_diff(const ir::Tensor& got, const rt::SafeTensors& file, const std::string& name) {
   const rt::TensorInfo& t = file.at(name);
@@ -46,11 +48,13 @@ TEST_P(GoldenTest, InterpreterMatchesPyTorch) {
   ir::Module built = models::build_model("transformer", c.config);
   ir::Module m = ir::parse_and_verify(ir::print_module(built));
 
-  rt::SafeTensors weights = rt::SafeTensors::load(golden(std::string(c.config) + ".weights.safetensors"));
+  rt::SafeTensors weights =
+      rt::SafeTensors::load(golden(std::string(c.config) + ".weights.safetensors"));
   for (const auto& [key, value] : m.config)  // the registry's config is the script's
     EXPECT_EQ(weights.metadata().at(key), value) << key;
   ir::WeightMap wm = tools::load_weight_map(m, weights);
-  rt::SafeTensors inputs = rt::SafeTensors::load(golden(std::string(c.batch) + ".inputs.safetensors"));
+  rt::SafeTensors inputs =
+      rt::SafeTensors::load(golden(std::string(c.batch) + ".inputs.safetensors"));
   rt::SafeTensors expected =
       rt::SafeTensors::load(golden(std::string(c.batch) + ".expected.safetensors"));
 
@@ -73,7 +77,8 @@ TEST_P(GoldenTest, InterpreterMatchesPyTorch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Batches, GoldenTest,
-                         ::testing::Values(GoldenCase{"tiny", "tiny_b1"}, GoldenCase{"tiny", "tiny_b2"},
+                         ::testing::Values(GoldenCase{"tiny", "tiny_b1"},
+                                           GoldenCase{"tiny", "tiny_b2"},
                                            GoldenCase{"small", "small_b1"}),
                          [](const auto& info) { return std::string(info.param.batch); });
 

@@ -56,7 +56,8 @@ class JitKernel {
   }
   int run(const std::vector<Halide::Buffer<>>& buffers) const {
     std::vector<halide_buffer_t*> raw;
-    for (const Halide::Buffer<>& b : buffers) raw.push_back(const_cast<halide_buffer_t*>(b.raw_buffer()));
+    for (const Halide::Buffer<>& b : buffers)
+      raw.push_back(const_cast<halide_buffer_t*>(b.raw_buffer()));
     return (*this)(raw);
   }
 

@@ -23,10 +23,10 @@
 #include <gtest/gtest.h>
 
 #include "codegen/halide_kernels.h"
-#include "jit_kernel.h"
 #include "codegen/kernels.h"
 #include "ir/interpreter.h"
 #include "ir/ir.h"
+#include "jit_kernel.h"
 #include "noise.h"
 #include "runtime/plan.h"
 
@@ -185,17 +185,16 @@ std::string shape_name(const ::testing::TestParamInfo<Shape>& info) {
 
 INSTANTIATE_TEST_SUITE_P(
     OddShapes, LinearKernelShapeTest,
-    ::testing::Values(Shape{"host", 24, 40, false, true, 0}, Shape{"host", 20, 36, true, true, 0},
-                      Shape{"host", 7, 5, false, false, 0}, Shape{"host", 9, 3, true, false, 0},
-                      Shape{"host", 1, 17, false, true, 0}, Shape{"host", 5, 1, true, true, 0},
-                      Shape{"host", 16, 48, true, false, 0}, Shape{"host", 64, 200, true, true, 0},
-                      Shape{kAvx2Target, 24, 40, false, true, 0},
-                      Shape{kAvx2Target, 20, 36, true, true, 0},
-                      Shape{kAvx2Target, 7, 5, false, false, 0},
-                      Shape{kAvx2Target, 64, 200, true, false, 0},
-                      // Packed weights: one panel, several, K not a multiple of the unroll.
-                      Shape{"host", 24, 64, false, true, 64}, Shape{"host", 7, 192, true, false, 64},
-                      Shape{kAvx2Target, 9, 128, true, true, 64}),
+    ::testing::Values(
+        Shape{"host", 24, 40, false, true, 0}, Shape{"host", 20, 36, true, true, 0},
+        Shape{"host", 7, 5, false, false, 0}, Shape{"host", 9, 3, true, false, 0},
+        Shape{"host", 1, 17, false, true, 0}, Shape{"host", 5, 1, true, true, 0},
+        Shape{"host", 16, 48, true, false, 0}, Shape{"host", 64, 200, true, true, 0},
+        Shape{kAvx2Target, 24, 40, false, true, 0}, Shape{kAvx2Target, 20, 36, true, true, 0},
+        Shape{kAvx2Target, 7, 5, false, false, 0}, Shape{kAvx2Target, 64, 200, true, false, 0},
+        // Packed weights: one panel, several, K not a multiple of the unroll.
+        Shape{"host", 24, 64, false, true, 64}, Shape{"host", 7, 192, true, false, 64},
+        Shape{kAvx2Target, 9, 128, true, true, 64}),
     shape_name);
 
 // The model's shape class: whole register blocks along n, K a multiple of the unroll,

@@ -34,9 +34,10 @@ TEST(Dsl, MatmulMismatchNamesOpShapesAndPlace) {
     dsl::Tensor w = f.weight("w", {40, 36});
     dsl::matmul(x, w);  // the line reported below
   });
-  EXPECT_THAT(msg, MatchesRegex("dsl error at model_test\\.cpp:[0-9]+ in 'encoder\\.layers\\.0\\.ffn' "
-                                "\\(function 'main'\\): matmul\\(f32\\[B,S,24\\], f32\\[40,36\\]\\): "
-                                "contraction dims differ: f32\\[B,S,24\\] x f32\\[40,36\\]"));
+  EXPECT_THAT(msg,
+              MatchesRegex("dsl error at model_test\\.cpp:[0-9]+ in 'encoder\\.layers\\.0\\.ffn' "
+                           "\\(function 'main'\\): matmul\\(f32\\[B,S,24\\], f32\\[40,36\\]\\): "
+                           "contraction dims differ: f32\\[B,S,24\\] x f32\\[40,36\\]"));
 }
 
 TEST(Dsl, BroadcastMismatchOfSymbols) {
@@ -52,14 +53,15 @@ TEST(Dsl, BroadcastMismatchOfSymbols) {
 }
 
 TEST(Dsl, ReshapeElementCountAndUndeclaredSymbol) {
-  EXPECT_THAT(error_of([] {
-                dsl::ModelBuilder mb("toy");
-                dsl::Dim S = mb.symbol("S", 8);
-                dsl::FunctionBuilder& f = mb.function("main");
-                dsl::Tensor a = f.input("a", dsl::DType::f32, {S, dsl::Dim::constant(6)});
-                dsl::reshape(a, {S, dsl::Dim::constant(4), dsl::Dim::constant(2)});
-              }),
-              HasSubstr("reshape(f32[S,6]): cannot reshape [S,6] to [S,4,2]: element counts differ"));
+  EXPECT_THAT(
+      error_of([] {
+        dsl::ModelBuilder mb("toy");
+        dsl::Dim S = mb.symbol("S", 8);
+        dsl::FunctionBuilder& f = mb.function("main");
+        dsl::Tensor a = f.input("a", dsl::DType::f32, {S, dsl::Dim::constant(6)});
+        dsl::reshape(a, {S, dsl::Dim::constant(4), dsl::Dim::constant(2)});
+      }),
+      HasSubstr("reshape(f32[S,6]): cannot reshape [S,6] to [S,4,2]: element counts differ"));
   EXPECT_THAT(error_of([] {
                 dsl::ModelBuilder mb("toy");
                 dsl::FunctionBuilder& f = mb.function("main");

@@ -55,7 +55,8 @@ inline std::vector<ir::Tensor> random_inputs(const ir::Module& m, const ir::Func
   for (ir::ValueId p : f.params) {
     const ir::TensorType& t = f.type(p);
     std::vector<int64_t> shape;
-    for (const ir::Dim& d : t.shape) shape.push_back(d.is_symbolic() ? sizes.at(d.symbol) : d.value);
+    for (const ir::Dim& d : t.shape)
+      shape.push_back(d.is_symbolic() ? sizes.at(d.symbol) : d.value);
     int64_t n = 1;
     for (int64_t s : shape) n *= s;
     if (t.dtype == ir::DType::f32) {

@@ -21,7 +21,8 @@ std::map<std::string, int> histogram(const ir::Function& f) {
 }
 
 ir::Module optimized(const std::string& config) {
-  return testing::after_passes(models::build_model("transformer", config), passes::default_pipeline());
+  return testing::after_passes(models::build_model("transformer", config),
+                               passes::default_pipeline());
 }
 
 TEST(DefaultPipeline, BaseForwardIsFullyFused) {
@@ -54,9 +55,12 @@ TEST_P(DefaultPipelineGolden, KeepsOutputs) {
   auto path = [](const std::string& f) { return std::string(KILN_TEST_DATA_DIR) + "/golden/" + f; };
   ir::Module plain = models::build_model("transformer", g.config);
   ir::Module opt = optimized(g.config);
-  rt::SafeTensors weights = rt::SafeTensors::load(path(std::string(g.config) + ".weights.safetensors"));
-  rt::SafeTensors inputs = rt::SafeTensors::load(path(std::string(g.batch) + ".inputs.safetensors"));
-  rt::SafeTensors expected = rt::SafeTensors::load(path(std::string(g.batch) + ".expected.safetensors"));
+  rt::SafeTensors weights =
+      rt::SafeTensors::load(path(std::string(g.config) + ".weights.safetensors"));
+  rt::SafeTensors inputs =
+      rt::SafeTensors::load(path(std::string(g.batch) + ".inputs.safetensors"));
+  rt::SafeTensors expected =
+      rt::SafeTensors::load(path(std::string(g.batch) + ".expected.safetensors"));
   ir::WeightMap w_plain = tools::load_weight_map(plain, weights);
   ir::WeightMap w_opt = tools::load_weight_map(opt, weights);
   for (const char* fn : {"forward", "encode"}) {

@@ -14,8 +14,8 @@
 namespace kiln::rt {
 namespace {
 
-using ::testing::HasSubstr;
 using kiln::testing::error_of;
+using ::testing::HasSubstr;
 
 // W[N=4, K=3] with W[n, k] = 10·n + k, so every output element names its source.
 std::vector<float> small_weight() {
@@ -52,8 +52,9 @@ TEST(LinearWeightLayout, RowBlocksFromUnalignedBytes) {
     lay_out_linear_weight(w.data(), 4, 3, panel, whole.data());
     std::vector<uint8_t> bytes(1 + w.size() * 4);  // one byte in: misaligned for floats
     std::memcpy(bytes.data() + 1, w.data(), w.size() * 4);
-    lay_out_linear_weight_rows(bytes.data() + 1, 0, 1, 4, 3, panel, blocks.data());           // row 0
-    lay_out_linear_weight_rows(bytes.data() + 1 + 3 * 4, 1, 3, 4, 3, panel, blocks.data());   // rows 1-3
+    lay_out_linear_weight_rows(bytes.data() + 1, 0, 1, 4, 3, panel, blocks.data());  // row 0
+    lay_out_linear_weight_rows(bytes.data() + 1 + 3 * 4, 1, 3, 4, 3, panel,
+                               blocks.data());  // rows 1-3
     EXPECT_EQ(blocks, whole) << "panel " << panel;
   }
 }

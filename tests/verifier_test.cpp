@@ -479,8 +479,9 @@ TEST(VerifierInvariants, HugeTypesAreRejectedWithoutOverflow) {
 })");
   auto diags = verify(m);
   ASSERT_EQ(diags.size(), 1u);
-  EXPECT_THAT(diags[0].message, ::testing::HasSubstr("[V2] weight 'w' of type f32[4294967296,4294967296] "
-                                                     "has a negative dim or more than"));
+  EXPECT_THAT(diags[0].message,
+              ::testing::HasSubstr("[V2] weight 'w' of type f32[4294967296,4294967296] "
+                                   "has a negative dim or more than"));
   Module r = parse_module(R"(module @m {
   func @f(%x: f32[9223372036854775807,4]) -> (f32[4,9223372036854775807]) {
     %0 = reshape(%x) : f32[4,9223372036854775807]

@@ -14,10 +14,14 @@ namespace kiln::tools {
 namespace {
 rt::DType to_rt(ir::DType d) {
   switch (d) {
-    case ir::DType::f32: return rt::DType::f32;
-    case ir::DType::i32: return rt::DType::i32;
-    case ir::DType::i64: return rt::DType::i64;
-    case ir::DType::boolean: return rt::DType::boolean;
+    case ir::DType::f32:
+      return rt::DType::f32;
+    case ir::DType::i32:
+      return rt::DType::i32;
+    case ir::DType::i64:
+      return rt::DType::i64;
+    case ir::DType::boolean:
+      return rt::DType::boolean;
   }
   return rt::DType::f32;
 }

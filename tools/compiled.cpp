@@ -43,20 +43,23 @@ std::vector<rt::TensorData> run_compiled(const std::string& dir, const std::stri
                                          const std::string& weights_path,
                                          const rt::SafeTensors& inputs,
                                          const CompiledRunOptions& options) {
-  if (options.repeat < 1) fail("run --compiled: --repeat must be at least 1, got {}", options.repeat);
+  if (options.repeat < 1)
+    fail("run --compiled: --repeat must be at least 1, got {}", options.repeat);
   if (weights_path == "-") fail("run --compiled: weights must be a file, not '-'");
   std::vector<fs::path> libs;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     std::string n = e.path().filename().string();
-    if (n.size() > 6 && n.rfind("lib", 0) == 0 && n.substr(n.size() - 3) == ".so") libs.push_back(e.path());
+    if (n.size() > 6 && n.rfind("lib", 0) == 0 && n.substr(n.size() - 3) == ".so")
+      libs.push_back(e.path());
   }
   if (ec) fail("run --compiled: cannot read directory '{}': {}", dir, ec.message());
   if (libs.size() != 1)
-    fail("run --compiled: expected one lib*.so in '{}' (from kiln compile --emit=shared), found {}", dir,
-         libs.size());
+    fail("run --compiled: expected one lib*.so in '{}' (from kiln compile --emit=shared), found {}",
+         dir, libs.size());
   const std::string lib = libs[0].string();
-  const std::string name = libs[0].filename().string().substr(3, libs[0].filename().string().size() - 6);
+  const std::string name =
+      libs[0].filename().string().substr(3, libs[0].filename().string().size() - 6);
   void* handle = dlopen(fs::absolute(libs[0]).c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle) fail("run --compiled: cannot load '{}': {}", lib, dlerror());
   Api api{};
@@ -91,7 +94,8 @@ std::vector<rt::TensorData> run_compiled(const std::string& dir, const std::stri
   for (int i = 0; i < n_in; ++i) {
     const char* pname = api.input_name(model, function.c_str(), i);
     const rt::TensorInfo* t = inputs.find(pname);
-    if (!t) fail("inputs '{}' have no tensor '{}' for entry point '{}'", inputs.label(), pname, function);
+    if (!t)
+      fail("inputs '{}' have no tensor '{}' for entry point '{}'", inputs.label(), pname, function);
     std::memset(&in[i], 0, sizeof in[i]);
     in[i].name = pname;
     if (t->shape.size() > KILN_MAX_RANK) fail("input '{}' has rank {}", pname, t->shape.size());
@@ -126,8 +130,8 @@ std::vector<rt::TensorData> run_compiled(const std::string& dir, const std::stri
       fail("{}", api.error(model));
   if (options.profile) fmt::print(stderr, "{}", api.profile(model));
   for (int r = 0; r < n_out; ++r)
-    results[r] = rt::make_f32(out[r].name, std::vector<int64_t>(out[r].shape, out[r].shape + out[r].rank),
-                              buffers[r]);
+    results[r] = rt::make_f32(
+        out[r].name, std::vector<int64_t>(out[r].shape, out[r].shape + out[r].rank), buffers[r]);
   return results;
 }
 

@@ -1,8 +1,8 @@
 // The `kiln` command-line tool: emit, inspect and run models.
 #include <charconv>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -44,7 +44,8 @@ commands:
 FILE may be '-' for standard input. 'kiln <command> --help' describes a command.
 )";
 
-constexpr const char* kEmitHelp = R"(usage: kiln emit MODEL [--config NAME] [--set key=value]... [-o FILE]
+constexpr const char* kEmitHelp =
+    R"(usage: kiln emit MODEL [--config NAME] [--set key=value]... [-o FILE]
 
 Writes the IR text of a registered model (see 'kiln models').
 
@@ -264,9 +265,10 @@ int cmd_inspect(const std::vector<std::string>& argv) {
         fail("inspect: function '{}' has no memory plan (run 'kiln opt' first)", f.name);
       std::vector<std::string> problems = passes::check_memory_plan(m, f);
       fmt::print("function {}\n{}", f.name, passes::memory_report(m, f));
-      fmt::print("plan check: {}\n\n", problems.empty() ? "sound (no two live values overlap)"
-                                                          : fmt::format("{} problem(s): {}", problems.size(),
-                                                                        fmt::join(problems, "; ")));
+      fmt::print("plan check: {}\n\n", problems.empty()
+                                           ? "sound (no two live values overlap)"
+                                           : fmt::format("{} problem(s): {}", problems.size(),
+                                                         fmt::join(problems, "; ")));
     }
     return 0;
   }
@@ -307,7 +309,8 @@ int cmd_inspect(const std::vector<std::string>& argv) {
       if (op.kind == ir::OpKind::weight && used.insert(op.str_attr("name")).second)
         used_params += ir::static_numel(f.type(op.result));
     fmt::print("\nentry point {}({}) -> ({})\n", f.name, ins, outs);
-    fmt::print("  weights used: {} tensors, {} parameters\n", used.size(), with_commas(used_params));
+    fmt::print("  weights used: {} tensors, {} parameters\n", used.size(),
+               with_commas(used_params));
     fmt::print("  ops: {}\n", f.ops.size());
     for (const auto& [op, n] : histogram(f)) fmt::print("    {:<16} {}\n", op, n);
   }
@@ -352,8 +355,9 @@ int positive_int(const std::string& value, const char* name) {
 
 int cmd_run(const std::vector<std::string>& argv) {
   if (wants_help(argv)) return fmt::print("{}", kRunHelp), 0;
-  Args a = Args::parse(argv, {"--weights", "--inputs", "--function", "-o", "--expect", "--atol",
-                              "--compiled", "--threads", "--repeat"},
+  Args a = Args::parse(argv,
+                       {"--weights", "--inputs", "--function", "-o", "--expect", "--atol",
+                        "--compiled", "--threads", "--repeat"},
                        {"--profile"}, "run");
   std::string weights_path = a.require("--weights", "run");
   std::string inputs_path = a.require("--inputs", "run");
@@ -405,8 +409,8 @@ int cmd_run(const std::vector<std::string>& argv) {
       std::vector<float> v = floats(t);
       double lo = INFINITY, hi = -INFINITY, sum = 0;
       for (float x : v) lo = std::min<double>(lo, x), hi = std::max<double>(hi, x), sum += x;
-      fmt::print("{}: f32{} min {:.6g} max {:.6g} mean {:.6g}\n", t.name, rt::shape_string(t.shape), lo,
-                 hi, v.empty() ? 0.0 : sum / v.size());
+      fmt::print("{}: f32{} min {:.6g} max {:.6g} mean {:.6g}\n", t.name, rt::shape_string(t.shape),
+                 lo, hi, v.empty() ? 0.0 : sum / v.size());
     }
   }
   if (auto expect_path = a.get("--expect")) {
@@ -452,15 +456,22 @@ int cmd_compile(const std::vector<std::string>& argv) {
   size_t start = 0;
   while (start <= emit.size()) {
     size_t comma = emit.find(',', start);
-    std::string item = emit.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-    if (item == "static") options.emit_static = true;
-    else if (item == "shared") options.emit_shared = true;
-    else if (item == "ir") options.emit_ir = true;
-    else fail("compile: unknown --emit item '{}' (expected static, shared or ir)", item);
+    std::string item =
+        emit.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (item == "static")
+      options.emit_static = true;
+    else if (item == "shared")
+      options.emit_shared = true;
+    else if (item == "ir")
+      options.emit_ir = true;
+    else
+      fail("compile: unknown --emit item '{}' (expected static, shared or ir)", item);
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
-  options.progress = [](const std::string& line) { fmt::print(stderr, "kiln compile: {}\n", line); };
+  options.progress = [](const std::string& line) {
+    fmt::print(stderr, "kiln compile: {}\n", line);
+  };
   codegen::CompileResult r = codegen::compile_model(std::move(m), options);
   fmt::print(stderr, "kiln compile: {} kernels in {:.1f} s\n", r.kernels, r.seconds);
   return 0;

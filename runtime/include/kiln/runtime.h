@@ -43,8 +43,8 @@ typedef int (*kiln_kernel_fn)(void** args);
  * and checking weights from `weights_path`. NULL on failure with the message in
  * *error (free it with kiln_free_error). */
 kiln_model* kiln_model_create(const uint8_t* plan, size_t plan_size, const kiln_kernel_fn* kernels,
-                              size_t num_kernels, const kiln_hooks* hooks,
-                              const char* weights_path, char** error);
+                              size_t num_kernels, const kiln_hooks* hooks, const char* weights_path,
+                              char** error);
 void kiln_model_destroy(kiln_model* model);
 void kiln_free_error(char* error);
 
@@ -91,8 +91,8 @@ void kiln_tensor_free(kiln_tensor* tensor);
 #include <cstring>
 #include <memory>
 #include <stdexcept>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -118,7 +118,8 @@ struct Input {
   Input(const Tensor<int64_t>& t) : data(t.data.data()), dtype(KILN_I64), shape(t.shape) {}
   Input(const Tensor<int32_t>& t) : data(t.data.data()), dtype(KILN_I32), shape(t.shape) {}
   Input(const Tensor<float>& t) : data(t.data.data()), dtype(KILN_F32), shape(t.shape) {}
-  Input(const void* d, int32_t type, std::vector<int64_t> s) : data(d), dtype(type), shape(std::move(s)) {}
+  Input(const void* d, int32_t type, std::vector<int64_t> s)
+      : data(d), dtype(type), shape(std::move(s)) {}
 };
 
 /* Owns a kiln_model; the generated model classes derive from it. Errors throw
@@ -156,7 +157,8 @@ class Model {
       std::memset(&in[i], 0, sizeof in[i]);
       in[i].dtype = inputs[i].dtype;
       in[i].rank = static_cast<int32_t>(inputs[i].shape.size());
-      if (inputs[i].shape.size() > KILN_MAX_RANK) throw std::runtime_error("kiln: input rank too large");
+      if (inputs[i].shape.size() > KILN_MAX_RANK)
+        throw std::runtime_error("kiln: input rank too large");
       for (size_t d = 0; d < inputs[i].shape.size(); ++d) in[i].shape[d] = inputs[i].shape[d];
       in[i].data = const_cast<void*>(inputs[i].data);
     }
@@ -167,7 +169,8 @@ class Model {
                                std::to_string(n) + " output(s), " + std::to_string(outputs.size()) +
                                " given");
     std::vector<kiln_tensor> out(outputs.size());
-    check(kiln_model_output_shapes(model_.get(), function, in.data(), in.size(), out.data(), out.size()));
+    check(kiln_model_output_shapes(model_.get(), function, in.data(), in.size(), out.data(),
+                                   out.size()));
     for (size_t i = 0; i < out.size(); ++i) {
       if (!outputs[i]) throw std::runtime_error("kiln: output tensor is null");
       outputs[i]->shape.assign(out[i].shape, out[i].shape + out[i].rank);
