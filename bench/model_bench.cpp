@@ -184,6 +184,7 @@ kiln_tensor make_input(const std::vector<int64_t>& ids, int64_t rows, int64_t co
   t.shape[0] = rows;
   t.shape[1] = cols;
   t.data = const_cast<int64_t*>(ids.data());
+  t.capacity = ids.size() * sizeof(int64_t);
   return t;
 }
 
@@ -207,6 +208,7 @@ struct Call {
       for (int d = 0; d < outputs[i].rank; ++d) numel *= outputs[i].shape[d];
       buffers[i].assign(static_cast<size_t>(numel), 0.0f);
       outputs[i].data = buffers[i].data();
+      outputs[i].capacity = buffers[i].size() * sizeof(float);
     }
     return "";
   }

@@ -76,6 +76,20 @@ std::string type_comment(const rt::TensorDesc& t, const rt::Plan& plan) {
   return fmt::format("{}: {}[{}]", t.name, ty, dims);
 }
 
+// The C++ element type of a result in the generated class (bool as one byte, 0 or 1).
+const char* cxx_element(rt::ElemType type) {
+  switch (type) {
+    case rt::ElemType::f32:
+      return "float";
+    case rt::ElemType::i64:
+      return "int64_t";
+    case rt::ElemType::u8:
+      return "uint8_t";
+  }
+  KILN_ASSERT(false, "unknown element type");
+  return "";
+}
+
 std::string glue_source(const std::string& name, const rt::Plan& plan) {
   std::vector<uint8_t> blob = rt::serialize_plan(plan);
   std::string out = fmt::format(
@@ -165,9 +179,8 @@ void check_method_name(const std::string& function, const std::string& class_nam
                                                       "create",        "model_",  "Deleter"};
   if (!is_identifier(function) || is_cpp_keyword(function))
     fail(
-        "entry point '{}' cannot be a C++ method name (the generated class has one method per "
-        "entry "
-        "point): rename the function",
+        "entry point '{}' cannot be a C++ method name (the generated class has one method "
+        "per entry point): rename the function",
         function);
   if (model_members.count(function) || function == class_name || function.rfind("max_", 0) == 0)
     fail(
@@ -215,7 +228,7 @@ std::string header_source(const std::string& name, const rt::Plan& plan,
   for (const rt::FunctionDesc& f : plan.functions) {
     check_method_name(f.name, name);
     std::string params, args, ins, outs;
-    std::set<std::string> taken;
+    std::set<std::string> taken = {"out"};  // the local that the allocating method returns
     for (size_t i = 0; i < f.params.size(); ++i) {
       const std::string p = parameter_name(f.params[i].name, fmt::format("input{}", i), &taken);
       params += (params.empty() ? "" : ", ") + fmt::format("const kiln::Input& {}", p);
@@ -223,23 +236,35 @@ std::string header_source(const std::string& name, const rt::Plan& plan,
       ins += (ins.empty() ? "" : ", ") + type_comment(f.params[i], plan);
     }
     for (const auto& r : f.results) outs += (outs.empty() ? "" : ", ") + type_comment(r, plan);
-    // The outputs as out-parameters too, reusing the caller's storage (kiln::Model::run).
-    std::string out_params, out_args;
+    // Each output is a kiln::Tensor of its element type; the outputs as out-parameters
+    // too, reusing the caller's storage (kiln::Model::run).
+    std::string out_params, out_args, types, gets;
     for (size_t i = 0; i < f.results.size(); ++i) {
       const std::string r = parameter_name(f.results[i].name, fmt::format("output{}", i), &taken);
-      out_params += fmt::format(", kiln::Tensor<float>& {}", r);
-      out_args += (out_args.empty() ? "&" : ", &") + r;
+      const std::string type = fmt::format("kiln::Tensor<{}>", cxx_element(f.results[i].type));
+      out_params += fmt::format(", {}& {}", type, r);
+      out_args += (out_args.empty() ? "" : ", ") + r;
+      types += (types.empty() ? "" : ", ") + type;
+      gets += fmt::format("{}std::get<{}>(out)", gets.empty() ? "" : ", ", i);
     }
     if (f.results.size() == 1)
       out += fmt::format(
           "\n  /* {0}({2}) -> {3} */\n"
-          "  kiln::Tensor<float> {0}({1}) {{ return std::move(run(\"{0}\", {{{4}}})[0]); }}\n",
-          f.name, params, ins, outs, args);
+          "  {5} {0}({1}) {{\n"
+          "    {5} out;\n"
+          "    run(\"{0}\", {{{4}}}, {{out}});\n"
+          "    return out;\n"
+          "  }}\n",
+          f.name, params, ins, outs, args, types);
     else
       out += fmt::format(
           "\n  /* {0}({2}) -> ({3}) */\n"
-          "  std::vector<kiln::Tensor<float>> {0}({1}) {{ return run(\"{0}\", {{{4}}}); }}\n",
-          f.name, params, ins, outs, args);
+          "  std::tuple<{5}> {0}({1}) {{\n"
+          "    std::tuple<{5}> out;\n"
+          "    run(\"{0}\", {{{4}}}, {{{6}}});\n"
+          "    return out;\n"
+          "  }}\n",
+          f.name, params, ins, outs, args, types, gets);
     out += fmt::format(
         "  /* The same into {3}, reusing {5} storage: no allocation once large enough. */\n"
         "  void {0}({1}{2}) {{ run(\"{0}\", {{{4}}}, {{{6}}}); }}\n",

@@ -36,6 +36,7 @@
 #include "ir/op_types.h"
 #include "ir/printer.h"
 #include "support/error.h"
+#include "support/sinusoid.h"
 
 namespace kiln::ir {
 
@@ -274,15 +275,7 @@ Tensor eval_constant(const Op& op, DType dtype, const Shape& shape) {
 Tensor eval_sinusoid_table(const Shape& shape) {
   KILN_ASSERT(shape.size() == 2, "sinusoid_table rank");
   Tensor r = Tensor::zeros(DType::f32, shape);
-  const int64_t rows = shape[0], dim = shape[1];
-  for (int64_t pos = 0; pos < rows; ++pos) {
-    for (int64_t c = 0; c < dim; ++c) {
-      const int64_t two_i = c - c % 2;  // 2i for both columns 2i and 2i+1
-      const double angle = static_cast<double>(pos) /
-                           std::pow(10000.0, static_cast<double>(two_i) / static_cast<double>(dim));
-      r.f[pos * dim + c] = static_cast<float>(c % 2 == 0 ? std::sin(angle) : std::cos(angle));
-    }
-  }
+  fill_sinusoid_table(shape[0], shape[1], r.f.data());
   return r;
 }
 

@@ -20,6 +20,7 @@
 #include "runtime/safetensors.h"
 #include "runtime/weights.h"
 #include "support/error.h"
+#include "support/sinusoid.h"
 
 using kiln::fail;
 using kiln::rt::BufferDesc;
@@ -66,6 +67,40 @@ halide_type_t halide_type(ElemType t) {
       return halide_type_t(halide_type_uint, 8);
   }
   return halide_type_t(halide_type_float, 32);
+}
+
+// The C ABI dtype a plan's element type is passed as (i64 inputs also take KILN_I32).
+int32_t abi_dtype(ElemType t) {
+  switch (t) {
+    case ElemType::f32:
+      return KILN_F32;
+    case ElemType::i64:
+      return KILN_I64;
+    case ElemType::u8:
+      return KILN_BOOL;
+  }
+  return -1;
+}
+
+const char* abi_dtype_name(int32_t dtype) {
+  switch (dtype) {
+    case KILN_F32:
+      return "f32";
+    case KILN_I64:
+      return "i64";
+    case KILN_I32:
+      return "i32";
+    case KILN_BOOL:
+      return "bool";
+  }
+  return "an unknown dtype";
+}
+
+// Elements of a validated shape (every dim >= 1 and at most its maximum or constant).
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
 }
 
 // Kernel errors reported by the Halide runtime, per thread, until taken.
@@ -124,6 +159,7 @@ struct kiln_model {
   }
 
   const FunctionDesc& function(const char* name) const {
+    if (!name) fail("model '{}': no entry point name given (NULL)", plan.model);
     for (const FunctionDesc& f : plan.functions)
       if (f.name == name) return f;
     std::vector<std::string> names;
@@ -184,14 +220,7 @@ struct kiln_model {
       const auto& t = plan.tables[ti];
       if (t.kind != "sinusoid") fail("unknown table kind '{}'", t.kind);
       tables[ti].allocate(t.rows * t.dim * 4);
-      float* pe = reinterpret_cast<float*>(tables[ti].data.get());
-      for (int64_t pos = 0; pos < t.rows; ++pos)
-        for (int64_t c = 0; c < t.dim; ++c) {
-          double freq =
-              std::pow(10000.0, static_cast<double>(c - c % 2) / static_cast<double>(t.dim));
-          double angle = static_cast<double>(pos) / freq;
-          pe[pos * t.dim + c] = static_cast<float>(c % 2 == 0 ? std::sin(angle) : std::cos(angle));
-        }
+      kiln::fill_sinusoid_table(t.rows, t.dim, reinterpret_cast<float*>(tables[ti].data.get()));
     }
   }
 
@@ -200,6 +229,7 @@ struct kiln_model {
                             std::vector<const kiln_tensor*>* ordered) const {
     if (n != f.params.size())
       fail("entry point '{}' takes {} inputs, got {}", f.name, f.params.size(), n);
+    if (n && !inputs) fail("entry point '{}': inputs is null", f.name);
     ordered->assign(f.params.size(), nullptr);
     for (size_t i = 0; i < n; ++i) {
       size_t slot = i;
@@ -217,13 +247,13 @@ struct kiln_model {
     for (size_t p = 0; p < f.params.size(); ++p) {
       const auto& want = f.params[p];
       const kiln_tensor& t = *(*ordered)[p];
-      bool ok_type = want.type == ElemType::f32 ? t.dtype == KILN_F32
-                                                : (t.dtype == KILN_I64 || t.dtype == KILN_I32);
+      const bool ok_type =
+          t.dtype == abi_dtype(want.type) || (want.type == ElemType::i64 && t.dtype == KILN_I32);
       if (!ok_type)
-        fail("input '{}' must be {}", want.name, want.type == ElemType::f32 ? "f32" : "i64 or i32");
+        fail("input '{}' is {}, expected {}", want.name, abi_dtype_name(t.dtype),
+             want.type == ElemType::i64 ? "i64 or i32" : abi_dtype_name(abi_dtype(want.type)));
       if (t.rank != static_cast<int32_t>(want.shape.size()) || t.rank < 0 || t.rank > KILN_MAX_RANK)
         fail("input '{}' has rank {}, expected {}", want.name, t.rank, want.shape.size());
-      if (!t.data) fail("input '{}' has no data", want.name);
       std::vector<int64_t> shape(t.shape, t.shape + t.rank);
       for (size_t d = 0; d < want.shape.size(); ++d) {
         const auto& dim = want.shape[d];
@@ -246,9 +276,18 @@ struct kiln_model {
                want.name, shape_str(shape), d, sym.name, shape[d], sym.name, syms[s]);
         syms[s] = shape[d];
       }
+      const int64_t n_el = numel_of(shape);
+      const uint64_t bytes = static_cast<uint64_t>(n_el) * kiln_dtype_size(t.dtype);
+      if (t.capacity < bytes)
+        fail("input '{}' of shape {} needs {} bytes of {}, its buffer holds {}", want.name,
+             shape_str(shape), bytes, abi_dtype_name(t.dtype), t.capacity);
+      if (!t.data) fail("input '{}' has no data", want.name);
+      if (t.dtype == KILN_BOOL)
+        for (int64_t e = 0; e < n_el; ++e)
+          if (uint8_t v = static_cast<const uint8_t*>(t.data)[e]; v > 1)
+            fail("input '{}' holds {} at element {}; bool elements must be 0 or 1", want.name, v,
+                 e);
       if (want.id_limit > 0) {
-        int64_t n_el = 1;
-        for (int64_t v : shape) n_el *= v;
         for (int64_t e = 0; e < n_el; ++e) {
           int64_t id = t.dtype == KILN_I64 ? static_cast<const int64_t*>(t.data)[e]
                                            : static_cast<const int32_t*>(t.data)[e];
@@ -286,9 +325,7 @@ struct kiln_model {
     for (size_t i = 0; i < n_out; ++i) {
       std::vector<int64_t> s = result_shape(f.results[i], syms);
       outputs[i].name = f.results[i].name.c_str();
-      outputs[i].dtype = f.results[i].type == ElemType::f32   ? KILN_F32
-                         : f.results[i].type == ElemType::i64 ? KILN_I64
-                                                              : KILN_BOOL;
+      outputs[i].dtype = abi_dtype(f.results[i].type);
       outputs[i].rank = static_cast<int32_t>(s.size());
       for (size_t d = 0; d < s.size(); ++d) outputs[i].shape[d] = s[d];
     }
@@ -319,23 +356,30 @@ struct kiln_model {
         param_bytes[p] = n_el * 8;
       } else {
         param_data[p] = static_cast<const uint8_t*>(t.data);
-        param_bytes[p] = n_el * (t.dtype == KILN_F32 ? 4 : 8);
+        param_bytes[p] = n_el * static_cast<int64_t>(kiln_dtype_size(t.dtype));
       }
     }
     std::vector<uint8_t*> result_data(n_out);
     std::vector<int64_t> result_bytes(n_out);
+    // Every output is checked before any kernel runs: a refused call writes nothing.
+    if (n_out && !outputs) fail("entry point '{}': outputs is null", f.name);
     for (size_t r = 0; r < n_out; ++r) {
+      const std::string& name = f.results[r].name;
+      if (outputs[r].dtype != abi_dtype(f.results[r].type))
+        fail("output '{}' is {}, given a buffer of {}", name,
+             abi_dtype_name(abi_dtype(f.results[r].type)), abi_dtype_name(outputs[r].dtype));
       std::vector<int64_t> want = result_shape(f.results[r], syms);
       std::vector<int64_t> got(outputs[r].shape,
                                outputs[r].shape + std::clamp(outputs[r].rank, 0, KILN_MAX_RANK));
       if (got != want)
-        fail("output '{}' has shape {}, expected {}", f.results[r].name, shape_str(got),
-             shape_str(want));
-      if (!outputs[r].data) fail("output '{}' has no data", f.results[r].name);
-      int64_t n_el = 1;
-      for (int64_t d : want) n_el *= d;
+        fail("output '{}' has shape {}, expected {}", name, shape_str(got), shape_str(want));
+      result_bytes[r] = numel_of(want) * kiln::rt::elem_size(f.results[r].type);
+      if (outputs[r].capacity < static_cast<uint64_t>(result_bytes[r]))
+        fail("output '{}' of shape {} needs {} bytes of {}, its buffer holds {}", name,
+             shape_str(want), result_bytes[r], abi_dtype_name(outputs[r].dtype),
+             outputs[r].capacity);
+      if (!outputs[r].data) fail("output '{}' has no data", name);
       result_data[r] = static_cast<uint8_t*>(outputs[r].data);
-      result_bytes[r] = n_el * kiln::rt::elem_size(f.results[r].type);
     }
 
     std::vector<halide_buffer_t> bufs;
@@ -436,8 +480,11 @@ kiln_model* kiln_model_create(const uint8_t* plan, size_t plan_size, const kiln_
     if (hooks) m->hooks = *hooks;
     // Halide prints kernel errors by default; kiln returns them instead.
     if (m->hooks.set_error_handler) m->hooks.set_error_handler(record_kernel_error);
-    if (!weights_path) fail("no weights file given");
-    m->load_weights(weights_path);
+    if (weights_path)
+      m->load_weights(weights_path);
+    else if (!m->plan.weights.empty())
+      fail("no weights file given (model '{}' has {} weights)", m->plan.model,
+           m->plan.weights.size());
     m->build_tables();
     int64_t arena = 0;
     for (const auto& f : m->plan.functions) arena = std::max(arena, f.arena_bytes);
@@ -456,18 +503,21 @@ void kiln_model_destroy(kiln_model* model) { delete model; }
 void kiln_free_error(char* error) { std::free(error); }
 
 int kiln_model_num_inputs(const kiln_model* model, const char* function) {
+  if (!model || !function) return -1;
   for (const auto& f : model->plan.functions)
     if (f.name == function) return static_cast<int>(f.params.size());
   return -1;
 }
 
 int kiln_model_num_outputs(const kiln_model* model, const char* function) {
+  if (!model || !function) return -1;
   for (const auto& f : model->plan.functions)
     if (f.name == function) return static_cast<int>(f.results.size());
   return -1;
 }
 
 const char* kiln_model_input_name(const kiln_model* model, const char* function, int index) {
+  if (!model || !function) return nullptr;
   for (const auto& f : model->plan.functions)
     if (f.name == function && index >= 0 && index < static_cast<int>(f.params.size()))
       return f.params[index].name.c_str();
@@ -475,13 +525,17 @@ const char* kiln_model_input_name(const kiln_model* model, const char* function,
 }
 
 const char* const* kiln_model_functions(const kiln_model* model) {
-  return model->function_names.data();
+  static const char* const none[] = {nullptr};
+  return model ? model->function_names.data() : none;
 }
 
 int kiln_model_output_shapes(kiln_model* model, const char* function, const kiln_tensor* inputs,
                              size_t num_inputs, kiln_tensor* outputs, size_t num_outputs) {
+  if (!model) return 1;
   try {
     model->error.clear();
+    if (num_outputs && !outputs)
+      fail("entry point '{}': outputs is null", function ? function : "");
     model->output_shapes(function, inputs, num_inputs, outputs, num_outputs);
     return 0;
   } catch (const std::exception& e) {
@@ -492,6 +546,7 @@ int kiln_model_output_shapes(kiln_model* model, const char* function, const kiln
 
 int kiln_model_run(kiln_model* model, const char* function, const kiln_tensor* inputs,
                    size_t num_inputs, kiln_tensor* outputs, size_t num_outputs) {
+  if (!model) return 1;
   try {
     model->error.clear();
     model->run(function, inputs, num_inputs, outputs, num_outputs);
@@ -502,14 +557,31 @@ int kiln_model_run(kiln_model* model, const char* function, const kiln_tensor* i
   }
 }
 
-const char* kiln_model_error(const kiln_model* model) { return model->error.c_str(); }
+const char* kiln_model_error(const kiln_model* model) {
+  return model ? model->error.c_str() : "kiln: no model (NULL)";
+}
+
+size_t kiln_dtype_size(int32_t dtype) {
+  switch (dtype) {
+    case KILN_F32:
+      return 4;
+    case KILN_I64:
+      return 8;
+    case KILN_I32:
+      return 4;
+    case KILN_BOOL:
+      return 1;
+  }
+  return 0;
+}
 
 int kiln_model_set_num_threads(kiln_model* model, int threads) {
-  if (!model->hooks.set_num_threads) return -1;
+  if (!model || !model->hooks.set_num_threads) return -1;
   return model->hooks.set_num_threads(threads < 1 ? 1 : threads);
 }
 
 int kiln_model_set_profiling(kiln_model* model, int on) {
+  if (!model) return -1;
   model->profiling = on != 0;
   if (model->profiling) {
     model->kernel_time.assign(model->plan.kernel_names.size(), {});
@@ -519,6 +591,7 @@ int kiln_model_set_profiling(kiln_model* model, int on) {
 }
 
 const char* kiln_model_profile(kiln_model* model) {
+  if (!model) return "";
   model->profile_text = model->kernel_time.empty() ? "" : model->profile_report();
   return model->profile_text.c_str();
 }
@@ -537,6 +610,11 @@ int kiln_tensor_read(const char* path, const char* name, kiln_tensor* out, char*
       out->dtype = KILN_F32;
       out->data = std::malloc(std::max<size_t>(1, v.size() * 4));
       if (out->data && !v.empty()) std::memcpy(out->data, v.data(), v.size() * 4);
+    } else if (t.dtype == kiln::rt::DType::boolean || t.dtype == kiln::rt::DType::u8) {
+      std::span<const uint8_t> v = file.bytes(t);
+      out->dtype = KILN_BOOL;
+      out->data = std::malloc(std::max<size_t>(1, v.size()));
+      if (out->data && !v.empty()) std::memcpy(out->data, v.data(), v.size());
     } else {
       std::vector<int64_t> v = file.to_i64(t);
       out->dtype = KILN_I64;
@@ -544,6 +622,7 @@ int kiln_tensor_read(const char* path, const char* name, kiln_tensor* out, char*
       if (out->data && !v.empty()) std::memcpy(out->data, v.data(), v.size() * 8);
     }
     if (!out->data) fail("out of memory reading tensor '{}'", name);
+    out->capacity = static_cast<size_t>(t.numel()) * kiln_dtype_size(out->dtype);
     if (error) *error = nullptr;
     return 0;
   } catch (const std::exception& e) {

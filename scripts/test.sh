@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# Runs kiln's whole test suite: installs what is missing, builds, runs every test, then
-# runs the tests that read hostile input (weights files, IR text) again under
-# AddressSanitizer and UBSan. Fails on a formatting violation (scripts/check_format.sh).
+# Runs kiln's whole test suite: installs what is missing, builds, checks the formatting
+# (scripts/check_format.sh), runs every test, then runs the tests that read hostile input
+# (weights files, IR text, the runtime boundary) again under AddressSanitizer and UBSan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
 bash scripts/check_format.sh
 (cd build && ctest --output-on-failure -j 2)
 
-echo "== AddressSanitizer + UBSan: runtime_tests, ir_tests"
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKILN_ASAN=ON >/dev/null
-cmake --build build-asan -j "${KILN_JOBS:-2}" --target runtime_tests ir_tests
+echo "== AddressSanitizer + UBSan: runtime_tests, ir_tests, abi_tests"
+# abi_tests links a model compiled by the kiln just built (KILN_TOOL); the runtime and the
+# test are instrumented.
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKILN_ASAN=ON \
+  -DKILN_TOOL="$PWD/build/tools/kiln" >/dev/null
+cmake --build build-asan -j "${KILN_JOBS:-2}" --target runtime_tests ir_tests abi_tests
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 build-asan/tests/runtime_tests --gtest_brief=1
 build-asan/tests/ir_tests --gtest_brief=1
+build-asan/tests/abi_tests --gtest_brief=1
 echo "all tests passed"

@@ -165,7 +165,7 @@ TEST(CompiledInputs, BadIdsLengthsAndBatchesAreRejected) {
   EXPECT_THAT(error_of([&] {
                 model.forward(kiln::Tensor<float>{{1, 2}, {1, 2}}, tgt);
               }),
-              HasSubstr("input 'src' must be i64 or i32"));
+              HasSubstr("input 'src' is f32, expected i64 or i32"));
   // int32 ids are accepted and give the same result as int64.
   kiln::Tensor<int32_t> src32{{1, 3}, {5, 6, 7}};
   kiln::Tensor<int64_t> src64{{1, 3}, {5, 6, 7}};

@@ -82,10 +82,15 @@ std::vector<rt::TensorData> to_tensor_data(const ir::Function& function,
     const ir::Value& v = function.values[function.results[i]];
     std::string name = v.name.empty() ? "result" + std::to_string(i) : v.name;
     const ir::Tensor& t = results[i];
-    if (t.dtype == ir::DType::f32)
+    if (t.dtype == ir::DType::f32) {
       out.push_back(rt::make_f32(name, t.shape, t.f));
-    else
+    } else if (t.dtype == ir::DType::boolean) {  // BOOL, one byte each, as compiled code writes
+      rt::TensorData d{name, rt::DType::boolean, t.shape, {}};
+      for (int64_t v : t.ints) d.data.push_back(v != 0);
+      out.push_back(std::move(d));
+    } else {
       out.push_back(rt::make_i64(name, t.shape, t.ints));
+    }
   }
   return out;
 }

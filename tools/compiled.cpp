@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <span>
 
 #include <fmt/format.h>
 
@@ -91,6 +92,7 @@ std::vector<rt::TensorData> run_compiled(const std::string& dir, const std::stri
   std::vector<kiln_tensor> in(n_in);
   std::vector<std::vector<int64_t>> ids(n_in);
   std::vector<std::vector<float>> floats(n_in);
+  std::vector<std::vector<uint8_t>> bools(n_in);
   for (int i = 0; i < n_in; ++i) {
     const char* pname = api.input_name(model, function.c_str(), i);
     const rt::TensorInfo* t = inputs.find(pname);
@@ -105,33 +107,45 @@ std::vector<rt::TensorData> run_compiled(const std::string& dir, const std::stri
       floats[i] = inputs.to_f32(*t);
       in[i].dtype = KILN_F32;
       in[i].data = floats[i].data();
+      in[i].capacity = floats[i].size() * sizeof(float);
+    } else if (t->dtype == rt::DType::boolean || t->dtype == rt::DType::u8) {
+      std::span<const uint8_t> bytes = inputs.bytes(*t);
+      bools[i].assign(bytes.begin(), bytes.end());
+      in[i].dtype = KILN_BOOL;
+      in[i].data = bools[i].data();
+      in[i].capacity = bools[i].size();
     } else {
       ids[i] = inputs.to_i64(*t);  // I64 or I32; anything else is an error there
       in[i].dtype = KILN_I64;
       in[i].data = ids[i].data();
+      in[i].capacity = ids[i].size() * sizeof(int64_t);
     }
   }
   int n_out = api.num_outputs(model, function.c_str());
   std::vector<kiln_tensor> out(n_out);
   if (api.output_shapes(model, function.c_str(), in.data(), in.size(), out.data(), out.size()) != 0)
     fail("{}", api.error(model));
+  // Each output into a safetensors tensor of its dtype (bool as BOOL, one byte each).
   std::vector<rt::TensorData> results(n_out);
-  std::vector<std::vector<float>> buffers(n_out);
   for (int r = 0; r < n_out; ++r) {
-    if (out[r].dtype != KILN_F32) fail("output '{}' is not f32", out[r].name);
+    const size_t esize = kiln_dtype_size(out[r].dtype);
+    if (esize == 0) fail("output '{}' has an unknown dtype {}", out[r].name, out[r].dtype);
+    results[r].name = out[r].name;
+    results[r].dtype = out[r].dtype == KILN_F32   ? rt::DType::f32
+                       : out[r].dtype == KILN_I64 ? rt::DType::i64
+                                                  : rt::DType::boolean;
+    results[r].shape.assign(out[r].shape, out[r].shape + out[r].rank);
     int64_t n = 1;
-    for (int d = 0; d < out[r].rank; ++d) n *= out[r].shape[d];
-    buffers[r].resize(n);
-    out[r].data = buffers[r].data();
+    for (int64_t d : results[r].shape) n *= d;
+    results[r].data.resize(static_cast<size_t>(n) * esize);
+    out[r].data = results[r].data.data();
+    out[r].capacity = results[r].data.size();
   }
   if (options.profile) api.set_profiling(model, 1);
   for (int i = 0; i < options.repeat; ++i)
     if (api.run(model, function.c_str(), in.data(), in.size(), out.data(), out.size()) != 0)
       fail("{}", api.error(model));
   if (options.profile) fmt::print(stderr, "{}", api.profile(model));
-  for (int r = 0; r < n_out; ++r)
-    results[r] = rt::make_f32(
-        out[r].name, std::vector<int64_t>(out[r].shape, out[r].shape + out[r].rank), buffers[r]);
   return results;
 }
 

@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -429,12 +430,43 @@ int cmd_run(const std::vector<std::string>& argv) {
       if (e.shape != t.shape)
         fail("run: output '{}' has shape {}, expected {}", t.name, rt::shape_string(t.shape),
              rt::shape_string(e.shape));
+      if (t.dtype != rt::DType::f32) {
+        // Ids and masks: exact. The expected tensor may be I64 or I32 for ids.
+        std::vector<int64_t> got(t.data.size() / rt::dtype_size(t.dtype));
+        for (size_t j = 0; j < got.size(); ++j)
+          got[j] = t.dtype == rt::DType::i64 ? reinterpret_cast<const int64_t*>(t.data.data())[j]
+                                             : t.data[j];
+        std::vector<int64_t> want;
+        if (e.dtype == rt::DType::boolean || e.dtype == rt::DType::u8) {
+          std::span<const uint8_t> b = expected.bytes(e);
+          want.assign(b.begin(), b.end());
+        } else {
+          want = expected.to_i64(e);
+        }
+        int64_t differ = 0;
+        for (size_t j = 0; j < got.size(); ++j) differ += got[j] != want[j];
+        ok &= differ == 0;
+        fmt::print("{}: {} of {} elements differ vs {} ({})\n", t.name, differ, got.size(),
+                   *expect_path, differ == 0 ? "match" : "MISMATCH");
+        continue;
+      }
+      // NaN or an infinity matches only the same value in the expected tensor.
       std::vector<float> want = expected.to_f32(e), got = floats(t);
       double err = 0;
-      for (size_t j = 0; j < want.size() && j < got.size(); ++j)
+      int64_t non_finite = 0;
+      for (size_t j = 0; j < want.size() && j < got.size(); ++j) {
+        if (!std::isfinite(got[j]) || !std::isfinite(want[j])) {
+          const bool same = (std::isnan(got[j]) && std::isnan(want[j])) || got[j] == want[j];
+          non_finite += !same;
+          continue;
+        }
         err = std::max(err, std::abs(static_cast<double>(got[j]) - want[j]));
-      bool pass = err <= atol;
+      }
+      bool pass = err <= atol && non_finite == 0;
       ok &= pass;
+      if (non_finite)
+        fmt::print("{}: {} NaN or infinite element(s) where {} has another value (MISMATCH)\n",
+                   t.name, non_finite, *expect_path);
       fmt::print("{}: max abs error {:.3g} vs {} ({} <= {:g})\n", t.name, err, *expect_path,
                  pass ? "match" : "MISMATCH", atol);
     }

@@ -21,14 +21,24 @@ enum kiln_dtype { KILN_F32 = 0, KILN_I64 = 1, KILN_I32 = 2, KILN_BOOL = 3 };
 
 #define KILN_MAX_RANK 8
 
-/* A tensor passed to or returned from an entry point: dense, row-major. */
+/* A tensor passed to or returned from an entry point: dense, row-major.
+ *
+ * Element types: KILN_F32 is float, KILN_I64 int64_t, KILN_I32 int32_t (accepted for
+ * i64 inputs, converted), KILN_BOOL one byte per element, 0 or 1. `capacity` is the
+ * number of bytes `data` may be read (inputs) or written (outputs) at: every input and
+ * output is checked (dtype, rank, shape, capacity, data) before anything is read or
+ * written, and a mismatch is refused with an error naming it. */
 typedef struct kiln_tensor {
   const char* name; /* parameter or result name; NULL: by position */
   int32_t dtype;    /* enum kiln_dtype */
   int32_t rank;
   int64_t shape[KILN_MAX_RANK];
   void* data;
+  size_t capacity; /* bytes at `data` */
 } kiln_tensor;
+
+/* Bytes per element of a dtype (KILN_BOOL: 1), or 0 for an unknown one. */
+size_t kiln_dtype_size(int32_t dtype);
 
 /* Hooks into the Halide runtime compiled into the model library. */
 typedef void (*kiln_halide_error_handler)(void* user_context, const char* message);
@@ -40,8 +50,8 @@ typedef struct kiln_hooks {
 typedef int (*kiln_kernel_fn)(void** args);
 
 /* Used by generated code: builds a model from its serialized plan and kernels, loading
- * and checking weights from `weights_path`. NULL on failure with the message in
- * *error (free it with kiln_free_error). */
+ * and checking weights from `weights_path` (which may be NULL for a model without
+ * weights). NULL on failure with the message in *error (free it with kiln_free_error). */
 kiln_model* kiln_model_create(const uint8_t* plan, size_t plan_size, const kiln_kernel_fn* kernels,
                               size_t num_kernels, const kiln_hooks* hooks, const char* weights_path,
                               char** error);
@@ -56,18 +66,19 @@ const char* kiln_model_input_name(const kiln_model* model, const char* function,
 /* Names of the model's entry points, NULL-terminated list owned by the model. */
 const char* const* kiln_model_functions(const kiln_model* model);
 
-/* Fills `outputs[i]`'s name, dtype, rank and shape for the given inputs (data untouched).
- * Returns 0, or non-zero with kiln_model_error() set. */
+/* Fills `outputs[i]`'s name, dtype, rank and shape for the given inputs (data and
+ * capacity untouched). Returns 0, or non-zero with kiln_model_error() set. */
 int kiln_model_output_shapes(kiln_model* model, const char* function, const kiln_tensor* inputs,
                              size_t num_inputs, kiln_tensor* outputs, size_t num_outputs);
 /* Runs an entry point. Inputs by name (or position when name is NULL); ids may be I64 or
  * I32 and are checked against the vocabulary; batch and lengths are checked against the
- * maxima. Outputs must have the shapes kiln_model_output_shapes gives and hold data.
- * Returns 0, or non-zero with the message in kiln_model_error(). Not thread-safe for one
- * model (it owns one arena). */
+ * maxima. Outputs must have the dtypes and shapes kiln_model_output_shapes gives and a
+ * capacity of at least their bytes. Every input and output is checked before anything is
+ * written: on an error no output byte has changed. Returns 0, or non-zero with the
+ * message in kiln_model_error(). Not thread-safe for one model (it owns one arena). */
 int kiln_model_run(kiln_model* model, const char* function, const kiln_tensor* inputs,
                    size_t num_inputs, kiln_tensor* outputs, size_t num_outputs);
-/* The last error of this model ("" if none). */
+/* The last error of this model ("" if none; a fixed message for a NULL model). */
 const char* kiln_model_error(const kiln_model* model);
 /* Threads used by the kernels (process-wide). */
 int kiln_model_set_num_threads(kiln_model* model, int threads);
@@ -80,7 +91,8 @@ int kiln_model_set_profiling(kiln_model* model, int on);
 const char* kiln_model_profile(kiln_model* model);
 
 /* Reads tensor `name` of a safetensors file into `out` (dtype F32 -> KILN_F32; I64 or
- * I32 -> KILN_I64); out->data is malloc'ed (release with kiln_tensor_free). Returns 0, or
+ * I32 -> KILN_I64; BOOL or U8 -> KILN_BOOL); out->data is malloc'ed (release with
+ * kiln_tensor_free) and out->capacity is its size. Returns 0, or
  * non-zero with the message in *error (free it with kiln_free_error). */
 int kiln_tensor_read(const char* path, const char* name, kiln_tensor* out, char** error);
 void kiln_tensor_free(kiln_tensor* tensor);
@@ -98,7 +110,8 @@ void kiln_tensor_free(kiln_tensor* tensor);
 
 namespace kiln {
 
-/* A dense tensor owned by the caller: its shape and data. */
+/* A dense tensor owned by the caller: its shape and data. Element types: float (f32),
+ * int64_t (i64), int32_t (i32 ids, inputs only) and uint8_t (bool, 0 or 1). */
 template <typename T>
 struct Tensor {
   std::vector<int64_t> shape;
@@ -110,16 +123,77 @@ struct Tensor {
   }
 };
 
-/* A non-owning input view. */
+/* The kiln_dtype of a C++ element type. */
+template <typename T>
+constexpr int32_t dtype_of() {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, int64_t> ||
+                    std::is_same_v<T, int32_t> || std::is_same_v<T, uint8_t>,
+                "kiln tensors hold float, int64_t, int32_t or uint8_t (bool)");
+  if constexpr (std::is_same_v<T, float>) return KILN_F32;
+  if constexpr (std::is_same_v<T, int64_t>) return KILN_I64;
+  if constexpr (std::is_same_v<T, int32_t>) return KILN_I32;
+  return KILN_BOOL;
+}
+
+/* The name of a kiln_dtype as kiln's messages spell it. */
+inline const char* dtype_name(int32_t dtype) {
+  switch (dtype) {
+    case KILN_F32:
+      return "f32";
+    case KILN_I64:
+      return "i64";
+    case KILN_I32:
+      return "i32";
+    case KILN_BOOL:
+      return "bool";
+  }
+  return "an unknown dtype";
+}
+
+/* A non-owning input view: data, dtype, shape and the bytes the data holds (checked
+ * against the shape by the runtime, so a tensor whose shape is larger than its data is
+ * refused, never read past its end). */
 struct Input {
   const void* data;
   int32_t dtype;
   std::vector<int64_t> shape;
-  Input(const Tensor<int64_t>& t) : data(t.data.data()), dtype(KILN_I64), shape(t.shape) {}
-  Input(const Tensor<int32_t>& t) : data(t.data.data()), dtype(KILN_I32), shape(t.shape) {}
-  Input(const Tensor<float>& t) : data(t.data.data()), dtype(KILN_F32), shape(t.shape) {}
-  Input(const void* d, int32_t type, std::vector<int64_t> s)
-      : data(d), dtype(type), shape(std::move(s)) {}
+  size_t capacity;
+  template <typename T>
+  Input(const Tensor<T>& t)
+      : data(t.data.data()),
+        dtype(dtype_of<T>()),
+        shape(t.shape),
+        capacity(t.data.size() * sizeof(T)) {}
+  Input(const void* d, int32_t type, std::vector<int64_t> s, size_t bytes)
+      : data(d), dtype(type), shape(std::move(s)), capacity(bytes) {}
+};
+
+/* A non-owning output target: a Tensor<T> that a run reshapes and fills. Its element
+ * type must be the result's (checked before anything is written). */
+class Output {
+ public:
+  template <typename T>
+  Output(Tensor<T>& t) : Output(&t) {}
+  template <typename T>
+  Output(Tensor<T>* t) : tensor_(t), dtype_(dtype_of<T>()), prepare_(&prepare<T>) {}
+
+  int32_t dtype() const { return dtype_; }
+  bool null() const { return tensor_ == nullptr; }
+  /* Reshapes the tensor (reusing its storage) and points `out` at it. */
+  void bind(kiln_tensor* out) const { prepare_(tensor_, out); }
+
+ private:
+  template <typename T>
+  static void prepare(void* tensor, kiln_tensor* out) {
+    Tensor<T>& t = *static_cast<Tensor<T>*>(tensor);
+    t.shape.assign(out->shape, out->shape + out->rank);
+    t.data.resize(static_cast<size_t>(t.numel()));
+    out->data = t.data.data();
+    out->capacity = t.data.size() * sizeof(T);
+  }
+  void* tensor_;
+  int32_t dtype_;
+  void (*prepare_)(void*, kiln_tensor*);
 };
 
 /* Owns a kiln_model; the generated model classes derive from it. Errors throw
@@ -136,31 +210,23 @@ class Model {
   std::string profile() { return kiln_model_profile(model_.get()); }
   kiln_model* get() const { return model_.get(); }
 
-  /* Runs `function` on `inputs` (in parameter order); returns its f32 outputs. */
-  std::vector<Tensor<float>> run(const char* function, const std::vector<Input>& inputs) {
-    int n = kiln_model_num_outputs(model_.get(), function);
-    if (n < 0) throw std::runtime_error(std::string("kiln: no entry point '") + function + "'");
-    std::vector<Tensor<float>> result(static_cast<size_t>(n));
-    std::vector<Tensor<float>*> outputs;
-    for (Tensor<float>& t : result) outputs.push_back(&t);
-    run(function, inputs, outputs);
-    return result;
-  }
-
-  /* As above, into `outputs` (one per output of `function`, in order): each is reshaped
+  /* Runs `function` on `inputs` (in parameter order) into `outputs` (one per output of
+   * `function`, in order, each a Tensor of the result's element type): each is reshaped
    * and its storage reused, so repeated calls allocate nothing once every output has held
-   * a result at least as large (e.g. one call at the maximum batch and lengths). */
+   * a result at least as large (e.g. one call at the maximum batch and lengths). A wrong
+   * count or element type throws before any output is touched. */
   void run(const char* function, const std::vector<Input>& inputs,
-           const std::vector<Tensor<float>*>& outputs) {
+           const std::vector<Output>& outputs) {
     std::vector<kiln_tensor> in(inputs.size());
     for (size_t i = 0; i < inputs.size(); ++i) {
       std::memset(&in[i], 0, sizeof in[i]);
-      in[i].dtype = inputs[i].dtype;
-      in[i].rank = static_cast<int32_t>(inputs[i].shape.size());
       if (inputs[i].shape.size() > KILN_MAX_RANK)
         throw std::runtime_error("kiln: input rank too large");
+      in[i].dtype = inputs[i].dtype;
+      in[i].rank = static_cast<int32_t>(inputs[i].shape.size());
       for (size_t d = 0; d < inputs[i].shape.size(); ++d) in[i].shape[d] = inputs[i].shape[d];
       in[i].data = const_cast<void*>(inputs[i].data);
+      in[i].capacity = inputs[i].capacity;
     }
     int n = kiln_model_num_outputs(model_.get(), function);
     if (n < 0) throw std::runtime_error(std::string("kiln: no entry point '") + function + "'");
@@ -172,11 +238,13 @@ class Model {
     check(kiln_model_output_shapes(model_.get(), function, in.data(), in.size(), out.data(),
                                    out.size()));
     for (size_t i = 0; i < out.size(); ++i) {
-      if (!outputs[i]) throw std::runtime_error("kiln: output tensor is null");
-      outputs[i]->shape.assign(out[i].shape, out[i].shape + out[i].rank);
-      outputs[i]->data.resize(static_cast<size_t>(outputs[i]->numel()));
-      out[i].data = outputs[i]->data.data();
+      if (outputs[i].null()) throw std::runtime_error("kiln: output tensor is null");
+      if (outputs[i].dtype() != out[i].dtype)
+        throw std::runtime_error(std::string("kiln: output '") + out[i].name + "' of '" + function +
+                                 "' is " + dtype_name(out[i].dtype) + ", given a " +
+                                 dtype_name(outputs[i].dtype()) + " tensor");
     }
+    for (size_t i = 0; i < out.size(); ++i) outputs[i].bind(&out[i]);
     check(kiln_model_run(model_.get(), function, in.data(), in.size(), out.data(), out.size()));
   }
 
@@ -190,7 +258,8 @@ class Model {
   std::unique_ptr<kiln_model, Deleter> model_;
 };
 
-/* Reads a tensor of a safetensors file (f32 as float, ids as int64_t). */
+/* Reads a tensor of a safetensors file (F32 as float, I64 and I32 as int64_t, BOOL and U8
+ * as uint8_t); another element type than the file's throws. */
 template <typename T>
 Tensor<T> read_tensor(const std::string& path, const std::string& name) {
   kiln_tensor t;
@@ -202,10 +271,11 @@ Tensor<T> read_tensor(const std::string& path, const std::string& name) {
   }
   Tensor<T> out;
   out.shape.assign(t.shape, t.shape + t.rank);
-  const bool want_float = std::is_floating_point_v<T>;
-  if (want_float != (t.dtype == KILN_F32)) {
+  if (t.dtype != dtype_of<T>()) {
+    const std::string got = dtype_name(t.dtype);
     kiln_tensor_free(&t);
-    throw std::runtime_error("kiln: tensor '" + name + "' in '" + path + "' has another dtype");
+    throw std::runtime_error("kiln: tensor '" + name + "' in '" + path + "' is " + got +
+                             ", read as " + dtype_name(dtype_of<T>()));
   }
   out.data.assign(static_cast<const T*>(t.data), static_cast<const T*>(t.data) + out.numel());
   kiln_tensor_free(&t);

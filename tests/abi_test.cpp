@@ -1,0 +1,396 @@
+// The runtime boundary of a compiled model (kiln/runtime.h): for every dtype an entry
+// point takes or returns (f32, i64 with i32 accepted, bool), a call through the C ABI and
+// through the generated class with a wrong dtype, a too-small buffer and a correct
+// buffer. Every buffer sits between guard bytes: a refused call leaves every byte of
+// every output as it was, a correct one writes exactly its result, which matches the
+// reference interpreter. The suite runs this file under ASan as well (scripts/test.sh).
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "abi_dtypes.h"
+#include "error_of.h"
+#include "ir/interpreter.h"
+#include "ir/parser.h"
+
+namespace kiln {
+namespace {
+
+using testing::error_of;
+
+constexpr uint8_t kPattern = 0xA5;  // what untouched memory holds
+constexpr size_t kGuard = 64;       // guard bytes on each side of a buffer
+
+// `bytes` usable bytes between two guards, all filled with kPattern.
+struct Guarded {
+  explicit Guarded(size_t bytes) : size(bytes), mem(bytes + 2 * kGuard, kPattern) {}
+  uint8_t* data() { return mem.data() + kGuard; }
+  // Every byte (guards and data) still holds the pattern.
+  bool untouched() const {
+    for (uint8_t b : mem)
+      if (b != kPattern) return false;
+    return true;
+  }
+  bool guards_intact() const {
+    for (size_t i = 0; i < kGuard; ++i)
+      if (mem[i] != kPattern || mem[kGuard + size + i] != kPattern) return false;
+    return true;
+  }
+  template <typename T>
+  std::vector<T> values() const {
+    std::vector<T> v(size / sizeof(T));
+    std::memcpy(v.data(), mem.data() + kGuard, size);
+    return v;
+  }
+  size_t size;
+  std::vector<uint8_t> mem;
+};
+
+ir::Module reference_module() {
+  std::ifstream in(std::string(KILN_TEST_DATA_DIR) + "/abi/dtypes.kir");
+  std::stringstream text;
+  text << in.rdbuf();
+  return ir::parse_and_verify(text.str(), "dtypes.kir");
+}
+
+// The inputs of every entry point, batch 2: x is f32, t i64, m bool.
+const std::vector<int64_t> kShape = {2, 5};
+const std::vector<float> kX = {1.5f, -2.f, 0.f, 3.25f, -0.5f, 7.f, -1.f, 2.5f, 0.25f, -4.f};
+const std::vector<int64_t> kT = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3};
+const std::vector<uint8_t> kM = {1, 0, 0, 1, 1, 0, 1, 0, 1, 1};
+
+std::vector<ir::Tensor> reference(const std::string& function) {
+  static const ir::Module m = reference_module();
+  const ir::Function& f = *m.find_function(function);
+  std::vector<ir::Tensor> inputs;
+  for (ir::ValueId p : f.params) {
+    const std::string& name = f.values[p].name;
+    if (name == "x") inputs.push_back(ir::Tensor::from_f32(kShape, kX));
+    if (name == "t") inputs.push_back(ir::Tensor::from_ints(ir::DType::i64, kShape, kT));
+    if (name == "m")
+      inputs.push_back(ir::Tensor::from_ints(ir::DType::boolean, kShape, {kM.begin(), kM.end()}));
+  }
+  return ir::interpret(m, f, {}, inputs);
+}
+
+kiln_tensor tensor(const char* name, int32_t dtype, const void* data, size_t capacity) {
+  kiln_tensor t;
+  std::memset(&t, 0, sizeof t);
+  t.name = name;
+  t.dtype = dtype;
+  t.rank = 2;
+  t.shape[0] = kShape[0];
+  t.shape[1] = kShape[1];
+  t.data = const_cast<void*>(data);
+  t.capacity = capacity;
+  return t;
+}
+
+// One result of an entry point: its name, dtype and the bytes it needs at batch 2.
+struct Result {
+  const char* name;
+  int32_t dtype;
+  size_t bytes;
+};
+
+size_t bytes_of(int32_t dtype) { return 10 * kiln_dtype_size(dtype); }
+
+// A dtype the runtime must refuse in place of `dtype`.
+int32_t other_dtype(int32_t dtype) { return dtype == KILN_F32 ? KILN_I64 : KILN_F32; }
+
+class AbiTest : public ::testing::Test {
+ protected:
+  AbiTest() {
+    char* error = nullptr;
+    model_ = abi_dtypes_create(nullptr, &error);  // a model without weights needs no file
+    EXPECT_NE(model_, nullptr) << (error ? error : "");
+    kiln_free_error(error);
+  }
+  ~AbiTest() override { kiln_model_destroy(model_); }
+
+  // The inputs of `function` as the C ABI takes them.
+  std::vector<kiln_tensor> inputs(const std::string& function) const {
+    std::vector<kiln_tensor> in;
+    for (int i = 0; i < kiln_model_num_inputs(model_, function.c_str()); ++i) {
+      const std::string name = kiln_model_input_name(model_, function.c_str(), i);
+      if (name == "x") in.push_back(tensor("x", KILN_F32, kX.data(), bytes_of(KILN_F32)));
+      if (name == "t") in.push_back(tensor("t", KILN_I64, kT.data(), bytes_of(KILN_I64)));
+      if (name == "m") in.push_back(tensor("m", KILN_BOOL, kM.data(), bytes_of(KILN_BOOL)));
+    }
+    return in;
+  }
+
+  int run(const std::string& function, const std::vector<kiln_tensor>& in,
+          std::vector<kiln_tensor>& out) {
+    return kiln_model_run(model_, function.c_str(), in.data(), in.size(), out.data(), out.size());
+  }
+
+  // Fresh guarded buffers in `buffers`, one per result, and the kiln_tensors that point at
+  // them with the right dtype and capacity (a test spoils one before the call).
+  std::vector<kiln_tensor> outputs(const std::vector<Result>& results,
+                                   std::vector<Guarded>& buffers) {
+    buffers.clear();
+    for (const Result& r : results) buffers.emplace_back(r.bytes);
+    std::vector<kiln_tensor> out;
+    for (size_t i = 0; i < results.size(); ++i)
+      out.push_back(tensor(results[i].name, results[i].dtype, buffers[i].data(), results[i].bytes));
+    return out;
+  }
+
+  kiln_model* model_ = nullptr;
+};
+
+// Every result of `function` matches the interpreter, element by element (elementwise
+// kernels of these ops are exact).
+void expect_matches_reference(const std::string& function, std::vector<Guarded>& buffers) {
+  std::vector<ir::Tensor> want = reference(function);
+  ASSERT_EQ(want.size(), buffers.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_TRUE(buffers[i].guards_intact()) << function << " output " << i;
+    switch (want[i].dtype) {
+      case ir::DType::f32:
+        EXPECT_EQ(buffers[i].values<float>(), want[i].f);
+        break;
+      case ir::DType::i64:
+        EXPECT_EQ(buffers[i].values<int64_t>(), want[i].ints);
+        break;
+      default: {
+        std::vector<uint8_t> got = buffers[i].values<uint8_t>();
+        EXPECT_EQ(std::vector<int64_t>(got.begin(), got.end()), want[i].ints);
+      }
+    }
+  }
+}
+
+const std::vector<std::pair<std::string, std::vector<Result>>>& entry_points() {
+  static const std::vector<std::pair<std::string, std::vector<Result>>> all = {
+      {"floats", {{"y", KILN_F32, 40}}},
+      {"ids", {{"u", KILN_I64, 80}}},
+      {"masks", {{"n", KILN_BOOL, 10}}},
+      {"mixed", {{"s", KILN_F32, 40}, {"i", KILN_I64, 80}, {"b", KILN_BOOL, 10}}},
+  };
+  return all;
+}
+
+// The dtypes output_shapes reports are the results' real ones.
+TEST_F(AbiTest, OutputShapesReportEachResultsDtype) {
+  for (const auto& [function, results] : entry_points()) {
+    std::vector<kiln_tensor> in = inputs(function), out(results.size());
+    ASSERT_EQ(kiln_model_output_shapes(model_, function.c_str(), in.data(), in.size(), out.data(),
+                                       out.size()),
+              0)
+        << kiln_model_error(model_);
+    for (size_t i = 0; i < results.size(); ++i) {
+      EXPECT_STREQ(out[i].name, results[i].name);
+      EXPECT_EQ(out[i].dtype, results[i].dtype) << function << " " << results[i].name;
+      EXPECT_EQ(std::vector<int64_t>(out[i].shape, out[i].shape + out[i].rank), kShape);
+    }
+  }
+}
+
+// For each output of each entry point: a wrong dtype and a buffer one byte too small are
+// refused, naming the output, and no byte of any output buffer changes; the correct
+// buffers get exactly the interpreter's results.
+TEST_F(AbiTest, OutputsOfEveryDtypeAreCheckedBeforeAnyWrite) {
+  for (const auto& [function, results] : entry_points()) {
+    const std::vector<kiln_tensor> in = inputs(function);
+    std::vector<Guarded> buffers;
+    for (size_t spoiled = 0; spoiled < results.size(); ++spoiled) {
+      const Result& r = results[spoiled];
+      SCOPED_TRACE(function + " output " + r.name);
+
+      std::vector<kiln_tensor> out = outputs(results, buffers);
+      out[spoiled].dtype = other_dtype(r.dtype);
+      EXPECT_NE(run(function, in, out), 0);
+      EXPECT_EQ(std::string(kiln_model_error(model_)),
+                std::string("output '") + r.name + "' is " + dtype_name(r.dtype) +
+                    ", given a buffer of " + dtype_name(other_dtype(r.dtype)));
+      for (const Guarded& b : buffers) EXPECT_TRUE(b.untouched());
+
+      out = outputs(results, buffers);
+      out[spoiled].capacity = r.bytes - 1;
+      EXPECT_NE(run(function, in, out), 0);
+      EXPECT_EQ(std::string(kiln_model_error(model_)),
+                std::string("output '") + r.name + "' of shape [2,5] needs " +
+                    std::to_string(r.bytes) + " bytes of " + dtype_name(r.dtype) +
+                    ", its buffer holds " + std::to_string(r.bytes - 1));
+      for (const Guarded& b : buffers) EXPECT_TRUE(b.untouched());
+    }
+    std::vector<kiln_tensor> out = outputs(results, buffers);
+    ASSERT_EQ(run(function, in, out), 0) << kiln_model_error(model_);
+    expect_matches_reference(function, buffers);
+  }
+}
+
+// Inputs of every dtype: a wrong dtype, a buffer smaller than its shape, and a bool that
+// is not 0 or 1 are refused before any output is written.
+TEST_F(AbiTest, InputsOfEveryDtypeAreCheckedBeforeAnyWrite) {
+  const std::vector<Result>& results = entry_points().back().second;  // mixed
+  struct Case {
+    size_t input;
+    int32_t dtype;
+    size_t capacity;
+    std::string error;
+  };
+  const std::vector<uint8_t> bad_mask = {1, 0, 2, 1, 1, 0, 1, 0, 1, 1};
+  const std::vector<Case> cases = {
+      {0, KILN_I64, 80, "input 'x' is i64, expected f32"},
+      {0, KILN_F32, 39, "input 'x' of shape [2,5] needs 40 bytes of f32, its buffer holds 39"},
+      {1, KILN_F32, 40, "input 't' is f32, expected i64 or i32"},
+      {1, KILN_BOOL, 10, "input 't' is bool, expected i64 or i32"},
+      {1, KILN_I64, 79, "input 't' of shape [2,5] needs 80 bytes of i64, its buffer holds 79"},
+      {2, KILN_I64, 80, "input 'm' is i64, expected bool"},
+      {2, KILN_BOOL, 9, "input 'm' of shape [2,5] needs 10 bytes of bool, its buffer holds 9"},
+      {2, 7, 10, "input 'm' is an unknown dtype, expected bool"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.error);
+    std::vector<kiln_tensor> in = inputs("mixed");
+    in[c.input].dtype = c.dtype;
+    in[c.input].capacity = c.capacity;
+    std::vector<Guarded> buffers;
+    std::vector<kiln_tensor> out = outputs(results, buffers);
+    EXPECT_NE(run("mixed", in, out), 0);
+    EXPECT_EQ(std::string(kiln_model_error(model_)), c.error);
+    for (const Guarded& b : buffers) EXPECT_TRUE(b.untouched());
+  }
+  std::vector<kiln_tensor> in = inputs("mixed");
+  in[2].data = const_cast<uint8_t*>(bad_mask.data());
+  std::vector<Guarded> buffers;
+  std::vector<kiln_tensor> out = outputs(results, buffers);
+  EXPECT_NE(run("mixed", in, out), 0);
+  EXPECT_EQ(std::string(kiln_model_error(model_)),
+            "input 'm' holds 2 at element 2; bool elements must be 0 or 1");
+  for (const Guarded& b : buffers) EXPECT_TRUE(b.untouched());
+}
+
+// Ids may come as i32: converted, with the same result as i64.
+TEST_F(AbiTest, I32IdsAreAcceptedForI64Inputs) {
+  const std::vector<int32_t> t32(kT.begin(), kT.end());
+  std::vector<kiln_tensor> in = {tensor("t", KILN_I32, t32.data(), 40)};
+  std::vector<Guarded> buffers;
+  std::vector<kiln_tensor> out = outputs(entry_points()[1].second, buffers);
+  ASSERT_EQ(run("ids", in, out), 0) << kiln_model_error(model_);
+  expect_matches_reference("ids", buffers);
+  in[0].capacity = 39;  // i32 needs 4 bytes an element, not 8
+  out = outputs(entry_points()[1].second, buffers);
+  EXPECT_NE(run("ids", in, out), 0);
+  EXPECT_EQ(std::string(kiln_model_error(model_)),
+            "input 't' of shape [2,5] needs 40 bytes of i32, its buffer holds 39");
+  for (const Guarded& b : buffers) EXPECT_TRUE(b.untouched());
+}
+
+// NULL where a pointer is needed is an error, never a dereference.
+TEST_F(AbiTest, NullArgumentsAreRefused) {
+  std::vector<kiln_tensor> in = inputs("floats");
+  std::vector<Guarded> buffers;
+  std::vector<kiln_tensor> out = outputs(entry_points()[0].second, buffers);
+  EXPECT_NE(kiln_model_run(nullptr, "floats", in.data(), 1, out.data(), 1), 0);
+  EXPECT_STREQ(kiln_model_error(nullptr), "kiln: no model (NULL)");
+  EXPECT_NE(kiln_model_run(model_, nullptr, in.data(), 1, out.data(), 1), 0);
+  EXPECT_EQ(std::string(kiln_model_error(model_)),
+            "model 'abi_dtypes': no entry point name given (NULL)");
+  EXPECT_NE(kiln_model_run(model_, "floats", nullptr, 1, out.data(), 1), 0);
+  EXPECT_EQ(std::string(kiln_model_error(model_)), "entry point 'floats': inputs is null");
+  EXPECT_NE(kiln_model_run(model_, "floats", in.data(), 1, nullptr, 1), 0);
+  EXPECT_EQ(std::string(kiln_model_error(model_)), "entry point 'floats': outputs is null");
+  EXPECT_NE(kiln_model_output_shapes(model_, "floats", in.data(), 1, nullptr, 1), 0);
+  EXPECT_EQ(std::string(kiln_model_error(model_)), "entry point 'floats': outputs is null");
+  in[0].data = nullptr;
+  EXPECT_NE(kiln_model_run(model_, "floats", in.data(), 1, out.data(), 1), 0);
+  EXPECT_EQ(std::string(kiln_model_error(model_)), "input 'x' has no data");
+  for (const Guarded& b : buffers) EXPECT_TRUE(b.untouched());
+  EXPECT_EQ(kiln_model_num_inputs(nullptr, "floats"), -1);
+  EXPECT_EQ(kiln_model_num_outputs(model_, nullptr), -1);
+  EXPECT_EQ(kiln_model_input_name(nullptr, "floats", 0), nullptr);
+  ASSERT_NE(kiln_model_functions(nullptr), nullptr);
+  EXPECT_EQ(kiln_model_functions(nullptr)[0], nullptr);
+}
+
+// The generated class returns each result as a Tensor of its real element type.
+TEST(AbiClass, ReturnsTypedTensorsMatchingTheInterpreter) {
+  kiln_models::abi_dtypes model(nullptr);
+  const kiln::Tensor<float> x{kShape, kX};
+  const kiln::Tensor<int64_t> t{kShape, kT};
+  const kiln::Tensor<uint8_t> m{kShape, kM};
+  static_assert(std::is_same_v<decltype(model.floats(x)), kiln::Tensor<float>>);
+  static_assert(std::is_same_v<decltype(model.ids(t)), kiln::Tensor<int64_t>>);
+  static_assert(std::is_same_v<decltype(model.masks(m)), kiln::Tensor<uint8_t>>);
+  EXPECT_EQ(model.floats(x).data, reference("floats")[0].f);
+  EXPECT_EQ(model.ids(t).data, reference("ids")[0].ints);
+  const kiln::Tensor<uint8_t> n = model.masks(m);
+  EXPECT_EQ(n.shape, kShape);
+  EXPECT_EQ(std::vector<int64_t>(n.data.begin(), n.data.end()), reference("masks")[0].ints);
+  auto [s, i, b] = model.mixed(x, t, m);
+  std::vector<ir::Tensor> want = reference("mixed");
+  EXPECT_EQ(s.data, want[0].f);
+  EXPECT_EQ(i.data, want[1].ints);
+  EXPECT_EQ(std::vector<int64_t>(b.data.begin(), b.data.end()), want[2].ints);
+  const kiln::Tensor<int32_t> t32{kShape, {kT.begin(), kT.end()}};
+  EXPECT_EQ(model.ids(t32).data, reference("ids")[0].ints);
+}
+
+// Through the class: an output tensor of the wrong element type, an input whose shape
+// is larger than its data, and an input of the wrong dtype throw and leave every output
+// tensor as it was.
+TEST(AbiClass, WrongTensorsThrowAndLeaveOutputsUntouched) {
+  kiln_models::abi_dtypes model(nullptr);
+  const kiln::Tensor<float> x{kShape, kX};
+  const kiln::Tensor<int64_t> t{kShape, kT};
+  const kiln::Tensor<uint8_t> m{kShape, kM};
+  const kiln::Tensor<float> f_before{{7}, std::vector<float>(7, -1.f)};
+  const kiln::Tensor<int64_t> i_before{{3}, {1, 2, 3}};
+  const kiln::Tensor<uint8_t> b_before{{2}, {9, 9}};
+  kiln::Tensor<float> f = f_before;
+  kiln::Tensor<int64_t> i = i_before;
+  kiln::Tensor<uint8_t> b = b_before;
+  auto expect_untouched = [&] {
+    EXPECT_EQ(f.shape, f_before.shape);
+    EXPECT_EQ(f.data, f_before.data);
+    EXPECT_EQ(i.shape, i_before.shape);
+    EXPECT_EQ(i.data, i_before.data);
+    EXPECT_EQ(b.shape, b_before.shape);
+    EXPECT_EQ(b.data, b_before.data);
+  };
+  EXPECT_EQ(error_of<std::exception>([&] { model.run("ids", {t}, {f}); }),
+            "kiln: output 'u' of 'ids' is i64, given a f32 tensor");
+  EXPECT_EQ(error_of<std::exception>([&] { model.run("floats", {x}, {b}); }),
+            "kiln: output 'y' of 'floats' is f32, given a bool tensor");
+  EXPECT_EQ(error_of<std::exception>([&] { model.run("masks", {m}, {i}); }),
+            "kiln: output 'n' of 'masks' is bool, given a i64 tensor");
+  // The third output's type is wrong: the first two are not touched either.
+  EXPECT_EQ(error_of<std::exception>([&] {
+              model.run("mixed", {x, t, m}, {f, i, i});
+            }),
+            "kiln: output 'b' of 'mixed' is bool, given a i64 tensor");
+  expect_untouched();
+  const kiln::Tensor<int64_t> short_t{kShape, {3, 1, 4, 1, 5, 9, 2}};  // 7 of 10 elements
+  EXPECT_EQ(error_of<std::exception>([&] { model.ids(short_t, i); }),
+            "input 't' of shape [2,5] needs 80 bytes of i64, its buffer holds 56");
+  const kiln::Tensor<float> short_x{kShape, {1.f}};
+  EXPECT_EQ(error_of<std::exception>([&] { model.mixed(short_x, t, m, f, i, b); }),
+            "input 'x' of shape [2,5] needs 40 bytes of f32, its buffer holds 4");
+  const kiln::Tensor<uint8_t> short_m{kShape, {}};
+  EXPECT_EQ(error_of<std::exception>([&] { model.masks(short_m, b); }),
+            "input 'm' of shape [2,5] needs 10 bytes of bool, its buffer holds 0");
+  EXPECT_EQ(error_of<std::exception>([&] { model.masks(t, b); }),
+            "input 'm' is i64, expected bool");
+  EXPECT_EQ(error_of<std::exception>([&] { model.ids(x, i); }),
+            "input 't' is f32, expected i64 or i32");
+  expect_untouched();
+  // The right tensors are filled, reshaped from what they held.
+  model.mixed(x, t, m, f, i, b);
+  std::vector<ir::Tensor> want = reference("mixed");
+  EXPECT_EQ(f.shape, kShape);
+  EXPECT_EQ(f.data, want[0].f);
+  EXPECT_EQ(i.data, want[1].ints);
+  EXPECT_EQ(std::vector<int64_t>(b.data.begin(), b.data.end()), want[2].ints);
+}
+
+}  // namespace
+}  // namespace kiln
