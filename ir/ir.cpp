@@ -138,6 +138,10 @@ bool is_elementwise(OpKind k) {
   return is_binary_elementwise(k) || is_unary_elementwise(k) || k == OpKind::select;
 }
 
+std::string line_prefix(const Loc& loc) {
+  return loc.line > 0 ? fmt::format("line {}: ", loc.line) : std::string();
+}
+
 int64_t Op::int_attr(const std::string& key) const {
   auto it = attrs.find(key);
   KILN_ASSERT(it != attrs.end(), fmt::format("{} has no attribute '{}'", op_name(kind), key));
@@ -182,9 +186,11 @@ ValueId Function::add_param(std::string name, TensorType type) {
   return id;
 }
 
-ValueId Function::add_op(OpKind kind, std::vector<ValueId> operands, TensorType type, Attrs attrs) {
+ValueId Function::add_op(OpKind kind, std::vector<ValueId> operands, TensorType type, Attrs attrs,
+                         Loc loc) {
   ValueId id = add_value(std::move(type));
   ops.push_back(Op{kind, id, std::move(operands), std::move(attrs)});
+  ops.back().loc = loc;
   return id;
 }
 

@@ -120,12 +120,31 @@ struct Value {
   TensorType type;
 };
 
+// A source location in IR text, for diagnostics; line 0 when unknown.
+struct Loc {
+  int line = 0;
+  int col = 0;
+};
+
+// "line 7: " for a known location, "" for an unknown one: the prefix of a diagnostic about
+// an op when the IR text is not at hand (after the passes: codegen, the interpreter).
+std::string line_prefix(const Loc& loc);
+
 struct Op {
   OpKind kind;
   ValueId result = -1;
   std::vector<ValueId> operands;
   Attrs attrs;
   int64_t arena_offset = -1;  // byte offset of the result in the arena; -1: not planned
+  // Where the op was written in IR text (set by the parser; line 0: unknown, e.g. built by
+  // the DSL). It is part of the op, so it moves with the op when a pass reorders or
+  // erases ops. Rule for passes: an op rewritten in place keeps its location (a fusion
+  // turns the root op of its pattern, the one whose result it takes over, into the fused
+  // op: the head-merging reshape of an attention, the layernorm of an add_layernorm, the
+  // last of matmul/add/relu of a linear); a new op takes the location of the op it is
+  // created for (passes/rewrite.h's make_op and insert_op take it from that op; the
+  // merged linear of merge-projections and its weight ops: the first merged linear).
+  Loc loc;
 
   bool has_attr(const std::string& key) const { return attrs.count(key) != 0; }
   int64_t int_attr(const std::string& key) const;   // asserts presence and type
@@ -134,26 +153,20 @@ struct Op {
   const std::vector<int64_t>& ints_attr(const std::string& key) const;
 };
 
-// A source location in IR text, for diagnostics.
-struct Loc {
-  int line = 0;
-  int col = 0;
-};
-
 struct Function {
   std::string name;
   std::vector<Value> values;     // every value: parameters and op results, by ValueId
   std::vector<ValueId> params;   // inputs, in order
   std::vector<Op> ops;           // in execution order
   std::vector<ValueId> results;  // outputs, in order; their value names name them
-  std::vector<Loc> op_locs;      // when parsed: the location of each op (may be empty)
   int64_t arena_bytes = -1;      // size of the planned arena; -1: no memory plan
 
   const TensorType& type(ValueId id) const { return values.at(id).type; }
   ValueId add_value(TensorType type, std::string name = {});
   ValueId add_param(std::string name, TensorType type);
-  // Appends an op defining a new value of `type`; returns that value.
-  ValueId add_op(OpKind kind, std::vector<ValueId> operands, TensorType type, Attrs attrs = {});
+  // Appends an op at `loc` defining a new value of `type`; returns that value.
+  ValueId add_op(OpKind kind, std::vector<ValueId> operands, TensorType type, Attrs attrs = {},
+                 Loc loc = {});
   // Index of the op defining `id`, or -1 for a parameter. Linear scan.
   int defining_op(ValueId id) const;
 };

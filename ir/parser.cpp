@@ -590,10 +590,10 @@ class Parser {
       advance();
       arena_offset = parse_non_negative("arena offset", fmt::format("after 'at' in '{}'", shown));
     }
-    const ValueId id = f->add_op(*kind, std::move(operands), std::move(type), std::move(attrs));
+    const ValueId id =
+        f->add_op(*kind, std::move(operands), std::move(type), std::move(attrs), loc);
     f->values[id].name = value_name(written);
     f->ops.back().arena_offset = arena_offset;
-    f->op_locs.push_back(loc);
     scope->ids[written] = id;
   }
 

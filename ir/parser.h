@@ -11,7 +11,7 @@ namespace kiln::ir {
 // Parses a module. Syntax errors throw kiln::Error with the message
 //   FILE:LINE:COL: error: expected ':' after parameter name, got '['
 // naming the offending token. The result is not verified: call verify() (or
-// parse_and_verify) to check types. Op locations are recorded in Function::op_locs.
+// parse_and_verify) to check types. Each op records its location (ir::Op::loc).
 Module parse_module(std::string_view text, const std::string& file = "<input>");
 
 // parse_module followed by verify_or_throw.

@@ -119,7 +119,7 @@ class Verifier {
   template <typename... Args>
   void op_error(const Function& f, int op, fmt::format_string<Args...> format, Args&&... args) {
     Loc loc;
-    if (op >= 0 && op < static_cast<int>(f.op_locs.size())) loc = f.op_locs[op];
+    if (op >= 0 && op < static_cast<int>(f.ops.size())) loc = f.ops[op].loc;
     diags_.push_back({f.name, op, loc, fmt::format(format, std::forward<Args>(args)...)});
   }
 

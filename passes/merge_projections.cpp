@@ -201,10 +201,11 @@ void merge(ir::Module& m, Function& f, const std::vector<Projection>& group, Ins
   const auto [w_name, b_name] = declare_merged(m, group);
   const ir::Weight* w = m.find_weight(w_name);
   std::vector<Op>& before = (*inserts)[group[0].pos];
+  // The new ops are created for the first member: they take its location.
   auto add_op = [&](OpKind kind, std::vector<ValueId> operands, TensorType type, ir::Attrs attrs) {
-    const ValueId id = f.add_value(std::move(type));
-    before.push_back(Op{kind, id, std::move(operands), std::move(attrs)});
-    return id;
+    before.push_back(make_op(f, f.ops[group[0].pos], kind, std::move(operands), std::move(type),
+                             std::move(attrs)));
+    return before.back().result;
   };
   std::vector<ValueId> operands = {group[0].x,
                                    add_op(OpKind::weight, {}, w->type, {{"name", w_name}})};
@@ -231,21 +232,13 @@ void merge(ir::Module& m, Function& f, const std::vector<Projection>& group, Ins
 // Rebuilds f's op list with the recorded insertions.
 void apply(Function& f, Insertions inserts) {
   std::vector<Op> ops;
-  std::vector<ir::Loc> locs;
-  const bool has_locs = !f.op_locs.empty();
   for (size_t i = 0; i < f.ops.size(); ++i) {
     auto it = inserts.find(static_cast<int>(i));
-    if (it != inserts.end()) {
-      for (Op& op : it->second) {
-        ops.push_back(std::move(op));
-        if (has_locs) locs.push_back(i < f.op_locs.size() ? f.op_locs[i] : f.op_locs.back());
-      }
-    }
+    if (it != inserts.end())
+      for (Op& op : it->second) ops.push_back(std::move(op));
     ops.push_back(std::move(f.ops[i]));
-    if (has_locs && i < f.op_locs.size()) locs.push_back(f.op_locs[i]);
   }
   f.ops = std::move(ops);
-  f.op_locs = std::move(locs);
 }
 
 bool merge_function(ir::Module& m, Function& f) {

@@ -52,15 +52,21 @@ void replace_all_uses(ir::Function& f, ir::ValueId from, ir::ValueId to) {
     }
 }
 
-ir::ValueId insert_op(ir::Function& f, size_t pos, ir::OpKind kind,
+ir::Op make_op(ir::Function& f, const ir::Op& origin, ir::OpKind kind,
+               std::vector<ir::ValueId> operands, ir::TensorType type, ir::Attrs attrs) {
+  ir::Op op{kind, f.add_value(std::move(type)), std::move(operands), std::move(attrs)};
+  op.loc = origin.loc;
+  return op;
+}
+
+ir::ValueId insert_op(ir::Function& f, size_t pos, size_t origin, ir::OpKind kind,
                       std::vector<ir::ValueId> operands, ir::TensorType type, ir::Attrs attrs) {
   KILN_ASSERT(pos <= f.ops.size(), "insert_op position out of range");
-  ir::ValueId id = f.add_value(std::move(type));
-  f.ops.insert(f.ops.begin() + pos, ir::Op{kind, id, std::move(operands), std::move(attrs)});
-  if (!f.op_locs.empty()) {
-    ir::Loc loc = pos < f.op_locs.size() ? f.op_locs[pos] : f.op_locs.back();
-    f.op_locs.insert(f.op_locs.begin() + std::min(pos, f.op_locs.size()), loc);
-  }
+  KILN_ASSERT(origin < f.ops.size(), "insert_op origin out of range");
+  ir::Op op =
+      make_op(f, f.ops[origin], kind, std::move(operands), std::move(type), std::move(attrs));
+  const ir::ValueId id = op.result;
+  f.ops.insert(f.ops.begin() + pos, std::move(op));
   return id;
 }
 
@@ -77,14 +83,9 @@ bool remove_dead_code(ir::Function& f) {
   }
   if (!changed) return false;
   std::vector<ir::Op> ops;
-  std::vector<ir::Loc> locs;
-  for (size_t i = 0; i < f.ops.size(); ++i) {
-    if (!keep[i]) continue;
-    ops.push_back(std::move(f.ops[i]));
-    if (i < f.op_locs.size()) locs.push_back(f.op_locs[i]);
-  }
+  for (size_t i = 0; i < f.ops.size(); ++i)
+    if (keep[i]) ops.push_back(std::move(f.ops[i]));
   f.ops = std::move(ops);
-  f.op_locs = std::move(locs);
   compact_values(f);
   return true;
 }

@@ -38,9 +38,14 @@ std::string value_label(const ir::Function& f, ir::ValueId v);
 // Replaces every use of `from` (operands and results) by `to`.
 void replace_all_uses(ir::Function& f, ir::ValueId from, ir::ValueId to);
 
-// Inserts an op before position `pos` defining a new value of `type`; returns the value.
-// Op locations are kept aligned (the new op gets the location of the op it precedes).
-ir::ValueId insert_op(ir::Function& f, size_t pos, ir::OpKind kind,
+// A new op created for `origin` (the op it replaces or is derived from), defining a new
+// value of `type`; it takes origin's location (the rule at ir::Op::loc). The caller places
+// it in f.ops.
+ir::Op make_op(ir::Function& f, const ir::Op& origin, ir::OpKind kind,
+               std::vector<ir::ValueId> operands, ir::TensorType type, ir::Attrs attrs = {});
+
+// Inserts make_op(f, f.ops[origin], ...) before position `pos`; returns its value.
+ir::ValueId insert_op(ir::Function& f, size_t pos, size_t origin, ir::OpKind kind,
                       std::vector<ir::ValueId> operands, ir::TensorType type, ir::Attrs attrs = {});
 
 // Removes ops whose results are unused (transitively), then drops values that are no

@@ -334,14 +334,6 @@ bool schedule_function(const ir::Module& m, ir::Function& f) {
   ops.reserve(n);
   for (int i : order) ops.push_back(std::move(f.ops[i]));
   f.ops = std::move(ops);
-  if (f.op_locs.size() == n) {
-    std::vector<ir::Loc> locs;
-    locs.reserve(n);
-    for (int i : order) locs.push_back(f.op_locs[i]);
-    f.op_locs = std::move(locs);
-  } else {
-    f.op_locs.clear();
-  }
   // A memory plan made for the old order is stale: drop it (plan-memory makes a new one).
   f.arena_bytes = -1;
   for (ir::Op& op : f.ops) op.arena_offset = -1;

@@ -20,9 +20,9 @@
 //   %sb = reduce_sum(%b) : f32[]      %sb = reduce_sum(%b) : f32[]
 //   (peak 32 KiB: %a and %b live together)   (peak 16 KiB + 4 bytes)
 //
-// Pre: verified. Post: verified, same ops, dependencies respected, op_locs permuted
-// along (or cleared when they did not match the ops). When the order changes, a memory
-// plan made for the old one is dropped (run plan-memory after schedule).
+// Pre: verified. Post: verified, same ops (with their locations), dependencies respected.
+// When the order changes, a memory plan made for the old one is dropped (run plan-memory
+// after schedule).
 // Returns whether the order changed.
 #pragma once
 

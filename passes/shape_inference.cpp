@@ -36,8 +36,8 @@ void infer_function(const ir::Module& m, const ir::Function& f) {
   }
   for (size_t i = 0; i < f.ops.size(); ++i) {
     const ir::Op& op = f.ops[i];
-    const std::string where =
-        fmt::format("in function '{}', op {} ({})", f.name, i, ir::op_name(op.kind));
+    const std::string where = fmt::format("{}in function '{}', op {} ({})", ir::line_prefix(op.loc),
+                                          f.name, i, ir::op_name(op.kind));
     std::vector<ir::TensorType> operand_types;
     for (ir::ValueId v : op.operands) {
       if (v < 0 || v >= nvalues || !defined[v])

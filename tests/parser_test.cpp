@@ -375,13 +375,13 @@ TEST(Parser, RecordsOpLocations) {
 }
 )");
   const Function& f = m.functions.at(0);
-  ASSERT_EQ(f.op_locs.size(), 3u);
-  EXPECT_EQ(f.op_locs[0].line, 3);
-  EXPECT_EQ(f.op_locs[0].col, 5);
-  EXPECT_EQ(f.op_locs[1].line, 4);
-  EXPECT_EQ(f.op_locs[1].col, 3);
-  EXPECT_EQ(f.op_locs[2].line, 5);
-  EXPECT_EQ(f.op_locs[2].col, 2);  // a tab counts as one column
+  ASSERT_EQ(f.ops.size(), 3u);
+  EXPECT_EQ(f.ops[0].loc.line, 3);
+  EXPECT_EQ(f.ops[0].loc.col, 5);
+  EXPECT_EQ(f.ops[1].loc.line, 4);
+  EXPECT_EQ(f.ops[1].loc.col, 3);
+  EXPECT_EQ(f.ops[2].loc.line, 5);
+  EXPECT_EQ(f.ops[2].loc.col, 2);  // a tab counts as one column
 }
 
 TEST(Parser, WeightDerivationAndConfig) {
