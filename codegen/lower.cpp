@@ -93,9 +93,12 @@ class Lowerer {
  private:
   DimExpr dim(const ir::Dim& d) const {
     if (!d.is_symbolic()) return DimExpr::constant(d.value);
-    for (size_t i = 0; i < m_.symbols.size(); ++i)
-      if (m_.symbols[i].name == d.symbol) return DimExpr::symbol(static_cast<int>(i));
-    fail("undeclared symbol '{}'", d.symbol);
+    size_t i = 0;
+    while (i < m_.symbols.size() && m_.symbols[i].name != d.symbol) ++i;
+    // The pipeline verified the module: every symbol in a type is declared [V7].
+    KILN_ASSERT(i < m_.symbols.size(),
+                fmt::format("lowering: undeclared symbol '{}' in a verified module", d.symbol));
+    return DimExpr::symbol(static_cast<int>(i));
   }
 
   int64_t dim_max(const ir::Dim& d) const {
@@ -146,7 +149,9 @@ class Lowerer {
     }
     d.shape = shape_of(w->type);
     if (linear) {
-      if (d.shape.size() != 2) fail("weight '{}' of a linear must be 2-D", name);
+      // The linear type rule takes W[N,K], and a weight op has its weight's type [V8].
+      KILN_ASSERT(d.shape.size() == 2,
+                  fmt::format("lowering: weight '{}' of a linear is not 2-D", name));
       const int64_t N = d.shape[0], K = d.shape[1];
       d.shape = panel ? std::vector<int64_t>{N / panel, K, panel} : std::vector<int64_t>{K, N};
       d.transpose = true;
@@ -176,15 +181,21 @@ class Lowerer {
   }
 
   // A view collapsed to 2-D (inner, rows) for row-wise kernels; checks it can be.
-  rt::BufferDesc rows_view(const View& v, const char* what, const ir::Op& op) const {
+  rt::BufferDesc rows_view(const ir::Function& f, const View& v, const char* what,
+                           const ir::Op& op) const {
     const size_t r = v.extents.size();
-    if (r == 0 || !(v.strides[r - 1] == DimExpr::constant(1)))
-      fail("{}: {} operand is not contiguous in its last dim", ir::op_name(op.kind), what);
+    // Row-wise ops take rank >= 1 operands [V8], and every view is dense or a slice of a
+    // dense one, which keeps the unit stride of the last dim.
+    KILN_ASSERT(r > 0 && v.strides[r - 1] == DimExpr::constant(1),
+                fmt::format("lowering: {} operand of {} is not contiguous in its last dim", what,
+                            ir::op_name(op.kind)));
     DimExpr rows = DimExpr::constant(1);
     for (size_t d = 0; d + 1 < r; ++d) rows = rows * v.extents[d];
     for (size_t d = 0; d + 2 < r; ++d)
       if (!(v.strides[d] == v.strides[d + 1] * v.extents[d + 1]))
-        fail("{}: {} operand's leading dims cannot be collapsed", ir::op_name(op.kind), what);
+        fail("{}function '{}': {} {}: {} operand's leading dims cannot be collapsed",
+             ir::line_prefix(op.loc), f.name, ir::op_name(op.kind),
+             passes::value_label(f, op.result), what);
     DimExpr row_stride = r >= 2 ? v.strides[r - 2] : v.extents[0];
     rt::BufferDesc b{v.storage, v.index, v.byte_offset, v.elem_offset, v.type, {}, {}};
     b.extents = {v.extents[r - 1], rows};
@@ -235,16 +246,20 @@ class Lowerer {
         return dense_view(f.type(op.result), Storage::result, r->second, 0);
       if (op.arena_offset < 0)
         fail(
-            "function '{}': %{} ({}) has no arena offset: run the default pipeline before "
+            "{}function '{}': {} ({}) has no arena offset: run the default pipeline before "
             "compiling",
-            f.name, op.result, ir::op_name(op.kind));
+            ir::line_prefix(op.loc), f.name, passes::value_label(f, op.result),
+            ir::op_name(op.kind));
       return dense_view(f.type(op.result), Storage::arena, 0, op.arena_offset);
     };
     auto view_of = [&](ir::ValueId v, const ir::Op& user) -> const View& {
       auto it = views.find(v);
-      if (it == views.end())
-        fail("function '{}': operand of {} is not in memory (internal lowering order)", f.name,
-             ir::op_name(user.kind));
+      // Ops are lowered in order, and only a value evaluated inside its users' kernels
+      // (inlined) has no view; a user that reads it from memory makes it not inlined.
+      KILN_ASSERT(it != views.end(),
+                  fmt::format("lowering: operand {} of {} {} in function '{}' is not in memory",
+                              passes::value_label(f, v), ir::op_name(user.kind),
+                              passes::value_label(f, user.result), f.name));
       return it->second;
     };
     // Whether `v` (defined by a pointwise op) is folded into its single pointwise user.
@@ -276,7 +291,8 @@ class Lowerer {
         case OpKind::reshape: {
           const View& src = view_of(op.operands[0], op);
           if (!src.dense())
-            fail("function '{}': reshape of a strided view is not supported", f.name);
+            fail("{}function '{}': reshape {} of a strided view is not supported",
+                 ir::line_prefix(op.loc), f.name, passes::value_label(f, op.result));
           View v = dense_view(type, src.storage, src.index, src.byte_offset);
           v.elem_offset = src.elem_offset;
           views[op.result] = v;
@@ -291,7 +307,8 @@ class Lowerer {
           const int64_t start = op.int_attr("start");
           if (start != 0) {
             if (!v.strides[axis].is_constant() || !v.elem_offset.is_constant())
-              fail("function '{}': slice at a symbolic stride or offset is not supported", f.name);
+              fail("{}function '{}': slice {} at a symbolic stride or offset is not supported",
+                   ir::line_prefix(op.loc), f.name, passes::value_label(f, op.result));
             v.elem_offset = DimExpr::constant(v.elem_offset.coeff + start * v.strides[axis].coeff);
           }
           v.extents[axis] = dim(type.shape[axis]);
@@ -307,14 +324,16 @@ class Lowerer {
         case OpKind::linear: {
           const ir::Op* w = passes::def_op(f, defs, op.operands[1]);
           if (!w || w->kind != OpKind::weight)
-            fail("function '{}': linear weights must come from a weight", f.name);
+            fail("{}function '{}': linear {} takes its weights from {}, not from a weight op",
+                 ir::line_prefix(op.loc), f.name, passes::value_label(f, op.result),
+                 passes::value_label(f, op.operands[1]));
           const ir::TensorType& wt = f.type(op.operands[1]);
           const int64_t N = wt.shape[0].value, K = wt.shape[1].value;
           LinearKernel k{K, N, op.str_attr("act") == "relu", op.operands.size() == 3,
                          linear_panel_for(N)};
           View out = output_view(op);
           rt::StepDesc s{kernel_index(k), fmt::format("linear %{}", op.result), {}};
-          s.args.push_back(rows_view(view_of(op.operands[0], op), "input", op));
+          s.args.push_back(rows_view(f, view_of(op.operands[0], op), "input", op));
           // The weight as stored (weight_index lays it out): [K, N] or [N/panel, K, panel].
           const int32_t wi = weight_index(w->str_attr("name"), true, k.panel);
           std::vector<ir::Dim> stored;
@@ -323,7 +342,7 @@ class Lowerer {
           View wv = dense_view(ir::TensorType{ir::DType::f32, stored}, Storage::weight, wi, 0);
           s.args.push_back(wv.halide());
           if (k.has_bias) s.args.push_back(view_of(op.operands[2], op).halide());
-          s.args.push_back(rows_view(out, "output", op));
+          s.args.push_back(rows_view(f, out, "output", op));
           fd.steps.push_back(std::move(s));
           views[op.result] = out;
           continue;
@@ -353,11 +372,11 @@ class Lowerer {
           View out = output_view(op);
           rt::StepDesc s{
               kernel_index(k), fmt::format("{} %{}", ir::op_name(op.kind), op.result), {}};
-          s.args.push_back(rows_view(view_of(op.operands[0], op), "input", op));
-          if (with_add) s.args.push_back(rows_view(view_of(op.operands[1], op), "input", op));
+          s.args.push_back(rows_view(f, view_of(op.operands[0], op), "input", op));
+          if (with_add) s.args.push_back(rows_view(f, view_of(op.operands[1], op), "input", op));
           for (size_t i = with_add ? 2 : 1; i < op.operands.size(); ++i)
             s.args.push_back(view_of(op.operands[i], op).halide());
-          s.args.push_back(rows_view(out, "output", op));
+          s.args.push_back(rows_view(f, out, "output", op));
           fd.steps.push_back(std::move(s));
           views[op.result] = out;
           continue;
@@ -367,9 +386,10 @@ class Lowerer {
       }
       if (!is_pointwise(op.kind))
         fail(
-            "function '{}': op {} (%{}) has no kernel in compiled code; run the default pipeline, "
-            "which fuses it, or extend codegen",
-            f.name, ir::op_name(op.kind), op.result);
+            "{}function '{}': op {} ({}) has no kernel in compiled code; run the default "
+            "pipeline, which fuses it, or extend codegen",
+            ir::line_prefix(op.loc), f.name, ir::op_name(op.kind),
+            passes::value_label(f, op.result));
       if (inlined(op.result)) continue;  // evaluated inside its user's kernel
       if (uses[op.result] == 0) continue;
 
@@ -416,8 +436,8 @@ class Lowerer {
     for (ir::ValueId r : f.results) {
       const ir::Op* d = passes::def_op(f, defs, r);
       if (!d || views.count(r) == 0 || views.at(r).storage != Storage::result)
-        fail("function '{}': result %{} is not computed by a kernel (a parameter or a view)",
-             f.name, r);
+        fail("{}function '{}': result {} is not computed by a kernel (a parameter or a view)",
+             d ? ir::line_prefix(d->loc) : std::string(), f.name, passes::value_label(f, r));
     }
     out_.plan.functions.push_back(std::move(fd));
   }
