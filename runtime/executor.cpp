@@ -8,8 +8,10 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -109,15 +111,70 @@ void record_kernel_error(void*, const char* message) { g_kernel_error = message 
 
 }  // namespace
 
+// Concurrency: one model may run from any number of threads at once. What a call reads
+// (the plan, weights, tables) is immutable after kiln_model_create; what it writes lives
+// in an arena that the call holds alone (taken from `idle_arenas`, or allocated when all
+// are busy, and given back after the call), in its caller's outputs, and in the calling
+// thread's error text. Profiling tallies are the one shared, written state, behind
+// `profile_mutex`.
 struct kiln_model {
   Plan plan;
   std::vector<kiln_kernel_fn> kernels;
   kiln_hooks hooks{};
   std::vector<AlignedBytes> weights;
   std::vector<AlignedBytes> tables;
-  AlignedBytes arena;
-  std::string error;
+  int64_t arena_bytes = 0;  // the largest entry point's arena
   std::vector<const char*> function_names;
+
+  // Arenas not in use by a call; one is allocated at create, so a model used from one
+  // thread allocates no arena per call.
+  std::mutex arena_mutex;
+  std::vector<AlignedBytes> idle_arenas;
+
+  // An arena held by one call, given back to the model when the call ends.
+  class ArenaLease {
+   public:
+    explicit ArenaLease(kiln_model& m) : model_(m) {
+      {
+        std::lock_guard<std::mutex> lock(m.arena_mutex);
+        if (!m.idle_arenas.empty()) {
+          arena_ = std::move(m.idle_arenas.back());
+          m.idle_arenas.pop_back();
+          return;
+        }
+      }
+      arena_.allocate(m.arena_bytes);  // every idle arena is busy: this call gets its own
+    }
+    ~ArenaLease() {
+      std::lock_guard<std::mutex> lock(model_.arena_mutex);
+      model_.idle_arenas.push_back(std::move(arena_));
+    }
+    ArenaLease(const ArenaLease&) = delete;
+    ArenaLease& operator=(const ArenaLease&) = delete;
+    uint8_t* data() { return arena_.data.get(); }
+
+   private:
+    kiln_model& model_;
+    AlignedBytes arena_;
+  };
+
+  // The last error of each thread's calls on this model (kiln_model_error).
+  mutable std::mutex error_mutex;
+  std::map<std::thread::id, std::string> errors;
+
+  void set_error(std::string text) {  // "" clears it
+    std::lock_guard<std::mutex> lock(error_mutex);
+    if (text.empty())
+      errors.erase(std::this_thread::get_id());
+    else
+      errors[std::this_thread::get_id()] = std::move(text);
+  }
+  // Valid until this thread's next call on this model.
+  const char* error_text() const {
+    std::lock_guard<std::mutex> lock(error_mutex);
+    auto it = errors.find(std::this_thread::get_id());
+    return it == errors.end() ? "" : it->second.c_str();
+  }
 
   // Profiling (kiln_model_set_profiling): per kernel, calls and seconds; per entry point,
   // runs and seconds.
@@ -125,10 +182,10 @@ struct kiln_model {
     int64_t calls = 0;
     double seconds = 0;
   };
+  std::mutex profile_mutex;  // guards the three below
   bool profiling = false;
   std::vector<Tally> kernel_time;
   std::map<std::string, Tally> run_time;
-  std::string profile_text;
 
   std::string profile_report() const {
     std::string out;
@@ -335,6 +392,12 @@ struct kiln_model {
            size_t n_out) {
     using Clock = std::chrono::steady_clock;
     const Clock::time_point run_start = Clock::now();
+    bool profile_this_run = false;
+    {
+      std::lock_guard<std::mutex> lock(profile_mutex);
+      profile_this_run = profiling;
+    }
+    std::vector<Tally> kernel_tally(profile_this_run ? kernels.size() : 0);
     const FunctionDesc& f = function(fname);
     std::vector<const kiln_tensor*> ordered;
     std::vector<int64_t> syms = bind(f, inputs, n_in, &ordered);
@@ -382,6 +445,7 @@ struct kiln_model {
       result_data[r] = static_cast<uint8_t*>(outputs[r].data);
     }
 
+    ArenaLease arena(*this);  // after the checks: a refused call takes no arena
     std::vector<halide_buffer_t> bufs;
     std::vector<std::vector<halide_dimension_t>> dims;
     std::vector<void*> args;
@@ -403,7 +467,7 @@ struct kiln_model {
             size = result_bytes[b.index];
             break;
           case Storage::arena:
-            base = arena.data.get();
+            base = arena.data();
             size = f.arena_bytes;
             break;
           case Storage::weight:
@@ -438,18 +502,24 @@ struct kiln_model {
         args[a] = &hb;
       }
       g_kernel_error.clear();
-      const Clock::time_point start = profiling ? Clock::now() : Clock::time_point{};
+      const Clock::time_point start = profile_this_run ? Clock::now() : Clock::time_point{};
       int status = kernels[step.kernel](args.data());
       if (status != 0)
         fail("kernel {} ({}) failed with status {}{}{}", plan.kernel_names[step.kernel], step.op,
              status, g_kernel_error.empty() ? "" : ": ", g_kernel_error);
-      if (profiling) {
-        Tally& t = kernel_time[static_cast<size_t>(step.kernel)];
+      if (profile_this_run) {
+        Tally& t = kernel_tally[static_cast<size_t>(step.kernel)];
         t.calls += 1;
         t.seconds += std::chrono::duration<double>(Clock::now() - start).count();
       }
     }
-    if (profiling) {
+    if (profile_this_run) {
+      std::lock_guard<std::mutex> lock(profile_mutex);
+      if (!profiling || kernel_time.size() != kernel_tally.size()) return;  // stopped meanwhile
+      for (size_t k = 0; k < kernel_tally.size(); ++k) {
+        kernel_time[k].calls += kernel_tally[k].calls;
+        kernel_time[k].seconds += kernel_tally[k].seconds;
+      }
       Tally& t = run_time[f.name];
       t.calls += 1;
       t.seconds += std::chrono::duration<double>(Clock::now() - run_start).count();
@@ -486,9 +556,9 @@ kiln_model* kiln_model_create(const uint8_t* plan, size_t plan_size, const kiln_
       fail("no weights file given (model '{}' has {} weights)", m->plan.model,
            m->plan.weights.size());
     m->build_tables();
-    int64_t arena = 0;
-    for (const auto& f : m->plan.functions) arena = std::max(arena, f.arena_bytes);
-    m->arena.allocate(arena);
+    for (const auto& f : m->plan.functions)
+      m->arena_bytes = std::max(m->arena_bytes, f.arena_bytes);
+    m->idle_arenas.emplace_back().allocate(m->arena_bytes);
     for (const auto& f : m->plan.functions) m->function_names.push_back(f.name.c_str());
     m->function_names.push_back(nullptr);
     if (error) *error = nullptr;
@@ -533,13 +603,13 @@ int kiln_model_output_shapes(kiln_model* model, const char* function, const kiln
                              size_t num_inputs, kiln_tensor* outputs, size_t num_outputs) {
   if (!model) return 1;
   try {
-    model->error.clear();
     if (num_outputs && !outputs)
       fail("entry point '{}': outputs is null", function ? function : "");
     model->output_shapes(function, inputs, num_inputs, outputs, num_outputs);
+    model->set_error("");
     return 0;
   } catch (const std::exception& e) {
-    model->error = e.what();
+    model->set_error(e.what());
     return 1;
   }
 }
@@ -548,17 +618,17 @@ int kiln_model_run(kiln_model* model, const char* function, const kiln_tensor* i
                    size_t num_inputs, kiln_tensor* outputs, size_t num_outputs) {
   if (!model) return 1;
   try {
-    model->error.clear();
     model->run(function, inputs, num_inputs, outputs, num_outputs);
+    model->set_error("");
     return 0;
   } catch (const std::exception& e) {
-    model->error = e.what();
+    model->set_error(e.what());
     return 1;
   }
 }
 
 const char* kiln_model_error(const kiln_model* model) {
-  return model ? model->error.c_str() : "kiln: no model (NULL)";
+  return model ? model->error_text() : "kiln: no model (NULL)";
 }
 
 size_t kiln_dtype_size(int32_t dtype) {
@@ -582,6 +652,7 @@ int kiln_model_set_num_threads(kiln_model* model, int threads) {
 
 int kiln_model_set_profiling(kiln_model* model, int on) {
   if (!model) return -1;
+  std::lock_guard<std::mutex> lock(model->profile_mutex);
   model->profiling = on != 0;
   if (model->profiling) {
     model->kernel_time.assign(model->plan.kernel_names.size(), {});
@@ -592,8 +663,10 @@ int kiln_model_set_profiling(kiln_model* model, int on) {
 
 const char* kiln_model_profile(kiln_model* model) {
   if (!model) return "";
-  model->profile_text = model->kernel_time.empty() ? "" : model->profile_report();
-  return model->profile_text.c_str();
+  thread_local std::string text;  // valid until this thread's next call of this function
+  std::lock_guard<std::mutex> lock(model->profile_mutex);
+  text = model->kernel_time.empty() ? "" : model->profile_report();
+  return text.c_str();
 }
 
 int kiln_tensor_read(const char* path, const char* name, kiln_tensor* out, char** error) {

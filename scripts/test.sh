@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs kiln's whole test suite: installs what is missing, builds, checks the formatting
 # (scripts/check_format.sh), runs every test, then runs the tests that read hostile input
-# (weights files, IR text, the runtime boundary) again under AddressSanitizer and UBSan.
+# (weights files, IR text, the runtime boundary) again under AddressSanitizer and UBSan,
+# and the concurrency tests under ThreadSanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
@@ -18,4 +19,11 @@ export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=
 build-asan/tests/runtime_tests --gtest_brief=1
 build-asan/tests/ir_tests --gtest_brief=1
 build-asan/tests/abi_tests --gtest_brief=1
+
+echo "== ThreadSanitizer: concurrency_tests"
+cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKILN_TSAN=ON \
+  -DKILN_TOOL="$PWD/build/tools/kiln" >/dev/null
+cmake --build build-tsan -j "${KILN_JOBS:-2}" --target concurrency_tests
+TSAN_OPTIONS="halt_on_error=1 suppressions=$PWD/tests/tsan.supp" \
+  build-tsan/tests/concurrency_tests --gtest_brief=1
 echo "all tests passed"

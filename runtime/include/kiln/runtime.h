@@ -75,19 +75,26 @@ int kiln_model_output_shapes(kiln_model* model, const char* function, const kiln
  * maxima. Outputs must have the dtypes and shapes kiln_model_output_shapes gives and a
  * capacity of at least their bytes. Every input and output is checked before anything is
  * written: on an error no output byte has changed. Returns 0, or non-zero with the
- * message in kiln_model_error(). Not thread-safe for one model (it owns one arena). */
+ * message in kiln_model_error().
+ *
+ * Threads: one model may be used from any number of threads at once, and every call
+ * computes exactly what it computes alone. The weights are shared read-only; each call
+ * that overlaps another gets an arena of its own (the model keeps one per concurrent
+ * caller it has seen, for reuse); kiln_model_error is per thread. Only destroying the
+ * model must wait for every call on it to end. */
 int kiln_model_run(kiln_model* model, const char* function, const kiln_tensor* inputs,
                    size_t num_inputs, kiln_tensor* outputs, size_t num_outputs);
-/* The last error of this model ("" if none; a fixed message for a NULL model). */
+/* The error of the calling thread's last call on this model ("" if it succeeded; a fixed
+ * message for a NULL model). Valid until this thread's next call on the model. */
 const char* kiln_model_error(const kiln_model* model);
-/* Threads used by the kernels (process-wide). */
+/* Threads used by the kernels (process-wide: Halide's one thread pool). */
 int kiln_model_set_num_threads(kiln_model* model, int threads);
 /* Profiling: non-zero clears the tallies and times every kernel call of the runs that
  * follow (one clock read per call); zero stops. */
 int kiln_model_set_profiling(kiln_model* model, int on);
 /* The tallies as text: per entry point its runs and ms per run, then per kernel its
  * calls, total and per-call ms and share of kernel time, slowest first ("" if profiling
- * was never on). Valid until the next call of this function. */
+ * was never on). Valid until this thread's next call of this function. */
 const char* kiln_model_profile(kiln_model* model);
 
 /* Reads tensor `name` of a safetensors file into `out` (dtype F32 -> KILN_F32; I64 or
