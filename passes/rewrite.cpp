@@ -116,12 +116,29 @@ void compact_values(ir::Function& f) {
   f.values = std::move(values);
 }
 
+namespace {
+
+// The passes debug_log prints for, as ",name,name," (",all," for all); empty: none.
+// Starts from the environment variable KILN_DEBUG_PASSES.
+std::string& debug_list() {
+  static std::string list = [] {
+    const char* env = std::getenv("KILN_DEBUG_PASSES");
+    return env && *env ? std::string(",") + env + "," : std::string();
+  }();
+  return list;
+}
+
+}  // namespace
+
 bool debug_enabled(const char* pass) {
-  static const char* env = std::getenv("KILN_DEBUG_PASSES");
-  if (!env || !*env) return false;
-  std::string list = std::string(",") + env + ",";
+  const std::string& list = debug_list();
+  if (list.empty()) return false;
   return list.find(",all,") != std::string::npos ||
          list.find("," + std::string(pass) + ",") != std::string::npos;
+}
+
+void set_debug_passes(std::string_view list) {
+  debug_list() = list.empty() ? std::string() : "," + std::string(list) + ",";
 }
 
 }  // namespace kiln::passes

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -55,9 +56,14 @@ bool remove_dead_code(ir::Function& f);
 // Renumbers values so that only parameters and op results remain, in their order.
 void compact_values(ir::Function& f);
 
-// Whether a debug log is enabled for `pass` (env KILN_DEBUG_PASSES: a comma list of
-// pass names, or "all").
+// Whether a debug log is enabled for `pass`: `pass` or "all" is in the comma list last
+// given to set_debug_passes, or else in the environment variable KILN_DEBUG_PASSES.
 bool debug_enabled(const char* pass);
+
+// Replaces the list of passes that debug_log prints for (`kiln opt --debug-passes`): a
+// comma list of pass names, or "all"; empty: none. Not thread-safe: call it before
+// running passes.
+void set_debug_passes(std::string_view list);
 
 // Logs why a pass did not fire (or what it did) when debugging is enabled for it.
 template <typename... Args>

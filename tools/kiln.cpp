@@ -1,4 +1,5 @@
 // The `kiln` command-line tool: emit, inspect and run models.
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -10,6 +11,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -22,6 +24,7 @@
 #include "ir/printer.h"
 #include "passes/pipeline.h"
 #include "passes/plan_memory.h"
+#include "passes/rewrite.h"
 #include "support/error.h"
 #include "tools/bridge.h"
 #include "tools/compiled.h"
@@ -97,6 +100,13 @@ options:
   --print-ir-after=NAME   print the IR (to stderr) after pass NAME (repeatable)
   --time-passes           print each pass's time (to stderr)
   --verify-each           verify after every pass (on by default in debug builds)
+  --debug-passes=LIST     log (to stderr) why the listed passes did or did not fire; LIST
+                          is 'all', 'default' or a comma list of pass names (the same as
+                          the environment variable KILN_DEBUG_PASSES=LIST)
+  --split-input-file      split FILE at lines that are exactly '# -----' and run each part
+                          on its own: outputs are separated by '# -----' lines, an error in
+                          one part is reported (with its location in FILE) and the next
+                          part still runs; the exit status is 1 if any part failed
   -o FILE                 output file; '-' or none: standard output
 
 passes:
@@ -318,6 +328,30 @@ int cmd_inspect(const std::vector<std::string>& argv) {
   return 0;
 }
 
+// The parts of `text` between lines that are exactly "# -----" (kiln opt
+// --split-input-file). Each part starts with one newline per line before it, so that the
+// locations the parser reports in it are those of the whole text.
+std::vector<std::string> split_input(const std::string& text) {
+  std::vector<std::string> parts(1);
+  int lines = 0;
+  for (size_t pos = 0; pos < text.size();) {
+    const size_t end = std::min(text.find('\n', pos), text.size());
+    ++lines;
+    if (std::string_view(text).substr(pos, end - pos) == "# -----")
+      parts.emplace_back(lines, '\n');
+    else
+      parts.back().append(text, pos, end + 1 - pos);
+    pos = end + 1;
+  }
+  return parts;
+}
+
+// Prints `e` as the `kiln: error: ...` line, after whatever standard output holds.
+void print_error(const Error& e) {
+  std::fflush(stdout);
+  fmt::print(stderr, "kiln: error: {}\n", e.what());
+}
+
 int cmd_opt(const std::vector<std::string>& argv) {
   if (wants_help(argv)) {
     fmt::print("{}", kOptHelp);
@@ -327,9 +361,10 @@ int cmd_opt(const std::vector<std::string>& argv) {
     fmt::print("\ndefault pipeline: {}\n", fmt::join(passes::default_pipeline(), ","));
     return 0;
   }
-  Args a = Args::parse(argv, {"--passes", "--print-ir-after", "-o"},
-                       {"--print-ir-after-all", "--time-passes", "--verify-each"}, "opt");
-  ir::Module m = read_module(one_positional(a, "opt", "FILE"));
+  Args a = Args::parse(
+      argv, {"--passes", "--print-ir-after", "--debug-passes", "-o"},
+      {"--print-ir-after-all", "--time-passes", "--verify-each", "--split-input-file"}, "opt");
+  const std::string path = one_positional(a, "opt", "FILE");
   passes::PipelineOptions options;
   options.print_ir_after_all = a.flags.count("--print-ir-after-all") > 0;
   options.time_passes = a.flags.count("--time-passes") > 0;
@@ -340,9 +375,46 @@ int cmd_opt(const std::vector<std::string>& argv) {
       passes::parse_pass_list(n);  // reject unknown names
       options.print_ir_after.insert(n);
     }
-  passes::run_passes(m, names, options);
-  write_output(a.get("-o").value_or("-"), ir::print_module(m));
-  return 0;
+  if (auto list = a.get("--debug-passes")) {
+    // 'all', or pass names ('default': those of the default pipeline), each checked.
+    std::vector<std::string> debug = {*list};
+    if (*list != "all") debug = passes::parse_pass_list(*list);
+    passes::set_debug_passes(fmt::format("{}", fmt::join(debug, ",")));
+  }
+  const std::string output = a.get("-o").value_or("-");
+  if (!a.flags.count("--split-input-file")) {
+    ir::Module m = read_module(path);
+    passes::run_passes(m, names, options);
+    write_output(output, ir::print_module(m));
+    return 0;
+  }
+  // Each part on its own; to standard output as each is done, so that its errors and logs
+  // come right after the output of the part before.
+  const std::string text = read_text(path);
+  const std::string file = path == "-" ? "<stdin>" : path;
+  const bool to_stdout = output == "-";
+  std::string all;
+  auto emit = [&](const std::string& s) {
+    if (to_stdout)
+      write_output(output, s);
+    else
+      all += s;
+  };
+  bool failed = false;
+  const std::vector<std::string> parts = split_input(text);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (i) emit("# -----\n");
+    try {
+      ir::Module m = ir::parse_and_verify(parts[i], file);
+      passes::run_passes(m, names, options);
+      emit(ir::print_module(m));
+    } catch (const Error& e) {
+      print_error(e);
+      failed = true;
+    }
+  }
+  if (!to_stdout) write_output(output, all);
+  return failed ? 1 : 0;
 }
 
 // The value of option `name` as an integer >= 1.
@@ -535,8 +607,7 @@ int main(int argc, char** argv) {
   try {
     return kiln::tools::dispatch(args);
   } catch (const kiln::Error& e) {
-    std::fflush(stdout);
-    fmt::print(stderr, "kiln: error: {}\n", e.what());
+    kiln::tools::print_error(e);
     return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);
