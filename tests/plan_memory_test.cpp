@@ -1,12 +1,10 @@
-// Tests of schedule and plan-memory: check_memory_plan proves the plans sound on the
-// reference Transformer (tiny, small; as emitted and after the default pipeline) and on
-// randomly generated graphs, and catches deliberately corrupted plans; schedule keeps the
-// outputs bit for bit, never raises the peak of live bytes and is deterministic; the
-// memory report; the base model's arena against the sum of its intermediates.
+// Tests of plan-memory: check_memory_plan proves the plans sound on the reference
+// Transformer (tiny, small; as emitted and after the default pipeline) and on randomly
+// generated graphs, and catches deliberately corrupted plans; the memory report; the base
+// model's arena against the sum of its intermediates.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -14,21 +12,19 @@
 
 #include "frontend/models.h"
 #include "ir/ir.h"
-#include "ir/op_types.h"
 #include "ir/parser.h"
 #include "ir/printer.h"
-#include "ir/verifier.h"
 #include "passes/plan_memory.h"
-#include "passes/schedule.h"
 #include "tests/pass_harness.h"
+#include "tests/random_graph.h"
 
 namespace kiln {
 namespace {
 
-using ir::Dim;
-using ir::DType;
 using ir::OpKind;
 using ir::TensorType;
+using testing::kRandomGraphs;
+using testing::random_module;
 
 const std::vector<std::string> kScheduleAndPlan = {"schedule", "plan-memory"};
 
@@ -53,194 +49,6 @@ bool any_contains(const std::vector<std::string>& lines, const std::string& need
   return std::any_of(lines.begin(), lines.end(),
                      [&](const std::string& l) { return l.find(needle) != std::string::npos; });
 }
-
-// --- A random graph generator ----------------------------------------------------------
-
-// Builds a random verified module with one function `f` over symbols B and S: a DAG of
-// elementwise ops (with broadcasting), comparisons and selects, matmuls (by weights and
-// batched score-like ones), reshapes, transposes, softmaxes, reductions, add_layernorm and
-// linear ops. Operands favour recent values but reach back anywhere (random fan-out);
-// the function returns one to three values, and some values stay unused.
-class RandomGraph {
- public:
-  explicit RandomGraph(uint32_t seed) : rng_(seed) {}
-
-  ir::Module build() {
-    m_.name = "random";
-    m_.symbols = {{"B", 2 + pick(3)}, {"S", 3 + pick(12)}};
-    f_ = &m_.functions.emplace_back();
-    f_->name = "f";
-    const int64_t d = pick(2) ? 4 : 8;
-    pool_.push_back(f_->add_param("x", f32({sym("B"), sym("S"), con(d)})));
-    if (pick(2)) pool_.push_back(f_->add_param("y", f32({sym("S"), con(d)})));
-    if (pick(2)) pool_.push_back(f_->add_param("z", f32({sym("B"), sym("S"), con(d)})));
-    const int ops = 8 + pick(50);
-    for (int tries = 0; tries < 20 * ops && static_cast<int>(f_->ops.size()) < ops; ++tries)
-      add_random_op();
-    // Results: the last value made, and up to two other op results, each named.
-    if (f_->defining_op(pool_.back()) < 0) emit(OpKind::relu, {pool_.back()});
-    std::vector<ir::ValueId> results = {pool_.back()};
-    for (int k = pick(3); k > 0; --k) {
-      ir::ValueId v = pool_[pick(static_cast<int>(pool_.size()))];
-      if (f_->defining_op(v) >= 0 && std::find(results.begin(), results.end(), v) == results.end())
-        results.push_back(v);
-    }
-    for (size_t i = 0; i < results.size(); ++i)
-      f_->values[results[i]].name = "out" + std::to_string(i);
-    f_->results = results;
-    return std::move(m_);
-  }
-
- private:
-  int pick(int n) { return std::uniform_int_distribution<int>(0, n - 1)(rng_); }
-  static Dim sym(const char* s) { return Dim::sym(s); }
-  static Dim con(int64_t v) { return Dim::constant(v); }
-  static TensorType f32(std::vector<Dim> shape) { return TensorType{DType::f32, std::move(shape)}; }
-
-  // A value from the pool: half the time one of the last four, else any.
-  ir::ValueId any_value() {
-    const int n = static_cast<int>(pool_.size());
-    return pick(2) ? pool_[n - 1 - pick(std::min(n, 4))] : pool_[pick(n)];
-  }
-
-  ir::ValueId weight(std::vector<int64_t> shape) {
-    std::vector<Dim> dims;
-    for (int64_t s : shape) dims.push_back(con(s));
-    const std::string name = "w" + std::to_string(weights_++);
-    m_.declare_weight(name, f32(dims));
-    return f_->add_op(OpKind::weight, {}, f32(dims), {{"name", name}});
-  }
-
-  ir::ValueId constant() {
-    return f_->add_op(OpKind::constant, {}, f32({}), {{"value", 0.5 + pick(4) * 0.25}});
-  }
-
-  // Adds the op when its type rule accepts it; returns its value, or -1.
-  ir::ValueId emit(OpKind kind, std::vector<ir::ValueId> operands, ir::Attrs attrs = {},
-                   const TensorType* declared = nullptr, bool to_pool = true) {
-    std::vector<TensorType> types;
-    for (ir::ValueId v : operands) types.push_back(f_->type(v));
-    ir::TypeResult r = ir::infer_type(m_, kind, types, attrs, declared);
-    if (!r.ok()) return -1;
-    ir::ValueId v = f_->add_op(kind, std::move(operands), r.type, std::move(attrs));
-    if (to_pool) pool_.push_back(v);
-    return v;
-  }
-
-  // A second operand for an elementwise op with `a`: a value of a's type, one that
-  // broadcasts with it, or a new rank-0 constant.
-  ir::ValueId partner(ir::ValueId a) {
-    ir::ValueId b = any_value();
-    std::vector<TensorType> types = {f_->type(a), f_->type(b)};
-    if (pick(4) && ir::broadcast_types(types[0], types[1], DType::f32).ok()) return b;
-    for (size_t k = pool_.size(); k-- > 0;)
-      if (pool_[k] != a && f_->type(pool_[k]) == f_->type(a) && pick(2)) return pool_[k];
-    return constant();
-  }
-
-  void add_random_op() {
-    const ir::ValueId a = any_value();
-    const TensorType& t = f_->type(a);
-    const int64_t rank = t.rank();
-    const Dim last = t.shape.empty() ? con(1) : t.shape.back();
-    static const OpKind kUnary[] = {OpKind::relu, OpKind::neg};
-    static const OpKind kBinary[] = {OpKind::add, OpKind::sub, OpKind::mul, OpKind::maximum};
-    switch (pick(12)) {
-      case 0:
-        emit(kUnary[pick(2)], {a});
-        break;
-      case 1:
-      case 2: {
-        const ir::ValueId b = partner(a);
-        emit(kBinary[pick(4)], pick(2) ? std::vector{a, b} : std::vector{b, a});
-        break;
-      }
-      case 3: {  // select(a > b, a, b)
-        const ir::ValueId b = partner(a);
-        const ir::ValueId c = emit(OpKind::gt, {a, b}, {}, nullptr, /*to_pool=*/false);
-        if (c >= 0) emit(OpKind::select, {c, a, b});
-        break;
-      }
-      case 4:  // by a weight
-        if (rank >= 2 && !last.is_symbolic())
-          emit(OpKind::matmul, {a, weight({last.value, 4 + 4 * pick(2)})});
-        break;
-      case 5: {  // a · aᵀ, score-like: [.., M, K] x [.., K, M]
-        if (rank < 2) break;
-        std::vector<int64_t> perm;
-        for (int64_t i = 0; i < rank; ++i) perm.push_back(i);
-        std::swap(perm[rank - 1], perm[rank - 2]);
-        const ir::ValueId at = emit(OpKind::transpose, {a}, {{"perm", perm}});
-        if (at >= 0) emit(OpKind::matmul, {a, at});
-        break;
-      }
-      case 6: {  // split the last dim in two, or merge the last two constant dims
-        TensorType r = t;
-        if (!last.is_symbolic() && last.value % 2 == 0 && last.value > 2 && pick(2)) {
-          r.shape.back() = con(2);
-          r.shape.push_back(con(last.value / 2));
-        } else if (rank >= 2 && !last.is_symbolic() && !t.shape[rank - 2].is_symbolic()) {
-          r.shape.pop_back();
-          r.shape.back() = con(last.value * t.shape[rank - 2].value);
-        } else {
-          break;
-        }
-        emit(OpKind::reshape, {a}, {}, &r);
-        break;
-      }
-      case 7: {
-        std::vector<int64_t> perm;
-        for (int64_t i = 0; i < rank; ++i) perm.push_back(i);
-        std::shuffle(perm.begin(), perm.end(), rng_);
-        if (rank >= 1) emit(OpKind::transpose, {a}, {{"perm", perm}});
-        break;
-      }
-      case 8:
-        if (rank >= 1) emit(OpKind::softmax, {a}, {{"axis", int64_t{-1}}});
-        break;
-      case 9:
-        if (rank >= 1)
-          emit(OpKind::reduce_sum, {a},
-               {{"axes", std::vector<int64_t>{-1}}, {"keepdims", int64_t{1}}});
-        break;
-      case 10: {  // add_layernorm(a, b, gamma, beta) with b of a's type
-        if (rank < 1 || last.is_symbolic()) break;
-        ir::ValueId b = -1;
-        for (size_t k = pool_.size(); k-- > 0 && b < 0;)
-          if (pool_[k] != a && f_->type(pool_[k]) == t) b = pool_[k];
-        if (b < 0) b = a;
-        const ir::ValueId gamma = weight({last.value});
-        const ir::ValueId beta = weight({last.value});
-        emit(OpKind::add_layernorm, {a, b, gamma, beta}, {{"eps", 1e-5}});
-        break;
-      }
-      default: {  // linear(a, W[N,K], b[N])
-        if (rank < 1 || last.is_symbolic()) break;
-        const int64_t n = 4 + 4 * pick(2);
-        const ir::ValueId w = weight({n, last.value});
-        const ir::ValueId bias = weight({n});
-        emit(OpKind::linear, {a, w, bias}, {{"act", std::string(pick(2) ? "relu" : "none")}});
-        break;
-      }
-    }
-  }
-
-  std::mt19937 rng_;
-  ir::Module m_;
-  ir::Function* f_ = nullptr;
-  std::vector<ir::ValueId> pool_;  // parameters and op results other than sources
-  int weights_ = 0;
-};
-
-ir::Module random_module(uint32_t seed) {
-  ir::Module m = RandomGraph(seed).build();
-  std::vector<ir::Diagnostic> diags = ir::verify(m);
-  EXPECT_TRUE(diags.empty()) << "seed " << seed << ": " << ir::format_diagnostic(diags[0]) << "\n"
-                             << ir::print_module(m);
-  return m;
-}
-
-constexpr uint32_t kRandomGraphs = 250;
 
 // --- Liveness as the tests see it (for corrupting plans) ---------------------------------
 
@@ -546,131 +354,6 @@ TEST(MemoryPlan, BaseArenaIsFarBelowTheSumOfIntermediates) {
       EXPECT_LT(f.arena_bytes, sum) << run.label << " " << name;
     }
   }
-}
-
-// --- schedule --------------------------------------------------------------------------
-
-TEST(Schedule, TinyComputesExactlyTheSame) {
-  const ir::Module before = tiny();
-  const ir::Module after = testing::after_passes(before, {"schedule"});
-  EXPECT_NE(ir::print_module(before), ir::print_module(after));  // it did reorder
-  EXPECT_EQ(testing::max_difference(before, after, {1, 7, 33}), 0.0);
-}
-
-TEST(Schedule, RandomGraphsComputeExactlyTheSame) {
-  for (uint32_t seed = 0; seed < kRandomGraphs; seed += 5) {
-    const ir::Module before = random_module(seed);
-    const ir::Module after = testing::after_passes(before, {"schedule"});
-    EXPECT_EQ(testing::max_difference(before, after, {1, 3}), 0.0) << "seed " << seed;
-  }
-}
-
-TEST(Schedule, NeverRaisesThePeak) {
-  std::vector<ir::Module> modules = {tiny(), small(), models::build_model("transformer", "base")};
-  for (uint32_t seed = 0; seed < kRandomGraphs; ++seed) modules.push_back(random_module(seed));
-  int lowered = 0;
-  for (const ir::Module& before : modules) {
-    const ir::Module after = testing::after_passes(before, {"schedule"});
-    for (const ir::Function& f : before.functions) {
-      const int64_t old_peak = passes::peak_live_bytes(before, f);
-      const int64_t new_peak = passes::peak_live_bytes(after, *after.find_function(f.name));
-      EXPECT_LE(new_peak, old_peak) << before.name << " @" << f.name;
-      lowered += new_peak < old_peak;
-    }
-  }
-  EXPECT_GT(lowered, 20);
-  // The tiny model's value projections leave the attention peaks.
-  const ir::Module t = tiny();
-  const ir::Module scheduled = testing::after_passes(t, {"schedule"});
-  for (const ir::Function& f : t.functions)
-    EXPECT_LT(passes::peak_live_bytes(scheduled, *scheduled.find_function(f.name)),
-              passes::peak_live_bytes(t, f))
-        << f.name;
-}
-
-TEST(Schedule, PlacesSourcesRightBeforeTheirFirstUser) {
-  std::vector<ir::Module> modules = {tiny()};
-  for (uint32_t seed = 0; seed < 50; ++seed) modules.push_back(random_module(seed));
-  for (const ir::Module& m : modules) {
-    const ir::Module after = testing::after_passes(m, {"schedule"});
-    for (const ir::Function& f : after.functions) {
-      for (size_t i = 0; i < f.ops.size(); ++i) {
-        if (!f.ops[i].operands.empty()) continue;
-        // Between a source and its first user come only other operand-free ops or ops on
-        // them (e.g. a weight's transpose), never an op that reads a parameter.
-        std::vector<bool> from_sources(f.values.size(), false);
-        for (size_t j = i; j < f.ops.size(); ++j) {
-          const ir::Op& op = f.ops[j];
-          bool uses = std::find(op.operands.begin(), op.operands.end(), f.ops[i].result) !=
-                      op.operands.end();
-          if (uses && j > i) break;
-          bool lazy = true;
-          for (ir::ValueId v : op.operands) lazy = lazy && from_sources[v];
-          EXPECT_TRUE(lazy) << m.name << " @" << f.name << ": op " << j << " ("
-                            << ir::op_name(op.kind) << ") between source " << i
-                            << " and its first user";
-          from_sources[op.result] = lazy;
-        }
-      }
-    }
-  }
-}
-
-TEST(Schedule, IsDeterministic) {
-  std::vector<ir::Module> modules = {tiny(), small()};
-  for (uint32_t seed = 0; seed < 40; ++seed) modules.push_back(random_module(seed));
-  for (const ir::Module& m : modules) {
-    ir::Module a = m, b = m;
-    EXPECT_EQ(passes::schedule(a), passes::schedule(b));
-    EXPECT_EQ(ir::print_module(a), ir::print_module(b));
-  }
-}
-
-const char* kInterleaved = R"(module @m {
-  symbol N max 1024
-  func @f(%x: f32[N], %y: f32[N]) -> (f32[]) arena 8256 {
-    %a = exp(%x) : f32[N] at 0
-    %b = exp(%y) : f32[N] at 4096
-    %sa = reduce_sum(%a) {axes = [0], keepdims = 0} : f32[] at 8192
-    %sb = reduce_sum(%b) {axes = [0], keepdims = 0} : f32[] at 0
-    %s = add(%sa, %sb) : f32[]
-    return %s
-  }
-}
-)";
-
-TEST(Schedule, KeepsOpLocationsWithTheirOps) {
-  const std::string text = kInterleaved;
-  ir::Module m = ir::parse_module(text);
-  ASSERT_TRUE(passes::schedule(m));
-  const ir::Function& f = m.functions[0];
-  std::vector<std::string> lines = {""};
-  for (char c : text) {
-    if (c == '\n')
-      lines.emplace_back();
-    else
-      lines.back().push_back(c);
-  }
-  for (size_t i = 0; i < f.ops.size(); ++i) {
-    const std::string def = "%" + f.values[f.ops[i].result].name + " = ";
-    ASSERT_GT(f.ops[i].loc.line, 0);
-    ASSERT_LT(static_cast<size_t>(f.ops[i].loc.line), lines.size());
-    EXPECT_NE(lines[f.ops[i].loc.line - 1].find(def), std::string::npos)
-        << def << " has the location of: " << lines[f.ops[i].loc.line - 1];
-  }
-}
-
-TEST(Schedule, DropsAStalePlanOnlyWhenTheOrderChanges) {
-  ir::Module m = ir::parse_module(kInterleaved);
-  ASSERT_TRUE(passes::schedule(m));
-  const ir::Function& f = m.functions[0];
-  EXPECT_EQ(f.ops[1].kind, OpKind::reduce_sum);  // %sa moved up to %a
-  EXPECT_EQ(f.arena_bytes, -1);
-  for (const ir::Op& op : f.ops) EXPECT_EQ(op.arena_offset, -1);
-  ASSERT_TRUE(passes::plan_memory(m));
-  const std::string planned = ir::print_module(m);
-  EXPECT_FALSE(passes::schedule(m));
-  EXPECT_EQ(ir::print_module(m), planned);
 }
 
 }  // namespace

@@ -1,0 +1,71 @@
+// Tests of fuse-add-layernorm on the reference Transformer as the DSL emits it: how many
+// add_layernorm ops it makes (tiny and base), and that the interpreter computes the same
+// outputs before and after (tiny, several lengths, with and without padding).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "frontend/models.h"
+#include "ir/ir.h"
+#include "passes/fuse_add_layernorm.h"
+#include "tests/pass_harness.h"
+
+namespace kiln {
+namespace {
+
+// Tolerance on every output (logits, memory). The interpreter's fused ops round where
+// their unfused forms do (linear: the dot in double rounded to float, then the bias added
+// in float, then relu; add_layernorm: the sum rounded to float, then layernorm; a merged
+// linear computes each output column with the same dot as the original), so the expected
+// difference is 0. 1e-5 (about 100 float ulps of these O(1) outputs) only leaves room for
+// a reordered accumulation, while a wiring mistake (a wrong slice offset, a dropped bias
+// or relu, a swapped weight) changes outputs by far more.
+constexpr double kTolerance = 1e-5;
+const std::vector<int64_t> kLengths = {1, 7, 33};
+
+using ir::OpKind;
+
+int count_ops(const ir::Function& f, OpKind kind) {
+  int n = 0;
+  for (const ir::Op& op : f.ops) n += op.kind == kind;
+  return n;
+}
+
+const ir::Function& function(const ir::Module& m, const std::string& name) {
+  const ir::Function* f = m.find_function(name);
+  EXPECT_NE(f, nullptr) << name;
+  return *f;
+}
+
+ir::Module tiny() { return models::build_model("transformer", "tiny"); }
+
+TEST(FuseAddLayerNorm, TinyFusesEveryResidualNorm) {
+  ir::Module after = testing::after_passes(tiny(), {"fuse-add-layernorm"});
+  // forward: 2 norms per encoder layer, 3 per decoder layer; the final encoder and
+  // decoder norms (whose input is a norm, not an add) stay layernorm.
+  const ir::Function& fwd = function(after, "forward");
+  EXPECT_EQ(count_ops(fwd, OpKind::add_layernorm), 2 * 2 + 2 * 3);
+  EXPECT_EQ(count_ops(fwd, OpKind::layernorm), 2);
+  const ir::Function& enc = function(after, "encode");
+  EXPECT_EQ(count_ops(enc, OpKind::add_layernorm), 2 * 2);
+  EXPECT_EQ(count_ops(enc, OpKind::layernorm), 1);
+}
+
+TEST(FuseAddLayerNorm, TinyComputesTheSame) {
+  ir::Module before = tiny();
+  ir::Module after = testing::after_passes(before, {"fuse-add-layernorm"});
+  EXPECT_LE(testing::max_difference(before, after, kLengths), kTolerance);
+}
+
+TEST(FuseAddLayerNorm, BaseCounts) {
+  ir::Module after =
+      testing::after_passes(models::build_model("transformer", "base"), {"fuse-add-layernorm"});
+  const ir::Function& fwd = function(after, "forward");
+  EXPECT_EQ(count_ops(fwd, OpKind::add_layernorm), 6 * 2 + 6 * 3);
+  EXPECT_EQ(count_ops(fwd, OpKind::layernorm), 2);
+}
+
+}  // namespace
+}  // namespace kiln
