@@ -844,11 +844,11 @@ class Interpreter {
   // 'src', or '%3' for an unnamed value.
   std::string label(ValueId id) const { return "'" + names_[id] + "'"; }
 
-  // Names op `index` for error messages.
+  // Names op `index` for error messages, after its source line when known.
   std::string where(int index) const {
     const Op& op = f_.ops[index];
     const std::string& n = names_[op.result];
-    return fmt::format("function '{}', op {} ({}{} = {})", f_.name, index,
+    return fmt::format("{}function '{}', op {} ({}{} = {})", line_prefix(op.loc), f_.name, index,
                        n.starts_with('%') ? "" : "%", n, op_name(op.kind));
   }
 

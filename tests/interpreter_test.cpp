@@ -13,6 +13,7 @@
 #include "error_of.h"
 #include "ir/interpreter.h"
 #include "ir/ir.h"
+#include "ir/parser.h"
 #include "ir/verifier.h"
 #include "noise.h"
 #include "support/error.h"
@@ -265,6 +266,20 @@ TEST(InterpreterTest, IntegerDivisionByZero) {
               run(m, {I({2}, {1, 2}), I({2}, {1, 0})});
             }),
             "function 'f', op 0 (%q = div): integer division by zero");
+}
+
+TEST(InterpreterTest, ErrorsNameTheSourceLineOfTheOp) {
+  const Module m = parse_module(R"(module @m {
+  func @f(%a: i64[2], %b: i64[2]) -> (i64[2]) {
+    %q = div(%a, %b) : i64[2]
+    return %q
+  }
+}
+)");
+  EXPECT_EQ(error_of([&] {
+              run(m, {I({2}, {1, 2}), I({2}, {1, 0})});
+            }),
+            "line 3: function 'f', op 0 (%q = div): integer division by zero");
 }
 
 TEST(InterpreterTest, Comparisons) {
