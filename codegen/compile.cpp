@@ -1,12 +1,14 @@
 // `kiln compile`: pipeline, lowering, Halide kernels, glue code and packaging.
 #include "codegen/compile.h"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <functional>
 
 #include <fmt/format.h>
 
@@ -16,6 +18,7 @@
 #include "passes/pipeline.h"
 #include "runtime/plan.h"
 #include "support/error.h"
+#include "support/file_io.h"
 
 namespace kiln::codegen {
 namespace fs = std::filesystem;
@@ -46,6 +49,48 @@ void run_command(const std::string& cmd, const std::string& what) {
   if (status != 0) fail("{} failed (exit status {}): {}", what, status, cmd);
 }
 
+// Runs `work` (a Halide/LLVM compile) in a child process. LLVM ends the process on some
+// errors (e.g. "LLVM ERROR: IO failure on output stream" when a disk is full); in a child,
+// that becomes this function's kiln::Error naming `what`, and kiln can clean up.
+void in_child_process(const std::string& what, const std::function<void()>& work) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  int pipe_fds[2];
+  if (::pipe(pipe_fds) != 0) fail("{}: cannot create a pipe: {}", what, std::strerror(errno));
+  const pid_t pid = ::fork();
+  if (pid < 0) fail("{}: cannot fork: {}", what, std::strerror(errno));
+  if (pid == 0) {
+    ::close(pipe_fds[0]);
+    int status = 0;
+    try {
+      work();
+    } catch (const std::exception& e) {
+      const std::string message = e.what();
+      [[maybe_unused]] ssize_t n = ::write(pipe_fds[1], message.data(), message.size());
+      status = 1;
+    }
+    ::_exit(status);
+  }
+  ::close(pipe_fds[1]);
+  std::string message;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(pipe_fds[0], buffer, sizeof buffer)) != 0;) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    message.append(buffer, static_cast<size_t>(n));
+  }
+  ::close(pipe_fds[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
+  if (!message.empty()) fail("{}", message);
+  if (WIFSIGNALED(status))
+    fail("{} failed: the compiler was killed by signal {} ({}); see its message above", what,
+         WTERMSIG(status), strsignal(WTERMSIG(status)));
+  fail("{} failed (LLVM exit status {}); see its message above", what, WEXITSTATUS(status));
+}
+
 std::string quote(const std::string& s) {
   std::string out = "'";
   for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
@@ -55,12 +100,6 @@ std::string quote(const std::string& s) {
 std::string cxx() {
   if (const char* env = std::getenv("CXX"); env && *env) return env;
   return KILN_CXX_COMPILER;
-}
-
-void write_file(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary);
-  out << text;
-  if (!out) fail("cannot write '{}'", path.string());
 }
 
 std::string type_comment(const rt::TensorDesc& t, const rt::Plan& plan) {
@@ -320,66 +359,91 @@ CompileResult compile_model(ir::Module module, const CompileOptions& options) {
   progress(fmt::format("lowered {} entry point(s) to {} kernel calls of {} kernels",
                        lowered.plan.functions.size(), steps, lowered.kernels.size()));
 
+  // Everything is built in a staging directory inside the output directory and moved into
+  // place file by file only once all of it exists: a failed compile leaves the output
+  // directory as it was (an earlier run's library included).
   fs::path out_dir(options.out_dir);
   std::error_code ec;
+  // A directory this call creates is removed again if the compile fails (and it is empty).
+  struct RemoveIfCreated {
+    fs::path dir;
+    bool keep = false;
+    ~RemoveIfCreated() {
+      std::error_code ignored;
+      if (!keep && !dir.empty()) fs::remove(dir, ignored);
+    }
+  } created{fs::exists(out_dir) ? fs::path() : out_dir};
   fs::create_directories(out_dir, ec);
   if (ec) fail("cannot create output directory '{}': {}", out_dir.string(), ec.message());
-  fs::path work = out_dir / (name + ".objs");
-  fs::create_directories(work, ec);
-  if (ec) fail("cannot create '{}': {}", work.string(), ec.message());
+  const StagingDir stage(out_dir, name);
+  const fs::path work = stage.path();
 
   std::vector<std::string> objects;
   for (size_t i = 0; i < lowered.kernels.size(); ++i) {
     t = Clock::now();
     const std::string& kname = lowered.plan.kernel_names[i];
     std::string obj = (work / (kname + ".o")).string();
-    compile_kernel(lowered.kernels[i], target, kname, obj);
+    in_child_process(fmt::format("compiling kernel {}", kname),
+                     [&] { compile_kernel(lowered.kernels[i], target, kname, obj); });
     objects.push_back(obj);
     progress(fmt::format("[{}/{}] kernel {} ({:.2f} s)", i + 1, lowered.kernels.size(), kname,
                          since(t)));
   }
   t = Clock::now();
   std::string runtime_obj = (work / "halide_runtime.o").string();
-  compile_runtime(target, runtime_obj);
+  in_child_process("compiling the Halide runtime", [&] { compile_runtime(target, runtime_obj); });
   objects.push_back(runtime_obj);
   progress(fmt::format("halide runtime ({:.2f} s)", since(t)));
 
   t = Clock::now();
-  result.header = (out_dir / (name + ".h")).string();
-  write_file(result.header, header_source(name, lowered.plan, target));
+  const std::string header = name + ".h";
+  write_file_atomically((work / header).string(), header_source(name, lowered.plan, target));
   fs::path glue = work / (name + "_glue.cpp");
-  write_file(glue, glue_source(name, lowered.plan));
+  write_file_atomically(glue.string(), glue_source(name, lowered.plan));
   std::string glue_obj = (work / (name + "_glue.o")).string();
   run_command(fmt::format("{} -std=c++17 -O2 -fPIC -c {} -I{} -I{} -o {}", quote(cxx()),
-                          quote(glue.string()), quote(runtime_include_dir()),
-                          quote(out_dir.string()), quote(glue_obj)),
+                          quote(glue.string()), quote(runtime_include_dir()), quote(work.string()),
+                          quote(glue_obj)),
               "compiling the generated glue and header");
   objects.push_back(glue_obj);
   progress(fmt::format("glue code and header ({:.2f} s)", since(t)));
 
   std::string object_list;
   for (const std::string& o : objects) object_list += " " + quote(o);
+  std::vector<std::string> outputs = {header};
   if (options.emit_static) {
-    result.static_library = (out_dir / ("lib" + name + ".a")).string();
-    fs::remove(result.static_library, ec);
-    run_command(fmt::format("ar rcs {}{}", quote(result.static_library), object_list), "archiving");
-    progress("wrote " + result.static_library);
+    outputs.push_back("lib" + name + ".a");
+    run_command(fmt::format("ar rcs {}{}", quote((work / outputs.back()).string()), object_list),
+                "archiving");
   }
   if (options.emit_shared) {
-    result.shared_library = (out_dir / ("lib" + name + ".so")).string();
+    outputs.push_back("lib" + name + ".so");
     run_command(
         fmt::format("{} -shared -o {}{} -Wl,--whole-archive {} -Wl,--no-whole-archive -lfmt "
                     "-lpthread -ldl",
-                    quote(cxx()), quote(result.shared_library), object_list,
+                    quote(cxx()), quote((work / outputs.back()).string()), object_list,
                     quote(runtime_library())),
         "linking the shared library");
-    progress("wrote " + result.shared_library);
   }
   if (options.emit_ir) {
-    result.ir_file = (out_dir / (name + ".kir")).string();
-    write_file(result.ir_file, ir::print_module(module));
-    progress("wrote " + result.ir_file);
+    outputs.push_back(name + ".kir");
+    write_file_atomically((work / outputs.back()).string(), ir::print_module(module));
   }
+  // All built: move each into place (the header last, so a build system that watches it
+  // sees the libraries first).
+  for (size_t i = outputs.size(); i-- > 0;) {
+    const std::string path = stage.publish(outputs[i]).string();
+    if (i == 0)
+      result.header = path;
+    else if (outputs[i].ends_with(".a"))
+      result.static_library = path;
+    else if (outputs[i].ends_with(".so"))
+      result.shared_library = path;
+    else
+      result.ir_file = path;
+    if (i > 0) progress("wrote " + path);
+  }
+  created.keep = true;
   result.kernels = static_cast<int>(lowered.kernels.size());
   result.seconds = since(start);
   return result;

@@ -70,14 +70,7 @@ int arity(const std::string& op) {
 
 Expr to_u8(const Expr& cond) { return Halide::cast(Halide::UInt(8), cond); }
 
-// Whether an f32 is NaN, from its bits: Halide compiles float code with fast-math flags
-// that let LLVM fold a floating-point NaN test to false.
-Expr is_nan_bits(const Expr& x) {
-  const Expr bits = Halide::reinterpret(Halide::UInt(32, x.type().lanes()), x);
-  return (bits & Expr(uint32_t{0x7fffffff})) > Expr(uint32_t{0x7f800000});
-}
-
-// Whether a value is nonzero (NaN is; -0.0 is not), for f32 from its bits as above.
+// Whether a value is nonzero (NaN is; -0.0 is not), for f32 from its bits (is_nan_bits).
 Expr nonzero(const Expr& e) {
   if (!e.type().is_float()) return e != Halide::Internal::make_zero(e.type());
   const Expr bits = Halide::reinterpret(Halide::UInt(32, e.type().lanes()), e);
@@ -239,7 +232,7 @@ class ExprBuilder {
     if (op == "relu") {
       const Expr zero = Halide::Internal::make_zero(a.type());
       if (!a.type().is_float()) return Halide::max(a, zero);
-      return Halide::select(is_nan_bits(a), a, Halide::max(a, zero));
+      return relu_keeping_nan(a);
     }
     if (op == "neg") return Halide::Internal::make_zero(a.type()) - a;
     if (op == "exp") return Halide::exp(a);

@@ -26,4 +26,12 @@ KernelPipeline build_elementwise(const ElementwiseKernel& spec, const Halide::Ta
 // f32 lanes per vector for the target.
 int vector_lanes(const Halide::Target& target);
 
+// Whether an f32 is NaN, from its bits: Halide compiles float code with fast-math flags
+// that let LLVM fold a floating-point NaN test to false.
+Halide::Expr is_nan_bits(const Halide::Expr& x);
+
+// max(x, 0) for f32 that keeps NaN, as the interpreter and PyTorch do (x86's max of NaN
+// and 0 may be 0).
+Halide::Expr relu_keeping_nan(const Halide::Expr& x);
+
 }  // namespace kiln::codegen

@@ -16,6 +16,15 @@ int vector_lanes(const Halide::Target& t) {
   return 4;
 }
 
+Halide::Expr is_nan_bits(const Halide::Expr& x) {
+  const Halide::Expr bits = Halide::reinterpret(Halide::UInt(32, x.type().lanes()), x);
+  return (bits & Halide::Expr(uint32_t{0x7fffffff})) > Halide::Expr(uint32_t{0x7f800000});
+}
+
+Halide::Expr relu_keeping_nan(const Halide::Expr& x) {
+  return Halide::select(is_nan_bits(x), x, Halide::max(x, 0.0f));
+}
+
 std::string ElementwiseKernel::signature() const {
   std::string s = fmt::format("r{}", out_rank);
   for (const Node& n : nodes) {

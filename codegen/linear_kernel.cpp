@@ -123,7 +123,7 @@ KernelPipeline build_linear(const LinearKernel& spec, const Halide::Target& targ
   // As the interpreter rounds: the dot product, then + bias, then ReLU.
   Expr y = acc(n, m);
   if (spec.has_bias) y += bias(n);
-  if (spec.relu) y = Halide::max(y, 0.0f);
+  if (spec.relu) y = relu_keeping_nan(y);  // NaN stays NaN, as in the interpreter
   Func out("out");
   out(n, m) = y;
 

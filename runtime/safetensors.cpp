@@ -16,6 +16,7 @@
 
 #include "runtime/json.h"
 #include "support/error.h"
+#include "support/file_io.h"
 
 namespace kiln::rt {
 
@@ -574,15 +575,8 @@ std::vector<uint8_t> serialize_safetensors(const std::vector<TensorData>& tensor
 void write_safetensors(const std::string& path, const std::vector<TensorData>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   std::vector<uint8_t> bytes = serialize_safetensors(tensors, metadata);
-  std::FILE* file = std::fopen(path.c_str(), "wb");
-  if (!file) fail("cannot create safetensors file '{}': {}", path, errno_message(errno));
-  size_t written = bytes.empty() ? 0 : std::fwrite(bytes.data(), 1, bytes.size(), file);
-  int write_errno = errno;
-  bool ok = written == bytes.size();
-  if (std::fclose(file) != 0 && ok) {
-    fail("cannot write safetensors file '{}': {}", path, errno_message(errno));
-  }
-  if (!ok) fail("cannot write safetensors file '{}': {}", path, errno_message(write_errno));
+  write_file_atomically(
+      path, std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
 }
 
 namespace {

@@ -61,6 +61,7 @@ struct Problem {
   bool relu = false, has_bias = true;
   int64_t x_stride = 0;  // row stride of x in the kernel's view; 0: dense (K)
   uint32_t seed = 1;
+  std::vector<std::pair<int64_t, float>> specials;  // x elements set to NaN or ±inf
 };
 
 int64_t row_count(const Problem& p) {
@@ -107,6 +108,7 @@ void check(const JitLinear& kernel, const Problem& p) {
   std::vector<int64_t> x_shape = p.rows;
   x_shape.push_back(K);
   Tensor x = Tensor::from_f32(x_shape, noise(M * K, p.seed));
+  for (const auto& [index, value] : p.specials) x.f[index] = value;
   Tensor w = Tensor::from_f32({N, K}, noise(N * K, p.seed + 1));
   Tensor b = Tensor::from_f32({N}, noise(N, p.seed + 2));
   Tensor ref = reference(p, x, w, b);
@@ -149,6 +151,12 @@ void check(const JitLinear& kernel, const Problem& p) {
         magnitude += std::fabs(static_cast<double>(x.f[m * K + k]) * w.f[n * K + k]);
       const double tolerance = static_cast<double>(K + 4) * kUnit * magnitude;
       const float got = out_data[m * N + n], want = ref.f[m * N + n];
+      if (!std::isfinite(want)) {  // NaN stays NaN and an infinity stays itself
+        if (!(std::isnan(got) && std::isnan(want)) && got != want && ++failures <= 5)
+          ADD_FAILURE() << "M=" << M << " out(n=" << n << ", m=" << m << ") = " << got << ", want "
+                        << want;
+        continue;
+      }
       if (!(std::fabs(static_cast<double>(got) - want) <= tolerance) && ++failures <= 5)
         ADD_FAILURE() << "M=" << M << " out(n=" << n << ", m=" << m << ") = " << got << ", want "
                       << want << " ± " << tolerance;
@@ -216,6 +224,20 @@ TEST(LinearKernelTest, ManyTiles) {
       check(kernel, Problem{64, 320, panel, {1031}, true, true, 0, 11});
       check(kernel, Problem{64, 320, panel, {256}, true, true, 70, 12});
       check(kernel, Problem{64, 320, panel, {2100}, true, true, 0, 13});
+    }
+  }
+}
+
+// NaN and infinities in x propagate as in the interpreter (and PyTorch), ReLU included:
+// relu(NaN) is NaN, not 0 (x86's max of NaN and 0 may return 0).
+TEST(LinearKernelTest, NanAndInfinityPropagate) {
+  for (const char* target : {"host", kAvx2Target}) {
+    for (bool relu : {false, true}) {
+      SCOPED_TRACE(std::string(target) + (relu ? " relu" : ""));
+      const JitLinear kernel(LinearKernel{16, 64, relu, true, 0}, target);
+      Problem p{16, 64, 0, {5}, relu, true, 0, 21};
+      p.specials = {{3, NAN}, {16 + 2, INFINITY}, {32 + 7, -INFINITY}, {64 + 1, NAN}};
+      check(kernel, p);
     }
   }
 }

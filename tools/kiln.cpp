@@ -26,6 +26,7 @@
 #include "passes/plan_memory.h"
 #include "passes/rewrite.h"
 #include "support/error.h"
+#include "support/file_io.h"
 #include "tools/bridge.h"
 #include "tools/compiled.h"
 #include "tools/dot.h"
@@ -190,15 +191,12 @@ bool wants_help(const std::vector<std::string>& argv) {
   return false;
 }
 
+// Standard output for "-", else the file, written whole or not at all (file_io.h).
 void write_output(const std::string& path, const std::string& text) {
-  if (path.empty() || path == "-") {
-    std::fwrite(text.data(), 1, text.size(), stdout);
-    return;
-  }
-  std::ofstream out(path, std::ios::binary);
-  if (!out) fail("cannot write '{}'", path);
-  out << text;
-  if (!out) fail("error writing '{}'", path);
+  if (path.empty() || path == "-")
+    write_stdout(text);
+  else
+    write_file_atomically(path, text);
 }
 
 std::string one_positional(const Args& a, const std::string& command, const char* what) {
@@ -605,7 +603,9 @@ int dispatch(const std::vector<std::string>& args) {
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   try {
-    return kiln::tools::dispatch(args);
+    const int status = kiln::tools::dispatch(args);
+    kiln::write_stdout("");  // what was printed reached its destination, or exit 1
+    return status;
   } catch (const kiln::Error& e) {
     kiln::tools::print_error(e);
     return 1;
