@@ -269,6 +269,23 @@ TEST_F(AbiTest, InputsOfEveryDtypeAreCheckedBeforeAnyWrite) {
   for (const Guarded& b : buffers) EXPECT_TRUE(b.untouched());
 }
 
+// A zero-length input (no elements, no data) is refused for its shape, not its data.
+TEST_F(AbiTest, ZeroLengthInputNamesItsShape) {
+  for (int64_t d : {0, 1}) {
+    std::vector<kiln_tensor> in = inputs("floats");
+    in[0].shape[d] = 0;
+    in[0].data = nullptr;
+    in[0].capacity = 0;
+    std::vector<Guarded> buffers;
+    std::vector<kiln_tensor> out = outputs(entry_points()[0].second, buffers);
+    EXPECT_NE(run("floats", in, out), 0);
+    EXPECT_EQ(std::string(kiln_model_error(model_)),
+              d == 0 ? "input 'x' has shape [0,5]: dim 0 (B) is 0, expected at least 1"
+                     : "input 'x' has shape [2,0]: dim 1 is 0, expected 5");
+    for (const Guarded& b : buffers) EXPECT_TRUE(b.untouched());
+  }
+}
+
 // Ids may come as i32: converted, with the same result as i64.
 TEST_F(AbiTest, I32IdsAreAcceptedForI64Inputs) {
   const std::vector<int32_t> t32(kT.begin(), kT.end());
