@@ -93,6 +93,9 @@ class Canonicalizer {
         }
       }
       auto [it, inserted] = seen.emplace(cse_key(f_.ops[i]), result);
+      if (inserted)
+        debug_log(kPass, "{}: {} kept: no earlier op has its CSE key {}", where(i), label(result),
+                  it->first);
       if (!inserted && replace(i, it->second)) changed = true;
     }
     return changed;
@@ -160,9 +163,18 @@ class Canonicalizer {
   // so the folded value is exactly what the op computes (dtype, rounding, wrap-around).
   bool fold_constant(size_t i) {
     Op& op = f_.ops[i];
-    if (type(op.result).rank() != 0) return false;  // only scalars; never symbolic shapes
+    if (type(op.result).rank() != 0) {  // only scalars; never symbolic shapes
+      if (std::all_of(op.operands.begin(), op.operands.end(),
+                      [&](ValueId v) { return def(v) && def(v)->kind == OpKind::constant; }))
+        debug_log(kPass, "{}: not folded: {} is {}, not a scalar", where(i), label(op.result),
+                  ir::to_string(type(op.result)));
+      return false;
+    }
     for (ValueId v : op.operands)
-      if (!scalar_constant(v)) return false;
+      if (!scalar_constant(v)) {
+        debug_log(kPass, "{}: not folded: operand {} is not a rank-0 constant", where(i), label(v));
+        return false;
+      }
     ir::Module scratch;
     ir::Function& g = scratch.functions.emplace_back();
     g.name = "fold";
@@ -217,6 +229,9 @@ class Canonicalizer {
   bool skip_inner_reshape(size_t i) {
     Op& op = f_.ops[i];
     const Op* inner = def(op.operands[0]);
+    if (inner && inner->kind == OpKind::transpose)
+      debug_log(kPass, "{}: not a reshape chain: operand {} is a transpose", where(i),
+                label(op.operands[0]));
     if (!inner || inner->kind != OpKind::reshape) return false;
     debug_log(kPass, "{}: reads the reshape's operand {} directly", where(i),
               label(inner->operands[0]));
