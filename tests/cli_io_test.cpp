@@ -99,9 +99,9 @@ TEST_F(CliIoTest, FailedWritesLeaveNoPartialFile) {
   EXPECT_EQ(snapshot(dir_), inputs);
 }
 
-// A compile that fails (LLVM cannot write an object; the generated glue does not compile)
-// exits 1 naming the step and leaves an earlier library, its header and the directory as
-// they were.
+// A compile that fails (LLVM cannot write an object; a target the host cannot link; the
+// generated glue does not compile) exits 1 naming the step and leaves an earlier library,
+// its header and the directory as they were.
 TEST_F(CliIoTest, FailedCompileLeavesTheOutputDirectoryAsItWas) {
   const std::string out = path("out");
   auto r = run_shell("%kiln compile " + source("abi/dtypes.kir") + " -o " + out);
@@ -113,6 +113,13 @@ TEST_F(CliIoTest, FailedCompileLeavesTheOutputDirectoryAsItWas) {
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_EQ(r.signal, 0);
   EXPECT_THAT(r.output, HasSubstr("kiln: error: compiling kernel abi_dtypes_kiln_"));
+  EXPECT_EQ(snapshot(out), good);
+
+  // A target whose objects the host linker cannot link: the shared library fails last.
+  r = run_shell("%kiln compile " + source("abi/dtypes.kir") +
+                " --target arm-64-linux --emit=static,shared -o " + out);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("kiln: error: linking the shared library failed"));
   EXPECT_EQ(snapshot(out), good);
 
   r = run_shell("CXX=/bin/false %kiln compile " + source("abi/dtypes.kir") +
