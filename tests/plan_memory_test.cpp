@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -165,6 +166,13 @@ TEST(MemoryPlan, CheckerCatchesCorruptedTinyPlans) {
   EXPECT_TRUE(any_contains(v, "is not 64-byte aligned")) << joined(v);
 
   v = corrupted([&](ir::Function& f) { f.arena_bytes -= 64; });
+  EXPECT_TRUE(any_contains(v, "is outside the arena")) << joined(v);
+
+  // An offset whose end does not fit in 64 bits is outside too (it once wrapped to "sound").
+  v = corrupted([&](ir::Function& f) {
+    f.ops[first].arena_offset = std::numeric_limits<int64_t>::max() / 64 * 64;
+  });
+  EXPECT_TRUE(any_contains(v, "at offset 9223372036854775744 with ")) << joined(v);
   EXPECT_TRUE(any_contains(v, "is outside the arena")) << joined(v);
 
   v = corrupted([&](ir::Function& f) { f.ops[first].arena_offset = -1; });
