@@ -84,20 +84,6 @@ int32_t abi_dtype(ElemType t) {
   return -1;
 }
 
-const char* abi_dtype_name(int32_t dtype) {
-  switch (dtype) {
-    case KILN_F32:
-      return "f32";
-    case KILN_I64:
-      return "i64";
-    case KILN_I32:
-      return "i32";
-    case KILN_BOOL:
-      return "bool";
-  }
-  return "an unknown dtype";
-}
-
 // Elements of a validated shape (every dim >= 1 and at most its maximum or constant).
 int64_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;
@@ -307,8 +293,8 @@ struct kiln_model {
       const bool ok_type =
           t.dtype == abi_dtype(want.type) || (want.type == ElemType::i64 && t.dtype == KILN_I32);
       if (!ok_type)
-        fail("input '{}' is {}, expected {}", want.name, abi_dtype_name(t.dtype),
-             want.type == ElemType::i64 ? "i64 or i32" : abi_dtype_name(abi_dtype(want.type)));
+        fail("input '{}' is {}, expected {}", want.name, kiln::dtype_name(t.dtype),
+             want.type == ElemType::i64 ? "i64 or i32" : kiln::dtype_name(abi_dtype(want.type)));
       if (t.rank != static_cast<int32_t>(want.shape.size()) || t.rank < 0 || t.rank > KILN_MAX_RANK)
         fail("input '{}' has rank {}, expected {}", want.name, t.rank, want.shape.size());
       std::vector<int64_t> shape(t.shape, t.shape + t.rank);
@@ -337,7 +323,7 @@ struct kiln_model {
       const uint64_t bytes = static_cast<uint64_t>(n_el) * kiln_dtype_size(t.dtype);
       if (t.capacity < bytes)
         fail("input '{}' of shape {} needs {} bytes of {}, its buffer holds {}", want.name,
-             shape_str(shape), bytes, abi_dtype_name(t.dtype), t.capacity);
+             shape_str(shape), bytes, kiln::dtype_name(t.dtype), t.capacity);
       if (!t.data) fail("input '{}' has no data", want.name);
       if (t.dtype == KILN_BOOL)
         for (int64_t e = 0; e < n_el; ++e)
@@ -430,7 +416,7 @@ struct kiln_model {
       const std::string& name = f.results[r].name;
       if (outputs[r].dtype != abi_dtype(f.results[r].type))
         fail("output '{}' is {}, given a buffer of {}", name,
-             abi_dtype_name(abi_dtype(f.results[r].type)), abi_dtype_name(outputs[r].dtype));
+             kiln::dtype_name(abi_dtype(f.results[r].type)), kiln::dtype_name(outputs[r].dtype));
       std::vector<int64_t> want = result_shape(f.results[r], syms);
       std::vector<int64_t> got(outputs[r].shape,
                                outputs[r].shape + std::clamp(outputs[r].rank, 0, KILN_MAX_RANK));
@@ -439,7 +425,7 @@ struct kiln_model {
       result_bytes[r] = numel_of(want) * kiln::rt::elem_size(f.results[r].type);
       if (outputs[r].capacity < static_cast<uint64_t>(result_bytes[r]))
         fail("output '{}' of shape {} needs {} bytes of {}, its buffer holds {}", name,
-             shape_str(want), result_bytes[r], abi_dtype_name(outputs[r].dtype),
+             shape_str(want), result_bytes[r], kiln::dtype_name(outputs[r].dtype),
              outputs[r].capacity);
       if (!outputs[r].data) fail("output '{}' has no data", name);
       result_data[r] = static_cast<uint8_t*>(outputs[r].data);

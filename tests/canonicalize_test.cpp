@@ -17,6 +17,8 @@
 namespace kiln {
 namespace {
 
+using testing::count_ops;
+
 using ir::Dim;
 using ir::DType;
 using ir::OpKind;
@@ -29,12 +31,6 @@ const std::vector<int64_t> kLengths = {1, 7, 33};
 // every float identical, and constant folding runs the interpreter itself. The bound is
 // stated loosely; in practice the difference is exactly 0.
 constexpr double kTolerance = 1e-6;
-
-int count_ops(const ir::Function& f, OpKind kind) {
-  int n = 0;
-  for (const ir::Op& op : f.ops) n += op.kind == kind;
-  return n;
-}
 
 std::map<std::string, int> histogram(const ir::Function& f) {
   std::map<std::string, int> h;

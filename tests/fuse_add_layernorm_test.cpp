@@ -15,6 +15,9 @@
 namespace kiln {
 namespace {
 
+using testing::count_ops;
+using testing::function;
+
 // Tolerance on every output (logits, memory). The interpreter's fused ops round where
 // their unfused forms do (linear: the dot in double rounded to float, then the bias added
 // in float, then relu; add_layernorm: the sum rounded to float, then layernorm; a merged
@@ -26,18 +29,6 @@ constexpr double kTolerance = 1e-5;
 const std::vector<int64_t> kLengths = {1, 7, 33};
 
 using ir::OpKind;
-
-int count_ops(const ir::Function& f, OpKind kind) {
-  int n = 0;
-  for (const ir::Op& op : f.ops) n += op.kind == kind;
-  return n;
-}
-
-const ir::Function& function(const ir::Module& m, const std::string& name) {
-  const ir::Function* f = m.find_function(name);
-  EXPECT_NE(f, nullptr) << name;
-  return *f;
-}
 
 ir::Module tiny() { return models::build_model("transformer", "tiny"); }
 

@@ -16,22 +16,13 @@
 namespace kiln {
 namespace {
 
+using testing::count_ops;
+using testing::function;
+
 // Tolerance on every output (logits, memory): the fused op multiplies by float(1/c)
 // where the unfused graph divides by float(c), which may differ by 1 ulp in a score;
 // the rest of the computation is the same, so differences stay far below this.
 constexpr double kTolerance = 1e-5;
-
-int count_ops(const ir::Function& f, ir::OpKind kind) {
-  int n = 0;
-  for (const ir::Op& op : f.ops) n += op.kind == kind;
-  return n;
-}
-
-const ir::Function& function(const ir::Module& m, const std::string& name) {
-  const ir::Function* f = m.find_function(name);
-  EXPECT_NE(f, nullptr) << name;
-  return *f;
-}
 
 struct AttentionCounts {
   int attention = 0, softmax = 0, causal = 0, key_padded = 0;

@@ -16,6 +16,9 @@
 namespace kiln {
 namespace {
 
+using testing::count_ops;
+using testing::function;
+
 // Tolerance on every output (logits, memory). The interpreter's fused ops round where
 // their unfused forms do (linear: the dot in double rounded to float, then the bias added
 // in float, then relu; add_layernorm: the sum rounded to float, then layernorm; a merged
@@ -28,24 +31,12 @@ const std::vector<int64_t> kLengths = {1, 7, 33};
 
 using ir::OpKind;
 
-int count_ops(const ir::Function& f, OpKind kind) {
-  int n = 0;
-  for (const ir::Op& op : f.ops) n += op.kind == kind;
-  return n;
-}
-
 // Linear ops whose result's last dim is `n` (merged ones are 2 or 3 times d_model wide).
 int count_linears_of_width(const ir::Function& f, int64_t n) {
   int count = 0;
   for (const ir::Op& op : f.ops)
     count += op.kind == OpKind::linear && f.type(op.result).shape.back().is_const(n);
   return count;
-}
-
-const ir::Function& function(const ir::Module& m, const std::string& name) {
-  const ir::Function* f = m.find_function(name);
-  EXPECT_NE(f, nullptr) << name;
-  return *f;
 }
 
 ir::Module tiny() { return models::build_model("transformer", "tiny"); }

@@ -137,4 +137,18 @@ inline ir::Module after_passes(ir::Module module, const std::vector<std::string>
   return module;
 }
 
+// How many ops of `kind` function `f` has.
+inline int count_ops(const ir::Function& f, ir::OpKind kind) {
+  int n = 0;
+  for (const ir::Op& op : f.ops) n += op.kind == kind;
+  return n;
+}
+
+// Function `name` of `m`; a test failure when there is none.
+inline const ir::Function& function(const ir::Module& m, const std::string& name) {
+  const ir::Function* f = m.find_function(name);
+  EXPECT_NE(f, nullptr) << name;
+  return *f;
+}
+
 }  // namespace kiln::testing
