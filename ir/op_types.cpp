@@ -16,63 +16,13 @@ TypeResult err(fmt::format_string<Args...> format, Args&&... args) {
   return TypeResult{{}, fmt::format(format, std::forward<Args>(args)...)};
 }
 
-const AttrValue* find_attr(const Attrs& attrs, const char* key) {
-  auto it = attrs.find(key);
-  return it == attrs.end() ? nullptr : &it->second;
+// Attribute reads, after check_attrs has checked presence and type.
+int64_t int_at(const Attrs& attrs, const char* key) { return std::get<int64_t>(attrs.at(key)); }
+const std::vector<int64_t>& ints_at(const Attrs& attrs, const char* key) {
+  return std::get<std::vector<int64_t>>(attrs.at(key));
 }
-
-bool get_int(const Attrs& attrs, const char* key, int64_t* out) {
-  const AttrValue* v = find_attr(attrs, key);
-  if (!v) return false;
-  if (const int64_t* i = std::get_if<int64_t>(v)) {
-    *out = *i;
-    return true;
-  }
-  return false;
-}
-
-bool get_number(const Attrs& attrs, const char* key, double* out) {
-  const AttrValue* v = find_attr(attrs, key);
-  if (!v) return false;
-  if (const int64_t* i = std::get_if<int64_t>(v)) {
-    *out = static_cast<double>(*i);
-    return true;
-  }
-  if (const double* d = std::get_if<double>(v)) {
-    *out = *d;
-    return true;
-  }
-  return false;
-}
-
-bool get_ints(const Attrs& attrs, const char* key, std::vector<int64_t>* out) {
-  const AttrValue* v = find_attr(attrs, key);
-  if (!v) return false;
-  if (const auto* l = std::get_if<std::vector<int64_t>>(v)) {
-    *out = *l;
-    return true;
-  }
-  return false;
-}
-
-bool get_string(const Attrs& attrs, const char* key, std::string* out) {
-  const AttrValue* v = find_attr(attrs, key);
-  if (!v) return false;
-  if (const auto* s = std::get_if<std::string>(v)) {
-    *out = *s;
-    return true;
-  }
-  return false;
-}
-
-// Checks that exactly the allowed attribute keys are present.
-std::string check_attr_keys(const Attrs& attrs, std::initializer_list<const char*> allowed) {
-  for (const auto& [key, value] : attrs) {
-    bool found = false;
-    for (const char* a : allowed) found |= key == a;
-    if (!found) return fmt::format("unexpected attribute '{}'", key);
-  }
-  return {};
+const std::string& string_at(const Attrs& attrs, const char* key) {
+  return std::get<std::string>(attrs.at(key));
 }
 
 // Products of constant dims and sorted symbol lists: equal iff element counts are
@@ -111,7 +61,148 @@ std::string type_list(const std::vector<TensorType>& ts) {
   return out;
 }
 
+enum class AttrType { integer, number, string, ints };
+
+struct AttrSpec {
+  const char* key;
+  AttrType type;
+  bool required;
+};
+
+// The attributes each op kind takes (see ir.h's OpKind comments); every other key is an
+// error. Ranges that do not depend on operand types are checked in check_attrs below.
+std::vector<AttrSpec> attr_specs(OpKind kind) {
+  using T = AttrType;
+  switch (kind) {
+    case OpKind::weight:
+      return {{"name", T::string, true}};
+    case OpKind::constant:
+      return {{"value", T::number, true}};
+    case OpKind::iota:
+    case OpKind::concat:
+    case OpKind::softmax:
+    case OpKind::argmax:
+      return {{"axis", T::integer, true}};
+    case OpKind::slice:
+      return {{"axis", T::integer, true}, {"start", T::integer, true}};
+    case OpKind::transpose:
+      return {{"perm", T::ints, true}};
+    case OpKind::layernorm:
+    case OpKind::add_layernorm:
+      return {{"eps", T::number, true}};
+    case OpKind::reduce_sum:
+    case OpKind::reduce_max:
+    case OpKind::reduce_mean:
+      return {{"axes", T::ints, true}, {"keepdims", T::integer, false}};
+    case OpKind::linear:
+      return {{"act", T::string, true}};
+    case OpKind::attention:
+      return {
+          {"heads", T::integer, true}, {"scale", T::number, true}, {"causal", T::integer, false}};
+    default:
+      return {};
+  }
+}
+
+const char* attr_type_name(AttrType t) {
+  switch (t) {
+    case AttrType::integer:
+      return "an integer";
+    case AttrType::number:
+      return "a number";
+    case AttrType::string:
+      return "a string";
+    case AttrType::ints:
+      return "an integer list";
+  }
+  return "?";
+}
+
+bool has_type(const AttrValue& v, AttrType t) {
+  switch (t) {
+    case AttrType::integer:
+      return std::holds_alternative<int64_t>(v);
+    case AttrType::number:
+      return std::holds_alternative<int64_t>(v) || std::holds_alternative<double>(v);
+    case AttrType::string:
+      return std::holds_alternative<std::string>(v);
+    case AttrType::ints:
+      return std::holds_alternative<std::vector<int64_t>>(v);
+  }
+  return false;
+}
+
+// "integer 3", "number 0.5", "string \"yes\"", "integer list [1,0]".
+std::string describe(const AttrValue& v) {
+  if (const int64_t* i = std::get_if<int64_t>(&v)) return fmt::format("integer {}", *i);
+  if (const double* d = std::get_if<double>(&v)) return fmt::format("number {}", *d);
+  if (const auto* s = std::get_if<std::string>(&v)) return fmt::format("string \"{}\"", *s);
+  const auto& l = std::get<std::vector<int64_t>>(v);
+  std::string out = "integer list [";
+  for (size_t i = 0; i < l.size(); ++i) out += (i ? "," : "") + std::to_string(l[i]);
+  return out + "]";
+}
+
+double as_number(const AttrValue& v) {
+  if (const int64_t* i = std::get_if<int64_t>(&v)) return static_cast<double>(*i);
+  return std::get<double>(v);
+}
+
 }  // namespace
+
+std::string check_attrs(OpKind kind, const Attrs& attrs) {
+  const std::vector<AttrSpec> specs = attr_specs(kind);
+  for (const auto& [key, value] : attrs) {
+    const AttrSpec* spec = nullptr;
+    for (const AttrSpec& s : specs)
+      if (key == s.key) spec = &s;
+    if (!spec) return fmt::format("unexpected attribute '{}'", key);
+    if (!has_type(value, spec->type))
+      return fmt::format("attribute '{}' must be {}, got {}", key, attr_type_name(spec->type),
+                         describe(value));
+  }
+  for (const AttrSpec& s : specs)
+    if (s.required && !attrs.count(s.key))
+      return fmt::format("needs attribute '{}' ({})", s.key, attr_type_name(s.type));
+  // Ranges that do not depend on the operands.
+  auto number = [&](const char* key) { return as_number(attrs.at(key)); };
+  auto integer = [&](const char* key) { return std::get<int64_t>(attrs.at(key)); };
+  auto flag = [&](const char* key) -> std::string {
+    if (attrs.count(key) && integer(key) != 0 && integer(key) != 1)
+      return fmt::format("attribute '{}' must be 0 or 1, got {}", key, integer(key));
+    return {};
+  };
+  switch (kind) {
+    case OpKind::slice:
+      if (integer("start") < 0)
+        return fmt::format("attribute 'start' must be >= 0, got {}", integer("start"));
+      break;
+    case OpKind::layernorm:
+    case OpKind::add_layernorm:
+      if (!(number("eps") > 0) || !std::isfinite(number("eps")))
+        return fmt::format("attribute 'eps' must be positive and finite, got {}", number("eps"));
+      break;
+    case OpKind::reduce_sum:
+    case OpKind::reduce_max:
+    case OpKind::reduce_mean:
+      return flag("keepdims");
+    case OpKind::linear: {
+      const std::string& act = std::get<std::string>(attrs.at("act"));
+      if (act != "none" && act != "relu")
+        return fmt::format("attribute 'act' must be \"none\" or \"relu\", got \"{}\"", act);
+      break;
+    }
+    case OpKind::attention:
+      if (integer("heads") < 1)
+        return fmt::format("attribute 'heads' must be >= 1, got {}", integer("heads"));
+      if (!std::isfinite(number("scale")))
+        return fmt::format("attribute 'scale' must be finite, got {}", number("scale"));
+      return flag("causal");
+    default:
+      break;
+  }
+  return {};
+}
 
 std::string shape_string(const std::vector<Dim>& shape) {
   std::string out = "[";
@@ -178,6 +269,8 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
     return {};
   };
   if (needs_declared_type(kind) && !declared) return err("needs a declared result type");
+  // Every attribute read below is present when required, of its type and in its fixed range.
+  if (std::string e = check_attrs(kind, attrs); !e.empty()) return err("{}", e);
 
 #define KILN_CHECK(expr)                   \
   do {                                     \
@@ -188,9 +281,7 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
   switch (kind) {
     case OpKind::weight: {
       KILN_CHECK(want_operands(0, 0));
-      KILN_CHECK(check_attr_keys(attrs, {"name"}));
-      std::string name;
-      if (!get_string(attrs, "name", &name)) return err("needs a string attribute 'name'");
+      const std::string& name = string_at(attrs, "name");
       const Weight* w = m.find_weight(name);
       if (!w) return err("refers to undeclared weight '{}'", name);
       if (!(w->type == *declared))
@@ -200,16 +291,16 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
     }
     case OpKind::constant: {
       KILN_CHECK(want_operands(0, 0));
-      KILN_CHECK(check_attr_keys(attrs, {"value"}));
-      double v;
-      if (!get_number(attrs, "value", &v)) return err("needs a numeric attribute 'value'");
       if (is_integer(declared->dtype) && std::holds_alternative<double>(attrs.at("value")))
         return err("integer constant has a non-integer value");
+      if (declared->dtype == DType::i32) {
+        const int64_t v = int_at(attrs, "value");
+        if (v < INT32_MIN || v > INT32_MAX) return err("value {} does not fit i32", v);
+      }
       return ok(*declared);
     }
     case OpKind::sinusoid_table: {
       KILN_CHECK(want_operands(0, 0));
-      KILN_CHECK(check_attr_keys(attrs, {}));
       // The row count may be symbolic (canonicalize folds a slice of the rows used
       // into the table); the feature dim must be constant.
       if (declared->dtype != DType::f32 || declared->rank() != 2 ||
@@ -220,9 +311,7 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
     }
     case OpKind::iota: {
       KILN_CHECK(want_operands(0, 0));
-      KILN_CHECK(check_attr_keys(attrs, {"axis"}));
-      int64_t axis;
-      if (!get_int(attrs, "axis", &axis)) return err("needs an integer attribute 'axis'");
+      const int64_t axis = int_at(attrs, "axis");
       if (!is_integer(declared->dtype)) return err("result must be an integer type");
       if (normalize_axis(axis, declared->rank()) < 0)
         return err("axis {} out of range for rank {}", axis, declared->rank());
@@ -230,7 +319,6 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
     }
     case OpKind::cast: {
       KILN_CHECK(want_operands(1, 1));
-      KILN_CHECK(check_attr_keys(attrs, {}));
       if (in[0].shape != declared->shape)
         return err("result shape {} differs from operand shape {}", shape_string(declared->shape),
                    shape_string(in[0].shape));
@@ -238,7 +326,6 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
     }
     case OpKind::reshape: {
       KILN_CHECK(want_operands(1, 1));
-      KILN_CHECK(check_attr_keys(attrs, {}));
       if (declared->dtype != in[0].dtype) return err("reshape cannot change the dtype");
       if (!same_numel(in[0].shape, declared->shape))
         return err("cannot reshape {} to {}: element counts differ", shape_string(in[0].shape),
@@ -247,10 +334,7 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
     }
     case OpKind::slice: {
       KILN_CHECK(want_operands(1, 1));
-      KILN_CHECK(check_attr_keys(attrs, {"axis", "start"}));
-      int64_t axis, start;
-      if (!get_int(attrs, "axis", &axis) || !get_int(attrs, "start", &start))
-        return err("needs integer attributes 'axis' and 'start'");
+      const int64_t axis = int_at(attrs, "axis"), start = int_at(attrs, "start");
       int64_t a = normalize_axis(axis, in[0].rank());
       if (a < 0) return err("axis {} out of range for rank {}", axis, in[0].rank());
       if (declared->dtype != in[0].dtype || declared->rank() != in[0].rank())
@@ -260,7 +344,6 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
         if (i != a && !(declared->shape[i] == in[0].shape[i]))
           return err("result {} differs from operand {} outside axis {}", to_string(*declared),
                      to_string(in[0]), a);
-      if (start < 0) return err("negative start {}", start);
       const Dim& src = in[0].shape[a];
       const Dim& dst = declared->shape[a];
       int64_t end = 0;
@@ -276,7 +359,6 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
 
   if (is_binary_elementwise(kind)) {
     KILN_CHECK(want_operands(2, 2));
-    KILN_CHECK(check_attr_keys(attrs, {}));
     if (in[0].dtype != in[1].dtype)
       return err("operand dtypes differ: {} and {}", dtype_name(in[0].dtype),
                  dtype_name(in[1].dtype));
@@ -296,7 +378,6 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
     case OpKind::sqrt:
     case OpKind::logical_not: {
       KILN_CHECK(want_operands(1, 1));
-      KILN_CHECK(check_attr_keys(attrs, {}));
       if (kind == OpKind::logical_not) {
         if (in[0].dtype != DType::boolean) return err("operand must be bool");
       } else if (kind == OpKind::exp || kind == OpKind::sqrt) {
@@ -308,7 +389,6 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
     }
     case OpKind::select: {
       KILN_CHECK(want_operands(3, 3));
-      KILN_CHECK(check_attr_keys(attrs, {}));
       if (in[0].dtype != DType::boolean) return err("condition must be bool");
       if (in[1].dtype != in[2].dtype)
         return err("branch dtypes differ: {} and {}", dtype_name(in[1].dtype),
@@ -319,7 +399,6 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
     }
     case OpKind::gather: {
       KILN_CHECK(want_operands(2, 2));
-      KILN_CHECK(check_attr_keys(attrs, {}));
       if (in[0].rank() < 1) return err("table must have rank >= 1");
       if (!is_integer(in[1].dtype))
         return err("indices must be integers, got {}", dtype_name(in[1].dtype));
@@ -329,9 +408,7 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
     }
     case OpKind::transpose: {
       KILN_CHECK(want_operands(1, 1));
-      KILN_CHECK(check_attr_keys(attrs, {"perm"}));
-      std::vector<int64_t> perm;
-      if (!get_ints(attrs, "perm", &perm)) return err("needs an integer list attribute 'perm'");
+      const std::vector<int64_t>& perm = ints_at(attrs, "perm");
       if (static_cast<int64_t>(perm.size()) != in[0].rank())
         return err("perm has {} entries for rank {}", perm.size(), in[0].rank());
       std::vector<bool> seen(perm.size());
@@ -345,9 +422,7 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
     }
     case OpKind::concat: {
       if (n < 1) return err("expects at least 1 operand");
-      KILN_CHECK(check_attr_keys(attrs, {"axis"}));
-      int64_t axis;
-      if (!get_int(attrs, "axis", &axis)) return err("needs an integer attribute 'axis'");
+      const int64_t axis = int_at(attrs, "axis");
       int64_t a = normalize_axis(axis, in[0].rank());
       if (a < 0) return err("axis {} out of range for rank {}", axis, in[0].rank());
       TensorType t = in[0];
@@ -371,7 +446,6 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
     }
     case OpKind::matmul: {
       KILN_CHECK(want_operands(2, 2));
-      KILN_CHECK(check_attr_keys(attrs, {}));
       const TensorType& a = in[0];
       const TensorType& b = in[1];
       if (a.dtype != DType::f32 || b.dtype != DType::f32) return err("operands must be f32");
@@ -390,9 +464,7 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
     }
     case OpKind::softmax: {
       KILN_CHECK(want_operands(1, 1));
-      KILN_CHECK(check_attr_keys(attrs, {"axis"}));
-      int64_t axis;
-      if (!get_int(attrs, "axis", &axis)) return err("needs an integer attribute 'axis'");
+      const int64_t axis = int_at(attrs, "axis");
       if (normalize_axis(axis, in[0].rank()) < 0)
         return err("axis {} out of range for rank {}", axis, in[0].rank());
       if (in[0].dtype != DType::f32) return err("operand must be f32");
@@ -402,9 +474,6 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
     case OpKind::add_layernorm: {
       const bool fused = kind == OpKind::add_layernorm;
       KILN_CHECK(want_operands(fused ? 4 : 3, fused ? 4 : 3));
-      KILN_CHECK(check_attr_keys(attrs, {"eps"}));
-      double eps;
-      if (!get_number(attrs, "eps", &eps) || !(eps > 0)) return err("needs a positive 'eps'");
       const TensorType& x = in[0];
       if (fused && !(in[1] == x))
         return err("addends differ: {} and {}", to_string(x), to_string(in[1]));
@@ -421,11 +490,8 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
     case OpKind::reduce_max:
     case OpKind::reduce_mean: {
       KILN_CHECK(want_operands(1, 1));
-      KILN_CHECK(check_attr_keys(attrs, {"axes", "keepdims"}));
-      std::vector<int64_t> axes;
-      int64_t keep = 0;
-      if (!get_ints(attrs, "axes", &axes)) return err("needs an integer list attribute 'axes'");
-      get_int(attrs, "keepdims", &keep);
+      const std::vector<int64_t>& axes = ints_at(attrs, "axes");
+      const bool keep = attrs.count("keepdims") && int_at(attrs, "keepdims") == 1;
       if (in[0].dtype == DType::boolean) return err("cannot reduce bool");
       if (kind == OpKind::reduce_mean && in[0].dtype != DType::f32)
         return err("reduce_mean needs f32");
@@ -447,9 +513,7 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
     }
     case OpKind::argmax: {
       KILN_CHECK(want_operands(1, 1));
-      KILN_CHECK(check_attr_keys(attrs, {"axis"}));
-      int64_t axis;
-      if (!get_int(attrs, "axis", &axis)) return err("needs an integer attribute 'axis'");
+      const int64_t axis = int_at(attrs, "axis");
       int64_t a = normalize_axis(axis, in[0].rank());
       if (a < 0) return err("axis {} out of range for rank {}", axis, in[0].rank());
       TensorType t{DType::i64, in[0].shape};
@@ -458,10 +522,6 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
     }
     case OpKind::linear: {
       KILN_CHECK(want_operands(2, 3));
-      KILN_CHECK(check_attr_keys(attrs, {"act"}));
-      std::string act;
-      if (!get_string(attrs, "act", &act) || (act != "none" && act != "relu"))
-        return err("needs attribute act = \"none\" or \"relu\"");
       const TensorType& x = in[0];
       const TensorType& w = in[1];
       if (x.dtype != DType::f32 || w.dtype != DType::f32 || x.rank() < 1 || w.rank() != 2)
@@ -478,13 +538,7 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
       // attention(q[B,Lq,H*Dk], k[B,Lk,H*Dk], v[B,Lk,H*Dv] [, key_pad bool[B,Lk]])
       //   {heads, scale, causal}
       KILN_CHECK(want_operands(3, 4));
-      KILN_CHECK(check_attr_keys(attrs, {"heads", "scale", "causal"}));
-      int64_t heads, causal = 0;
-      double scale;
-      if (!get_int(attrs, "heads", &heads) || heads < 1) return err("needs 'heads' >= 1");
-      if (!get_number(attrs, "scale", &scale)) return err("needs a numeric 'scale'");
-      if (get_int(attrs, "causal", &causal) && causal != 0 && causal != 1)
-        return err("'causal' must be 0 or 1");
+      const int64_t heads = int_at(attrs, "heads");
       const TensorType &q = in[0], &k = in[1], &v = in[2];
       for (const TensorType* t : {&q, &k, &v})
         if (t->dtype != DType::f32 || t->rank() != 3)

@@ -166,6 +166,10 @@ class Verifier {
       ++def_count[op.result];
       defined[op.result] = 1;
       check_type_symbols(f, i, f.type(op.result));
+      if (std::string e = check_attrs(op.kind, op.attrs); !e.empty()) {
+        op_error(f, i, "[V10] {}: {}", op_name(op.kind), e);
+        continue;
+      }
       if (!operands_ok) continue;
       TypeResult r = infer_type(m_, op.kind, operand_types, op.attrs, &f.type(op.result));
       if (!r.ok())

@@ -16,6 +16,19 @@
 //      types, and a result type equal to the one the rule infers.
 //  V9. A derived weight's inputs are declared, underived weights, its op is
 //      "concat", and concatenating their types along its axis gives its type.
+// V10. Every op's attributes are those its kind takes (op_types.h's check_attrs), each
+//      required one present and of its type, and each in its fixed range:
+//        weight {name: string}              constant {value: number}
+//        iota, concat, softmax, argmax {axis: int}
+//        slice {axis: int, start: int >= 0}  transpose {perm: int list}
+//        layernorm, add_layernorm {eps: number, positive and finite}
+//        reduce_* {axes: int list, keepdims?: 0 or 1}
+//        linear {act: "none" or "relu"}
+//        attention {heads: int >= 1, scale: finite number, causal?: 0 or 1}
+//        every other op: none.
+//      The ranges that depend on operands (an axis within the rank, perm a permutation,
+//      a slice within its operand, heads dividing the feature size) are part of V8.
+//      So the interpreter, passes and codegen may read attributes with Op::int_attr etc.
 #pragma once
 
 #include <string>

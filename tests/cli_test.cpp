@@ -283,5 +283,29 @@ TEST_F(CliTest, OptIsDeterministic) {
   EXPECT_THAT(a.output, HasSubstr("attention("));
 }
 
+// Issue 10: an attribute of the wrong type is a located verifier error (exit 1), not an
+// internal error in the interpreter or codegen (it was exit 134).
+TEST_F(CliTest, WrongAttributeTypeIsLocatedError) {
+  std::ofstream(path("causal.kir"))
+      << "module @m {\n  symbol B max 2\n  symbol S max 4\n"
+         "  func @f(%q: f32[B,S,8]) -> (f32[B,S,8]) {\n"
+         "    %o = attention(%q, %q, %q) {causal = \"yes\", heads = 2, scale = 0.5} : "
+         "f32[B,S,8]\n    return %o\n  }\n}\n";
+  const std::string expected = "kiln: error: " + path("causal.kir") +
+                               ":5:5: error: [V10] attention: attribute 'causal' must be an "
+                               "integer, got string \"yes\"\n";
+  Result c = run("compile " + path("causal.kir") + " -o " + path("out"));
+  EXPECT_EQ(c.status, 1);
+  EXPECT_EQ(c.output, expected);
+  Result r =
+      run("run " + path("causal.kir") + " --function f --weights " +
+          golden("tiny.weights.safetensors") + " --inputs " + golden("tiny_b1.inputs.safetensors"));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.output, expected);
+  Result o = run("opt " + path("causal.kir"));
+  EXPECT_EQ(o.status, 1);
+  EXPECT_EQ(o.output, expected);
+}
+
 }  // namespace
 }  // namespace kiln

@@ -1,4 +1,4 @@
-// Tests of the IR verifier (ir/verifier.h): one module per invariant V1..V9 that breaks
+// Tests of the IR verifier (ir/verifier.h): one module per invariant V1..V10 that breaks
 // exactly that invariant, the type rules of op_types.cpp, and diagnostic formatting.
 #include "ir/verifier.h"
 
@@ -194,14 +194,6 @@ TEST(VerifierInvariants, V8TypeRules) {
 }
 )"),
               AllOf(HasSubstr("[V8]"), HasSubstr("add: expects 2 operand(s), got 1")));
-  EXPECT_THAT(only_message(R"(module @m {
-  func @f(%x: f32[2]) -> (f32[2]) {
-    %y = relu(%x) {axis = 0} : f32[2]
-    return %y
-  }
-}
-)"),
-              AllOf(HasSubstr("[V8]"), HasSubstr("relu: unexpected attribute 'axis'")));
 }
 
 TEST(VerifierInvariants, V9WeightDerivations) {
@@ -241,6 +233,123 @@ TEST(VerifierInvariants, V9WeightDerivations) {
 }
 )"),
               AllOf(HasSubstr("[V9]"), HasSubstr("weight 'w': concat axis 2 out of range")));
+}
+
+// The message of the only diagnostic of a module with weight @w : f32[2,4] and one function
+// @f`signature` whose body is `op_line` (defining %y) and `return %y`.
+std::string one_op_message(const std::string& signature, const std::string& op_line) {
+  return only_message("module @m {\n  weight @w : f32[2,4]\n  func @f" + signature + " {\n    " +
+                      op_line + "\n    return %y\n  }\n}\n");
+}
+
+TEST(VerifierInvariants, V10AttributeTypesAndRanges) {
+  // Each case: an op whose attributes break V10 in one way, and the message expected.
+  const std::string x = "(%x: f32[2,4]) -> (f32[2,4])";
+  const std::string none = "() -> (f32[2,4])";
+  const std::string qkv = "(%x: f32[2,4,8]) -> (f32[2,4,8])";
+  const std::string lin = "(%x: f32[2,4]) -> (f32[2,2])";
+  const std::string red = "(%x: f32[2,4]) -> (f32[2])";
+  const std::string sliced = "(%x: f32[2,4]) -> (f32[2,2])";
+  const std::string norm = "(%x: f32[2,4], %g: f32[4]) -> (f32[2,4])";
+  struct Case {
+    std::string signature, op, message;
+  };
+  const std::vector<Case> cases = {
+      {x, "%y = relu(%x) {axis = 0} : f32[2,4]", "relu: unexpected attribute 'axis'"},
+      {qkv, "%y = attention(%x, %x, %x) {causal = \"yes\", heads = 2, scale = 0.5} : f32[2,4,8]",
+       "attention: attribute 'causal' must be an integer, got string \"yes\""},
+      {qkv, "%y = attention(%x, %x, %x) {causal = 1.0, heads = 2, scale = 0.5} : f32[2,4,8]",
+       "attention: attribute 'causal' must be an integer, got number 1"},
+      {qkv, "%y = attention(%x, %x, %x) {heads = 2.5, scale = 0.5} : f32[2,4,8]",
+       "attention: attribute 'heads' must be an integer, got number 2.5"},
+      {qkv, "%y = attention(%x, %x, %x) {heads = 0, scale = 0.5} : f32[2,4,8]",
+       "attention: attribute 'heads' must be >= 1, got 0"},
+      {qkv, "%y = attention(%x, %x, %x) {heads = 2, scale = nan} : f32[2,4,8]",
+       "attention: attribute 'scale' must be finite, got nan"},
+      {qkv, "%y = attention(%x, %x, %x) {heads = 2, scale = \"big\"} : f32[2,4,8]",
+       "attention: attribute 'scale' must be a number, got string \"big\""},
+      {qkv, "%y = attention(%x, %x, %x) {heads = 2} : f32[2,4,8]",
+       "attention: needs attribute 'scale' (a number)"},
+      {x, "%y = softmax(%x) {axis = [1]} : f32[2,4]",
+       "softmax: attribute 'axis' must be an integer, got integer list [1]"},
+      {x, "%y = softmax(%x) : f32[2,4]", "softmax: needs attribute 'axis' (an integer)"},
+      {"(%x: f32[2,4]) -> (i64[2])", "%y = argmax(%x) {axis = \"last\"} : i64[2]",
+       "argmax: attribute 'axis' must be an integer, got string \"last\""},
+      {"(%x: f32[2,4]) -> (f32[4,2])", "%y = transpose(%x) {perm = 1} : f32[4,2]",
+       "transpose: attribute 'perm' must be an integer list, got integer 1"},
+      {red, "%y = reduce_sum(%x) {axes = [1], keepdims = 2} : f32[2]",
+       "reduce_sum: attribute 'keepdims' must be 0 or 1, got 2"},
+      {red, "%y = reduce_max(%x) {axes = [1], keepdims = \"no\"} : f32[2]",
+       "reduce_max: attribute 'keepdims' must be an integer, got string \"no\""},
+      {red, "%y = reduce_mean(%x) {axes = 1} : f32[2]",
+       "reduce_mean: attribute 'axes' must be an integer list, got integer 1"},
+      {sliced, "%y = slice(%x) {axis = 1, start = -1} : f32[2,2]",
+       "slice: attribute 'start' must be >= 0, got -1"},
+      {sliced, "%y = slice(%x) {axis = 1} : f32[2,2]",
+       "slice: needs attribute 'start' (an integer)"},
+      {"(%x: f32[2,4]) -> (f32[4,4])", "%y = concat(%x, %x) {axis = 0.0} : f32[4,4]",
+       "concat: attribute 'axis' must be an integer, got number 0"},
+      {"() -> (i64[2,4])", "%y = iota() {axis = \"0\"} : i64[2,4]",
+       "iota: attribute 'axis' must be an integer, got string \"0\""},
+      {none, "%y = weight() {name = 3} : f32[2,4]",
+       "weight: attribute 'name' must be a string, got integer 3"},
+      {none, "%y = constant() {value = \"one\"} : f32[2,4]",
+       "constant: attribute 'value' must be a number, got string \"one\""},
+      {none, "%y = constant() : f32[2,4]", "constant: needs attribute 'value' (a number)"},
+      {lin, "%w = weight() {name = \"w\"} : f32[2,4]\n    %y = linear(%x, %w) {act = 1} : f32[2,2]",
+       "linear: attribute 'act' must be a string, got integer 1"},
+      {lin, "%w = weight() {name = \"w\"} : f32[2,4]\n    %y = linear(%x, %w) : f32[2,2]",
+       "linear: needs attribute 'act' (a string)"},
+      {norm, "%y = layernorm(%x, %g, %g) {eps = inf} : f32[2,4]",
+       "layernorm: attribute 'eps' must be positive and finite, got inf"},
+      {norm, "%y = layernorm(%x, %g, %g) {eps = -1} : f32[2,4]",
+       "layernorm: attribute 'eps' must be positive and finite, got -1"},
+      {norm, "%y = add_layernorm(%x, %x, %g, %g) {eps = \"small\"} : f32[2,4]",
+       "add_layernorm: attribute 'eps' must be a number, got string \"small\""},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.op);
+    EXPECT_THAT(one_op_message(c.signature, c.op), HasSubstr("[V10] " + c.message));
+  }
+  // The same ops with the attribute fixed verify: the table tests V10 and nothing else.
+  const std::string valid = "expected exactly one diagnostic, got 0:\n";
+  EXPECT_EQ(one_op_message(qkv,
+                           "%y = attention(%x, %x, %x) {causal = 1, heads = 2, scale = 0.5} : "
+                           "f32[2,4,8]"),
+            valid);
+  EXPECT_EQ(one_op_message(red, "%y = reduce_sum(%x) {axes = [1], keepdims = 0} : f32[2]"), valid);
+  EXPECT_EQ(one_op_message(lin,
+                           "%w = weight() {name = \"w\"} : f32[2,4]\n    %y = linear(%x, %w) "
+                           "{act = \"relu\"} : f32[2,2]"),
+            valid);
+  EXPECT_EQ(one_op_message(norm, "%y = layernorm(%x, %g, %g) {eps = 1e-05} : f32[2,4]"), valid);
+}
+
+// An i32 constant's value must fit i32 (the interpreter and the kernels store it as one).
+TEST(VerifierTypeRules, I32ConstantRange) {
+  EXPECT_THAT(one_op_message("() -> (i32[])", "%y = constant() {value = 2147483648} : i32[]"),
+              AllOf(HasSubstr("[V8] constant"), HasSubstr("value 2147483648 does not fit i32")));
+  EXPECT_EQ(one_op_message("() -> (i32[])", "%y = constant() {value = -2147483648} : i32[]"),
+            "expected exactly one diagnostic, got 0:\n");
+}
+
+// A wrong attribute reaches no assertion: parse_and_verify reports it with its location.
+TEST(VerifierFormatting, AttributeErrorsCarryTheirLocation) {
+  const std::string text = R"(module @m {
+  func @f(%q: f32[2,4,8]) -> (f32[2,4,8]) {
+    %o = attention(%q, %q, %q) {causal = "yes", heads = 2, scale = 0.5} : f32[2,4,8]
+    return %o
+  }
+}
+)";
+  try {
+    parse_and_verify(text, "bad.kir");
+    FAIL() << "parse_and_verify accepted causal = \"yes\"";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "bad.kir:3:5: error: [V10] attention: attribute 'causal' must be an integer, got "
+              "string \"yes\"");
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -316,7 +425,8 @@ TEST(VerifierTypeRules, LayernormGammaShape) {
   EXPECT_THAT(only_message(function_module("(%x: f32[B,4], %g: f32[4], %b: f32[4]) -> (f32[B,4])",
                                            "    %y = layernorm(%x, %g, %b) {eps = 0.0} : f32[B,4]\n"
                                            "    return %y\n")),
-              AllOf(HasSubstr("[V8] layernorm"), HasSubstr("needs a positive 'eps'")));
+              AllOf(HasSubstr("[V10] layernorm"),
+                    HasSubstr("attribute 'eps' must be positive and finite, got 0")));
 }
 
 TEST(VerifierTypeRules, AttentionMaskShape) {
@@ -334,12 +444,13 @@ TEST(VerifierTypeRules, AttentionMaskShape) {
                   "    return %o\n")),
               AllOf(HasSubstr("[V8] attention"),
                     HasSubstr("feature size of f32[B,S,8] is not divisible by 3 heads")));
-  EXPECT_THAT(only_message(function_module(
-                  "(%q: f32[B,S,8]) -> (f32[B,S,8])",
-                  "    %o = attention(%q, %q, %q) {causal = 2, heads = 2, scale = 0.5} : "
-                  "f32[B,S,8]\n"
-                  "    return %o\n")),
-              AllOf(HasSubstr("[V8] attention"), HasSubstr("'causal' must be 0 or 1")));
+  EXPECT_THAT(
+      only_message(
+          function_module("(%q: f32[B,S,8]) -> (f32[B,S,8])",
+                          "    %o = attention(%q, %q, %q) {causal = 2, heads = 2, scale = 0.5} : "
+                          "f32[B,S,8]\n"
+                          "    return %o\n")),
+      AllOf(HasSubstr("[V10] attention"), HasSubstr("attribute 'causal' must be 0 or 1, got 2")));
 }
 
 TEST(VerifierTypeRules, SliceOutOfRange) {
@@ -390,7 +501,8 @@ TEST(VerifierTypeRules, GatherAndLinear) {
   EXPECT_THAT(only_message(function_module("(%x: f32[B,4], %w: f32[6,4]) -> (f32[B,6])",
                                            "    %y = linear(%x, %w) {act = \"gelu\"} : f32[B,6]\n"
                                            "    return %y\n")),
-              AllOf(HasSubstr("[V8] linear"), HasSubstr("act = \"none\" or \"relu\"")));
+              AllOf(HasSubstr("[V10] linear"),
+                    HasSubstr("attribute 'act' must be \"none\" or \"relu\", got \"gelu\"")));
 }
 
 // ---------------------------------------------------------------------------------------
