@@ -19,6 +19,11 @@ using rt::DimExpr;
 using rt::ElemType;
 using rt::Storage;
 
+// The most levels of pointwise ops folded below one elementwise kernel's root (see
+// lower_function): bounds the expression trees handed to Halide and the recursion that
+// builds them.
+constexpr int kMaxInlineDepth = 64;
+
 ElemType elem_type(ir::DType d) {
   switch (d) {
     case ir::DType::f32:
@@ -262,24 +267,36 @@ class Lowerer {
                               passes::value_label(f, user.result), f.name));
       return it->second;
     };
-    // Whether `v` (defined by a pointwise op) is folded into its single pointwise user.
-    auto inlined = [&](ir::ValueId v) {
-      const ir::Op* d = passes::def_op(f, defs, v);
-      if (!d || !is_pointwise(d->kind) || result_index.count(v)) return false;
-      int user_count = 0;
-      bool all_pointwise_same_shape = true;
-      for (const ir::Op& u : f.ops)
-        for (size_t i = 0; i < u.operands.size(); ++i) {
-          if (u.operands[i] != v) continue;
-          ++user_count;
-          bool ok = ir::is_elementwise(u.kind) &&
-                    (f.type(v).shape == f.type(u.result).shape ||
-                     (d->kind == OpKind::constant && f.type(v).rank() == 0));
-          all_pointwise_same_shape &= ok;
-        }
-      bool cheap = d->kind == OpKind::constant || d->kind == OpKind::iota;
-      return all_pointwise_same_shape && (user_count == 1 || cheap);
-    };
+    // Whether each value (defined by a pointwise op, not a result) is folded into its
+    // users' kernels: every user is an elementwise op of its shape (or it is a rank-0
+    // constant), and it has one user or is a constant or iota (cheap to recompute).
+    // Decided from the last op back so that a group's expression tree is at most
+    // kMaxInlineDepth levels deep: in a longer chain, the op at that depth is computed by a
+    // kernel of its own (plan-memory assumes at least this much fusion, so an operand read
+    // earlier than it assumes stays safe), and building the tree recurses that deep at most.
+    std::vector<int> user_count(f.values.size(), 0), user_depth(f.values.size(), 0);
+    std::vector<bool> all_users_pointwise(f.values.size(), true);
+    for (const ir::Op& u : f.ops)
+      for (ir::ValueId v : u.operands) {
+        const int d = defs[v];
+        ++user_count[v];
+        all_users_pointwise[v] =
+            all_users_pointwise[v] && ir::is_elementwise(u.kind) &&
+            (f.type(v).shape == f.type(u.result).shape ||
+             (d >= 0 && f.ops[d].kind == OpKind::constant && f.type(v).rank() == 0));
+      }
+    std::vector<bool> inlined_value(f.values.size(), false);
+    for (size_t k = f.ops.size(); k-- > 0;) {
+      const ir::Op& d = f.ops[k];
+      const ir::ValueId v = d.result;
+      const bool cheap = d.kind == OpKind::constant || d.kind == OpKind::iota;
+      const bool fold = is_pointwise(d.kind) && !result_index.count(v) && all_users_pointwise[v] &&
+                        (user_count[v] == 1 || cheap) && user_depth[v] < kMaxInlineDepth;
+      inlined_value[v] = fold;
+      const int depth = fold ? user_depth[v] + 1 : 0;
+      for (ir::ValueId o : d.operands) user_depth[o] = std::max(user_depth[o], depth);
+    }
+    auto inlined = [&](ir::ValueId v) { return inlined_value[v]; };
 
     for (const ir::Op& op : f.ops) {
       const ir::TensorType& type = f.type(op.result);

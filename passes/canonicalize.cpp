@@ -83,7 +83,12 @@ class Canonicalizer {
     bool changed = false;
     std::map<std::string, ValueId> seen;  // CSE table: key -> first value with that key
     defs_ = def_index(f_);
+    forward_.assign(f_.values.size(), -1);
     for (size_t i = 0; i < f_.ops.size(); ++i) {
+      // Replacements reach an op's operands when the walk gets to it (one pass over the
+      // operands, instead of one over the function per replacement).
+      for (ValueId& v : f_.ops[i].operands)
+        while (forward_[v] >= 0) v = forward_[v];
       changed |= simplify_in_place(i);
       const ValueId result = f_.ops[i].result;
       if (std::optional<ValueId> same = equal_value(i)) {
@@ -318,12 +323,21 @@ class Canonicalizer {
     } else {
       debug_log(kPass, "{}: {} replaced by {}", where(i), label(from), label(to));
     }
-    replace_all_uses(f_, from, to);
+    // Results now (the name moves with them), later ops' operands when the walk reaches
+    // them: every use of `from` comes after op i.
+    for (ValueId& r : f_.results)
+      if (r == from) {
+        if (f_.values[to].name.empty()) f_.values[to].name = f_.values[from].name;
+        f_.values[from].name.clear();
+        r = to;
+      }
+    forward_[from] = to;
     return true;
   }
 
   Function& f_;
-  std::vector<int> defs_;  // defining op of each value; in-place rewrites keep it valid
+  std::vector<int> defs_;         // defining op of each value; in-place rewrites keep it valid
+  std::vector<ValueId> forward_;  // value -> the value replacing it this round, or -1
 };
 
 }  // namespace

@@ -22,7 +22,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -111,9 +110,14 @@ Plan make_plan(const ir::Module& m, const ir::Function& f) {
   Plan plan;
   plan.offsets.assign(f.ops.size(), -1);
   std::vector<Block> blocks;  // held blocks, sorted by offset
+  // How many held blocks die before each op: the walk releases blocks only where some do.
+  std::vector<int> dying(f.ops.size() + 1, 0);
+  for (const ir::Op& op : f.ops)
+    if (arena[op.result]) ++dying[last[op.result] + 1];
   for (size_t i = 0; i < f.ops.size(); ++i) {
     const ir::Op& op = f.ops[i];
-    std::erase_if(blocks, [&](const Block& b) { return last[b.value] < static_cast<int>(i); });
+    if (dying[i] > 0)
+      std::erase_if(blocks, [&](const Block& b) { return last[b.value] < static_cast<int>(i); });
     if (!arena[op.result]) continue;
     const int64_t bytes = max_bytes(m, f.type(op.result));
     const int64_t size = align_up(bytes);
@@ -173,8 +177,8 @@ bool plan_memory(ir::Module& module) {
   return changed;
 }
 
-// Written apart from make_plan on purpose: its own (recursive) liveness and a pairwise
-// overlap test, so that a bug in the planner is not repeated here.
+// Written apart from make_plan on purpose: its own liveness (from each value's list of
+// readers) and a pairwise overlap test, so that a bug in the planner is not repeated here.
 std::vector<std::string> check_memory_plan(const ir::Module& module, const ir::Function& f) {
   std::vector<std::string> errors;
   const std::vector<std::string> names = ir::value_names(f);
@@ -189,31 +193,27 @@ std::vector<std::string> check_memory_plan(const ir::Module& module, const ir::F
   for (size_t i = 0; i < f.ops.size(); ++i)
     for (ir::ValueId v : f.ops[i].operands) readers[v].push_back(static_cast<int>(i));
   // When op u's kernel runs: a pointwise op read once, by an elementwise op, and not
-  // returned may run inside that reader's kernel.
-  std::vector<int> kernel_memo(f.ops.size(), -1);
-  std::function<int(int)> kernel_time = [&](int u) {
-    if (kernel_memo[u] >= 0) return kernel_memo[u];
-    const ir::Op& op = f.ops[u];
+  // returned may run inside that reader's kernel. The last op reading value v's memory:
+  // through its readers' kernels, and through the views (reshape, slice) of it, which share
+  // its memory. Both refer only to later ops (readers come after their operands), so one
+  // sweep from the last op back computes them without recursion (a chain of 10^5 fused ops
+  // or views must not overflow the stack).
+  std::vector<int> kernel_time(f.ops.size());
+  std::vector<int> last(f.values.size(), -1);
+  for (size_t k = f.ops.size(); k-- > 0;) {
+    const int u = static_cast<int>(k);
+    const ir::Op& op = f.ops[k];
     const std::vector<int>& r = readers[op.result];
     const bool fused = is_pointwise(op.kind) && !is_result[op.result] && r.size() == 1 &&
                        ir::is_elementwise(f.ops[r[0]].kind);
-    return kernel_memo[u] = fused ? kernel_time(r[0]) : u;
-  };
-  // The last op reading value v's memory: through its readers' kernels, and through the
-  // views (reshape, slice) of it, which share its memory.
-  std::vector<int> last_memo(f.values.size(), -1);
-  std::function<int(ir::ValueId, int)> last_read = [&](ir::ValueId v, int def) {
-    if (last_memo[v] >= 0) return last_memo[v];
-    int last = def;
-    for (int u : readers[v]) {
-      const ir::Op& op = f.ops[u];
-      last = std::max(last, is_view(op.kind) ? last_read(op.result, u) : kernel_time(u));
+    kernel_time[k] = fused ? kernel_time[r[0]] : u;
+    int last_read = u;
+    for (int reader : r) {
+      const ir::Op& user = f.ops[reader];
+      last_read = std::max(last_read, is_view(user.kind) ? last[user.result] : kernel_time[reader]);
     }
-    return last_memo[v] = last;
-  };
-  std::vector<int> last(f.values.size(), -1);
-  for (size_t i = 0; i < f.ops.size(); ++i)
-    last[f.ops[i].result] = last_read(f.ops[i].result, static_cast<int>(i));
+    last[op.result] = last_read;
+  }
 
   struct Placed {
     size_t op;           // defining op

@@ -31,8 +31,10 @@
 //     lazy op sunk past the point where its operands died), the current order stays. So
 //     the peak never grows and an order that is already good is kept as it is.
 // Cost: O(n * ready) for the greedy walk and O(n log n + uses) per evaluated order, so
-// O(n^2 log n) per refinement sweep (about 50 ms for the unfused base Transformer). Only op indices
-// and positions decide anything, so the result is the same on every run.
+// O(n^2 log n) per refinement sweep (about 50 ms for the unfused base Transformer). Op
+// positions are recomputed only after a kept move, and refinement stops after
+// kTrialBudget trial steps, so a graph of 10^5 ops is scheduled in seconds. Only op
+// indices and positions decide anything, so the result is the same on every run.
 #include "passes/schedule.h"
 
 #include <algorithm>
@@ -49,6 +51,10 @@ namespace {
 
 constexpr const char* kPass = "schedule";
 constexpr int kMaxSweeps = 4;
+// The most trial steps (ops of trial orders evaluated) refinement spends on one order: its
+// cost is O(trials * n log n), so without a bound a graph of 10^5 ops takes hours. The
+// base Transformer (unfused, ~3000 ops) needs a few million.
+constexpr int64_t kTrialBudget = int64_t{1} << 26;
 
 // Bytes each value occupies while live, by ValueId (0 for values that are not counted).
 std::vector<int64_t> value_weights(const ir::Module& m, const ir::Function& f) {
@@ -255,12 +261,16 @@ std::vector<int> Scheduler::refine(std::vector<int> seq) const {
   std::vector<int> pos(n, -1);
   std::vector<bool> in_cone(n, false);
   std::vector<int> cone;
+  int64_t budget = kTrialBudget;
   for (int sweep = 0; sweep < kMaxSweeps; ++sweep) {
     bool moved = false;
     const std::vector<int> snapshot = seq;
-    for (auto it = snapshot.rbegin(); it != snapshot.rend(); ++it) {
+    bool stale = true;  // pos is recomputed only after seq changed
+    for (auto it = snapshot.rbegin(); it != snapshot.rend() && budget > 0; ++it) {
       const int x = *it;
-      for (size_t p = 0; p < seq.size(); ++p) pos[seq[p]] = static_cast<int>(p);
+      if (stale)
+        for (size_t p = 0; p < seq.size(); ++p) pos[seq[p]] = static_cast<int>(p);
+      stale = false;
       int target = static_cast<int>(seq.size());  // x's first user, or the end
       for (int u : users_[x]) target = std::min(target, pos[u]);
       if (target == pos[x] + 1) continue;
@@ -287,14 +297,18 @@ std::vector<int> Scheduler::refine(std::vector<int> seq) const {
         if (in_cone[seq[p]]) trial.push_back(seq[p]);
       trial.insert(trial.end(), seq.begin() + target, seq.end());
       for (int c : cone) in_cone[c] = false;
+      budget -= static_cast<int64_t>(trial.size());
       const Cost c = cost(trial);
       if (c < best) {
         seq = std::move(trial);
         best = c;
-        moved = true;
+        moved = stale = true;
       }
     }
-    if (!moved) break;
+    if (budget <= 0)
+      debug_log(kPass, "@{}: refinement stopped in sweep {}: {} trial steps evaluated", f_.name,
+                sweep, kTrialBudget);
+    if (!moved || budget <= 0) break;
   }
   return seq;
 }
