@@ -10,7 +10,8 @@
 //     data either way (the values must fit the declared dtype); other dtypes must
 //     match exactly.
 //  3. The ops run in order. Each result's shape is the op's declared type with the
-//     symbols substituted, and every op checks that what it computes has that shape.
+//     symbols substituted (refused above kMaxInterpreterTensorBytes before anything is
+//     allocated), and every op checks that what it computes has that shape.
 //
 // Numerics (beyond interpreter.h):
 //  * f32 elementwise ops use float arithmetic (exp is computed in double and rounded).
@@ -923,6 +924,15 @@ class Interpreter {
              to_string(type), d.symbol);
       shape.push_back(it->second);
     }
+    // Refuse a result too large to hold before allocating it (a 64 GiB constant, say).
+    const int64_t elem = type.dtype == DType::f32 ? sizeof(float) : sizeof(int64_t);
+    int64_t bytes = elem;
+    for (int64_t d : shape)
+      if (__builtin_mul_overflow(bytes, d, &bytes) || bytes > kMaxInterpreterTensorBytes)
+        fail(
+            "{}: its result {} of shape {} needs more than {} bytes, the interpreter's limit "
+            "per tensor",
+            where(index), to_string(type), shape_str(shape), kMaxInterpreterTensorBytes);
     return shape;
   }
 

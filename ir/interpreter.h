@@ -37,6 +37,11 @@ using WeightMap = std::map<std::string, Tensor>;
 // computed from its inputs. Throws kiln::Error if an input is missing.
 void materialize_weights(const Module& module, WeightMap& weights);
 
+// The largest tensor the interpreter makes, in bytes of its storage (4 per f32 element, 8
+// per integer or bool element): an op whose result would be larger throws kiln::Error
+// naming the op before anything is allocated.
+inline constexpr int64_t kMaxInterpreterTensorBytes = int64_t{1} << 32;
+
 // Runs `function` on `inputs` (one per parameter, in order). Binds each symbol from the
 // inputs' shapes and checks them against the parameter types and the declared maxima,
 // and checks gather indices against the table size; every such problem throws

@@ -36,6 +36,8 @@ namespace {
 
 constexpr const char* kPass = "plan-memory";
 constexpr int64_t kAlignment = 64;
+// The largest arena planned: that of one tensor at its largest (verifier V7).
+constexpr int64_t kMaxArenaBytes = int64_t{1} << 48;
 
 int64_t align_up(int64_t bytes) { return (bytes + kAlignment - 1) / kAlignment * kAlignment; }
 
@@ -147,6 +149,13 @@ Plan make_plan(const ir::Module& m, const ir::Function& f) {
       if (pos->offset - offset >= size) break;
       offset = std::max(offset, pos->offset + pos->size);
     }
+    // Sizes are at most 2^48 bytes each (verifier V7), so this sum cannot overflow.
+    if (offset + size > kMaxArenaBytes)
+      fail(
+          "{}function '{}': the arena would need more than {} bytes at the symbols' maxima ({} "
+          "({}) of {} bytes at offset {})",
+          ir::line_prefix(op.loc), f.name, kMaxArenaBytes, ir::value_names(f)[op.result],
+          ir::op_name(op.kind), bytes, offset);
     blocks.insert(pos, Block{offset, size, op.result});
     plan.offsets[i] = offset;
     plan.arena_bytes = std::max(plan.arena_bytes, offset + size);

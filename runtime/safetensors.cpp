@@ -17,6 +17,7 @@
 #include "runtime/json.h"
 #include "support/error.h"
 #include "support/file_io.h"
+#include "support/read_file.h"
 
 namespace kiln::rt {
 
@@ -87,14 +88,6 @@ uint64_t read_u64_le(const uint8_t* p) {
   for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
   return v;
 }
-
-std::string errno_message(int err) {
-  return std::error_code(err, std::generic_category()).message();
-}
-
-struct FileCloser {
-  void operator()(std::FILE* f) const { std::fclose(f); }
-};
 
 }  // namespace
 
@@ -393,42 +386,10 @@ SafeTensors SafeTensors::from_bytes(std::vector<uint8_t> bytes, std::string labe
 }
 
 SafeTensors SafeTensors::load(const std::string& path) {
-  std::unique_ptr<std::FILE, FileCloser> file(std::fopen(path.c_str(), "rb"));
-  if (!file) {
-    fail("cannot open safetensors file '{}': {}", path, errno_message(errno));
-  }
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
-    fail("cannot read safetensors file '{}': {}", path, errno_message(EISDIR));
-  }
-  std::vector<uint8_t> bytes;
-  // Size hint for regular files; the read loop below does not rely on it.
-  ec.clear();
-  if (std::filesystem::is_regular_file(path, ec)) {
-    uintmax_t size = std::filesystem::file_size(path, ec);
-    if (!ec) {
-      try {
-        if (size > bytes.max_size()) throw std::bad_alloc();
-        bytes.reserve(static_cast<size_t>(size));
-      } catch (const std::bad_alloc&) {
-        fail("cannot read safetensors file '{}': {} bytes do not fit in memory", path, size);
-      }
-    }
-  }
-  constexpr size_t kChunk = size_t{1} << 20;
-  while (true) {
-    size_t old_size = bytes.size();
-    bytes.resize(old_size + kChunk);
-    size_t got = std::fread(bytes.data() + old_size, 1, kChunk, file.get());
-    bytes.resize(old_size + got);
-    if (got < kChunk) {
-      if (std::ferror(file.get())) {
-        fail("cannot read safetensors file '{}': {}", path, errno_message(errno));
-      }
-      break;
-    }
-  }
-  return from_bytes(std::move(bytes), path);
+  // A directory, a device (/dev/zero never ends) or a file larger than memory is an error
+  // naming the path.
+  // "-" is a file of that name here, not standard input.
+  return from_bytes(read_input_file(path == "-" ? "./-" : path, "safetensors file"), path);
 }
 
 const TensorInfo* SafeTensors::find(std::string_view name) const {

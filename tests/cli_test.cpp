@@ -307,5 +307,50 @@ TEST_F(CliTest, WrongAttributeTypeIsLocatedError) {
   EXPECT_EQ(o.output, expected);
 }
 
+// Issue 10: files that are not files. A directory or a device given as the IR, the
+// weights or the inputs is a `kiln: error:` naming it (it was basic_filebuf::underflow and
+// std::bad_alloc, exit 70).
+TEST_F(CliTest, DirectoriesAndDevicesAreNotFiles) {
+  ASSERT_EQ(run("emit transformer --config tiny -o " + path("tiny.kir")).status, 0);
+  const std::string dir = dir_.string();
+  struct Case {
+    std::string args, message;
+  };
+  const std::vector<Case> cases = {
+      {"inspect " + dir, "'" + dir + "' is a directory"},
+      {"inspect /dev/zero", "'/dev/zero' is not a regular file"},
+      {"compile /dev/null -o " + path("out"), "'/dev/null' is not a regular file"},
+      {"run " + path("tiny.kir") + " --weights /dev/zero --inputs " +
+           golden("tiny_b1.inputs.safetensors"),
+       "safetensors file '/dev/zero' is not a regular file"},
+      {"run " + path("tiny.kir") + " --weights " + golden("tiny.weights.safetensors") +
+           " --inputs " + dir,
+       "safetensors file '" + dir + "' is a directory"},
+  };
+  for (const Case& c : cases) {
+    Result r = run(c.args);
+    EXPECT_EQ(r.status, 1) << c.args;
+    EXPECT_EQ(r.output, "kiln: error: " + c.message + "\n") << c.args;
+  }
+  // A pipe is still read (process substitution, `-`).
+  Result piped = run("inspect - < " + path("tiny.kir"));
+  EXPECT_EQ(piped.status, 0) << piped.output;
+}
+
+// Issue 10: a 64 GiB constant verifies, then the interpreter refuses it before allocating.
+TEST_F(CliTest, HugeConstantIsRefusedByTheInterpreter) {
+  std::ofstream(path("huge.kir")) << "module @m {\n  func @f() -> (f32[4096,4096,1024]) {\n"
+                                     "    %c = constant() {value = 1.0} : f32[4096,4096,1024]\n"
+                                     "    return %c\n  }\n}\n";
+  rt::write_safetensors(path("none.safetensors"), {});
+  Result r = run("run " + path("huge.kir") + " --function f --weights " + path("none.safetensors") +
+                 " --inputs " + path("none.safetensors"));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.output,
+            "kiln: error: line 3: function 'f', op 0 (%c = constant): its result "
+            "f32[4096,4096,1024] of shape [4096,4096,1024] needs more than 4294967296 bytes, the "
+            "interpreter's limit per tensor\n");
+}
+
 }  // namespace
 }  // namespace kiln

@@ -9,6 +9,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "error_of.h"
 #include "ir/interpreter.h"
 #include "ir/parser.h"
 #include "ir/printer.h"
@@ -112,6 +113,47 @@ TEST(Scale, ChainOfViewsAndSoftmaxes) {
   float sum = 0;
   for (float v : y.f) sum += v;
   EXPECT_NEAR(sum, 1.0f, 1e-5f);  // a softmax's output
+}
+
+// ---------------------------------------------------------------------------------------
+// Absurd sizes: a clear error before any large allocation.
+
+// A 64 GiB constant verifies (types may reach 2^48 bytes) but the interpreter refuses to
+// allocate it, naming the op.
+TEST(Scale, InterpreterRefusesHugeResults) {
+  const ir::Module m = ir::parse_and_verify(R"(module @m {
+  func @f(%x: f32[2]) -> (f32[4096,4096,1024]) {
+    %c = constant() {value = 1.0} : f32[4096,4096,1024]
+    return %c
+  }
+}
+)",
+                                            "huge.kir");
+  EXPECT_EQ(
+      testing::error_of(
+          [&] { ir::interpret(m, m.functions[0], {}, {ir::Tensor::zeros(ir::DType::f32, {2})}); }),
+      "line 3: function 'f', op 0 (%c = constant): its result f32[4096,4096,1024] of shape "
+      "[4096,4096,1024] needs more than 4294967296 bytes, the interpreter's limit per tensor");
+}
+
+// Three live values of 2^47 bytes each need an arena above 2^48 bytes: plan-memory says so
+// instead of overflowing offsets.
+TEST(Scale, PlannerRefusesHugeArenas) {
+  ir::Module m = ir::parse_and_verify(R"(module @m {
+  func @f(%x: f32[35184372088832]) -> (f32[35184372088832]) {
+    %a = exp(%x) : f32[35184372088832]
+    %b = sqrt(%x) : f32[35184372088832]
+    %c = neg(%x) : f32[35184372088832]
+    %d = add(%a, %b) : f32[35184372088832]
+    %e = add(%d, %c) : f32[35184372088832]
+    return %e
+  }
+}
+)",
+                                      "arena.kir");
+  EXPECT_EQ(testing::error_of([&] { passes::run_passes(m, {"plan-memory"}); }),
+            "line 5: function 'f': the arena would need more than 281474976710656 bytes at the "
+            "symbols' maxima (%c (neg) of 140737488355328 bytes at offset 281474976710656)");
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "support/error.h"
+#include "support/read_file.h"
 
 namespace kiln::tools {
 
@@ -95,17 +96,7 @@ std::vector<rt::TensorData> to_tensor_data(const ir::Function& function,
   return out;
 }
 
-std::vector<uint8_t> read_bytes(const std::string& path) {
-  if (path == "-") {
-    std::vector<uint8_t> data((std::istreambuf_iterator<char>(std::cin)),
-                              std::istreambuf_iterator<char>());
-    return data;
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cannot open '{}': {}", path, std::strerror(errno));
-  return std::vector<uint8_t>((std::istreambuf_iterator<char>(in)),
-                              std::istreambuf_iterator<char>());
-}
+std::vector<uint8_t> read_bytes(const std::string& path) { return read_input_file(path); }
 
 std::string read_text(const std::string& path) {
   std::vector<uint8_t> b = read_bytes(path);
