@@ -123,6 +123,11 @@ ir::Module build_transformer(const TransformerConfig& c) {
   positive("max_len", c.max_len);
   positive("max_batch", c.max_batch);
   if (c.enc_layers < 0 || c.dec_layers < 0) fail("config layer counts must not be negative");
+  // The IR grows with the layer count (sizes are bounded by the verifier's 2^48 bytes per
+  // tensor): refuse an absurd count before building it.
+  constexpr int64_t kMaxLayers = 1000;
+  for (auto [key, v] : {std::pair{"enc_layers", c.enc_layers}, {"dec_layers", c.dec_layers}})
+    if (v > kMaxLayers) fail("config '{}' is {}, above the limit of {} layers", key, v, kMaxLayers);
   if (c.d_model % c.heads != 0)
     fail("config 'd_model' = {} is not divisible by 'heads' = {}", c.d_model, c.heads);
   if (c.pad_id < 0 || c.pad_id >= c.src_vocab || c.pad_id >= c.tgt_vocab)

@@ -352,5 +352,13 @@ TEST_F(CliTest, HugeConstantIsRefusedByTheInterpreter) {
             "interpreter's limit per tensor\n");
 }
 
+// Issue 10: an absurd layer count is refused before the IR is built (it ran out of memory).
+TEST_F(CliTest, AbsurdLayerCountIsRefused) {
+  Result r = run("emit transformer --config tiny --set enc_layers=100000000");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.output,
+            "kiln: error: config 'enc_layers' is 100000000, above the limit of 1000 layers\n");
+}
+
 }  // namespace
 }  // namespace kiln
