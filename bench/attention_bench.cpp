@@ -24,7 +24,7 @@ constexpr int kHeads = 8, kHeadDim = 64, kModel = kHeads * kHeadDim;
 class JitKernel {
  public:
   explicit JitKernel(const AttentionKernel& spec) {
-    const Halide::Target t = Halide::get_host_target().with_feature(Halide::Target::JIT);
+    const Halide::Target t = host_target().with_feature(Halide::Target::JIT);
     KernelPipeline kp = build_attention(spec, t);
     Halide::Module m = kp.pipeline.compile_to_module(kp.args, "attention_bench", t);
     module_ = Halide::Internal::JITModule(m, m.functions().back());

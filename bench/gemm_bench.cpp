@@ -148,7 +148,7 @@ Floats aligned_floats(int64_t count, uint32_t seed) {
 class JitLinear {
  public:
   explicit JitLinear(const kiln::codegen::LinearKernel& spec) {
-    const Halide::Target host = Halide::get_host_target();
+    const Halide::Target host = kiln::codegen::host_target();
     kiln::codegen::KernelPipeline kp = kiln::codegen::build_linear(spec, host);
     Halide::Module module = kp.pipeline.compile_to_module(kp.args, "linear_bench",
                                                           host.with_feature(Halide::Target::JIT));

@@ -352,6 +352,7 @@ CompileResult compile_model(ir::Module module, const CompileOptions& options) {
   LoweredModel lowered = lower_module(module);
   for (const rt::FunctionDesc& f : lowered.plan.functions)
     check_method_name(f.name, name);  // before the slow part
+  lowered.plan.target = target;       // the runtime refuses it on a CPU without its features
   // Kernel symbols carry the library name: two models can link into one application.
   for (std::string& k : lowered.plan.kernel_names) k = name + "_" + k;
   size_t steps = 0;

@@ -23,6 +23,11 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
 KernelPipeline build_layernorm(const LayerNormKernel& spec, const Halide::Target& target);
 KernelPipeline build_elementwise(const ElementwiseKernel& spec, const Halide::Target& target);
 
+// The host target with only the x86 features this CPU really has: Halide 14 reports
+// avx512_sapphirerapids on AMD Zen 4/5 (it checks BF16 and VNNI only), and LLVM's
+// sapphirerapids CPU may then emit AVX512-FP16 instructions that die with SIGILL there.
+Halide::Target host_target();
+
 // f32 lanes per vector for the target.
 int vector_lanes(const Halide::Target& target);
 

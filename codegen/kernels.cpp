@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "codegen/halide_kernels.h"
+#include "runtime/cpu_features.h"
 #include "support/error.h"
 
 namespace kiln::codegen {
@@ -71,9 +72,25 @@ std::string kernel_name(const KernelSpec& spec) {
   return fmt::format("kiln_elementwise_{:016x}", fnv1a(k.signature()));
 }
 
+Halide::Target host_target() {
+  Halide::Target t = Halide::get_host_target();
+  const std::pair<Halide::Target::Feature, const char*> x86[] = {
+      {Halide::Target::AVX512_SapphireRapids, "avx512_sapphirerapids"},
+      {Halide::Target::AVX512_Cannonlake, "avx512_cannonlake"},
+      {Halide::Target::AVX512_Skylake, "avx512_skylake"},
+      {Halide::Target::AVX512_KNL, "avx512_knl"},
+      {Halide::Target::AVX512, "avx512"},
+      {Halide::Target::FMA4, "fma4"},
+  };
+  for (const auto& [feature, name] : x86)
+    if (t.has_feature(feature) && !rt::missing_cpu_features(name).empty())
+      t = t.without_feature(feature);
+  return t;
+}
+
 std::string resolve_target(const std::string& target) {
   try {
-    Halide::Target t = target == "host" ? Halide::get_host_target() : Halide::Target(target);
+    Halide::Target t = target == "host" ? host_target() : Halide::Target(target);
     return t.to_string();
   } catch (const std::exception& e) {
     fail("invalid target '{}': {}", target, e.what());
@@ -82,7 +99,7 @@ std::string resolve_target(const std::string& target) {
 
 namespace {
 Halide::Target parse_target(const std::string& target) {
-  if (target == "host") return Halide::get_host_target();
+  if (target == "host") return host_target();
   if (!Halide::Target::validate_target_string(target))
     fail("invalid target '{}' (Halide target strings look like x86-64-linux-avx2-fma)", target);
   return Halide::Target(target);

@@ -18,6 +18,7 @@
 
 #include "HalideRuntime.h"
 #include "kiln/runtime.h"
+#include "runtime/cpu_features.h"
 #include "runtime/plan.h"
 #include "runtime/safetensors.h"
 #include "runtime/weights.h"
@@ -529,6 +530,13 @@ kiln_model* kiln_model_create(const uint8_t* plan, size_t plan_size, const kiln_
   try {
     auto m = std::make_unique<kiln_model>();
     m->plan = kiln::rt::deserialize_plan(plan, plan_size);
+    // Before any kernel runs: code for a feature this CPU lacks would die with SIGILL.
+    if (std::vector<std::string> missing = kiln::rt::missing_cpu_features(m->plan.target);
+        !missing.empty())
+      fail(
+          "model '{}' was compiled for target {}, but this CPU lacks {}; compile it again "
+          "with --target host on this machine (or a target without those features)",
+          m->plan.model, m->plan.target, fmt::join(missing, ", "));
     if (num_kernels != m->plan.kernel_names.size())
       fail("model library has {} kernels, its plan needs {}", num_kernels,
            m->plan.kernel_names.size());

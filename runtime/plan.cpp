@@ -71,7 +71,7 @@ int64_t elem_size(ElemType type) {
 
 namespace {
 
-constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', '2'};
+constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', '3'};
 
 class Writer {
  public:
@@ -262,6 +262,7 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
   Writer w;
   w.out.insert(w.out.end(), kMagic, kMagic + 8);
   w.str(p.model);
+  w.str(p.target);
   w.i64(static_cast<int64_t>(p.symbols.size()));
   for (const SymbolDesc& s : p.symbols) {
     w.str(s.name);
@@ -319,6 +320,7 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
   r.bytes(kMagic, 8);
   Plan p;
   p.model = r.str();
+  p.target = r.str();
   p.symbols.resize(r.count(64));
   for (SymbolDesc& s : p.symbols) {
     s.name = r.str();

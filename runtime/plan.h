@@ -118,6 +118,7 @@ struct SymbolDesc {
 
 struct Plan {
   std::string model;
+  std::string target;  // the Halide target the kernels were compiled for (checked at load)
   std::vector<SymbolDesc> symbols;
   std::vector<std::string> kernel_names;  // the generated library's kernel functions
   std::vector<WeightDesc> weights;

@@ -238,8 +238,7 @@ INSTANTIATE_TEST_SUITE_P(Specs, AttentionKernelTest,
 // bounds.
 TEST(AttentionKernelErrors, MismatchedShapesFail) {
   const AttentionKernel spec{2, 4, 4, false, true, 0.5};
-  const JitKernel kernel(build_attention(spec, Halide::get_host_target()),
-                         Halide::get_host_target());
+  const JitKernel kernel(build_attention(spec, host_target()), host_target());
   Halide::Buffer<float> q(8, 5, 2), k(8, 6, 2), v(8, 6, 2), out(8, 5, 2);
   Halide::Buffer<uint8_t> mask(6, 2);
   q.fill(0.5f);

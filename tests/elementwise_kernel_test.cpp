@@ -676,7 +676,7 @@ TEST(ElementwiseKernelErrorTest, UnsupportedOp) {
   ElementwiseKernel spec =
       kernel_of({input(0, Dtype::f32, 1), op("softmax", {0}, Dtype::f32, 1)}, 1);
   try {
-    codegen::build_elementwise(spec, Halide::get_host_target());
+    codegen::build_elementwise(spec, codegen::host_target());
     FAIL() << "expected kiln::Error";
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "elementwise kernel: unsupported op 'softmax'");
@@ -688,7 +688,7 @@ TEST(ElementwiseKernelErrorTest, GatherFromComputedTable) {
                                       input(1, Dtype::i64, 1), gather(1, 2, 2, 5)},
                                      2);
   try {
-    codegen::build_elementwise(spec, Halide::get_host_target());
+    codegen::build_elementwise(spec, codegen::host_target());
     FAIL() << "expected kiln::Error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("unsupported gather"), std::string::npos) << e.what();

@@ -19,7 +19,7 @@ inline const char* const kAvx2Target = "x86-64-linux-avx-avx2-f16c-fma-sse41";
 
 // "host" or a Halide target string.
 inline Halide::Target target_named(const std::string& name) {
-  return name == "host" ? Halide::get_host_target() : Halide::Target(name);
+  return name == "host" ? codegen::host_target() : Halide::Target(name);
 }
 
 // The message of the last error a JIT-compiled kernel reported.

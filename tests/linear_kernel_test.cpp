@@ -244,7 +244,7 @@ TEST(LinearKernelTest, NanAndInfinityPropagate) {
 
 // The kernel takes its arguments in kernels.h's order: x, wt, bias (only with a bias).
 TEST(LinearKernelTest, Arguments) {
-  const Halide::Target host = Halide::get_host_target();
+  const Halide::Target host = host_target();
   KernelPipeline with_bias = build_linear(LinearKernel{8, 16, false, true}, host);
   ASSERT_EQ(with_bias.args.size(), 3u);
   EXPECT_EQ(with_bias.args[0].name, "x");
