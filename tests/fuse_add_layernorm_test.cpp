@@ -18,15 +18,8 @@ namespace {
 using testing::count_ops;
 using testing::function;
 
-// Tolerance on every output (logits, memory). The interpreter's fused ops round where
-// their unfused forms do (linear: the dot in double rounded to float, then the bias added
-// in float, then relu; add_layernorm: the sum rounded to float, then layernorm; a merged
-// linear computes each output column with the same dot as the original), so the expected
-// difference is 0. 1e-5 (about 100 float ulps of these O(1) outputs) only leaves room for
-// a reordered accumulation, while a wiring mistake (a wrong slice offset, a dropped bias
-// or relu, a swapped weight) changes outputs by far more.
-constexpr double kTolerance = 1e-5;
-const std::vector<int64_t> kLengths = {1, 7, 33};
+using testing::kFusionLengths;
+using testing::kFusionTolerance;
 
 using ir::OpKind;
 
@@ -47,7 +40,7 @@ TEST(FuseAddLayerNorm, TinyFusesEveryResidualNorm) {
 TEST(FuseAddLayerNorm, TinyComputesTheSame) {
   ir::Module before = tiny();
   ir::Module after = testing::after_passes(before, {"fuse-add-layernorm"});
-  EXPECT_LE(testing::max_difference(before, after, kLengths), kTolerance);
+  EXPECT_LE(testing::max_difference(before, after, kFusionLengths), kFusionTolerance);
 }
 
 TEST(FuseAddLayerNorm, BaseCounts) {

@@ -151,4 +151,42 @@ inline const ir::Function& function(const ir::Module& m, const std::string& name
   return *f;
 }
 
+// The fusion tests' tolerance on every output (logits, memory). The interpreter's fused ops round
+// where their unfused forms do (linear: the dot in double rounded to float, then the bias added in
+// float, then relu; add_layernorm: the sum rounded to float, then layernorm; a merged linear
+// computes each output column with the same dot as the original), so the expected difference is 0.
+// 1e-5 (about 100 float ulps of these O(1) outputs) only leaves room for a reordered accumulation,
+// while a wiring mistake (a wrong slice offset, a dropped bias or relu, a swapped weight) changes
+// outputs by far more.
+constexpr double kFusionTolerance = 1e-5;
+// The lengths they run at.
+inline const std::vector<int64_t> kFusionLengths = {1, 7, 33};
+
+// Shorthands for building small modules in C++.
+inline ir::TensorType f32(std::vector<ir::Dim> shape) {
+  return ir::TensorType{ir::DType::f32, std::move(shape)};
+}
+inline ir::Dim sym(const char* s) { return ir::Dim::sym(s); }
+inline ir::Dim c(int64_t v) { return ir::Dim::constant(v); }
+
+// A module with one function `forward(x: f32[B,S,24])`: x · transpose(w) with w
+// f32[out,24]; the matmul's declared type is `declared`.
+inline ir::Module projection_module(const ir::TensorType& declared) {
+  ir::Module m;
+  m.name = "m";
+  m.symbols = {{"B", 4}, {"S", 16}};
+  m.declare_weight("w", f32({c(24), c(24)}));
+  ir::Function& f = m.functions.emplace_back();
+  f.name = "forward";
+  ir::ValueId x = f.add_param("x", f32({sym("B"), sym("S"), c(24)}));
+  ir::ValueId w =
+      f.add_op(ir::OpKind::weight, {}, f32({c(24), c(24)}), {{"name", std::string("w")}});
+  ir::ValueId wt = f.add_op(ir::OpKind::transpose, {w}, f32({c(24), c(24)}),
+                            {{"perm", std::vector<int64_t>{1, 0}}});
+  ir::ValueId y = f.add_op(ir::OpKind::matmul, {x, wt}, declared);
+  f.values[y].name = "y";
+  f.results = {y};
+  return m;
+}
+
 }  // namespace kiln::testing

@@ -10,6 +10,7 @@
 #include "ir/printer.h"
 #include "passes/shape_inference.h"
 #include "support/error.h"
+#include "tests/pass_harness.h"
 
 namespace kiln {
 namespace {
@@ -21,28 +22,10 @@ using ir::TensorType;
 
 using kiln::testing::error_of;
 
-TensorType f32(std::vector<Dim> shape) { return TensorType{DType::f32, std::move(shape)}; }
-Dim sym(const char* s) { return Dim::sym(s); }
-Dim c(int64_t v) { return Dim::constant(v); }
-
-// A module with one function `forward(x: f32[B,S,24])`: x · transpose(w) with w
-// f32[out,24]; the matmul's declared type is `declared`.
-ir::Module projection_module(const TensorType& declared) {
-  ir::Module m;
-  m.name = "m";
-  m.symbols = {{"B", 4}, {"S", 16}};
-  m.declare_weight("w", f32({c(24), c(24)}));
-  ir::Function& f = m.functions.emplace_back();
-  f.name = "forward";
-  ir::ValueId x = f.add_param("x", f32({sym("B"), sym("S"), c(24)}));
-  ir::ValueId w = f.add_op(OpKind::weight, {}, f32({c(24), c(24)}), {{"name", std::string("w")}});
-  ir::ValueId wt =
-      f.add_op(OpKind::transpose, {w}, f32({c(24), c(24)}), {{"perm", std::vector<int64_t>{1, 0}}});
-  ir::ValueId y = f.add_op(OpKind::matmul, {x, wt}, declared);
-  f.values[y].name = "y";
-  f.results = {y};
-  return m;
-}
+using testing::c;
+using testing::f32;
+using testing::projection_module;
+using testing::sym;
 
 TEST(ShapeInferenceTest, AcceptsTinyTransformerUnchanged) {
   ir::Module m = models::build_model("transformer", "tiny");
