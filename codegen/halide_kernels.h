@@ -20,6 +20,7 @@ struct KernelPipeline {
 // with avx512, 8 with avx2, 4 otherwise) and works for any runtime extent.
 KernelPipeline build_linear(const LinearKernel& spec, const Halide::Target& target);
 KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target& target);
+KernelPipeline build_step_attention(const StepAttentionKernel& spec, const Halide::Target& target);
 KernelPipeline build_layernorm(const LayerNormKernel& spec, const Halide::Target& target);
 KernelPipeline build_elementwise(const ElementwiseKernel& spec, const Halide::Target& target);
 

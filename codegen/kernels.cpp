@@ -65,6 +65,9 @@ std::string kernel_name(const KernelSpec& spec) {
     return fmt::format("kiln_attention_h{}_dk{}_dv{}{}{}_s{}", k->heads, k->dk, k->dv,
                        k->causal ? "_causal" : "", k->key_padding ? "_kpad" : "",
                        scale_tag(k->scale));
+  if (const auto* k = std::get_if<StepAttentionKernel>(&spec))
+    return fmt::format("kiln_{}_attention_h{}_dk{}_dv{}_s{}", k->memory ? "memory" : "cache",
+                       k->heads, k->dk, k->dv, scale_tag(k->scale));
   if (const auto* k = std::get_if<LayerNormKernel>(&spec))
     return fmt::format("kiln_{}layernorm_d{}_e{}", k->with_add ? "add_" : "", k->D,
                        scale_tag(k->eps));
@@ -108,6 +111,7 @@ Halide::Target parse_target(const std::string& target) {
 KernelPipeline build(const KernelSpec& spec, const Halide::Target& t) {
   if (const auto* k = std::get_if<LinearKernel>(&spec)) return build_linear(*k, t);
   if (const auto* k = std::get_if<AttentionKernel>(&spec)) return build_attention(*k, t);
+  if (const auto* k = std::get_if<StepAttentionKernel>(&spec)) return build_step_attention(*k, t);
   if (const auto* k = std::get_if<LayerNormKernel>(&spec)) return build_layernorm(*k, t);
   return build_elementwise(std::get<ElementwiseKernel>(spec), t);
 }

@@ -54,6 +54,22 @@ struct AttentionKernel {
   double scale = 1.0;
 };
 
+// Single-query attention of incremental decoding (the IR's cache_attention and
+// memory_attention): for hypothesis n, head h, key j < keys:
+//   s_j = (Σ_d q(h·dk+d, n) · k(h·dk+d, a1, a0)) · scale, -1e9 where masked,
+//   out(h·dv+e, n) = Σ_j softmax(s)_j · v(h·dv+e, a1, a0), where
+//   cache (memory = false): (a1, a0) = (index(j, n), j), keys = index's extent 0;
+//   memory (memory = true): (a1, a0) = (j, index(n)), keys = k's extent 1, masked where
+//   mask(j, index(n)) != 0.
+//   args: q f32 (c, n) [heads·dk × N], k f32 (c, a1, a0) [heads·dk × A1 × A0],
+//   v f32 (c, a1, a0) [heads·dv × A1 × A0], index i64 (j, n) [P × N] or (n) [N],
+//   mask uint8 (j, b) [S × B] (memory only), out f32 (c, n) [heads·dv × N] dense.
+struct StepAttentionKernel {
+  int64_t heads = 0, dk = 0, dv = 0;
+  bool memory = false;
+  double scale = 1.0;
+};
+
 // out(c, r) = layernorm over c of (x(c, r) [+ y(c, r)]) · gamma(c) + beta(c), biased
 // variance, eps inside the square root.
 //   args: x f32 (c, r) [D × R], y f32 (c, r) (when with_add), gamma f32 (c) [D],
@@ -86,7 +102,8 @@ struct ElementwiseKernel {
   std::string signature() const;  // canonical text: equal kernels share one function
 };
 
-using KernelSpec = std::variant<LinearKernel, AttentionKernel, LayerNormKernel, ElementwiseKernel>;
+using KernelSpec = std::variant<LinearKernel, AttentionKernel, StepAttentionKernel, LayerNormKernel,
+                                ElementwiseKernel>;
 
 // A C identifier naming the kernel, unique per spec (e.g. "linear_k512_n2048_relu").
 std::string kernel_name(const KernelSpec& spec);

@@ -88,6 +88,7 @@ class Lowerer {
   explicit Lowerer(const ir::Module& m) : m_(m) {
     for (const ir::Symbol& s : m.symbols) out_.plan.symbols.push_back({s.name, s.max});
     out_.plan.model = m.name;
+    out_.plan.config.assign(m.config.begin(), m.config.end());
   }
 
   LoweredModel run() {
@@ -218,7 +219,7 @@ class Lowerer {
     const std::vector<int> uses = passes::use_counts(f);
 
     std::map<ir::ValueId, View> views;
-    std::map<ir::ValueId, int32_t> result_index;
+    std::map<ir::ValueId, int32_t> result_index, param_index;
     for (size_t r = 0; r < f.results.size(); ++r) {
       ir::ValueId v = f.results[r];
       if (result_index.count(v)) fail("function '{}' returns one value twice", f.name);
@@ -237,12 +238,26 @@ class Lowerer {
       for (const ir::Dim& d : f.type(v).shape) t.shape.push_back(dim(d));
       for (const ir::Op& op : f.ops)  // ids are checked against the smallest table they index
         if (op.kind == OpKind::gather && op.operands[1] == v) {
-          int64_t rows = f.type(op.operands[0]).shape[0].value;
-          t.id_limit = t.id_limit == 0 ? rows : std::min(t.id_limit, rows);
+          const int64_t rows = f.type(op.operands[0]).shape[0].value;
+          if (t.id_limits.empty())
+            t.id_limits.push_back({DimExpr::constant(rows), "token id"});
+          else
+            t.id_limits[0].limit.coeff = std::min(t.id_limits[0].limit.coeff, rows);
         }
       fd.params.push_back(std::move(t));
       views[v] = dense_view(f.type(v), Storage::param, static_cast<int32_t>(p), 0);
+      param_index[v] = static_cast<int32_t>(p);
     }
+    // An index operand that is a parameter is checked at run time against `limit`.
+    auto limit_param = [&](ir::ValueId v, const ir::Dim& limit, const char* what) {
+      auto it = param_index.find(v);
+      if (it == param_index.end()) return;
+      fd.params[static_cast<size_t>(it->second)].id_limits.push_back({dim(limit), what});
+    };
+    auto check_le = [&](const ir::Dim& lhs, const ir::Dim& rhs, std::string what) {
+      if (!lhs.is_symbolic() && !rhs.is_symbolic()) return;  // checked by the type rule
+      fd.checks.push_back({dim(lhs), dim(rhs), std::move(what)});
+    };
 
     // Where a computed value is written.
     auto output_view = [&](const ir::Op& op) {
@@ -297,6 +312,28 @@ class Lowerer {
       for (ir::ValueId o : d.operands) user_depth[o] = std::max(user_depth[o], depth);
     }
     auto inlined = [&](ir::ValueId v) { return inlined_value[v]; };
+    // A view (reshape, slice) that the function returns: copied into the caller's buffer
+    // where it is defined (its operand is live there), e.g. one of the keys and values a
+    // merged projection computes together.
+    auto copy_if_result = [&](const ir::Op& op) {
+      if (!result_index.count(op.result)) return;
+      const ir::TensorType& t = f.type(op.result);
+      ElementwiseKernel k;
+      k.out_rank = static_cast<int>(t.rank());
+      ElementwiseKernel::Node n;
+      n.op = "input";
+      n.input = 0;
+      n.dtype = node_dtype(t.dtype);
+      n.rank = static_cast<int>(t.rank());
+      n.broadcast.assign(t.rank(), false);
+      k.nodes.push_back(std::move(n));
+      View out = output_view(op);
+      rt::StepDesc st{kernel_index(k), fmt::format("copy %{}", op.result), {}};
+      st.args.push_back(views.at(op.result).halide());
+      st.args.push_back(out.halide());
+      fd.steps.push_back(std::move(st));
+      views[op.result] = out;
+    };
 
     for (const ir::Op& op : f.ops) {
       const ir::TensorType& type = f.type(op.result);
@@ -313,6 +350,7 @@ class Lowerer {
           View v = dense_view(type, src.storage, src.index, src.byte_offset);
           v.elem_offset = src.elem_offset;
           views[op.result] = v;
+          copy_if_result(op);
           continue;
         }
         case OpKind::slice: {
@@ -330,6 +368,73 @@ class Lowerer {
           }
           v.extents[axis] = dim(type.shape[axis]);
           views[op.result] = v;
+          copy_if_result(op);
+          continue;
+        }
+        case OpKind::cache_write: {
+          // In place: the cache is a parameter read only here, and the result is returned,
+          // so the caller's cache buffer serves as both (the runtime insists on it).
+          const ir::ValueId cache = op.operands[0];
+          auto p = param_index.find(cache);
+          auto r = result_index.find(op.result);
+          if (p == param_index.end() || uses[cache] != 1 || r == result_index.end())
+            fail(
+                "{}function '{}': cache_write {} must update a parameter that nothing else "
+                "reads and be a result of the function (compiled code writes the cache in place)",
+                ir::line_prefix(op.loc), f.name, passes::value_label(f, op.result));
+          if (param_index.find(op.operands[2]) == param_index.end())
+            fail("{}function '{}': cache_write {} must take its position from a parameter",
+                 ir::line_prefix(op.loc), f.name, passes::value_label(f, op.result));
+          const View& x = view_of(op.operands[1], op);
+          if (x.storage != Storage::param && x.storage != Storage::arena)
+            fail("{}function '{}': cache_write {} writes rows of a weight or table",
+                 ir::line_prefix(op.loc), f.name, passes::value_label(f, op.result));
+          const ir::TensorType& ct = f.type(cache);
+          fd.results[static_cast<size_t>(r->second)].updates_param = p->second;
+          limit_param(op.operands[2], ct.shape[0], "position");
+          check_le(f.type(op.operands[1]).shape[0], ct.shape[1],
+                   fmt::format("the rows of '{}' must fit in the slots of cache '{}'",
+                               f.values[op.operands[1]].name.empty()
+                                   ? passes::value_label(f, op.operands[1])
+                                   : f.values[op.operands[1]].name,
+                               f.values[cache].name));
+          View out = output_view(op);
+          rt::StepDesc st{
+              -1, fmt::format("cache_write %{}", op.result), {}, rt::Builtin::cache_write};
+          st.args.push_back(rows_view(f, x, "input", op));
+          st.args.push_back(view_of(op.operands[2], op).halide());
+          st.args.push_back(out.halide());
+          fd.steps.push_back(std::move(st));
+          views[op.result] = out;
+          continue;
+        }
+        case OpKind::cache_attention:
+        case OpKind::memory_attention: {
+          const bool memory = op.kind == OpKind::memory_attention;
+          const ir::TensorType& q = f.type(op.operands[0]);
+          const ir::TensorType& kt = f.type(op.operands[1]);
+          const ir::TensorType& vt = f.type(op.operands[2]);
+          const int64_t heads = op.int_attr("heads");
+          StepAttentionKernel k{heads, q.shape[2].value / heads, vt.shape[2].value / heads, memory,
+                                op.float_attr("scale")};
+          const ir::ValueId index = op.operands[3];
+          if (memory) {
+            limit_param(index, kt.shape[0], "source row");
+          } else {
+            limit_param(index, kt.shape[1], "cache slot");
+            check_le(
+                f.type(index).shape[1], kt.shape[0],
+                fmt::format("the positions of '{}' must fit in the cache", f.values[index].name));
+          }
+          View out = output_view(op);
+          rt::StepDesc st{
+              kernel_index(k), fmt::format("{} %{}", ir::op_name(op.kind), op.result), {}};
+          st.args.push_back(rows_view(f, view_of(op.operands[0], op), "query", op));
+          for (size_t i = 1; i < op.operands.size(); ++i)
+            st.args.push_back(view_of(op.operands[i], op).halide());
+          st.args.push_back(rows_view(f, out, "output", op));
+          fd.steps.push_back(std::move(st));
+          views[op.result] = out;
           continue;
         }
         case OpKind::sinusoid_table: {

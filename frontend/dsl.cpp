@@ -248,6 +248,18 @@ Tensor softmax(Tensor x, int64_t axis, Loc loc) {
 Tensor layernorm(Tensor x, Tensor gamma, Tensor beta, double eps, Loc loc) {
   return emit(OpKind::layernorm, {x, gamma, beta}, {{"eps", eps}}, loc);
 }
+Tensor cache_write(Tensor cache, Tensor x, Tensor pos, Loc loc) {
+  return emit(OpKind::cache_write, {cache, x, pos}, {}, loc);
+}
+Tensor cache_attention(Tensor q, Tensor k, Tensor v, Tensor rows, int64_t heads, double scale,
+                       Loc loc) {
+  return emit(OpKind::cache_attention, {q, k, v, rows}, {{"heads", heads}, {"scale", scale}}, loc);
+}
+Tensor memory_attention(Tensor q, Tensor k, Tensor v, Tensor src_row, Tensor key_pad, int64_t heads,
+                        double scale, Loc loc) {
+  return emit(OpKind::memory_attention, {q, k, v, src_row, key_pad},
+              {{"heads", heads}, {"scale", scale}}, loc);
+}
 Tensor reduce_sum(Tensor x, std::vector<int64_t> axes, bool keepdims, Loc loc) {
   return emit(OpKind::reduce_sum, {x}, {{"axes", std::move(axes)}, {"keepdims", int64_t{keepdims}}},
               loc);

@@ -160,6 +160,15 @@ Tensor reduce_mean(Tensor x, std::vector<int64_t> axes, bool keepdims = false,
                    Loc loc = Loc::current());
 Tensor argmax(Tensor x, int64_t axis, Loc loc = Loc::current());
 
+// Incremental decoding (see ir.h): the cache with rows [pos, n, :] replaced by x[n, 0, :],
+// and single-query attention over a cache (through a row table) or over encoder memory
+// (through each query's source row, with a key padding mask).
+Tensor cache_write(Tensor cache, Tensor x, Tensor pos, Loc loc = Loc::current());
+Tensor cache_attention(Tensor q, Tensor k, Tensor v, Tensor rows, int64_t heads, double scale,
+                       Loc loc = Loc::current());
+Tensor memory_attention(Tensor q, Tensor k, Tensor v, Tensor src_row, Tensor key_pad, int64_t heads,
+                        double scale, Loc loc = Loc::current());
+
 // Sources built in `fb`.
 Tensor sinusoid_table(FunctionBuilder& fb, int64_t rows, int64_t dim, Loc loc = Loc::current());
 Tensor iota(FunctionBuilder& fb, DType dtype, std::vector<Dim> shape, int64_t axis,

@@ -3,6 +3,8 @@
 
 #include <cmath>
 
+#include <fmt/format.h>
+
 #include "support/error.h"
 
 namespace kiln::nn {
@@ -111,6 +113,75 @@ Tensor causal_padding_mask(Tensor ids, int64_t pad_id) {
   return dsl::logical_or(key_padding_mask(ids, pad_id), dsl::gt(col, row));
 }
 
+namespace {
+
+// prepare and decode_step (see nn.h), built from the same weights as forward.
+void add_decoding(dsl::ModelBuilder& mb, const TransformerConfig& c, const Dim& B, const Dim& S) {
+  const Dim T = Dim::sym("T"), N = mb.symbol("N", c.max_batch * c.max_beam);
+  const Dim P = mb.symbol("P", c.max_len), C = mb.symbol("C", c.max_batch * c.max_beam);
+  const Dim D = Dim::constant(c.d_model);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.d_model / c.heads));
+  auto layer = [](int64_t l) { return "decoder.layers." + std::to_string(l); };
+  {
+    FunctionBuilder& f = mb.function("prepare");
+    Tensor src = f.input("src", DType::i64, {B, S});
+    Tensor memory =
+        Encoder{&c}(embed("src_embed", src, c, c.src_vocab), key_padding_mask(src, c.pad_id));
+    for (int64_t l = 0; l < c.dec_layers; ++l) {
+      const std::string p = layer(l) + ".cross_attn";
+      f.output(Linear{p + ".w_k", c.d_model, c.d_model}(memory), "mem_k" + std::to_string(l));
+      f.output(Linear{p + ".w_v", c.d_model, c.d_model}(memory), "mem_v" + std::to_string(l));
+    }
+  }
+  FunctionBuilder& f = mb.function("decode_step");
+  Tensor tok = f.input("tok", DType::i64, {N, Dim::constant(1)});
+  Tensor pos = f.input("pos", DType::i64, {Dim::constant(1)});
+  Tensor rows = f.input("rows", DType::i64, {N, P});
+  Tensor src_row = f.input("src_row", DType::i64, {N});
+  Tensor src = f.input("src", DType::i64, {B, S});
+  std::vector<Tensor> mem, cache;
+  for (int64_t l = 0; l < c.dec_layers; ++l)
+    for (const char* kv : {"mem_k", "mem_v"})
+      mem.push_back(f.input(kv + std::to_string(l), DType::f32, {B, S, D}));
+  for (int64_t l = 0; l < c.dec_layers; ++l)
+    for (const char* kv : {"cache_k", "cache_v"})
+      cache.push_back(f.input(kv + std::to_string(l), DType::f32, {T, C, D}));
+  Tensor src_pad = dsl::eq(src, dsl::scalar(src, static_cast<double>(c.pad_id)));
+
+  // The new token at position pos: emb(tok) * sqrt(d_model) + PE[pos].
+  Tensor x;
+  {
+    ScopeGuard scope(f, "tgt_embed");
+    Tensor e = dsl::gather(f.weight("tgt_embed.weight", {c.tgt_vocab, c.d_model}), tok);
+    x = e * static_cast<double>(static_cast<float>(std::sqrt(static_cast<double>(c.d_model))));
+    x = x + dsl::gather(dsl::sinusoid_table(f, c.max_len, c.d_model), pos);
+  }
+  std::vector<Tensor> updated;
+  for (int64_t l = 0; l < c.dec_layers; ++l) {
+    const std::string p = layer(l);
+    ScopeGuard scope(f, p);
+    auto proj = [&](const std::string& name, Tensor in) {
+      return Linear{p + name, c.d_model, c.d_model}(in);
+    };
+    Tensor k = dsl::cache_write(cache[2 * l], proj(".self_attn.w_k", x), pos);
+    Tensor v = dsl::cache_write(cache[2 * l + 1], proj(".self_attn.w_v", x), pos);
+    updated.push_back(k);
+    updated.push_back(v);
+    Tensor a = dsl::cache_attention(proj(".self_attn.w_q", x), k, v, rows, c.heads, scale);
+    x = LayerNorm{p + ".norm1", c.d_model}(x + proj(".self_attn.w_o", a));
+    Tensor m = dsl::memory_attention(proj(".cross_attn.w_q", x), mem[2 * l], mem[2 * l + 1],
+                                     src_row, src_pad, c.heads, scale);
+    x = LayerNorm{p + ".norm2", c.d_model}(x + proj(".cross_attn.w_o", m));
+    x = LayerNorm{p + ".norm3", c.d_model}(x + FeedForward{p + ".ffn", c.d_model, c.d_ff}(x));
+  }
+  x = LayerNorm{"decoder.norm", c.d_model}(x);
+  f.output(Linear{"generator", c.d_model, c.tgt_vocab}(x), "logits");
+  for (size_t i = 0; i < updated.size(); ++i)
+    f.output(updated[i], fmt::format("cache_{}{}_out", i % 2 ? 'v' : 'k', i / 2));
+}
+
+}  // namespace
+
 ir::Module build_transformer(const TransformerConfig& c) {
   auto positive = [](const char* key, int64_t v) {
     if (v < 1) fail("config '{}' is {}, expected a positive integer", key, v);
@@ -122,6 +193,7 @@ ir::Module build_transformer(const TransformerConfig& c) {
   positive("d_ff", c.d_ff);
   positive("max_len", c.max_len);
   positive("max_batch", c.max_batch);
+  positive("max_beam", c.max_beam);
   if (c.enc_layers < 0 || c.dec_layers < 0) fail("config layer counts must not be negative");
   // The IR grows with the layer count (sizes are bounded by the verifier's 2^48 bytes per
   // tensor): refuse an absurd count before building it.
@@ -142,7 +214,7 @@ ir::Module build_transformer(const TransformerConfig& c) {
       {"src_vocab", c.src_vocab},   {"tgt_vocab", c.tgt_vocab}, {"d_model", c.d_model},
       {"heads", c.heads},           {"d_ff", c.d_ff},           {"enc_layers", c.enc_layers},
       {"dec_layers", c.dec_layers}, {"pad_id", c.pad_id},       {"max_len", c.max_len},
-      {"max_batch", c.max_batch}};
+      {"max_batch", c.max_batch},   {"max_beam", c.max_beam}};
   for (const auto& [k, v] : keys) mb.set_config(k, std::to_string(v));
 
   {
@@ -162,6 +234,7 @@ ir::Module build_transformer(const TransformerConfig& c) {
         Encoder{&c}(embed("src_embed", src, c, c.src_vocab), key_padding_mask(src, c.pad_id));
     f.output(memory, "memory");
   }
+  add_decoding(mb, c, B, S);
   return mb.finish();
 }
 

@@ -47,6 +47,7 @@ struct MultiHeadAttention {
 struct TransformerConfig {
   int64_t src_vocab = 32000, tgt_vocab = 32000, d_model = 512, heads = 8, d_ff = 2048;
   int64_t enc_layers = 6, dec_layers = 6, pad_id = 0, max_len = 128, max_batch = 16;
+  int64_t max_beam = 4;  // decoding: up to max_batch × max_beam hypotheses at once
 };
 
 // x = norm1(x + self_attn(x, mask)); x = norm2(x + ffn(x)).
@@ -86,8 +87,18 @@ Tensor causal_padding_mask(Tensor ids, int64_t pad_id);
 // The encoder–decoder Transformer with entry points
 //   forward(src i64[B,S], tgt i64[B,T]) -> logits f32[B,T,tgt_vocab]
 //   encode(src i64[B,S]) -> memory f32[B,S,d_model]
-// Symbols: B (max max_batch), S and T (max max_len). Throws kiln::Error for a bad
-// config (e.g. d_model not divisible by heads).
+//   prepare(src i64[B,S]) -> mem_k<l>, mem_v<l> f32[B,S,d_model] for each decoder layer l:
+//     the encoder output projected once into every layer's cross-attention keys, values
+//   decode_step(tok i64[N,1], pos i64[1], rows i64[N,P], src_row i64[N], src i64[B,S],
+//               mem_k<l>, mem_v<l> f32[B,S,d_model]..., cache_k<l>, cache_v<l> f32[T,C,d_model]...)
+//     -> logits f32[N,1,tgt_vocab], cache_k<l>_out, cache_v<l>_out...
+//     one decoder step for N hypotheses at position pos (all at the same step): the new
+//     token's keys and values are written into the caches at [pos, n] (the results are the
+//     caches updated in place: compiled code requires the same buffers), and hypothesis n
+//     attends to the cached positions j < P through rows[n, j] (the cache slot holding its
+//     key at position j; P = pos + 1) and to source sentence src_row[n].
+// Symbols: B (max max_batch), S and T (max max_len), N and C (max max_batch·max_beam), P (max
+// max_len). Throws kiln::Error for a bad config (e.g. d_model not divisible by heads).
 ir::Module build_transformer(const TransformerConfig& cfg);
 
 }  // namespace kiln::nn

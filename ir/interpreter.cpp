@@ -777,6 +777,78 @@ Tensor eval_attention(const Op& op, const Tensor& q, const Tensor& k, const Tens
   return r;
 }
 
+// An index read from `ids` at flat position p, checked against [0, limit).
+int64_t checked_index(const Tensor& ids, int64_t p, int64_t limit, const std::string& ids_name,
+                      const char* what) {
+  const int64_t id = ids.ints[p];
+  if (id < 0 || id >= limit)
+    fail("{} {} at {}{} is out of range [0, {})", what, id, ids_name,
+         shape_str(unravel(p, ids.shape)), limit);
+  return id;
+}
+
+Tensor eval_cache_write(const Tensor& cache, const Tensor& x, const Tensor& pos, const Shape& shape,
+                        const std::string& pos_name) {
+  KILN_ASSERT(rank_of(cache) == 3 && rank_of(x) == 3 && x.shape[1] == 1 &&
+                  x.shape[2] == cache.shape[2] && pos.numel() == 1 && shape == cache.shape,
+              "cache_write operand shapes");
+  const int64_t slots = cache.shape[1], d = cache.shape[2];
+  if (x.shape[0] > slots) fail("cache_write: {} rows for a cache of {} slots", x.shape[0], slots);
+  const int64_t t = checked_index(pos, 0, cache.shape[0], pos_name, "position");
+  Tensor r = cache;
+  for (int64_t n = 0; n < x.shape[0]; ++n)
+    for (int64_t e = 0; e < d; ++e) r.f[(t * slots + n) * d + e] = x.f[n * d + e];
+  return r;
+}
+
+// cache_attention and memory_attention: one query row per sequence n; key j of row n is
+// k[key_row(n, j), key_col(n, j)] (a row of the [A0, A1, H·dk] tensor k).
+Tensor eval_step_attention(const Op& op, const Tensor& q, const Tensor& k, const Tensor& v,
+                           const Tensor& index, const Tensor* key_pad, const Shape& shape,
+                           const std::string& index_name) {
+  const int64_t heads = op.int_attr("heads");
+  const float scale = static_cast<float>(op.float_attr("scale"));
+  const bool cache = op.kind == OpKind::cache_attention;
+  KILN_ASSERT(rank_of(q) == 3 && rank_of(k) == 3 && rank_of(v) == 3 && q.shape[1] == 1,
+              "step attention operand ranks");
+  const int64_t rows = q.shape[0], a1 = k.shape[1];
+  const int64_t dk = q.shape[2] / heads, dv = v.shape[2] / heads;
+  KILN_ASSERT(shape == (Shape{rows, 1, heads * dv}), "step attention result shape");
+  // Keys per row: P (the row table's width; at most the cache's T) or S.
+  const int64_t lk = cache ? index.shape[1] : k.shape[1];
+  if (cache && lk > k.shape[0])
+    fail("cache_attention: {} has {} positions, more than the cache's {}", index_name, lk,
+         k.shape[0]);
+  Tensor r = Tensor::zeros(DType::f32, shape);
+  std::vector<int64_t> key_at(lk);  // the row of k (flattened [A0·A1]) holding key j
+  std::vector<float> scores(lk);
+  for (int64_t n = 0; n < rows; ++n) {
+    const int64_t b = cache ? 0 : checked_index(index, n, k.shape[0], index_name, "source row");
+    for (int64_t j = 0; j < lk; ++j)
+      key_at[j] = cache ? j * a1 + checked_index(index, n * lk + j, a1, index_name, "cache slot")
+                        : b * a1 + j;
+    for (int64_t h = 0; h < heads; ++h) {
+      for (int64_t j = 0; j < lk; ++j) {
+        double dot = 0;
+        for (int64_t d = 0; d < dk; ++d)
+          dot += static_cast<double>(q.f[n * heads * dk + h * dk + d]) *
+                 static_cast<double>(k.f[key_at[j] * heads * dk + h * dk + d]);
+        const bool masked = key_pad && key_pad->ints[b * a1 + j] != 0;
+        scores[j] = masked ? -1e9f : static_cast<float>(dot) * scale;
+      }
+      const std::vector<float> p = softmax_of(scores);
+      for (int64_t e = 0; e < dv; ++e) {
+        double sum = 0;
+        for (int64_t j = 0; j < lk; ++j)
+          sum += static_cast<double>(p[j]) *
+                 static_cast<double>(v.f[key_at[j] * heads * dv + h * dv + e]);
+        r.f[n * heads * dv + h * dv + e] = static_cast<float>(sum);
+      }
+    }
+  }
+  return r;
+}
+
 // ---------------------------------------------------------------------------------
 
 class Interpreter {
@@ -1048,6 +1120,16 @@ class Interpreter {
       case OpKind::attention:
         r = eval_attention(op, operand(op, 0), operand(op, 1), operand(op, 2),
                            op.operands.size() == 4 ? &operand(op, 3) : nullptr, shape);
+        break;
+      case OpKind::cache_write:
+        r = eval_cache_write(operand(op, 0), operand(op, 1), operand(op, 2), shape,
+                             label(op.operands[2]));
+        break;
+      case OpKind::cache_attention:
+      case OpKind::memory_attention:
+        r = eval_step_attention(op, operand(op, 0), operand(op, 1), operand(op, 2), operand(op, 3),
+                                op.operands.size() == 5 ? &operand(op, 4) : nullptr, shape,
+                                label(op.operands[3]));
         break;
     }
     KILN_ASSERT(r.dtype == dtype && r.shape == shape,

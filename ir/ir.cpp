@@ -103,6 +103,9 @@ constexpr OpInfo kOps[] = {
     {OpKind::linear, "linear"},
     {OpKind::add_layernorm, "add_layernorm"},
     {OpKind::attention, "attention"},
+    {OpKind::cache_write, "cache_write"},
+    {OpKind::cache_attention, "cache_attention"},
+    {OpKind::memory_attention, "memory_attention"},
 };
 }  // namespace
 

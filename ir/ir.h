@@ -102,6 +102,13 @@ enum class OpKind {
   linear,         // (x, W[N,K], b[N]) {act}: x·Wᵀ + b, act "none" | "relu"
   add_layernorm,  // (x, y, gamma, beta) {eps}: layernorm(x + y)
   attention,      // see passes/fuse_attention.h for operands and attributes
+  // Incremental decoding (one new query row per sequence; see docs/generation.md).
+  cache_write,       // (cache[T,C,D], x[N,1,D], pos i64[1]): the cache with rows
+                     // [pos, n, :] = x[n, 0, :] for n < N; N <= C, 0 <= pos < T
+  cache_attention,   // (q[N,1,H·dk], k[T,C,H·dk], v[T,C,H·dv], rows i64[N,P]) {heads, scale}:
+                     // query n attends to keys j < P at k[j, rows[n,j]]; P <= T
+  memory_attention,  // (q[N,1,H·dk], k[B,S,H·dk], v[B,S,H·dv], src_row i64[N],
+                     // key_pad bool[B,S]) {heads, scale}: query n attends to k[src_row[n]]
 };
 
 const char* op_name(OpKind kind);

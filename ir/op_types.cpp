@@ -99,6 +99,9 @@ std::vector<AttrSpec> attr_specs(OpKind kind) {
     case OpKind::attention:
       return {
           {"heads", T::integer, true}, {"scale", T::number, true}, {"causal", T::integer, false}};
+    case OpKind::cache_attention:
+    case OpKind::memory_attention:
+      return {{"heads", T::integer, true}, {"scale", T::number, true}};
     default:
       return {};
   }
@@ -198,6 +201,13 @@ std::string check_attrs(OpKind kind, const Attrs& attrs) {
       if (!std::isfinite(number("scale")))
         return fmt::format("attribute 'scale' must be finite, got {}", number("scale"));
       return flag("causal");
+    case OpKind::cache_attention:
+    case OpKind::memory_attention:
+      if (integer("heads") < 1)
+        return fmt::format("attribute 'heads' must be >= 1, got {}", integer("heads"));
+      if (!std::isfinite(number("scale")))
+        return fmt::format("attribute 'scale' must be finite, got {}", number("scale"));
+      break;
     default:
       break;
   }
@@ -553,6 +563,55 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
         TensorType want{DType::boolean, {k.shape[0], k.shape[1]}};
         if (!(in[3] == want))
           return err("key padding mask {} must be {}", to_string(in[3]), to_string(want));
+      }
+      return ok(TensorType{DType::f32, {q.shape[0], q.shape[1], v.shape[2]}});
+    }
+    case OpKind::cache_write: {
+      // cache_write(cache f32[T,C,D], x f32[N,1,D], pos i64[1]) -> f32[T,C,D]
+      KILN_CHECK(want_operands(3, 3));
+      const TensorType &cache = in[0], &x = in[1], &pos = in[2];
+      if (cache.dtype != DType::f32 || cache.rank() != 3 || x.dtype != DType::f32 ||
+          x.rank() != 3 || !x.shape[1].is_const(1) || !(x.shape[2] == cache.shape[2]))
+        return err("expects cache f32[T,C,D] and x f32[N,1,D], got {} and {}", to_string(cache),
+                   to_string(x));
+      if (!(pos == TensorType{DType::i64, {Dim::constant(1)}}))
+        return err("position {} must be i64[1]", to_string(pos));
+      if (dim_max(m, x.shape[0]) > dim_max(m, cache.shape[1]) || dim_max(m, cache.shape[1]) < 1)
+        return err("x {} has up to {} rows, more than the cache {} has slots", to_string(x),
+                   dim_max(m, x.shape[0]), to_string(cache));
+      return ok(cache);
+    }
+    case OpKind::cache_attention:
+    case OpKind::memory_attention: {
+      // cache_attention(q f32[N,1,H*Dk], k f32[T,C,H*Dk], v f32[T,C,H*Dv], rows i64[N,P])
+      // memory_attention(q f32[N,1,H*Dk], k f32[B,S,H*Dk], v f32[B,S,H*Dv], src_row i64[N],
+      //                  key_pad bool[B,S])
+      const bool cache = kind == OpKind::cache_attention;
+      KILN_CHECK(want_operands(cache ? 4 : 5, cache ? 4 : 5));
+      const int64_t heads = int_at(attrs, "heads");
+      const TensorType &q = in[0], &k = in[1], &v = in[2];
+      for (const TensorType* t : {&q, &k, &v})
+        if (t->dtype != DType::f32 || t->rank() != 3)
+          return err("q, k, v must be f32 of rank 3, got {}", type_list(in));
+      if (!q.shape[1].is_const(1) || !(k.shape[0] == v.shape[0]) || !(k.shape[1] == v.shape[1]) ||
+          !(q.shape[2] == k.shape[2]))
+        return err("q {}, k {}, v {} do not agree", to_string(q), to_string(k), to_string(v));
+      for (const TensorType* t : {&q, &v})
+        if (t->shape[2].is_symbolic() || t->shape[2].value % heads != 0)
+          return err("feature size of {} is not divisible by {} heads", to_string(*t), heads);
+      const TensorType& rows = in[3];
+      if (cache) {
+        if (rows.dtype != DType::i64 || rows.rank() != 2 || !(rows.shape[0] == q.shape[0]))
+          return err("row table {} must be i64[{},P]", to_string(rows), to_string(q.shape[0]));
+        if (dim_max(m, rows.shape[1]) > dim_max(m, k.shape[0]))
+          return err("row table {} reaches up to {} positions, more than the cache {} holds",
+                     to_string(rows), dim_max(m, rows.shape[1]), to_string(k));
+      } else {
+        if (!(rows == TensorType{DType::i64, {q.shape[0]}}))
+          return err("source rows {} must be i64[{}]", to_string(rows), to_string(q.shape[0]));
+        TensorType want{DType::boolean, {k.shape[0], k.shape[1]}};
+        if (!(in[4] == want))
+          return err("key padding mask {} must be {}", to_string(in[4]), to_string(want));
       }
       return ok(TensorType{DType::f32, {q.shape[0], q.shape[1], v.shape[2]}});
     }

@@ -19,6 +19,7 @@
 #include "HalideRuntime.h"
 #include "kiln/runtime.h"
 #include "runtime/cpu_features.h"
+#include "runtime/generate.h"
 #include "runtime/plan.h"
 #include "runtime/safetensors.h"
 #include "runtime/weights.h"
@@ -331,24 +332,32 @@ struct kiln_model {
           if (uint8_t v = static_cast<const uint8_t*>(t.data)[e]; v > 1)
             fail("input '{}' holds {} at element {}; bool elements must be 0 or 1", want.name, v,
                  e);
-      if (want.id_limit > 0) {
-        for (int64_t e = 0; e < n_el; ++e) {
+    }
+    for (size_t s = 0; s < syms.size(); ++s)
+      if (syms[s] < 0) syms[s] = 1;  // a symbol no input of this entry point uses
+    for (const auto& c : f.checks)
+      if (int64_t lhs = c.lhs.eval(syms), rhs = c.rhs.eval(syms); lhs > rhs)
+        fail("entry point '{}': {} ({} > {})", f.name, c.what, lhs, rhs);
+    // Ids and indices, once every size they are checked against is bound.
+    for (size_t p = 0; p < f.params.size(); ++p) {
+      const auto& want = f.params[p];
+      const kiln_tensor& t = *(*ordered)[p];
+      std::vector<int64_t> shape(t.shape, t.shape + t.rank);
+      const int64_t n_el = numel_of(shape);
+      for (const auto& [limit_expr, what] : want.id_limits)
+        for (int64_t e = 0, limit = limit_expr.eval(syms); e < n_el; ++e) {
           int64_t id = t.dtype == KILN_I64 ? static_cast<const int64_t*>(t.data)[e]
                                            : static_cast<const int32_t*>(t.data)[e];
-          if (id < 0 || id >= want.id_limit) {
+          if (id < 0 || id >= limit) {
             std::string index;
             for (int64_t r = e, d = t.rank - 1; d >= 0; --d) {
               index = std::to_string(r % shape[d]) + (index.empty() ? "" : ",") + index;
               r /= shape[d];
             }
-            fail("token id {} at '{}'[{}] is out of range [0, {})", id, want.name, index,
-                 want.id_limit);
+            fail("{} {} at '{}'[{}] is out of range [0, {})", what, id, want.name, index, limit);
           }
         }
-      }
     }
-    for (size_t s = 0; s < syms.size(); ++s)
-      if (syms[s] < 0) syms[s] = 1;  // a symbol no input of this entry point uses
     return syms;
   }
 
@@ -373,6 +382,44 @@ struct kiln_model {
       outputs[i].rank = static_cast<int32_t>(s.size());
       for (size_t d = 0; d < s.size(); ++d) outputs[i].shape[d] = s[d];
     }
+  }
+
+  // The builtin cache_write (plan.h): x (d, n) -> cache(d, n, pos), in the result buffer
+  // that is the cache parameter's. Bounds were checked when binding (pos < T by its id
+  // limit, N <= C by the function's checks); they are asserted again here.
+  void cache_write(const kiln::rt::StepDesc& step, const std::vector<const uint8_t*>& param_data,
+                   const uint8_t* arena_data, const std::vector<uint8_t*>& result_data,
+                   const std::vector<int64_t>& result_bytes, const std::vector<int64_t>& syms) {
+    const BufferDesc &x = step.args[0], &pos = step.args[1], &cache = step.args[2];
+    KILN_ASSERT(x.storage != Storage::result && pos.storage == Storage::param &&
+                    cache.storage == Storage::result && cache.byte_offset == 0,
+                fmt::format("step '{}': a cache_write's buffers are misplaced", step.op));
+    const int64_t d = x.extents[0].eval(syms), n = x.extents[1].eval(syms);
+    const int64_t c = cache.extents[1].eval(syms), t = cache.extents[2].eval(syms);
+    const int64_t at =
+        *reinterpret_cast<const int64_t*>(param_data[pos.index] + pos.elem_offset.eval(syms) * 8);
+    KILN_ASSERT(d == cache.extents[0].eval(syms) && n <= c && at >= 0 && at < t,
+                fmt::format("step '{}': cache_write out of bounds", step.op));
+    const int64_t x_row = x.strides[1].eval(syms), c_slot = cache.strides[1].eval(syms),
+                  c_pos = cache.strides[2].eval(syms);
+    KILN_ASSERT((at * c_pos + (c - 1) * c_slot + d) * 4 <= result_bytes[cache.index],
+                fmt::format("step '{}': cache_write outside the cache", step.op));
+    const uint8_t* src_base = nullptr;
+    switch (x.storage) {
+      case Storage::param:
+        src_base = param_data[x.index];
+        break;
+      case Storage::arena:
+        src_base = arena_data;
+        break;
+      default:
+        fail("step '{}': a cache_write reads from unsupported storage", step.op);
+    }
+    const float* src =
+        reinterpret_cast<const float*>(src_base + x.byte_offset) + x.elem_offset.eval(syms);
+    float* dst = reinterpret_cast<float*>(result_data[cache.index]) + at * c_pos;
+    for (int64_t r = 0; r < n; ++r)
+      std::memcpy(dst + r * c_slot, src + r * x_row, static_cast<size_t>(d) * sizeof(float));
   }
 
   void run(const char* fname, const kiln_tensor* inputs, size_t n_in, kiln_tensor* outputs,
@@ -430,6 +477,10 @@ struct kiln_model {
              outputs[r].capacity);
       if (!outputs[r].data) fail("output '{}' has no data", name);
       result_data[r] = static_cast<uint8_t*>(outputs[r].data);
+      if (const int32_t p = f.results[r].updates_param;
+          p >= 0 && outputs[r].data != ordered[p]->data)
+        fail("output '{}' updates input '{}' in place: pass the same buffer for both", name,
+             f.params[p].name);
     }
 
     ArenaLease arena(*this);  // after the checks: a refused call takes no arena
@@ -437,6 +488,10 @@ struct kiln_model {
     std::vector<std::vector<halide_dimension_t>> dims;
     std::vector<void*> args;
     for (const auto& step : f.steps) {
+      if (step.builtin == kiln::rt::Builtin::cache_write) {
+        cache_write(step, param_data, arena.data(), result_data, result_bytes, syms);
+        continue;
+      }
       bufs.assign(step.args.size(), halide_buffer_t{});
       dims.assign(step.args.size(), {});
       args.assign(step.args.size(), nullptr);
@@ -619,6 +674,70 @@ int kiln_model_run(kiln_model* model, const char* function, const kiln_tensor* i
     model->set_error(e.what());
     return 1;
   }
+}
+
+const char* kiln_model_config(const kiln_model* model, const char* key) {
+  if (!model || !key) return nullptr;
+  for (const auto& [k, v] : model->plan.config)
+    if (k == key) return v.c_str();
+  return nullptr;
+}
+
+int64_t kiln_model_symbol_max(const kiln_model* model, const char* symbol) {
+  if (!model || !symbol) return -1;
+  for (const auto& s : model->plan.symbols)
+    if (s.name == symbol) return s.max;
+  return -1;
+}
+
+void kiln_search_options_init(kiln_search_options* o) {
+  if (!o) return;
+  std::memset(o, 0, sizeof *o);
+  o->beam_size = 1;
+  o->num_hypotheses = 1;
+  o->max_decoding_length = 64;
+  o->min_decoding_length = 0;
+  o->length_penalty = 0;
+  o->start_id = -1;
+  o->end_id = -1;
+  o->sampling_top_k = 1;
+  o->sampling_temperature = 1;
+}
+
+int kiln_generate(kiln_model* model, const kiln_tensor* src, const kiln_search_options* options,
+                  kiln_generation* out) {
+  if (!model) return 1;
+  try {
+    if (!src || !options || !out) fail("kiln_generate: src, options and out must not be null");
+    std::memset(out, 0, sizeof *out);
+    kiln::rt::Generation g = kiln::rt::generate(model, *src, *options);
+    auto copy = [](const auto& v) {
+      using T = typename std::decay_t<decltype(v)>::value_type;
+      T* p = static_cast<T*>(std::malloc(std::max<size_t>(1, v.size() * sizeof(T))));
+      if (!p) fail("out of memory returning a generation");
+      if (!v.empty()) std::memcpy(p, v.data(), v.size() * sizeof(T));
+      return p;
+    };
+    kiln_generation r{g.batch, g.hypotheses, g.max_length, nullptr, nullptr, nullptr};
+    r.ids = copy(g.ids);
+    r.lengths = copy(g.lengths);
+    r.scores = copy(g.scores);
+    *out = r;
+    model->set_error("");
+    return 0;
+  } catch (const std::exception& e) {
+    model->set_error(e.what());
+    return 1;
+  }
+}
+
+void kiln_generation_free(kiln_generation* g) {
+  if (!g) return;
+  std::free(g->ids);
+  std::free(g->lengths);
+  std::free(g->scores);
+  g->ids = g->lengths = nullptr;
+  g->scores = nullptr;
 }
 
 const char* kiln_model_error(const kiln_model* model) {

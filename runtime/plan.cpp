@@ -71,7 +71,7 @@ int64_t elem_size(ElemType type) {
 
 namespace {
 
-constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', '3'};
+constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', '4'};
 
 class Writer {
  public:
@@ -101,7 +101,12 @@ class Writer {
     str(t.name);
     i64(static_cast<int64_t>(t.type));
     dims(t.shape);
-    i64(t.id_limit);
+    i64(static_cast<int64_t>(t.id_limits.size()));
+    for (const auto& l : t.id_limits) {
+      dim(l.limit);
+      str(l.what);
+    }
+    i64(t.updates_param);
   }
   std::vector<uint8_t> out;
 };
@@ -150,7 +155,12 @@ class Reader {
     t.name = str();
     t.type = elem(i64());
     t.shape = dims();
-    t.id_limit = i64();
+    t.id_limits.resize(count(16));
+    for (auto& l : t.id_limits) {
+      l.limit = dim();
+      l.what = str();
+    }
+    t.updates_param = static_cast<int32_t>(i64());
     return t;
   }
   ElemType elem(int64_t v) {
@@ -187,11 +197,31 @@ void validate(const Plan& p) {
   };
   for (const FunctionDesc& f : p.functions) {
     for (const auto* list : {&f.params, &f.results})
-      for (const TensorDesc& t : *list)
+      for (const TensorDesc& t : *list) {
         for (const DimExpr& d : t.shape) check_dim(d);
+        for (const auto& l : t.id_limits) check_dim(l.limit);
+      }
+    for (const TensorDesc& t : f.results) {
+      if (t.updates_param < -1 || t.updates_param >= static_cast<int32_t>(f.params.size()))
+        fail("compiled plan: result '{}' updates missing parameter {}", t.name, t.updates_param);
+      if (t.updates_param >= 0 && (f.params[t.updates_param].type != t.type ||
+                                   f.params[t.updates_param].shape.size() != t.shape.size()))
+        fail("compiled plan: result '{}' does not match the parameter it updates", t.name);
+    }
+    for (const DimCheck& c : f.checks) {
+      check_dim(c.lhs);
+      check_dim(c.rhs);
+    }
     for (const StepDesc& s : f.steps) {
-      if (s.kernel < 0 || s.kernel >= static_cast<int32_t>(p.kernel_names.size()))
+      if (s.builtin == Builtin::cache_write) {
+        if (s.kernel != -1 || s.args.size() != 3 || s.args[0].extents.size() != 2 ||
+            s.args[1].extents.size() != 1 || s.args[2].extents.size() != 3 ||
+            s.args[0].type != ElemType::f32 || s.args[1].type != ElemType::i64 ||
+            s.args[2].type != ElemType::f32)
+          fail("compiled plan: cache_write step '{}' has bad arguments", s.op);
+      } else if (s.kernel < 0 || s.kernel >= static_cast<int32_t>(p.kernel_names.size())) {
         fail("compiled plan: step '{}' calls missing kernel {}", s.op, s.kernel);
+      }
       for (const BufferDesc& b : s.args) {
         if (b.extents.size() != b.strides.size() || b.extents.empty() && !b.strides.empty())
           fail("compiled plan: step '{}' has a buffer with mismatched rank", s.op);
@@ -263,6 +293,11 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
   w.out.insert(w.out.end(), kMagic, kMagic + 8);
   w.str(p.model);
   w.str(p.target);
+  w.i64(static_cast<int64_t>(p.config.size()));
+  for (const auto& [k, v] : p.config) {
+    w.str(k);
+    w.str(v);
+  }
   w.i64(static_cast<int64_t>(p.symbols.size()));
   for (const SymbolDesc& s : p.symbols) {
     w.str(s.name);
@@ -296,9 +331,16 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
     for (const TensorDesc& t : f.params) w.tensor(t);
     w.i64(static_cast<int64_t>(f.results.size()));
     for (const TensorDesc& t : f.results) w.tensor(t);
+    w.i64(static_cast<int64_t>(f.checks.size()));
+    for (const DimCheck& c : f.checks) {
+      w.dim(c.lhs);
+      w.dim(c.rhs);
+      w.str(c.what);
+    }
     w.i64(static_cast<int64_t>(f.steps.size()));
     for (const StepDesc& s : f.steps) {
       w.i64(s.kernel);
+      w.i64(static_cast<int64_t>(s.builtin));
       w.str(s.op);
       w.i64(static_cast<int64_t>(s.args.size()));
       for (const BufferDesc& b : s.args) {
@@ -321,6 +363,11 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
   Plan p;
   p.model = r.str();
   p.target = r.str();
+  p.config.resize(r.count());
+  for (auto& [k, v] : p.config) {
+    k = r.str();
+    v = r.str();
+  }
   p.symbols.resize(r.count(64));
   for (SymbolDesc& s : p.symbols) {
     s.name = r.str();
@@ -355,9 +402,18 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
     for (TensorDesc& t : f.params) t = r.tensor();
     f.results.resize(r.count());
     for (TensorDesc& t : f.results) t = r.tensor();
+    f.checks.resize(r.count());
+    for (DimCheck& c : f.checks) {
+      c.lhs = r.dim();
+      c.rhs = r.dim();
+      c.what = r.str();
+    }
     f.steps.resize(r.count());
     for (StepDesc& s : f.steps) {
       s.kernel = static_cast<int32_t>(r.i64());
+      const int64_t builtin = r.i64();
+      if (builtin < 0 || builtin > 1) fail("compiled plan: unknown builtin step {}", builtin);
+      s.builtin = static_cast<Builtin>(builtin);
       s.op = r.str();
       s.args.resize(r.count());
       for (BufferDesc& b : s.args) {

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kiln::rt {
@@ -53,17 +54,44 @@ struct BufferDesc {
   std::vector<DimExpr> extents, strides;
 };
 
+// Steps the runtime performs itself rather than through a generated kernel.
+enum class Builtin : int8_t {
+  none = 0,
+  // The IR's cache_write, in place: args x f32 (d, n) [D × N], pos i64 (1) [1], cache f32
+  // (d, c, t) [D × C × T] (the result, whose buffer is the cache parameter's); copies x's N
+  // rows to cache(·, n, pos) and leaves the rest of the cache untouched.
+  cache_write = 1,
+};
+
 struct StepDesc {
-  int32_t kernel = 0;            // index into Plan::kernel_names
+  int32_t kernel = 0;            // index into Plan::kernel_names (-1 for a builtin)
   std::string op;                // what it computes, for errors and profiling
   std::vector<BufferDesc> args;  // inputs in kernel order, then the output
+  Builtin builtin = Builtin::none;
 };
 
 struct TensorDesc {
   std::string name;
   ElemType type = ElemType::f32;
   std::vector<DimExpr> shape;  // IR order; each a constant or a single symbol
-  int64_t id_limit = 0;        // for ids: valid ids are [0, id_limit); 0 = unchecked
+  // For ids and indices: valid values are [0, limit) for each limit, a constant or a
+  // symbol's bound size (e.g. the batch a source row indexes); `what` names such a value
+  // for errors ("token id", "position", ...).
+  struct IdLimit {
+    DimExpr limit;
+    std::string what;
+  };
+  std::vector<IdLimit> id_limits;
+  // For a result: the parameter it updates in place (a cache), whose buffer the caller must
+  // pass as this output too; -1 for an ordinary result.
+  int32_t updates_param = -1;
+};
+
+// A relation between sizes that the inputs' shapes must satisfy: lhs <= rhs (e.g. the
+// positions a row table covers are at most the cache's length). `what` names it.
+struct DimCheck {
+  DimExpr lhs, rhs;
+  std::string what;
 };
 
 struct FunctionDesc {
@@ -71,6 +99,7 @@ struct FunctionDesc {
   std::vector<TensorDesc> params, results;
   std::vector<StepDesc> steps;
   int64_t arena_bytes = 0;
+  std::vector<DimCheck> checks;
 };
 
 // A weight as the kernels want it: concat(sources, axis 0), then for a linear weight
@@ -119,6 +148,7 @@ struct SymbolDesc {
 struct Plan {
   std::string model;
   std::string target;  // the Halide target the kernels were compiled for (checked at load)
+  std::vector<std::pair<std::string, std::string>> config;  // the model config it was built from
   std::vector<SymbolDesc> symbols;
   std::vector<std::string> kernel_names;  // the generated library's kernel functions
   std::vector<WeightDesc> weights;

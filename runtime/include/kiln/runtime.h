@@ -97,6 +97,65 @@ int kiln_model_set_profiling(kiln_model* model, int on);
  * was never on). Valid until this thread's next call of this function. */
 const char* kiln_model_profile(kiln_model* model);
 
+/* The model's config value for `key` (e.g. "max_beam", "bos_id", "tgt_vocab"), or NULL. */
+const char* kiln_model_config(const kiln_model* model, const char* key);
+/* The declared maximum of a shape symbol (e.g. "B", "T"), or -1 if the model has none. */
+int64_t kiln_model_symbol_max(const kiln_model* model, const char* symbol);
+
+/* Generation: greedy search, beam search and sampling over a model with the entry points
+ * `prepare` and `decode_step` (frontend/nn.h describes them). Scores are sums of the
+ * generated tokens' log-probabilities (the end token's included when it was generated),
+ * divided by length^length_penalty, the length counting the end token.
+ *
+ * Search (the reference is tests/golden/make_decode_golden.py): each step, every live beam
+ * of a sentence proposes its tokens with score beam + log-probability; in order of score
+ * (ties: lower beam, then lower id) an end token finishes its beam's hypothesis, any other
+ * token continues it, until beam_size hypotheses continue. A sentence is done once it has
+ * beam_size finished hypotheses, or after max_decoding_length tokens (its live beams then
+ * finish as they are). beam_size 1 is greedy search. Finished sentences stop costing work.
+ *
+ * Sampling (sampling_top_k != 1, beam_size 1): each token is drawn from softmax(logits /
+ * sampling_temperature) restricted to the sampling_top_k most likely tokens (0: all), with
+ * a generator seeded by `seed`: the same seed and inputs give the same output. */
+typedef void (*kiln_token_callback)(void* user_data, int64_t sentence, int64_t step, int64_t token);
+typedef struct kiln_search_options {
+  int32_t beam_size;           /* 1..the model's max_beam; default 1 */
+  int32_t num_hypotheses;      /* 1..beam_size: hypotheses returned per sentence; default 1 */
+  int32_t max_decoding_length; /* 1..the model's max_len: tokens, the end token included */
+  int32_t min_decoding_length; /* tokens before the end token may be generated; default 0 */
+  float length_penalty;        /* default 0: scores are plain sums */
+  int64_t start_id, end_id;    /* -1 (default): the model config's bos_id and eos_id */
+  int32_t sampling_top_k;      /* 1 (default): no sampling; 0: sample from all tokens */
+  float sampling_temperature;  /* default 1 */
+  uint64_t seed;               /* for sampling; default 0 */
+  /* With beam_size 1: called for each token as it is chosen (not for the end token), e.g.
+   * to stream output; from the calling thread. NULL: none. */
+  kiln_token_callback on_token;
+  void* user_data;
+} kiln_search_options;
+
+/* The defaults above (max_decoding_length 64, clamped to the model's max_len by the caller
+ * if needed). */
+void kiln_search_options_init(kiln_search_options* options);
+
+/* What kiln_generate returns; release with kiln_generation_free. */
+typedef struct kiln_generation {
+  int64_t batch, hypotheses, max_length;
+  int64_t* ids;     /* [batch, hypotheses, max_length], -1 past each hypothesis's length */
+  int64_t* lengths; /* [batch, hypotheses]: tokens, without the end token */
+  float* scores;    /* [batch, hypotheses], best first */
+} kiln_generation;
+
+/* Generates for the source ids `src` [batch, length] (i64 or i32; sentences of different
+ * lengths padded with the model's pad_id at the end). Bad options or input (an id out of
+ * range, beam_size 0 or above max_beam, max_decoding_length above max_len, an empty
+ * batch, ...) are refused with an error naming them, and the model stays usable. Returns 0
+ * and fills *out, or non-zero with the message in kiln_model_error(). Thread-safe like
+ * kiln_model_run: every call has its own caches. */
+int kiln_generate(kiln_model* model, const kiln_tensor* src, const kiln_search_options* options,
+                  kiln_generation* out);
+void kiln_generation_free(kiln_generation* generation);
+
 /* Reads tensor `name` of a safetensors file into `out` (dtype F32 -> KILN_F32; I64 or
  * I32 -> KILN_I64; BOOL or U8 -> KILN_BOOL); out->data is malloc'ed (release with
  * kiln_tensor_free) and out->capacity is its size. Returns 0, or
@@ -203,6 +262,17 @@ class Output {
   void (*prepare_)(void*, kiln_tensor*);
 };
 
+/* Search options with their defaults (kiln_search_options_init). */
+struct SearchOptions : kiln_search_options {
+  SearchOptions() { kiln_search_options_init(this); }
+};
+
+/* One generated hypothesis: its ids (without start and end tokens) and score. */
+struct Hypothesis {
+  std::vector<int64_t> ids;
+  float score = 0;
+};
+
 /* Owns a kiln_model; the generated model classes derive from it. Errors throw
  * std::runtime_error with the runtime's message. */
 class Model {
@@ -253,6 +323,30 @@ class Model {
     }
     for (size_t i = 0; i < out.size(); ++i) outputs[i].bind(&out[i]);
     check(kiln_model_run(model_.get(), function, in.data(), in.size(), out.data(), out.size()));
+  }
+
+  /* Generation (see kiln_generate): the hypotheses of each source sentence, best first. */
+  std::vector<std::vector<Hypothesis>> generate(const Input& src, const SearchOptions& options) {
+    kiln_tensor in;
+    std::memset(&in, 0, sizeof in);
+    if (src.shape.size() != 2) throw std::runtime_error("kiln: source ids must be [batch, length]");
+    in.dtype = src.dtype;
+    in.rank = 2;
+    in.shape[0] = src.shape[0];
+    in.shape[1] = src.shape[1];
+    in.data = const_cast<void*>(src.data);
+    in.capacity = src.capacity;
+    kiln_generation g;
+    check(kiln_generate(model_.get(), &in, &options, &g));
+    std::vector<std::vector<Hypothesis>> out(static_cast<size_t>(g.batch));
+    for (int64_t b = 0; b < g.batch; ++b)
+      for (int64_t h = 0; h < g.hypotheses; ++h) {
+        const int64_t at = b * g.hypotheses + h;
+        const int64_t* ids = g.ids + at * g.max_length;
+        out[b].push_back({std::vector<int64_t>(ids, ids + g.lengths[at]), g.scores[at]});
+      }
+    kiln_generation_free(&g);
+    return out;
   }
 
  protected:

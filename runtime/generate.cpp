@@ -1,0 +1,405 @@
+// Generation over a compiled model's `prepare` and `decode_step` entry points (see
+// kiln/runtime.h, kiln_generate): greedy search, beam search and sampling, as specified in
+// tests/golden/make_decode_golden.py (the PyTorch reference the tests compare with).
+//
+// State. `prepare` projects the encoder output into every decoder layer's cross-attention
+// keys and values once per batch; all hypotheses of a sentence read them through their
+// source row (never copied per beam). Each layer's self-attention cache is one buffer
+// [T, C, D] allocated once per call for T = max_decoding_length and C = batch × beam slots,
+// and written in place by decode_step: at step t, the hypothesis in row n writes its keys at
+// [t, n]. A hypothesis's earlier keys stay where its ancestors wrote them; its row of the
+// `rows` table lists, for each position j, the slot holding them (FasterTransformer's beam
+// indirection), so reordering beams copies a few integers per position, never the cache.
+// Finished sentences leave the batch: later steps run on the remaining hypotheses only.
+#include "runtime/generate.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "support/error.h"
+
+namespace kiln::rt {
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+struct Hyp {
+  int64_t sentence = 0;
+  std::vector<int64_t> tokens;  // generated so far (no start token)
+  std::vector<int64_t> slots;   // slots[j]: the cache slot holding its keys at position j
+  double cum = 0;               // sum of the generated tokens' log-probabilities
+};
+
+struct Finished {
+  std::vector<int64_t> tokens;
+  double score = 0;  // normalized
+};
+
+struct Buffer {
+  std::vector<int64_t> shape;
+  std::unique_ptr<float[]> data;
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+};
+
+kiln_tensor view(const char* name, int32_t dtype, const std::vector<int64_t>& shape, void* data,
+                 size_t bytes) {
+  kiln_tensor t{};
+  t.name = name;
+  t.dtype = dtype;
+  t.rank = static_cast<int32_t>(shape.size());
+  for (size_t d = 0; d < shape.size(); ++d) t.shape[d] = shape[d];
+  t.data = data;
+  t.capacity = bytes;
+  return t;
+}
+
+int64_t config_int(const kiln_model* m, const char* key, int64_t fallback) {
+  const char* v = kiln_model_config(m, key);
+  if (!v) return fallback;
+  int64_t out = 0;
+  auto [end, ec] = std::from_chars(v, v + std::strlen(v), out);
+  if (ec != std::errc() || *end) fail("model config '{}' is '{}', not an integer", key, v);
+  return out;
+}
+
+double normalized(double cum, int64_t length, double penalty) {
+  return penalty == 0 ? cum : cum / std::pow(static_cast<double>(length), penalty);
+}
+
+// log_softmax of one row of logits, in double.
+void log_softmax(const float* logits, int64_t V, std::vector<double>& out) {
+  out.resize(static_cast<size_t>(V));
+  double mx = kNegInf;
+  for (int64_t v = 0; v < V; ++v) mx = std::max(mx, static_cast<double>(logits[v]));
+  double sum = 0;
+  for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(logits[v]) - mx);
+  const double lse = mx + std::log(sum);
+  for (int64_t v = 0; v < V; ++v) out[v] = static_cast<double>(logits[v]) - lse;
+}
+
+class Search {
+ public:
+  Search(kiln_model* model, const kiln_tensor& src, const kiln_search_options& o)
+      : m_(model), o_(o) {
+    check_model();
+    check_inputs(src);
+  }
+
+  Generation run() {
+    prepare();
+    std::vector<Hyp> alive(static_cast<size_t>(batch_));
+    for (int64_t b = 0; b < batch_; ++b) alive[b].sentence = b;
+    finished_.assign(static_cast<size_t>(batch_), {});
+    std::mt19937_64 rng(o_.seed);
+    for (int64_t t = 0; t < o_.max_decoding_length && !alive.empty(); ++t) {
+      step(alive, t);
+      std::vector<Hyp> next;
+      for (size_t i = 0; i < alive.size();) {
+        size_t end = i;
+        while (end < alive.size() && alive[end].sentence == alive[i].sentence) ++end;
+        if (sampling_)
+          sample(alive, i, t, rng, next);
+        else
+          select(alive, i, end, t, next);
+        i = end;
+      }
+      alive = std::move(next);
+    }
+    return collect();
+  }
+
+ private:
+  void check_model() {
+    if (kiln_model_num_inputs(m_, "prepare") < 0 || kiln_model_num_inputs(m_, "decode_step") < 0)
+      fail("model has no 'prepare' and 'decode_step' entry points: it cannot generate");
+    const int n_in = kiln_model_num_inputs(m_, "decode_step");
+    for (int i = 0; i < n_in; ++i) {
+      const std::string name = kiln_model_input_name(m_, "decode_step", i);
+      if (name.rfind("mem_k", 0) == 0) ++layers_;
+    }
+    max_len_ = kiln_model_symbol_max(m_, "T");
+    max_rows_ = kiln_model_symbol_max(m_, "N");
+    max_batch_ = kiln_model_symbol_max(m_, "B");
+    if (max_len_ < 1 || max_rows_ < 1 || max_batch_ < 1)
+      fail("model's decode_step lacks the symbols T, N and B");
+    max_beam_ = config_int(m_, "max_beam", max_rows_ / max_batch_);
+    vocab_ = config_int(m_, "tgt_vocab", -1);
+  }
+
+  void check_inputs(const kiln_tensor& src) {
+    const kiln_search_options& o = o_;
+    if (src.rank != 2) fail("source ids must be a [batch, length] tensor, got rank {}", src.rank);
+    if (src.shape[0] < 1) fail("empty batch: no source sentence to translate");
+    if (src.shape[1] < 1) fail("source sentences have length {}", src.shape[1]);
+    if (o.beam_size < 1) fail("beam_size is {}; it must be at least 1", o.beam_size);
+    if (o.beam_size > max_beam_)
+      fail("beam_size {} is above the compiled maximum {} (max_beam)", o.beam_size, max_beam_);
+    if (o.num_hypotheses < 1 || o.num_hypotheses > o.beam_size)
+      fail("num_hypotheses is {}; it must be between 1 and beam_size {}", o.num_hypotheses,
+           o.beam_size);
+    if (o.max_decoding_length < 1)
+      fail("max_decoding_length is {}; it must be at least 1", o.max_decoding_length);
+    if (o.max_decoding_length > max_len_)
+      fail("max_decoding_length {} is above the model's max_len {}", o.max_decoding_length,
+           max_len_);
+    if (o.min_decoding_length < 0 || o.min_decoding_length > o.max_decoding_length)
+      fail("min_decoding_length is {}; it must be between 0 and max_decoding_length {}",
+           o.min_decoding_length, o.max_decoding_length);
+    if (!std::isfinite(o.length_penalty))
+      fail("length_penalty is {}; it must be finite", o.length_penalty);
+    if (o.sampling_top_k < 0) fail("sampling_top_k is {}; it must be >= 0", o.sampling_top_k);
+    if (!(o.sampling_temperature > 0) || !std::isfinite(o.sampling_temperature))
+      fail("sampling_temperature is {}; it must be positive and finite", o.sampling_temperature);
+    sampling_ = o.sampling_top_k != 1;  // 1: the best token (greedy or beam search)
+    if (sampling_ && o.beam_size != 1)
+      fail("sampling (sampling_top_k {}) needs beam_size 1, got {}", o.sampling_top_k, o.beam_size);
+    start_ = o.start_id >= 0 ? o.start_id : config_int(m_, "bos_id", -1);
+    end_ = o.end_id >= 0 ? o.end_id : config_int(m_, "eos_id", -1);
+    if (start_ < 0) fail("no start token: set start_id (the model config has no bos_id)");
+    if (end_ < 0) fail("no end token: set end_id (the model config has no eos_id)");
+    if (vocab_ > 0)
+      for (auto [what, id] : {std::pair{"start_id", start_}, {"end_id", end_}})
+        if (id >= vocab_) fail("{} {} is out of range [0, {})", what, id, vocab_);
+    batch_ = src.shape[0];
+    src_ = src;
+    src_.name = "src";
+  }
+
+  void prepare() {
+    const int n_out = kiln_model_num_outputs(m_, "prepare");
+    if (n_out != 2 * layers_)
+      fail("model's prepare has {} outputs, expected {}", n_out, 2 * layers_);
+    std::vector<kiln_tensor> out(static_cast<size_t>(n_out));
+    if (kiln_model_output_shapes(m_, "prepare", &src_, 1, out.data(), out.size()))
+      fail("{}", kiln_model_error(m_));
+    mem_.resize(out.size());
+    for (size_t i = 0; i < out.size(); ++i) {
+      mem_[i].shape.assign(out[i].shape, out[i].shape + out[i].rank);
+      mem_[i].data.reset(new float[static_cast<size_t>(mem_[i].numel())]);
+      out[i].data = mem_[i].data.get();
+      out[i].capacity = static_cast<size_t>(mem_[i].numel()) * 4;
+    }
+    if (kiln_model_run(m_, "prepare", &src_, 1, out.data(), out.size()))
+      fail("{}", kiln_model_error(m_));
+    mem_names_.clear();
+    for (const kiln_tensor& t : out) mem_names_.push_back(t.name);
+    d_model_ = mem_[0].shape[2];
+    slots_ = batch_ * o_.beam_size;
+    cache_.resize(static_cast<size_t>(2 * layers_));
+    for (Buffer& c : cache_) {
+      c.shape = {o_.max_decoding_length, slots_, d_model_};
+      c.data.reset(new float[static_cast<size_t>(c.numel())]);  // only written slots are read
+    }
+  }
+
+  // Runs decode_step for every alive hypothesis at position t; fills logits_ [N, V].
+  void step(const std::vector<Hyp>& alive, int64_t t) {
+    const int64_t n = static_cast<int64_t>(alive.size());
+    std::vector<int64_t> tok(n), rows(static_cast<size_t>(n * (t + 1))), src_row(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const Hyp& h = alive[i];
+      tok[i] = h.tokens.empty() ? start_ : h.tokens.back();
+      for (int64_t j = 0; j < t; ++j) rows[i * (t + 1) + j] = h.slots[j];
+      rows[i * (t + 1) + t] = i;  // this step writes row i's keys to slot i
+      src_row[i] = h.sentence;
+    }
+    int64_t pos = t;
+    std::vector<kiln_tensor> in;
+    in.push_back(view("tok", KILN_I64, {n, 1}, tok.data(), tok.size() * 8));
+    in.push_back(view("pos", KILN_I64, {1}, &pos, 8));
+    in.push_back(view("rows", KILN_I64, {n, t + 1}, rows.data(), rows.size() * 8));
+    in.push_back(view("src_row", KILN_I64, {n}, src_row.data(), src_row.size() * 8));
+    in.push_back(src_);
+    for (size_t i = 0; i < mem_.size(); ++i)
+      in.push_back(view(mem_names_[i].c_str(), KILN_F32, mem_[i].shape, mem_[i].data.get(),
+                        static_cast<size_t>(mem_[i].numel()) * 4));
+    std::vector<std::string> cache_names;
+    for (int64_t l = 0; l < layers_; ++l) {
+      cache_names.push_back(fmt::format("cache_k{}", l));
+      cache_names.push_back(fmt::format("cache_v{}", l));
+    }
+    for (size_t i = 0; i < cache_.size(); ++i)
+      in.push_back(view(cache_names[i].c_str(), KILN_F32, cache_[i].shape, cache_[i].data.get(),
+                        static_cast<size_t>(cache_[i].numel()) * 4));
+    std::vector<kiln_tensor> out(1 + cache_.size());
+    if (kiln_model_output_shapes(m_, "decode_step", in.data(), in.size(), out.data(), out.size()))
+      fail("{}", kiln_model_error(m_));
+    if (out[0].rank != 3) fail("model's decode_step logits have rank {}, expected 3", out[0].rank);
+    vocab_ = out[0].shape[2];
+    if (start_ >= vocab_ || end_ >= vocab_)
+      fail("start_id {} or end_id {} is out of range [0, {})", start_, end_, vocab_);
+    logits_.resize(static_cast<size_t>(n * vocab_));
+    out[0].data = logits_.data();
+    out[0].capacity = logits_.size() * 4;
+    for (size_t i = 0; i < cache_.size(); ++i) {  // updated in place
+      out[1 + i].data = cache_[i].data.get();
+      out[1 + i].capacity = static_cast<size_t>(cache_[i].numel()) * 4;
+    }
+    if (kiln_model_run(m_, "decode_step", in.data(), in.size(), out.data(), out.size()))
+      fail("{}", kiln_model_error(m_));
+  }
+
+  // Beam search (greedy when beam_size is 1) for the hypotheses [begin, end) of one sentence.
+  void select(const std::vector<Hyp>& alive, size_t begin, size_t end, int64_t t,
+              std::vector<Hyp>& next) {
+    const int64_t K = o_.beam_size, V = vocab_;
+    struct Cand {
+      double score;
+      int64_t beam, token;
+    };
+    std::vector<Cand> cands;
+    std::vector<double> lp;
+    std::vector<int64_t> ids(static_cast<size_t>(V));
+    for (size_t i = begin; i < end; ++i) {
+      log_softmax(&logits_[i * V], V, lp);
+      if (t < o_.min_decoding_length) lp[end_] = kNegInf;
+      // The K + 1 best tokens of this beam suffice: at most one of them is the end token.
+      const int64_t keep = std::min<int64_t>(K + 1, V);
+      for (int64_t v = 0; v < V; ++v) ids[v] = v;
+      auto better = [&](int64_t a, int64_t b) {
+        return lp[a] > lp[b] || (lp[a] == lp[b] && a < b);
+      };
+      std::partial_sort(ids.begin(), ids.begin() + keep, ids.end(), better);
+      for (int64_t r = 0; r < keep; ++r)
+        cands.push_back({alive[i].cum + lp[ids[r]], static_cast<int64_t>(i - begin), ids[r]});
+    }
+    std::stable_sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) {
+      if (a.score != b.score) return a.score > b.score;
+      if (a.beam != b.beam) return a.beam < b.beam;
+      return a.token < b.token;
+    });
+    const int64_t sentence = alive[begin].sentence;
+    std::vector<Finished>& fin = finished_[sentence];
+    std::vector<Hyp> grown;
+    for (const Cand& c : cands) {
+      const Hyp& parent = alive[begin + c.beam];
+      if (c.token == end_) {
+        fin.push_back({parent.tokens, normalized(c.score, t + 1, o_.length_penalty)});
+        continue;
+      }
+      Hyp h;
+      h.sentence = sentence;
+      h.tokens = parent.tokens;
+      h.tokens.push_back(c.token);
+      h.slots = parent.slots;
+      h.slots.push_back(static_cast<int64_t>(begin) + c.beam);  // where the parent wrote at t
+      h.cum = c.score;
+      grown.push_back(std::move(h));
+      if (static_cast<int64_t>(grown.size()) == K) break;
+    }
+    if (K == 1 && o_.on_token && !grown.empty())
+      o_.on_token(o_.user_data, sentence, t, grown[0].tokens.back());
+    if (t == o_.max_decoding_length - 1) {
+      for (Hyp& h : grown)
+        fin.push_back({h.tokens, normalized(h.cum, o_.max_decoding_length, o_.length_penalty)});
+      return;
+    }
+    if (static_cast<int64_t>(fin.size()) >= K) return;  // done
+    for (Hyp& h : grown) next.push_back(std::move(h));
+  }
+
+  // Sampling (beam_size 1) for hypothesis i: from softmax(logits / temperature) over the
+  // sampling_top_k most likely tokens.
+  void sample(const std::vector<Hyp>& alive, size_t i, int64_t t, std::mt19937_64& rng,
+              std::vector<Hyp>& next) {
+    const int64_t V = vocab_;
+    std::vector<double> lp;
+    log_softmax(&logits_[i * V], V, lp);
+    if (t < o_.min_decoding_length) lp[end_] = kNegInf;
+    std::vector<int64_t> ids(static_cast<size_t>(V));
+    for (int64_t v = 0; v < V; ++v) ids[v] = v;
+    const int64_t k = o_.sampling_top_k > 0 ? std::min<int64_t>(o_.sampling_top_k, V) : V;
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int64_t a, int64_t b) {
+      return lp[a] > lp[b] || (lp[a] == lp[b] && a < b);
+    });
+    std::vector<double> w(static_cast<size_t>(k));
+    double total = 0;
+    for (int64_t r = 0; r < k; ++r) {
+      w[r] = std::exp((lp[ids[r]] - lp[ids[0]]) / o_.sampling_temperature);
+      total += w[r];
+    }
+    // A uniform double in [0, total) from 53 random bits: the same on every platform.
+    const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53 * total;
+    int64_t pick = ids[0];
+    double acc = 0;
+    for (int64_t r = 0; r < k; ++r) {
+      acc += w[r];
+      if (u < acc) {
+        pick = ids[r];
+        break;
+      }
+    }
+    const Hyp& parent = alive[i];
+    const double cum = parent.cum + lp[pick];
+    std::vector<Finished>& fin = finished_[parent.sentence];
+    if (pick == end_) {
+      fin.push_back({parent.tokens, normalized(cum, t + 1, o_.length_penalty)});
+      return;
+    }
+    Hyp h{parent.sentence, parent.tokens, parent.slots, cum};
+    h.tokens.push_back(pick);
+    h.slots.push_back(static_cast<int64_t>(i));
+    if (o_.on_token) o_.on_token(o_.user_data, parent.sentence, t, pick);
+    if (t == o_.max_decoding_length - 1) {
+      fin.push_back({h.tokens, normalized(cum, o_.max_decoding_length, o_.length_penalty)});
+      return;
+    }
+    next.push_back(std::move(h));
+  }
+
+  Generation collect() {
+    Generation g;
+    g.batch = batch_;
+    g.hypotheses = o_.num_hypotheses;
+    g.max_length = o_.max_decoding_length;
+    const size_t per = static_cast<size_t>(g.hypotheses);
+    g.ids.assign(static_cast<size_t>(batch_) * per * static_cast<size_t>(g.max_length), -1);
+    g.lengths.assign(static_cast<size_t>(batch_) * per, 0);
+    g.scores.assign(static_cast<size_t>(batch_) * per, -std::numeric_limits<float>::infinity());
+    for (int64_t b = 0; b < batch_; ++b) {
+      std::vector<Finished>& fin = finished_[b];
+      std::stable_sort(fin.begin(), fin.end(),
+                       [](const Finished& x, const Finished& y) { return x.score > y.score; });
+      for (size_t h = 0; h < per && h < fin.size(); ++h) {
+        const size_t at = static_cast<size_t>(b) * per + h;
+        g.lengths[at] = static_cast<int64_t>(fin[h].tokens.size());
+        g.scores[at] = static_cast<float>(fin[h].score);
+        std::copy(fin[h].tokens.begin(), fin[h].tokens.end(),
+                  g.ids.begin() + static_cast<int64_t>(at) * g.max_length);
+      }
+    }
+    return g;
+  }
+
+  kiln_model* m_;
+  const kiln_search_options o_;
+  kiln_tensor src_{};
+  int64_t layers_ = 0, max_len_ = 0, max_rows_ = 0, max_batch_ = 0, max_beam_ = 0, vocab_ = -1;
+  int64_t start_ = -1, end_ = -1, batch_ = 0, d_model_ = 0, slots_ = 0;
+  bool sampling_ = false;
+  std::vector<Buffer> mem_, cache_;
+  std::vector<std::string> mem_names_;
+  std::vector<float> logits_;
+  std::vector<std::vector<Finished>> finished_;
+};
+
+}  // namespace
+
+Generation generate(kiln_model* model, const kiln_tensor& src, const kiln_search_options& options) {
+  return Search(model, src, options).run();
+}
+
+}  // namespace kiln::rt
