@@ -163,11 +163,13 @@ void add_decoding(dsl::ModelBuilder& mb, const TransformerConfig& c, const Dim& 
     auto proj = [&](const std::string& name, Tensor in) {
       return Linear{p + name, c.d_model, c.d_model}(in);
     };
+    // q, k, v in forward's order, so that merge-projections shares its merged weights.
+    Tensor q = proj(".self_attn.w_q", x);
     Tensor k = dsl::cache_write(cache[2 * l], proj(".self_attn.w_k", x), pos);
     Tensor v = dsl::cache_write(cache[2 * l + 1], proj(".self_attn.w_v", x), pos);
     updated.push_back(k);
     updated.push_back(v);
-    Tensor a = dsl::cache_attention(proj(".self_attn.w_q", x), k, v, rows, c.heads, scale);
+    Tensor a = dsl::cache_attention(q, k, v, rows, c.heads, scale);
     x = LayerNorm{p + ".norm1", c.d_model}(x + proj(".self_attn.w_o", a));
     Tensor m = dsl::memory_attention(proj(".cross_attn.w_q", x), mem[2 * l], mem[2 * l + 1],
                                      src_row, src_pad, c.heads, scale);

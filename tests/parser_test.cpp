@@ -163,6 +163,21 @@ const RoundTripCase kRoundTrips[] = {
   }
 }
 )kir"},
+    {"Decoding", R"kir(module @decoding {
+  symbol B max 2
+  symbol S max 5
+  symbol T max 6
+  symbol N max 4
+  symbol P max 6
+  symbol C max 4
+  func @step(%q: f32[N,1,8], %x: f32[N,1,8], %pos: i64[1], %rows: i64[N,P], %src_row: i64[N], %mem: f32[B,S,8], %pad: bool[B,S], %cache: f32[T,C,8]) -> (f32[N,1,8], f32[N,1,8], f32[T,C,8]) {
+    %k = cache_write(%cache, %x, %pos) : f32[T,C,8]
+    %0 = cache_attention(%q, %k, %k, %rows) {heads = 2, scale = 0.5} : f32[N,1,8]
+    %1 = memory_attention(%0, %mem, %mem, %src_row, %pad) {heads = 4, scale = 0.70710678118654757} : f32[N,1,8]
+    return %0, %1, %k
+  }
+}
+)kir"},
     {"MemoryPlan", R"kir(module @planned {
   symbol B max 2
   func @f(%x: f32[B,4]) -> (f32[B,4]) arena 128 {
@@ -210,7 +225,7 @@ TEST(RoundTripCoverage, EveryOpKindAppearsInSomeCase) {
       for (const Op& op : f.ops) used.insert(op.kind);
   }
   const int first = static_cast<int>(OpKind::weight);
-  const int last = static_cast<int>(OpKind::attention);
+  const int last = static_cast<int>(OpKind::memory_attention);
   for (int k = first; k <= last; ++k) {
     const auto kind = static_cast<OpKind>(k);
     const std::string name = op_name(kind);
@@ -218,9 +233,9 @@ TEST(RoundTripCoverage, EveryOpKindAppearsInSomeCase) {
     EXPECT_EQ(parse_op_kind(name), kind) << name;
     EXPECT_TRUE(used.count(kind)) << "no round-trip case uses op '" << name << "'";
   }
-  // `attention` must stay the last kind, or this loop misses the new ones: extend it.
+  // `memory_attention` must stay the last kind, or this loop misses the new ones: extend it.
   EXPECT_STREQ(op_name(static_cast<OpKind>(last + 1)), "?")
-      << "a new OpKind follows 'attention': add it to the round-trip cases and this loop";
+      << "a new OpKind follows 'memory_attention': add it to the round-trip cases and this loop";
 }
 
 // ---------------------------------------------------------------------------------------

@@ -43,6 +43,24 @@ inline int64_t vocab_of(const ir::Function& f, ir::ValueId param) {
   return vocab == (1 << 30) ? 16 : vocab;
 }
 
+// For an index parameter of decoding (a cache_write's position, a cache_attention's row
+// table, a memory_attention's source rows): the size of the dim it indexes, or 0.
+inline int64_t index_limit(const ir::Function& f, ir::ValueId param,
+                           const std::map<std::string, int64_t>& sizes) {
+  auto size = [&](const ir::Dim& d) { return d.is_symbolic() ? sizes.at(d.symbol) : d.value; };
+  int64_t limit = 0;
+  auto take = [&](int64_t l) { limit = limit == 0 ? l : std::min(limit, l); };
+  for (const ir::Op& op : f.ops) {
+    if (op.kind == ir::OpKind::cache_write && op.operands[2] == param)
+      take(size(f.type(op.operands[0]).shape[0]));
+    if (op.kind == ir::OpKind::cache_attention && op.operands[3] == param)
+      take(size(f.type(op.operands[1]).shape[1]));
+    if (op.kind == ir::OpKind::memory_attention && op.operands[3] == param)
+      take(size(f.type(op.operands[1]).shape[0]));
+  }
+  return limit;
+}
+
 // Inputs for `f` with each symbol bound as in `sizes`. Integer parameters get ids in
 // the vocabulary other than pad_id; with `padding`, rows after the first end in pad_id
 // at random lengths (>= 1). f32 parameters get Normal(0, 1).
@@ -66,14 +84,18 @@ inline std::vector<ir::Tensor> random_inputs(const ir::Module& m, const ir::Func
       inputs.push_back(ir::Tensor::from_f32(shape, std::move(data)));
       continue;
     }
+    // Indices of decoding: any value in range (no padding); token ids: not pad_id, then
+    // padded at the end with `padding`.
+    const int64_t index = index_limit(f, p, sizes);
     int64_t vocab = vocab_of(f, p);
+    if (index > 0) vocab = std::min(vocab, index);
     std::uniform_int_distribution<int64_t> id(0, vocab - 1);
     std::vector<int64_t> data(n);
     for (int64_t& x : data) {
       do x = id(rng);
-      while (x == pad_id && vocab > 1);
+      while (index == 0 && x == pad_id && vocab > 1);
     }
-    if (padding && shape.size() == 2) {
+    if (padding && shape.size() == 2 && index == 0) {
       for (int64_t b = 1; b < shape[0]; ++b) {
         int64_t len = std::uniform_int_distribution<int64_t>(1, shape[1])(rng);
         for (int64_t j = len; j < shape[1]; ++j) data[b * shape[1] + j] = pad_id;
@@ -102,7 +124,8 @@ inline double max_abs_diff(const std::vector<ir::Tensor>& a, const std::vector<i
 }
 
 // Runs every function of `before` and `after` on the same random weights and inputs,
-// for each length in `lengths` (every symbol other than B bound to it, B to `batch`),
+// for each length in `lengths` (every symbol other than B bound to it, B to `batch`, each
+// at most its maximum),
 // with and without padding; returns the largest difference seen.
 inline double max_difference(const ir::Module& before, const ir::Module& after,
                              const std::vector<int64_t>& lengths, int64_t batch = 2,
@@ -118,7 +141,8 @@ inline double max_difference(const ir::Module& before, const ir::Module& after,
     for (int64_t len : lengths) {
       for (bool padding : {false, true}) {
         std::map<std::string, int64_t> sizes;
-        for (const ir::Symbol& s : before.symbols) sizes[s.name] = s.name == "B" ? batch : len;
+        for (const ir::Symbol& s : before.symbols)  // within the maxima (the hypotheses N)
+          sizes[s.name] = std::min(s.max, s.name == "B" ? batch : len);
         auto inputs = random_inputs(before, fb, sizes, seed + static_cast<uint32_t>(len), padding);
         double d = max_abs_diff(ir::interpret(before, fb, wb, inputs),
                                 ir::interpret(after, *fa, wa, inputs));
