@@ -173,7 +173,7 @@ const RoundTripCase kRoundTrips[] = {
   func @step(%q: f32[N,1,8], %x: f32[N,1,8], %pos: i64[1], %rows: i64[N,P], %src_row: i64[N], %mem: f32[B,S,8], %pad: bool[B,S], %cache: f32[T,C,8]) -> (f32[N,1,8], f32[N,1,8], f32[T,C,8]) {
     %k = cache_write(%cache, %x, %pos) : f32[T,C,8]
     %0 = cache_attention(%q, %k, %k, %rows) {heads = 2, scale = 0.5} : f32[N,1,8]
-    %1 = memory_attention(%0, %mem, %mem, %src_row, %pad) {heads = 4, scale = 0.70710678118654757} : f32[N,1,8]
+    %1 = memory_attention(%0, %mem, %mem, %src_row, %pad) {heads = 4, scale = 0.7071067811865476} : f32[N,1,8]
     return %0, %1, %k
   }
 }

@@ -3,6 +3,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <span>
@@ -40,13 +41,22 @@ void resolve(void* handle, const std::string& lib, const std::string& symbol, F*
 }
 }  // namespace
 
-std::vector<rt::TensorData> run_compiled(const std::string& dir, const std::string& function,
-                                         const std::string& weights_path,
-                                         const rt::SafeTensors& inputs,
-                                         const CompiledRunOptions& options) {
-  if (options.repeat < 1)
-    fail("run --compiled: --repeat must be at least 1, got {}", options.repeat);
-  if (weights_path == "-") fail("run --compiled: weights must be a file, not '-'");
+namespace {
+// A compiled model's library, opened, and a model created from it.
+struct Loaded {
+  Api api{};
+  std::string name;
+  std::unique_ptr<kiln_model, void (*)(kiln_model*)> model{nullptr, nullptr};
+  int (*generate)(kiln_model*, const kiln_tensor*, const kiln_search_options*,
+                  kiln_generation*) = nullptr;
+  void (*generation_free)(kiln_generation*) = nullptr;
+  void (*options_init)(kiln_search_options*) = nullptr;
+  int64_t (*symbol_max)(const kiln_model*, const char*) = nullptr;
+};
+
+Loaded open_compiled(const std::string& dir, const std::string& weights_path,
+                     const std::string& command) {
+  if (weights_path == "-") fail("{} --compiled: weights must be a file, not '-'", command);
   std::vector<fs::path> libs;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
@@ -54,17 +64,17 @@ std::vector<rt::TensorData> run_compiled(const std::string& dir, const std::stri
     if (n.size() > 6 && n.rfind("lib", 0) == 0 && n.substr(n.size() - 3) == ".so")
       libs.push_back(e.path());
   }
-  if (ec) fail("run --compiled: cannot read directory '{}': {}", dir, ec.message());
+  if (ec) fail("{} --compiled: cannot read directory '{}': {}", command, dir, ec.message());
   if (libs.size() != 1)
-    fail("run --compiled: expected one lib*.so in '{}' (from kiln compile --emit=shared), found {}",
-         dir, libs.size());
+    fail("{} --compiled: expected one lib*.so in '{}' (from kiln compile --emit=shared), found {}",
+         command, dir, libs.size());
   const std::string lib = libs[0].string();
-  const std::string name =
-      libs[0].filename().string().substr(3, libs[0].filename().string().size() - 6);
+  Loaded l;
+  l.name = libs[0].filename().string().substr(3, libs[0].filename().string().size() - 6);
   void* handle = dlopen(fs::absolute(libs[0]).c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!handle) fail("run --compiled: cannot load '{}': {}", lib, dlerror());
-  Api api{};
-  resolve(handle, lib, name + "_create", &api.create);
+  if (!handle) fail("{} --compiled: cannot load '{}': {}", command, lib, dlerror());
+  Api& api = l.api;
+  resolve(handle, lib, l.name + "_create", &api.create);
   resolve(handle, lib, "kiln_model_destroy", &api.destroy);
   resolve(handle, lib, "kiln_free_error", &api.free_error);
   resolve(handle, lib, "kiln_model_num_inputs", &api.num_inputs);
@@ -76,6 +86,10 @@ std::vector<rt::TensorData> run_compiled(const std::string& dir, const std::stri
   resolve(handle, lib, "kiln_model_set_num_threads", &api.set_num_threads);
   resolve(handle, lib, "kiln_model_set_profiling", &api.set_profiling);
   resolve(handle, lib, "kiln_model_profile", &api.profile);
+  resolve(handle, lib, "kiln_generate", &l.generate);
+  resolve(handle, lib, "kiln_generation_free", &l.generation_free);
+  resolve(handle, lib, "kiln_search_options_init", &l.options_init);
+  resolve(handle, lib, "kiln_model_symbol_max", &l.symbol_max);
 
   char* error = nullptr;
   kiln_model* model = api.create(weights_path.c_str(), &error);
@@ -84,7 +98,21 @@ std::vector<rt::TensorData> run_compiled(const std::string& dir, const std::stri
     api.free_error(error);
     fail("{}", msg);
   }
-  std::unique_ptr<kiln_model, void (*)(kiln_model*)> guard(model, api.destroy);
+  l.model = std::unique_ptr<kiln_model, void (*)(kiln_model*)>(model, api.destroy);
+  return l;
+}
+}  // namespace
+
+std::vector<rt::TensorData> run_compiled(const std::string& dir, const std::string& function,
+                                         const std::string& weights_path,
+                                         const rt::SafeTensors& inputs,
+                                         const CompiledRunOptions& options) {
+  if (options.repeat < 1)
+    fail("run --compiled: --repeat must be at least 1, got {}", options.repeat);
+  Loaded loaded = open_compiled(dir, weights_path, "run");
+  const Api& api = loaded.api;
+  const std::string& name = loaded.name;
+  kiln_model* model = loaded.model.get();
   if (options.threads > 0) api.set_num_threads(model, options.threads);
   int n_in = api.num_inputs(model, function.c_str());
   if (n_in < 0) fail("compiled model '{}' has no entry point '{}'", name, function);
@@ -147,6 +175,59 @@ std::vector<rt::TensorData> run_compiled(const std::string& dir, const std::stri
       fail("{}", api.error(model));
   if (options.profile) fmt::print(stderr, "{}", api.profile(model));
   return results;
+}
+
+}  // namespace kiln::tools
+
+namespace kiln::tools {
+
+Generated generate_compiled(const std::string& dir, const std::string& weights_path,
+                            const std::vector<int64_t>& src, int64_t batch, int64_t length,
+                            const GenerateOptions& options) {
+  Loaded loaded = open_compiled(dir, weights_path, "translate");
+  kiln_model* model = loaded.model.get();
+  if (options.threads > 0) loaded.api.set_num_threads(model, options.threads);
+  kiln_search_options o;
+  loaded.options_init(&o);
+  o.beam_size = options.beam_size;
+  o.num_hypotheses = options.num_hypotheses;
+  o.max_decoding_length = options.max_decoding_length;
+  o.min_decoding_length = options.min_decoding_length;
+  o.length_penalty = options.length_penalty;
+  o.start_id = options.start_id;
+  o.end_id = options.end_id;
+  o.sampling_top_k = options.sampling_top_k;
+  o.sampling_temperature = options.sampling_temperature;
+  o.seed = options.seed;
+  if (o.max_decoding_length <= 0)  // default: the model's maximum
+    o.max_decoding_length =
+        static_cast<int32_t>(std::max<int64_t>(1, loaded.symbol_max(model, "T")));
+  // In chunks of at most the model's max_batch sentences.
+  const int64_t chunk = std::max<int64_t>(1, loaded.symbol_max(model, "B"));
+  Generated out;
+  out.batch = batch;
+  for (int64_t first = 0; first < std::max<int64_t>(batch, 1); first += chunk) {
+    const int64_t n = std::min(chunk, batch - first);
+    kiln_tensor in;
+    std::memset(&in, 0, sizeof in);
+    in.name = "src";
+    in.dtype = KILN_I64;
+    in.rank = 2;
+    in.shape[0] = n;
+    in.shape[1] = length;
+    in.data = const_cast<int64_t*>(src.data() + first * length);
+    in.capacity = static_cast<size_t>(n * length) * sizeof(int64_t);
+    kiln_generation g;
+    if (loaded.generate(model, &in, &o, &g) != 0) fail("{}", loaded.api.error(model));
+    out.hypotheses = g.hypotheses;
+    out.max_length = g.max_length;
+    const size_t m = static_cast<size_t>(g.batch * g.hypotheses);
+    out.ids.insert(out.ids.end(), g.ids, g.ids + m * static_cast<size_t>(g.max_length));
+    out.lengths.insert(out.lengths.end(), g.lengths, g.lengths + m);
+    out.scores.insert(out.scores.end(), g.scores, g.scores + m);
+    loaded.generation_free(&g);
+  }
+  return out;
 }
 
 }  // namespace kiln::tools

@@ -2,6 +2,7 @@
 // dlopen, create with the C ABI, feed safetensors inputs by name.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -22,5 +23,29 @@ std::vector<rt::TensorData> run_compiled(const std::string& dir, const std::stri
                                          const std::string& weights_path,
                                          const rt::SafeTensors& inputs,
                                          const CompiledRunOptions& options);
+
+// Generation with a compiled model (kiln translate): kiln_generate's options, 0 or -1 for
+// the defaults (max_decoding_length 0: the model's max_len; ids -1: its bos_id, eos_id).
+struct GenerateOptions {
+  int threads = 0;
+  int32_t beam_size = 1, num_hypotheses = 1, max_decoding_length = 0, min_decoding_length = 0;
+  float length_penalty = 0;
+  int64_t start_id = -1, end_id = -1;
+  int32_t sampling_top_k = 1;
+  float sampling_temperature = 1;
+  uint64_t seed = 0;
+};
+
+struct Generated {
+  int64_t batch = 0, hypotheses = 0, max_length = 0;
+  std::vector<int64_t> ids;      // [batch, hypotheses, max_length], -1 padded
+  std::vector<int64_t> lengths;  // [batch, hypotheses]
+  std::vector<float> scores;     // [batch, hypotheses]
+};
+
+// Runs kiln_generate of the shared library in `dir` on source ids [batch, length].
+Generated generate_compiled(const std::string& dir, const std::string& weights_path,
+                            const std::vector<int64_t>& src, int64_t batch, int64_t length,
+                            const GenerateOptions& options);
 
 }  // namespace kiln::tools

@@ -22,6 +22,7 @@
 #include "ir/interpreter.h"
 #include "ir/parser.h"
 #include "ir/printer.h"
+#include "kiln/vocab.h"
 #include "passes/pipeline.h"
 #include "passes/plan_memory.h"
 #include "passes/rewrite.h"
@@ -44,6 +45,7 @@ commands:
   opt FILE        run graph passes and print the resulting IR
   run FILE        run a function of a module with the reference interpreter
   compile FILE    compile a module to a static library and header (Halide, AOT)
+  translate       generate with a compiled model: greedy, beam search or sampling
   models          list registered models and their configs
 
 FILE may be '-' for standard input. 'kiln <command> --help' describes a command.
@@ -134,6 +136,40 @@ options:
   --repeat N          with --compiled: run N times (outputs from the last run)
   --profile           with --compiled: print the time per entry-point run and per kernel
                       (calls, total, per call, share) to stderr
+)";
+
+constexpr const char* kTranslateHelp =
+    R"(usage: kiln translate --compiled DIR --weights W.safetensors
+                      (--inputs IN.safetensors | --src-vocab V --tgt-vocab V [TEXT...])
+                      [search options] [-o OUT.safetensors]
+
+Generates target sentences with a compiled model (from 'kiln compile --emit=shared'), over
+its prepare and decode_step entry points: greedy search, beam search or sampling.
+
+Input: the source ids of --inputs (tensor 'src', [batch, length], padded with the model's
+pad_id), or text with --src-vocab and --tgt-vocab: each TEXT argument, or without any,
+each line of standard input, is a source sentence; one line 'SOURCE -> TRANSLATION' is
+printed per sentence (and per hypothesis with --num-hypotheses). The vocabularies are
+character-level files, one token per line (see examples/numbers/README.md).
+
+Output: with -o, a safetensors file with 'ids' I64 [batch, hypotheses, max_len] (-1 after
+each hypothesis), 'lengths' I64 [batch, hypotheses] and 'scores' F32 [batch, hypotheses];
+without -o and without vocabularies, each hypothesis's ids and score are printed.
+
+search options:
+  --beam N             beam size (default 1: greedy), at most the model's max_beam
+  --num-hypotheses N   hypotheses per sentence, at most the beam size (default 1)
+  --max-len N          tokens to generate at most, end token included (default: max_len)
+  --min-len N          tokens before the end token may be generated (default 0)
+  --length-penalty X   scores are divided by length^X (default 0)
+  --start-id ID        first decoder token (default: the model's bos_id)
+  --end-id ID          end token (default: the model's eos_id)
+  --sampling-topk K    sample from the K most likely tokens (0: all); 1 (default): no
+                       sampling. Needs --beam 1
+  --temperature X      sampling temperature (default 1)
+  --seed N             sampling seed (default 0): the same seed gives the same output
+  --threads N          kernel threads (default: the Halide runtime's)
+  --scores             with text, print each translation's score too
 )";
 
 // A minimal option parser: positional arguments and --name value / --name=value.
@@ -579,6 +615,148 @@ int cmd_compile(const std::vector<std::string>& argv) {
   return 0;
 }
 
+// The value of option `name` as an integer in [lo, hi].
+int64_t int_option(const std::string& value, const char* name, int64_t lo, int64_t hi) {
+  int64_t v = 0;
+  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+  if (ec != std::errc() || end != value.data() + value.size() || v < lo || v > hi)
+    fail("translate: {} must be a whole number in [{}, {}], got '{}'", name, lo, hi, value);
+  return v;
+}
+
+double float_option(const std::string& value, const char* name) {
+  double v = 0;
+  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+  if (ec != std::errc() || end != value.data() + value.size() || !std::isfinite(v))
+    fail("translate: {} must be a number, got '{}'", name, value);
+  return v;
+}
+
+kiln::Vocabulary load_vocab(const std::string& path) {
+  try {
+    return kiln::Vocabulary::load(path);
+  } catch (const std::runtime_error& e) {
+    fail("translate: {}", e.what());
+  }
+}
+
+int cmd_translate(const std::vector<std::string>& argv) {
+  if (wants_help(argv)) return fmt::print("{}", kTranslateHelp), 0;
+  Args a = Args::parse(
+      argv,
+      {"--compiled", "--weights", "--inputs", "--src-vocab", "--tgt-vocab", "-o", "--beam",
+       "--num-hypotheses", "--max-len", "--min-len", "--length-penalty", "--start-id", "--end-id",
+       "--sampling-topk", "--temperature", "--seed", "--threads"},
+      {"--scores"}, "translate");
+  const std::string dir = a.require("--compiled", "translate");
+  const std::string weights = a.require("--weights", "translate");
+  GenerateOptions o;
+  constexpr int64_t kMaxInt = INT32_MAX;
+  if (auto v = a.get("--beam"))
+    o.beam_size = static_cast<int32_t>(int_option(*v, "--beam", 0, kMaxInt));
+  if (auto v = a.get("--num-hypotheses"))
+    o.num_hypotheses = static_cast<int32_t>(int_option(*v, "--num-hypotheses", 0, kMaxInt));
+  if (auto v = a.get("--max-len"))
+    o.max_decoding_length = static_cast<int32_t>(int_option(*v, "--max-len", 1, kMaxInt));
+  if (auto v = a.get("--min-len"))
+    o.min_decoding_length = static_cast<int32_t>(int_option(*v, "--min-len", 0, kMaxInt));
+  if (auto v = a.get("--length-penalty"))
+    o.length_penalty = static_cast<float>(float_option(*v, "--length-penalty"));
+  if (auto v = a.get("--start-id")) o.start_id = int_option(*v, "--start-id", 0, INT64_MAX);
+  if (auto v = a.get("--end-id")) o.end_id = int_option(*v, "--end-id", 0, INT64_MAX);
+  if (auto v = a.get("--sampling-topk"))
+    o.sampling_top_k = static_cast<int32_t>(int_option(*v, "--sampling-topk", 0, kMaxInt));
+  if (auto v = a.get("--temperature"))
+    o.sampling_temperature = static_cast<float>(float_option(*v, "--temperature"));
+  if (auto v = a.get("--seed"))
+    o.seed = static_cast<uint64_t>(int_option(*v, "--seed", 0, INT64_MAX));
+  if (auto v = a.get("--threads"))
+    o.threads = static_cast<int>(int_option(*v, "--threads", 1, 1024));
+
+  const bool text = a.get("--src-vocab") || a.get("--tgt-vocab");
+  if (text && !(a.get("--src-vocab") && a.get("--tgt-vocab")))
+    fail("translate: --src-vocab and --tgt-vocab go together");
+  if (text == a.get("--inputs").has_value())
+    fail("translate: give either --inputs IN.safetensors or --src-vocab and --tgt-vocab");
+  if (!text && !a.positional.empty())
+    fail("translate: TEXT arguments need --src-vocab and --tgt-vocab (got '{}')", a.positional[0]);
+
+  std::vector<std::vector<int64_t>> sentences;
+  std::vector<std::string> lines;
+  std::optional<kiln::Vocabulary> src_vocab, tgt_vocab;
+  std::vector<int64_t> src;
+  int64_t batch = 0, length = 0;
+  if (text) {
+    src_vocab = load_vocab(*a.get("--src-vocab"));
+    tgt_vocab = load_vocab(*a.get("--tgt-vocab"));
+    lines = a.positional;
+    if (lines.empty()) {
+      std::string line;
+      while (std::getline(std::cin, line)) {
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        lines.push_back(line);
+      }
+    }
+    const int64_t pad = src_vocab->id("<pad>");
+    if (pad < 0) fail("translate: the source vocabulary has no <pad> token");
+    for (size_t i = 0; i < lines.size(); ++i) {
+      try {
+        sentences.push_back(src_vocab->encode(lines[i]));
+      } catch (const std::runtime_error& e) {
+        fail("translate: sentence {}: {}", i + 1, e.what());
+      }
+      if (sentences.back().empty()) fail("translate: sentence {} is empty", i + 1);
+      length = std::max<int64_t>(length, static_cast<int64_t>(sentences.back().size()));
+    }
+    batch = static_cast<int64_t>(sentences.size());
+    src.assign(static_cast<size_t>(batch * length), pad);
+    for (int64_t b = 0; b < batch; ++b)
+      std::copy(sentences[b].begin(), sentences[b].end(), src.begin() + b * length);
+  } else {
+    rt::SafeTensors ifile = load_safetensors(*a.get("--inputs"));
+    const rt::TensorInfo* t = ifile.find("src");
+    if (!t) fail("translate: inputs '{}' have no tensor 'src'", ifile.label());
+    if (t->shape.size() != 2)
+      fail("translate: 'src' must be [batch, length], got rank {}", t->shape.size());
+    batch = t->shape[0];
+    length = t->shape[1];
+    src = ifile.to_i64(*t);
+  }
+  Generated g = generate_compiled(dir, weights, src, batch, length, o);
+  if (auto out = a.get("-o")) {
+    std::vector<rt::TensorData> data;
+    data.push_back(rt::make_i64("ids", {g.batch, g.hypotheses, g.max_length}, g.ids));
+    data.push_back(rt::make_i64("lengths", {g.batch, g.hypotheses}, g.lengths));
+    data.push_back(rt::make_f32("scores", {g.batch, g.hypotheses}, g.scores));
+    rt::write_safetensors(*out, data);
+    return 0;
+  }
+  std::string printed;
+  for (int64_t b = 0; b < g.batch; ++b)
+    for (int64_t h = 0; h < g.hypotheses; ++h) {
+      const int64_t at = b * g.hypotheses + h;
+      std::vector<int64_t> ids(g.ids.begin() + at * g.max_length,
+                               g.ids.begin() + at * g.max_length + g.lengths[at]);
+      if (text) {
+        std::string translation;
+        try {
+          translation = tgt_vocab->decode(ids);
+        } catch (const std::runtime_error& e) {
+          fail("translate: the model generated {}", e.what());
+        }
+        printed += fmt::format("{}{} -> {}", h ? "  " : "", h ? "" : lines[b], translation);
+        if (a.flags.count("--scores") || g.hypotheses > 1)
+          printed += fmt::format("  (score {:.4f})", g.scores[at]);
+        printed += "\n";
+      } else {
+        printed += fmt::format("sentence {} hypothesis {}: score {:.6f} ids [{}]\n", b, h,
+                               g.scores[at], fmt::join(ids, ", "));
+      }
+    }
+  write_output("-", printed);
+  return 0;
+}
+
 int dispatch(const std::vector<std::string>& args) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
     if (args.size() >= 2 && args[0] == "help") return dispatch({args[1], "--help"});
@@ -592,6 +770,7 @@ int dispatch(const std::vector<std::string>& args) {
   if (cmd == "run") return cmd_run(rest);
   if (cmd == "opt") return cmd_opt(rest);
   if (cmd == "compile") return cmd_compile(rest);
+  if (cmd == "translate") return cmd_translate(rest);
   if (cmd == "models") return cmd_models();
   if (cmd == "--version") return fmt::print("kiln 0.1.0\n"), 0;
   fail("unknown command '{}' (see 'kiln --help')", cmd);
