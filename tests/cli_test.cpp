@@ -218,6 +218,39 @@ TEST_F(CliTest, CompileSharedAndRunCompiledMatchesGolden) {
                 " --inputs " + golden("small_b1.inputs.safetensors") + " --profile")
                 .output,
             "kiln: error: run: --profile needs --compiled DIR\n");
+
+  // kiln translate: beam search from the CLI gives the reference search's ids
+  // (tests/golden/small_decode.safetensors, case beam_c: start 2, end 21).
+  const std::string translate = "translate --compiled " + path("out") + " --weights " +
+                                golden("small.weights.safetensors") + " --inputs " +
+                                golden("small_decode.safetensors");
+  Result t = run(translate +
+                 " --beam 3 --num-hypotheses 2 --max-len 10 --min-len 1 --length-penalty 0.6 "
+                 "--start-id 2 --end-id 21 -o " +
+                 path("beam.safetensors"));
+  ASSERT_EQ(t.status, 0) << t.output;
+  rt::SafeTensors got = rt::SafeTensors::load(path("beam.safetensors"));
+  rt::SafeTensors want = rt::SafeTensors::load(golden("small_decode.safetensors"));
+  EXPECT_EQ(got.to_i64(got.at("ids")), want.to_i64(want.at("beam_c.ids")));
+  EXPECT_EQ(got.to_i64(got.at("lengths")), want.to_i64(want.at("beam_c.lengths")));
+  // Printed without -o; bad options name the problem.
+  Result printed = run(translate + " --max-len 3 --start-id 2 --end-id 21");
+  EXPECT_EQ(printed.status, 0) << printed.output;
+  EXPECT_THAT(printed.output, HasSubstr("sentence 2 hypothesis 0: score "));
+  EXPECT_EQ(run(translate + " --beam 0").output,
+            "kiln: error: beam_size is 0; it must be at least 1\n");
+  EXPECT_EQ(run(translate + " --beam 5").output,
+            "kiln: error: beam_size 5 is above the compiled maximum 4 (max_beam)\n");
+  EXPECT_EQ(run(translate + " --max-len 49").output,
+            "kiln: error: max_decoding_length 49 is above the model's max_len 48\n");
+  EXPECT_EQ(
+      run(translate + " --beam two").output,
+      "kiln: error: translate: --beam must be a whole number in [0, 2147483647], got 'two'\n");
+  EXPECT_EQ(run("translate --compiled " + path("out") + " --weights " +
+                golden("small.weights.safetensors"))
+                .output,
+            "kiln: error: translate: give either --inputs IN.safetensors or --src-vocab and "
+            "--tgt-vocab\n");
 }
 
 TEST_F(CliTest, CompileErrorsNameTheProblem) {
@@ -358,6 +391,45 @@ TEST_F(CliTest, AbsurdLayerCountIsRefused) {
   EXPECT_EQ(r.status, 1);
   EXPECT_EQ(r.output,
             "kiln: error: config 'enc_layers' is 100000000, above the limit of 1000 layers\n");
+}
+
+// Issue 10: absurd sizes are refused before anything large is allocated. kiln emit checks
+// the config's largest tensors (naming the keys; the product may overflow 64 bits), and
+// kiln compile the arena of each function (naming it and the op that does not fit), where
+// the compiled model used to fail only when it was created.
+TEST_F(CliTest, AbsurdSizesAreRefused) {
+  Result e =
+      run("emit transformer --config tiny --set max_batch=1000000000000 -o " + path("huge.kir"));
+  EXPECT_EQ(e.status, 1);
+  EXPECT_EQ(e.output,
+            "kiln: error: config 'max_batch' * 'max_len' * 'tgt_vocab' = 1000000000000 * 40 * 41 "
+            "values of 4 bytes: a tensor above the limit of 1099511627776 bytes\n");
+  EXPECT_FALSE(std::filesystem::exists(path("huge.kir")));
+  Result o = run("emit transformer --config tiny --set max_batch=4611686018427387904");
+  EXPECT_EQ(o.status, 1);
+  EXPECT_THAT(o.output, StartsWith("kiln: error: config 'max_batch' * 'max_len' * 'tgt_vocab' = "
+                                   "4611686018427387904 * 40 * 41 values of 4 bytes"));
+
+  {
+    std::ofstream f(path("arena.kir"));
+    f << R"(module @m {
+  symbol B max 1000000000
+  func @f(%x: f32[B,256]) -> (f32[B,256]) {
+    %a = exp(%x) : f32[B,256]
+    %b = sqrt(%x) : f32[B,256]
+    %c = add(%a, %b) : f32[B,256]
+    return %c
+  }
+}
+)";
+  }
+  Result c = run("compile " + path("arena.kir") + " -o " + path("out"));
+  EXPECT_EQ(c.status, 1);
+  EXPECT_EQ(c.output,
+            "kiln: error: line 5: function 'f': the arena would need more than 1099511627776 "
+            "bytes at the symbols' maxima (%b (sqrt) of 1024000000000 bytes at offset "
+            "1024000000000)\n");
+  EXPECT_FALSE(std::filesystem::exists(path("out")));
 }
 
 }  // namespace
