@@ -3,6 +3,7 @@
 
 #include <sys/wait.h>
 #include <unistd.h>
+#include <algorithm>
 
 #include <chrono>
 #include <cstdlib>
@@ -287,6 +288,22 @@ std::string header_source(const std::string& name, const rt::Plan& plan,
       out_args += (out_args.empty() ? "" : ", ") + r;
       types += (types.empty() ? "" : ", ") + type;
       gets += fmt::format("{}std::get<{}>(out)", gets.empty() ? "" : ", ", i);
+    }
+    const bool in_place = std::any_of(f.results.begin(), f.results.end(),
+                                      [](const rt::TensorDesc& r) { return r.updates_param >= 0; });
+    if (in_place) {  // the updated caches must be the caller's cache inputs: no allocating form
+      std::string updates;
+      for (const auto& r : f.results)
+        if (r.updates_param >= 0)
+          updates += fmt::format("{}{} is {}", updates.empty() ? "" : ", ", r.name,
+                                 f.params[static_cast<size_t>(r.updates_param)].name);
+      out += fmt::format(
+          "\n  /* {0}({2}) -> ({3})\n"
+          "   * Updates its caches in place: pass the same tensors as the inputs and the outputs\n"
+          "   * ({5}). Generation (kiln::Model::generate) drives it for you. */\n"
+          "  void {0}({1}{4}) {{ run(\"{0}\", {{{6}}}, {{{7}}}); }}\n",
+          f.name, params, ins, outs, out_params, updates, args, out_args);
+      continue;
     }
     if (f.results.size() == 1)
       out += fmt::format(
