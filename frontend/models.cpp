@@ -22,6 +22,8 @@ nn::TransformerConfig to_transformer_config(const Config& c) {
   t.max_len = c.at("max_len");
   t.max_batch = c.at("max_batch");
   t.max_beam = c.at("max_beam");
+  t.bos_id = c.at("bos_id");
+  t.eos_id = c.at("eos_id");
   return t;
 }
 
@@ -34,16 +36,17 @@ std::vector<ModelInfo> make_registry() {
   transformer.configs["base"] = {{"src_vocab", 32000}, {"tgt_vocab", 32000}, {"d_model", 512},
                                  {"heads", 8},         {"d_ff", 2048},       {"enc_layers", 6},
                                  {"dec_layers", 6},    {"pad_id", 0},        {"max_len", 128},
-                                 {"max_batch", 16},    {"max_beam", 4}};
+                                 {"max_batch", 16},    {"max_beam", 4},      {"bos_id", 1},
+                                 {"eos_id", 2}};
   // The golden test models (tests/golden/make_golden.py).
-  transformer.configs["tiny"] = {{"src_vocab", 37}, {"tgt_vocab", 41}, {"d_model", 24},
-                                 {"heads", 3},      {"d_ff", 40},      {"enc_layers", 2},
-                                 {"dec_layers", 2}, {"pad_id", 0},     {"max_len", 40},
-                                 {"max_batch", 4},  {"max_beam", 4}};
-  transformer.configs["small"] = {{"src_vocab", 53}, {"tgt_vocab", 29}, {"d_model", 20},
-                                  {"heads", 5},      {"d_ff", 36},      {"enc_layers", 1},
-                                  {"dec_layers", 3}, {"pad_id", 1},     {"max_len", 48},
-                                  {"max_batch", 3},  {"max_beam", 4}};
+  transformer.configs["tiny"] = {
+      {"src_vocab", 37}, {"tgt_vocab", 41}, {"d_model", 24}, {"heads", 3},    {"d_ff", 40},
+      {"enc_layers", 2}, {"dec_layers", 2}, {"pad_id", 0},   {"max_len", 40}, {"max_batch", 4},
+      {"max_beam", 4},   {"bos_id", 1},     {"eos_id", 2}};
+  transformer.configs["small"] = {
+      {"src_vocab", 53}, {"tgt_vocab", 29}, {"d_model", 20}, {"heads", 5},    {"d_ff", 36},
+      {"enc_layers", 1}, {"dec_layers", 3}, {"pad_id", 1},   {"max_len", 48}, {"max_batch", 3},
+      {"max_beam", 4},   {"bos_id", 2},     {"eos_id", 3}};
   transformer.build = [](const Config& c) {
     return nn::build_transformer(to_transformer_config(c));
   };

@@ -196,12 +196,41 @@ ir::Module build_transformer(const TransformerConfig& c) {
   positive("max_len", c.max_len);
   positive("max_batch", c.max_batch);
   positive("max_beam", c.max_beam);
+  for (auto [key, v] : {std::pair{"bos_id", c.bos_id}, {"eos_id", c.eos_id}})
+    if (v < 0 || v >= c.tgt_vocab)
+      fail("config '{}' = {} is outside the target vocabulary [0, {})", key, v, c.tgt_vocab);
   if (c.enc_layers < 0 || c.dec_layers < 0) fail("config layer counts must not be negative");
   // The IR grows with the layer count (sizes are bounded by the verifier's 2^48 bytes per
   // tensor): refuse an absurd count before building it.
   constexpr int64_t kMaxLayers = 1000;
   for (auto [key, v] : {std::pair{"enc_layers", c.enc_layers}, {"dec_layers", c.dec_layers}})
     if (v > kMaxLayers) fail("config '{}' is {}, above the limit of {} layers", key, v, kMaxLayers);
+  // So are absurd sizes, before anything is built or allocated: each of the largest tensors
+  // (f32, at the symbols' maxima) must fit in 2^40 bytes, plan-memory's limit on an arena.
+  constexpr int64_t kMaxTensorBytes = int64_t{1} << 40;
+  const std::pair<const char*, std::vector<int64_t>> largest[] = {
+      {"'max_batch' * 'max_len' * 'tgt_vocab'", {c.max_batch, c.max_len, c.tgt_vocab}},
+      {"'max_batch' * 'max_beam' * 'tgt_vocab'", {c.max_batch, c.max_beam, c.tgt_vocab}},
+      {"'max_batch' * 'heads' * 'max_len'^2", {c.max_batch, c.heads, c.max_len, c.max_len}},
+      {"'max_batch' * 'max_len' * 'd_ff'", {c.max_batch, c.max_len, c.d_ff}},
+      {"'max_batch' * 'max_beam' * 'max_len' * 'd_model'",
+       {c.max_batch, c.max_beam, c.max_len, c.d_model}},
+      {"'src_vocab' * 'd_model'", {c.src_vocab, c.d_model}},
+      {"'tgt_vocab' * 'd_model'", {c.tgt_vocab, c.d_model}},
+      {"'d_ff' * 'd_model'", {c.d_ff, c.d_model}},
+      {"'d_model'^2", {c.d_model, c.d_model}}};
+  for (const auto& [keys, values] : largest) {
+    int64_t bytes = 4;
+    bool over = false;
+    std::string product;
+    for (int64_t v : values) {
+      over = over || __builtin_mul_overflow(bytes, v, &bytes) || bytes > kMaxTensorBytes;
+      product += (product.empty() ? "" : " * ") + std::to_string(v);
+    }
+    if (over)
+      fail("config {} = {} values of 4 bytes: a tensor above the limit of {} bytes", keys, product,
+           kMaxTensorBytes);
+  }
   if (c.d_model % c.heads != 0)
     fail("config 'd_model' = {} is not divisible by 'heads' = {}", c.d_model, c.heads);
   if (c.pad_id < 0 || c.pad_id >= c.src_vocab || c.pad_id >= c.tgt_vocab)
@@ -216,7 +245,8 @@ ir::Module build_transformer(const TransformerConfig& c) {
       {"src_vocab", c.src_vocab},   {"tgt_vocab", c.tgt_vocab}, {"d_model", c.d_model},
       {"heads", c.heads},           {"d_ff", c.d_ff},           {"enc_layers", c.enc_layers},
       {"dec_layers", c.dec_layers}, {"pad_id", c.pad_id},       {"max_len", c.max_len},
-      {"max_batch", c.max_batch},   {"max_beam", c.max_beam}};
+      {"max_batch", c.max_batch},   {"max_beam", c.max_beam},   {"bos_id", c.bos_id},
+      {"eos_id", c.eos_id}};
   for (const auto& [k, v] : keys) mb.set_config(k, std::to_string(v));
 
   {

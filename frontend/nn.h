@@ -47,7 +47,8 @@ struct MultiHeadAttention {
 struct TransformerConfig {
   int64_t src_vocab = 32000, tgt_vocab = 32000, d_model = 512, heads = 8, d_ff = 2048;
   int64_t enc_layers = 6, dec_layers = 6, pad_id = 0, max_len = 128, max_batch = 16;
-  int64_t max_beam = 4;  // decoding: up to max_batch × max_beam hypotheses at once
+  int64_t max_beam = 4;            // decoding: up to max_batch × max_beam hypotheses at once
+  int64_t bos_id = 1, eos_id = 2;  // generation's default start and end tokens (target side)
 };
 
 // x = norm1(x + self_attn(x, mask)); x = norm2(x + ffn(x)).
