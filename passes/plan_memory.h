@@ -37,8 +37,8 @@
 // outside the arena) and printed in its text form, so it round-trips. The plan depends
 // only on the op order and the types: running the pass again changes nothing.
 // Pre: verified. Post: verified, check_memory_plan() reports nothing for every function.
-// An arena that would exceed 2^48 bytes (the verifier's bound on one tensor) is a
-// kiln::Error naming the function and the op that does not fit.
+// An arena that would exceed 2^40 bytes (1 TiB; one tensor may reach 2^48 by the
+// verifier) is a kiln::Error naming the function and the op that does not fit.
 #pragma once
 
 #include <cstdint>

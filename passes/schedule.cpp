@@ -30,16 +30,20 @@
 //     wins, ties going to the earlier; if that peak were above the current order's (a
 //     lazy op sunk past the point where its operands died), the current order stays. So
 //     the peak never grows and an order that is already good is kept as it is.
-// Cost: O(n * ready) for the greedy walk and O(n log n + uses) per evaluated order, so
-// O(n^2 log n) per refinement sweep (about 50 ms for the unfused base Transformer). Op
-// positions are recomputed only after a kept move, and refinement stops after
-// kTrialBudget trial steps, so a graph of 10^5 ops is scheduled in seconds. Only op
-// indices and positions decide anything, so the result is the same on every run.
+// Cost: O((n + uses * arity) log n) for the greedy walk (ready ops ordered by cost, only
+// those whose cost a step changed re-costed); refinement costs each trial move on the
+// stretch of the order it reorders only (OrderState), grows cones with counts instead of
+// rescanning users, and stops after kWorkBase + kWorkPerOp * n steps of work, so it is
+// O(n log n + sweeps * uses) too: a graph of 10^5 ops, wide or long, is scheduled in one or
+// two seconds. (Before, the greedy walk scanned every ready op per step and every trial was
+// costed over the whole order: 677 s for 25000 chains off one value.) Only op indices and
+// positions decide anything, so the result is the same on every run.
 #include "passes/schedule.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <tuple>
 #include <vector>
 
@@ -51,10 +55,14 @@ namespace {
 
 constexpr const char* kPass = "schedule";
 constexpr int kMaxSweeps = 4;
-// The most trial steps (ops of trial orders evaluated) refinement spends on one order: its
-// cost is O(trials * n log n), so without a bound a graph of 10^5 ops takes hours. The
-// base Transformer (unfused, ~3000 ops) needs a few million.
-constexpr int64_t kTrialBudget = int64_t{1} << 26;
+// The most work refinement spends on one order, in steps (an operand of a cone op looked
+// at, a sequence position or an expanded step of a stretch costed): kWorkBase plus
+// kWorkPerOp per op, so refinement is O(n log n) however far cones move (a graph of 10^5
+// ops whose cones each cross most of it would otherwise take minutes). The base
+// Transformer (~3000 ops) uses about 21000 steps, the tests' random graphs fewer: they
+// never reach the bound.
+constexpr int64_t kWorkBase = int64_t{1} << 20;
+constexpr int64_t kWorkPerOp = 32;
 
 // Bytes each value occupies while live, by ValueId (0 for values that are not counted).
 std::vector<int64_t> value_weights(const ir::Module& m, const ir::Function& f) {
@@ -114,7 +122,11 @@ class Scheduler {
         defs_(def_index(f)),
         weights_(value_weights(m, f)),
         lazy_(f.ops.size(), false),
-        users_(f.ops.size()) {
+        users_(f.ops.size()),
+        is_result_(f.values.size(), false),
+        readers_(f.values.size()),
+        most_reads_(f.values.size(), 0) {
+    for (ir::ValueId r : f.results) is_result_[r] = true;
     for (size_t i = 0; i < f.ops.size(); ++i) {
       const ir::Op& op = f.ops[i];
       bool lazy = true;
@@ -124,6 +136,12 @@ class Scheduler {
         regular_.push_back(static_cast<int>(i));
         for (ir::ValueId v : op.operands)
           if (defs_[v] >= 0 && !lazy_[defs_[v]]) users_[defs_[v]].push_back(static_cast<int>(i));
+        for (ir::ValueId v : op.operands) {
+          const int reads = static_cast<int>(std::count(op.operands.begin(), op.operands.end(), v));
+          most_reads_[v] = std::max(most_reads_[v], reads);
+          if (readers_[v].empty() || readers_[v].back() != static_cast<int>(i))
+            readers_[v].push_back(static_cast<int>(i));
+        }
       }
     }
   }
@@ -133,14 +151,22 @@ class Scheduler {
   // The lazy ops that op `r` needs and that are not placed yet, transitively, in the
   // current order (which is topological); marks them placed.
   std::vector<int> take_lazy_operands(int r, std::vector<bool>& placed) const {
+    return take_lazy_operands(r, [&](int d) {
+      if (placed[d]) return false;
+      placed[d] = true;
+      return true;
+    });
+  }
+  // The same with `claim(d)`, which marks lazy op d placed and says whether it was not.
+  template <class Claim>
+  std::vector<int> take_lazy_operands(int r, Claim&& claim) const {
     std::vector<int> closure, stack(1, r);
     while (!stack.empty()) {
       const int i = stack.back();
       stack.pop_back();
       for (ir::ValueId v : f_.ops[i].operands) {
         const int d = defs_[v];
-        if (d < 0 || !lazy_[d] || placed[d]) continue;
-        placed[d] = true;
+        if (d < 0 || !lazy_[d] || !claim(d)) continue;
         closure.push_back(d);
         stack.push_back(d);
       }
@@ -164,7 +190,6 @@ class Scheduler {
     return order;
   }
 
-  Cost cost(const std::vector<int>& seq) const { return cost_of_order(f_, expand(seq), weights_); }
   Cost cost_of_full(const std::vector<int>& order) const {
     return cost_of_order(f_, order, weights_);
   }
@@ -177,11 +202,174 @@ class Scheduler {
   std::vector<int> defs_;
   std::vector<int64_t> weights_;
   std::vector<bool> lazy_;
-  std::vector<std::vector<int>> users_;  // regular op -> regular users, once per operand
-  std::vector<int> regular_;             // regular ops in the current order
+  std::vector<std::vector<int>> users_;    // regular op -> regular users, once per operand
+  std::vector<int> regular_;               // regular ops in the current order
+  std::vector<bool> is_result_;            // by ValueId
+  std::vector<std::vector<int>> readers_;  // value -> regular ops reading it, once each
+  std::vector<int> most_reads_;            // value -> most times one regular op reads it
+
+  friend class OrderState;
 };
 
-// Step 2: greedy list scheduling of the regular ops.
+// An order of the regular ops with its expansion (see Scheduler::expand) and what the cost
+// of that needs, kept up to date while refinement moves cones: each op's step, each
+// value's first and last step, and the live bytes of each step. Moving a cone reorders
+// one stretch of the sequence, [first, target), and so one stretch of the expansion:
+// the lazy ops that the stretch needs are placed inside it, before it when an earlier op
+// needs them, and the rest of the order keeps its steps. Only the values defined or read
+// in the stretch change their steps, and comparing two costs (sorted profiles of the same
+// length) that differ only in the stretch's steps is comparing the stretch's steps,
+// sorted: the largest value that only one of them has decides either way. So a trial
+// costs O(stretch log stretch), not O(n log n).
+class OrderState {
+ public:
+  OrderState(const Scheduler& s, std::vector<int> seq)
+      : s_(s),
+        f_(s.f_),
+        seq_(std::move(seq)),
+        order_(s.expand(seq_)),
+        pos_(f_.ops.size(), -1),
+        step_(f_.ops.size(), -1),
+        op_mark_(f_.ops.size(), 0),
+        def_(f_.values.size(), -1),
+        last_(f_.values.size(), -1),
+        value_mark_(f_.values.size(), 0),
+        new_def_(f_.values.size(), -1),
+        new_last_(f_.values.size(), -1),
+        live_(order_.size(), 0) {
+    for (size_t p = 0; p < seq_.size(); ++p) pos_[seq_[p]] = static_cast<int>(p);
+    for (size_t k = 0; k < order_.size(); ++k) {
+      const int i = order_[k];
+      const ir::Op& op = f_.ops[i];
+      step_[i] = static_cast<int>(k);
+      def_[op.result] = static_cast<int>(k);
+      last_[op.result] = std::max(last_[op.result], static_cast<int>(k));
+      for (ir::ValueId v : op.operands) last_[v] = static_cast<int>(k);
+    }
+    std::vector<int64_t> delta(order_.size() + 1, 0);
+    for (size_t v = 0; v < f_.values.size(); ++v) {
+      if (s_.weights_[v] == 0 || def_[v] < 0) continue;
+      delta[def_[v]] += s_.weights_[v];
+      delta[last_[v] + 1] -= s_.weights_[v];
+    }
+    int64_t live = 0;
+    for (size_t k = 0; k < order_.size(); ++k) live_[k] = live += delta[k];
+  }
+
+  const std::vector<int>& sequence() const { return seq_; }
+  const std::vector<int>& positions() const { return pos_; }  // by op: place in sequence()
+
+  // Tries the sequence with the ops flagged in `in_cone` (all at positions in [first,
+  // target)) moved, in their order, to just before position `target`; keeps it when its
+  // cost is lower. Adds the steps looked at to `work`.
+  bool try_sink(const std::vector<bool>& in_cone, int first, int target, int64_t& work) {
+    stretch_.clear();
+    for (int p = first; p < target; ++p)
+      if (!in_cone[seq_[p]]) stretch_.push_back(seq_[p]);
+    for (int p = first; p < target; ++p)
+      if (in_cone[seq_[p]]) stretch_.push_back(seq_[p]);
+    const int e0 = first == 0 ? 0 : step_[seq_[first - 1]] + 1;
+    const int e1 = step_[seq_[target - 1]] + 1;
+    const int len = e1 - e0;
+    work += static_cast<int64_t>(stretch_.size()) + len;
+
+    // The stretch's expansion: lazy ops before e0 are placed already.
+    ++mark_;
+    steps_.clear();
+    for (int r : stretch_) {
+      for (int d : s_.take_lazy_operands(r, [&](int d) {
+             if (step_[d] < e0 || op_mark_[d] == mark_) return false;
+             op_mark_[d] = mark_;
+             return true;
+           }))
+        steps_.push_back(d);
+      steps_.push_back(r);
+    }
+    KILN_ASSERT(static_cast<int>(steps_.size()) == len, "schedule: a move changed other steps");
+
+    // The values defined or read in the stretch, with their new first and last steps.
+    affected_.clear();
+    auto touch = [&](ir::ValueId v) {
+      if (s_.weights_[v] == 0 || def_[v] < 0) return false;
+      if (value_mark_[v] != mark_) {
+        value_mark_[v] = mark_;
+        affected_.push_back(v);
+        new_def_[v] = def_[v];
+        new_last_[v] = -1;
+      }
+      return true;
+    };
+    for (int k = 0; k < len; ++k) {
+      const ir::Op& op = f_.ops[steps_[k]];
+      if (touch(op.result)) new_def_[op.result] = e0 + k;
+      for (ir::ValueId v : op.operands)
+        if (touch(v)) new_last_[v] = std::max(new_last_[v], e0 + k);
+    }
+    diff_.assign(static_cast<size_t>(len) + 1, 0);
+    auto add = [&](int from, int to, int64_t bytes) {  // steps [from, to], within the stretch
+      from = std::max(from, e0);
+      to = std::min(to, e1 - 1);
+      if (from > to) return;
+      diff_[from - e0] += bytes;
+      diff_[to - e0 + 1] -= bytes;
+    };
+    for (ir::ValueId v : affected_) {
+      new_last_[v] = last_[v] >= e1 ? last_[v] : std::max(new_def_[v], new_last_[v]);
+      add(def_[v], last_[v], -s_.weights_[v]);
+      add(new_def_[v], new_last_[v], s_.weights_[v]);
+    }
+    new_live_.resize(len);
+    int64_t change = 0;
+    for (int k = 0; k < len; ++k) new_live_[k] = live_[e0 + k] + (change += diff_[k]);
+
+    sorted_old_.assign(live_.begin() + e0, live_.begin() + e1);
+    sorted_new_ = new_live_;
+    std::sort(sorted_old_.begin(), sorted_old_.end(), std::greater<>());
+    std::sort(sorted_new_.begin(), sorted_new_.end(), std::greater<>());
+    if (!(sorted_new_ < sorted_old_)) return false;
+
+    for (int k = 0; k < len; ++k) {
+      order_[e0 + k] = steps_[k];
+      step_[steps_[k]] = e0 + k;
+      live_[e0 + k] = new_live_[k];
+    }
+    for (ir::ValueId v : affected_) {
+      def_[v] = new_def_[v];
+      last_[v] = new_last_[v];
+    }
+    for (int p = first; p < target; ++p) {
+      seq_[p] = stretch_[p - first];
+      pos_[seq_[p]] = p;
+    }
+    return true;
+  }
+
+ private:
+  const Scheduler& s_;
+  const ir::Function& f_;
+  std::vector<int> seq_;    // the regular ops
+  std::vector<int> order_;  // its expansion
+  std::vector<int> pos_;    // by op: position in seq_ (-1: lazy)
+  std::vector<int> step_;   // by op: position in order_
+  std::vector<int> op_mark_;
+  std::vector<int> def_, last_;  // by value: first and last step (-1: a parameter)
+  std::vector<int> value_mark_;
+  std::vector<int> new_def_, new_last_;
+  std::vector<int64_t> live_;  // by step: live bytes
+  int mark_ = 0;
+  // Scratch of one trial.
+  std::vector<int> stretch_, steps_;
+  std::vector<ir::ValueId> affected_;
+  std::vector<int64_t> diff_, new_live_, sorted_old_, sorted_new_;
+};
+
+// Step 2: greedy list scheduling of the regular ops. The ready ops are kept ordered by
+// their cost (net growth, transient less the live bytes every candidate shares, op index),
+// so each step takes the first. A ready op's cost changes only when an operand v is
+// about to die in it (v's remaining reads fall to the number of times it reads v) or a
+// lazy operand is placed for another op; those ready readers alone are re-costed, so the
+// walk is O((n + uses * arity) log n) where a scan of every ready op per step was
+// O(n * ready) (minutes for one value read by 10^4 ops).
 std::vector<int> Scheduler::greedy() const {
   const size_t n = f_.ops.size();
   std::vector<int> remaining_uses(f_.values.size(), 0);
@@ -193,25 +381,28 @@ std::vector<int> Scheduler::greedy() const {
     }
   }
   std::vector<bool> placed(n, false);
-  std::vector<int> ready;  // sorted by op index (= current position)
-  for (int i : regular_)
-    if (waiting[i] == 0) ready.push_back(i);
 
+  // Values whose ready readers may cost differently after this step.
+  std::vector<ir::ValueId> touched;
   int64_t live = 0;
   auto place = [&](int i) {
     const ir::Op& op = f_.ops[i];
     placed[i] = true;
     if (remaining_uses[op.result] > 0) live += weights_[op.result];
-    for (ir::ValueId v : op.operands)
+    if (lazy_[i]) touched.push_back(op.result);
+    for (ir::ValueId v : op.operands) {
       if (--remaining_uses[v] == 0) live -= weights_[v];
+      if (remaining_uses[v] <= most_reads_[v]) touched.push_back(v);
+    }
   };
 
   std::vector<int> stamp_of(f_.values.size(), -1);
   int stamp = 0;
+  using Key = std::tuple<int64_t, int64_t, int>;  // net, transient - live, op
   auto cost = [&](int i) {
     const ir::Op& op = f_.ops[i];
     ++stamp;
-    int64_t transient = live + weights_[op.result];
+    int64_t transient = weights_[op.result];
     int64_t net = remaining_uses[op.result] > 0 ? weights_[op.result] : 0;
     for (ir::ValueId v : op.operands) {
       if (stamp_of[v] == stamp) continue;
@@ -226,91 +417,103 @@ std::vector<int> Scheduler::greedy() const {
         net -= weights_[v];
       }
     }
-    return std::make_tuple(net, transient, i);
+    return Key{net, transient, i};
   };
+
+  std::set<Key> ready;
+  std::vector<Key> key_of(n);
+  std::vector<bool> is_ready(n, false);
+  auto make_ready = [&](int i) {
+    is_ready[i] = true;
+    key_of[i] = cost(i);
+    ready.insert(key_of[i]);
+  };
+  for (int i : regular_)
+    if (waiting[i] == 0) make_ready(i);
 
   std::vector<int> seq;
   seq.reserve(regular_.size());
   while (!ready.empty()) {
-    size_t best = 0;
-    auto best_cost = cost(ready[0]);
-    for (size_t k = 1; k < ready.size(); ++k) {
-      auto c = cost(ready[k]);
-      if (c < best_cost) {
-        best_cost = c;
-        best = k;
-      }
-    }
-    const int r = ready[best];
-    ready.erase(ready.begin() + static_cast<std::ptrdiff_t>(best));
+    const int r = std::get<2>(*ready.begin());
+    ready.erase(ready.begin());
+    is_ready[r] = false;
     // Its lazy operands first (as `expand` will place them), then the op.
+    touched.clear();
     for (int d : take_lazy_operands(r, placed)) place(d);
     place(r);
     seq.push_back(r);
+    for (ir::ValueId v : touched)
+      for (int u : readers_[v]) {
+        if (!is_ready[u]) continue;
+        const Key key = cost(u);
+        if (key == key_of[u]) continue;
+        ready.erase(key_of[u]);
+        key_of[u] = key;
+        ready.insert(key);
+      }
     for (int u : users_[r])
-      if (--waiting[u] == 0) ready.insert(std::lower_bound(ready.begin(), ready.end(), u), u);
+      if (--waiting[u] == 0) make_ready(u);
   }
   KILN_ASSERT(seq.size() == regular_.size(), "schedule: an op was never ready");
   return seq;
 }
 
-// Step 3: refinement by sinking cones.
+// Step 3: refinement by sinking cones. The cone of x is grown with a count, per producer,
+// of its reads by the cone so far (exclusive when that is all its reads), and each trial
+// move is costed by OrderState on the stretch it reorders only.
 std::vector<int> Scheduler::refine(std::vector<int> seq) const {
   const size_t n = f_.ops.size();
-  Cost best = cost(seq);
-  std::vector<int> pos(n, -1);
+  OrderState state(*this, std::move(seq));
   std::vector<bool> in_cone(n, false);
+  std::vector<int> reads_in_cone(n, 0);  // regular op -> reads of its result by the cone
   std::vector<int> cone;
-  int64_t budget = kTrialBudget;
+  const int64_t work_budget = kWorkBase + kWorkPerOp * static_cast<int64_t>(n);
+  int64_t budget = work_budget;
+  auto join_cone = [&](int c) {
+    in_cone[c] = true;
+    cone.push_back(c);
+    for (ir::ValueId v : f_.ops[c].operands)
+      if (defs_[v] >= 0 && !lazy_[defs_[v]]) ++reads_in_cone[defs_[v]];
+  };
   for (int sweep = 0; sweep < kMaxSweeps; ++sweep) {
     bool moved = false;
-    const std::vector<int> snapshot = seq;
-    bool stale = true;  // pos is recomputed only after seq changed
+    const std::vector<int> snapshot = state.sequence();
     for (auto it = snapshot.rbegin(); it != snapshot.rend() && budget > 0; ++it) {
       const int x = *it;
-      if (stale)
-        for (size_t p = 0; p < seq.size(); ++p) pos[seq[p]] = static_cast<int>(p);
-      stale = false;
-      int target = static_cast<int>(seq.size());  // x's first user, or the end
+      const std::vector<int>& pos = state.positions();
+      int target = static_cast<int>(snapshot.size());  // x's first user, or the end
       for (int u : users_[x]) target = std::min(target, pos[u]);
       if (target == pos[x] + 1) continue;
       // The cone: x and, transitively, the regular producers used only inside the cone.
-      cone.assign(1, x);
-      in_cone[x] = true;
+      cone.clear();
+      join_cone(x);
+      int first = pos[x];
+      int64_t work = 0;
       for (size_t k = 0; k < cone.size(); ++k) {
         for (ir::ValueId v : f_.ops[cone[k]].operands) {
+          ++work;
           const int d = defs_[v];
           if (d < 0 || lazy_[d] || in_cone[d]) continue;
-          bool exclusive = true;
-          for (int u : users_[d]) exclusive = exclusive && in_cone[u];
-          for (ir::ValueId r : f_.results) exclusive = exclusive && r != v;
-          if (!exclusive) continue;
-          in_cone[d] = true;
-          cone.push_back(d);
+          if (is_result_[v] || reads_in_cone[d] != static_cast<int>(users_[d].size())) continue;
+          join_cone(d);
+          first = std::min(first, pos[d]);
         }
       }
-      std::vector<int> trial;
-      trial.reserve(seq.size());
-      for (int p = 0; p < target; ++p)
-        if (!in_cone[seq[p]]) trial.push_back(seq[p]);
-      for (int p = 0; p < target; ++p)
-        if (in_cone[seq[p]]) trial.push_back(seq[p]);
-      trial.insert(trial.end(), seq.begin() + target, seq.end());
-      for (int c : cone) in_cone[c] = false;
-      budget -= static_cast<int64_t>(trial.size());
-      const Cost c = cost(trial);
-      if (c < best) {
-        seq = std::move(trial);
-        best = c;
-        moved = stale = true;
+      if (state.try_sink(in_cone, first, target, work)) moved = true;
+      for (int c : cone) {
+        in_cone[c] = false;
+        for (ir::ValueId v : f_.ops[c].operands)
+          if (defs_[v] >= 0) reads_in_cone[defs_[v]] = 0;
       }
+      budget -= work;
     }
     if (budget <= 0)
-      debug_log(kPass, "@{}: refinement stopped in sweep {}: {} trial steps evaluated", f_.name,
-                sweep, kTrialBudget);
+      debug_log(kPass, "@{}: refinement stopped in sweep {}: {} steps of work done", f_.name, sweep,
+                work_budget);
     if (!moved || budget <= 0) break;
   }
-  return seq;
+  debug_log(kPass, "@{}: refinement did {} steps of work", f_.name, work_budget - budget);
+  return state.sequence();
 }
 
 bool schedule_function(const ir::Module& m, ir::Function& f) {
