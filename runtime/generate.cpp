@@ -79,15 +79,51 @@ double normalized(double cum, int64_t length, double penalty) {
   return penalty == 0 ? cum : cum / std::pow(static_cast<double>(length), penalty);
 }
 
-// log_softmax of one row of logits, in double.
-void log_softmax(const float* logits, int64_t V, std::vector<double>& out) {
-  out.resize(static_cast<size_t>(V));
-  double mx = kNegInf;
-  for (int64_t v = 0; v < V; ++v) mx = std::max(mx, static_cast<double>(logits[v]));
-  double sum = 0;
-  for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(logits[v]) - mx);
-  const double lse = mx + std::log(sum);
-  for (int64_t v = 0; v < V; ++v) out[v] = static_cast<double>(logits[v]) - lse;
+// exp(x) for x <= 0 in f32 without a library call, so the loop over a vocabulary row
+// vectorizes: 2^(x·log2 e) split into an integer power (built in the exponent bits) and a
+// degree-6 polynomial for the fraction (relative error about 2e-7); 0 below -87.
+inline float exp_nonpositive(float x) {
+  const float t = std::max(x, -87.0f) * 1.44269504088896341f;
+  const float fl = static_cast<float>(static_cast<int32_t>(t - 1.0f) + 1);  // floor for t <= 0
+  const float n = fl > t ? fl - 1.0f : fl;
+  const float f = (t - n) * 0.69314718055994531f;  // in [0, ln 2)
+  float p = 1.0f / 720;
+  p = p * f + 1.0f / 120;
+  p = p * f + 1.0f / 24;
+  p = p * f + 1.0f / 6;
+  p = p * f + 0.5f;
+  p = p * f + 1.0f;
+  p = p * f + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+// log-sum-exp of one row of logits: the log_softmax of token v is logits[v] - lse.
+double log_sum_exp(const float* logits, int64_t V) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t v = 0; v < V; ++v) mx = std::max(mx, logits[v]);
+  float sum = 0;
+  for (int64_t v = 0; v < V; ++v) sum += exp_nonpositive(logits[v] - mx);
+  return static_cast<double>(mx) + std::log(static_cast<double>(sum));
+}
+
+// The `keep` best tokens of a row (highest logit first, lower id first on ties), `banned`
+// (the end token before min_decoding_length; -1: none) left out: one pass with a small
+// sorted buffer, as keep is at most beam_size + 1.
+void best_tokens(const float* logits, int64_t V, int64_t keep, int64_t banned,
+                 std::vector<int64_t>& out) {
+  out.clear();
+  for (int64_t v = 0; v < V; ++v) {
+    if (v == banned) continue;
+    const float x = logits[v];
+    if (static_cast<int64_t>(out.size()) == keep && !(x > logits[out.back()])) continue;
+    if (static_cast<int64_t>(out.size()) == keep) out.pop_back();
+    size_t at = out.size();
+    while (at > 0 && x > logits[out[at - 1]]) --at;
+    out.insert(out.begin() + static_cast<int64_t>(at), v);
+  }
 }
 
 class Search {
@@ -261,20 +297,16 @@ class Search {
       int64_t beam, token;
     };
     std::vector<Cand> cands;
-    std::vector<double> lp;
-    std::vector<int64_t> ids(static_cast<size_t>(V));
+    std::vector<int64_t> best;
+    const int64_t banned = t < o_.min_decoding_length ? end_ : -1;
     for (size_t i = begin; i < end; ++i) {
-      log_softmax(&logits_[i * V], V, lp);
-      if (t < o_.min_decoding_length) lp[end_] = kNegInf;
+      const float* row = &logits_[i * V];
+      const double lse = log_sum_exp(row, V);
       // The K + 1 best tokens of this beam suffice: at most one of them is the end token.
-      const int64_t keep = std::min<int64_t>(K + 1, V);
-      for (int64_t v = 0; v < V; ++v) ids[v] = v;
-      auto better = [&](int64_t a, int64_t b) {
-        return lp[a] > lp[b] || (lp[a] == lp[b] && a < b);
-      };
-      std::partial_sort(ids.begin(), ids.begin() + keep, ids.end(), better);
-      for (int64_t r = 0; r < keep; ++r)
-        cands.push_back({alive[i].cum + lp[ids[r]], static_cast<int64_t>(i - begin), ids[r]});
+      best_tokens(row, V, K + 1, banned, best);
+      for (int64_t v : best)
+        cands.push_back({alive[i].cum + (static_cast<double>(row[v]) - lse),
+                         static_cast<int64_t>(i - begin), v});
     }
     std::stable_sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) {
       if (a.score != b.score) return a.score > b.score;
@@ -316,8 +348,10 @@ class Search {
   void sample(const std::vector<Hyp>& alive, size_t i, int64_t t, std::mt19937_64& rng,
               std::vector<Hyp>& next) {
     const int64_t V = vocab_;
-    std::vector<double> lp;
-    log_softmax(&logits_[i * V], V, lp);
+    const float* row = &logits_[i * V];
+    const double lse = log_sum_exp(row, V);
+    std::vector<double> lp(static_cast<size_t>(V));
+    for (int64_t v = 0; v < V; ++v) lp[v] = static_cast<double>(row[v]) - lse;
     if (t < o_.min_decoding_length) lp[end_] = kNegInf;
     std::vector<int64_t> ids(static_cast<size_t>(V));
     for (int64_t v = 0; v < V; ++v) ids[v] = v;
