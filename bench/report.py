@@ -190,6 +190,260 @@ def setup_and_memory(p, rd, compiled):
     p("")
 
 
+# The bytes of weights one decoder step reads (base config, f32; generate_bench.cpp has the
+# same formula): per decoder layer self-attention q, k, v, o and cross-attention q, o
+# (weights and biases), the FFN, three LayerNorms; the final LayerNorm; the generator; one
+# embedding row.
+D_MODEL, D_FF, VOCAB, DEC_LAYERS = 512, 2048, 32000, 6
+STEP_WEIGHT_BYTES = 4 * (DEC_LAYERS * (6 * (D_MODEL * D_MODEL + D_MODEL) + (D_MODEL * D_FF + D_FF)
+                                       + (D_FF * D_MODEL + D_MODEL) + 3 * 2 * D_MODEL)
+                         + 2 * D_MODEL + D_MODEL * VOCAB + VOCAB + D_MODEL)
+
+
+def bandwidth_of(entries):
+    e = find(entries, "bandwidth")
+    return e.get("GB/s") if e and not e.get("error_occurred") else None
+
+
+def load_generation_round(d):
+    doc = load(os.path.join(d, "kiln-gen.json"))
+    entries = gbench_entries(doc)
+    bw = {"kiln": bandwidth_of(entries)}
+    for eng, name in (("pt", "peak-pytorch.json"), ("ort", "peak-ort.json")):
+        bw[eng] = bandwidth_of(gbench_entries(load(os.path.join(d, name))))
+    bw_all = [b["GB/s"] for b in gbench_repetitions(doc, "bandwidth") if b.get("GB/s")]
+    return {"entries": entries, "doc": doc, "bw": bw, "bw_reps": bw_all, "peak": peak_of(entries)}
+
+
+def parse_profile(path, top=8):
+    """{workload: {"call_ms", "entry": {name: (runs, ms per run)}, "kernels": [(name, calls,
+    total ms, ms per call, share)]}} from generate_bench's KILN_BENCH_PROFILE_OUT text."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return {}
+    out, cur = {}, None
+    for line in text.splitlines():
+        if line.startswith("== "):
+            name = line[3:].split(":")[0]
+            cur = out.setdefault(name, {"entry": {}, "kernels": [], "call_ms": None})
+            try:
+                cur["call_ms"] = float(line.split(" ms per call")[0].split()[-1])
+            except ValueError:
+                pass
+        elif cur is not None and line.startswith("kiln profile: '"):
+            name = line.split("'")[1]
+            try:
+                runs = int(line.split(" ran ")[1].split()[0])
+                ms = float(line.split(", ")[-1].split()[0])
+                cur["entry"][name] = (runs, ms)
+            except (IndexError, ValueError):
+                pass
+        elif cur is not None and line and not line.startswith("kernel") and len(line.split()) == 5:
+            k = line.split()
+            try:
+                cur["kernels"].append((k[0], int(k[1]), float(k[2]), float(k[3]), k[4]))
+            except ValueError:
+                pass
+    return out
+
+
+def generation_section(p, rounds, res):
+    """W3/W5: kiln_generate vs PyTorch's hand-written incremental decoder vs ORT's
+    past/present decoder; W3 against its bandwidth floor. Returns False if no numbers."""
+    with open(os.path.join(HERE, "workloads.json")) as f:
+        gen = json.load(f).get("generation", [])
+    if not gen:
+        return False
+    grounds = [load_generation_round(rd["dir"]) for rd in rounds]
+    have = any(g["entries"] for g in grounds) or any(rd["pt"].get("best_generation") for rd in rounds) \
+        or any(rd["ort"].get("generation") for rd in rounds)
+    if not have:
+        return False
+    notes = []
+
+    def times(i, w):
+        rd, g = rounds[i], grounds[i]
+        tag = os.path.basename(rd["dir"])
+        e = find(g["entries"], w["kiln_name"])
+        k = None
+        if e is not None and e.get("error_occurred"):
+            notes.append("%s kiln %s: skipped: %s" % (tag, w["key"], e.get("error_message")))
+        elif e is not None:
+            k = to_ms(e)
+        pb = (rd["pt"].get("best_generation") or {}).get(w["key"])
+        og = (rd["ort"].get("generation") or {}).get(w["key"], {})
+        if og and not og.get("median_ms"):
+            notes.append("%s ORT %s: %s" % (tag, w["key"], og.get("skipped") or og.get("error")))
+        k_min = gbench_min_ms(g["doc"], w["kiln_name"]) if k else None
+        p_min = best_of(s.get("generation", {}).get(w["key"], {}).get("min_ms") for s in rd["pt"].get("settings", []))
+        return dict(k=k, p=pb["median_ms"] if pb else None, ps=pb["setting"] if pb else None,
+                    o=og.get("median_ms"), k_min=k_min, p_min=p_min, o_min=og.get("min_ms"))
+
+    bws = [b for g in grounds for b in list(g["bw"].values()) + g["bw_reps"] if b]
+    bw = max(bws) if bws else None
+    threads = os.environ.get("KILN_BENCH_THREADS", "2")
+    p("## Generation: kiln vs PyTorch vs ONNX Runtime (%s threads each; best of %d round%s)" % (
+        threads, len(rounds), "s" if len(rounds) > 1 else ""))
+    p("")
+    p("| workload | target tokens | kiln ms | PyTorch best ms | ORT ms | kiln tok/s | PyTorch tok/s "
+      "| ORT tok/s | PyTorch/kiln | ORT/kiln |")
+    p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    rows, per_round = {}, {}
+    for w in gen:
+        key = w["key"]
+        ts = [times(i, w) for i in range(len(rounds))]
+        per_round[key] = ts
+        k, pm, om = (best_of(t[x] for t in ts) for x in ("k", "p", "o"))
+        n = w["batch"] * w["new_tokens"]
+
+        def tps(ms):
+            return n / (ms / 1e3) if ms else None
+        rp = pm / k if pm and k else None
+        ro = om / k if om and k else None
+        rows[key] = dict(k=k, p=pm, o=om, rp=rp, ro=ro, setting=next((t["ps"] for t in ts if t["p"] == pm), None))
+        what = "greedy" if w["beam"] == 1 else "beam %d" % w["beam"]
+        p("| %s %s B=%d S=%d, %d new tokens | %d | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            key, what, w["batch"], w["src_len"], w["new_tokens"], n, fmt(k), fmt(pm), fmt(om),
+            fmt(tps(k)), fmt(tps(pm)), fmt(tps(om)), fmt(rp, 2) + ("×" if rp else ""),
+            fmt(ro, 2) + ("×" if ro else "")))
+    p("")
+    p("ms: a whole search per call (encoder and cross-attention keys/values once, %s decoder "
+      "steps with the end token forbidden, the search itself); each engine's median per round, "
+      "best round shown. tok/s: target tokens (batch × new tokens, the best hypothesis of each "
+      "sentence) per second." % gen[0]["new_tokens"])
+    for w in gen:
+        if rows[w["key"]]["setting"]:
+            p("PyTorch best for %s: %s." % (w["key"], rows[w["key"]]["setting"]))
+    p("")
+    p("Fastest single run (kiln: fastest repetition; peers: fastest call):")
+    p("")
+    p("| workload | kiln min ms | PyTorch min ms | ORT min ms | PyTorch/kiln | ORT/kiln |")
+    p("|---|---:|---:|---:|---:|---:|")
+    for w in gen:
+        ts = per_round[w["key"]]
+        k, pm, om = (best_of(t[x] for t in ts) for x in ("k_min", "p_min", "o_min"))
+        p("| %s | %s | %s | %s | %s | %s |" % (w["key"], fmt(k), fmt(pm), fmt(om),
+                                                fmt(pm / k if pm and k else None, 2) + ("×" if pm and k else ""),
+                                                fmt(om / k if om and k else None, 2) + ("×" if om and k else "")))
+    p("")
+
+    # W3's floor.
+    w3 = next((w for w in gen if w["key"] == "W3"), None)
+    floor_ratio = None
+    if w3:
+        floor_ms = STEP_WEIGHT_BYTES * w3["new_tokens"] / (bw * 1e9) * 1e3 if bw else None
+        k = rows["W3"]["k"]
+        k_min = best_of(t["k_min"] for t in per_round["W3"])
+        floor_ratio = k / floor_ms if k and floor_ms else None
+        p("**W3's floor**: one decoder step reads %.2f MB of weights (f32: every decoder layer's "
+          "self-attention q, k, v, o, cross-attention q and o, FFN and LayerNorms, the final "
+          "LayerNorm, the generator 512×32000, one embedding row; the cross-attention keys and "
+          "values of the source are computed once, in prepare); × %d steps = %.3f GB, over the "
+          "highest memory read bandwidth measured in the run, %s GB/s (2 threads streaming 512 MiB), "
+          "is **%s ms**. kiln's W3: %s ms median = **%s× the floor** (fastest repetition %s ms = %s×)." % (
+              STEP_WEIGHT_BYTES / 1e6, w3["new_tokens"], STEP_WEIGHT_BYTES * w3["new_tokens"] / 1e9,
+              fmt(bw), fmt(floor_ms), fmt(k), fmt(floor_ratio, 2), fmt(k_min),
+              fmt(k_min / floor_ms if k_min and floor_ms else None, 2)))
+        p("")
+
+    def check(cond, text):
+        if cond is None:
+            return "- n/a: %s (missing numbers)" % text
+        return "- %s: %s" % ("met" if cond else "MISSED", text)
+
+    def gt1(x):
+        return None if x is None else x > 1.0
+
+    p("### Acceptance (issue 11, point 4; on the medians above)")
+    for w in gen:
+        key = w["key"]
+        p(check(gt1(rows[key]["rp"]), "%s kiln faster than PyTorch (ratio %s)" % (key, fmt(rows[key]["rp"], 2))))
+        p(check(gt1(rows[key]["ro"]), "%s kiln faster than ONNX Runtime (ratio %s)" % (key, fmt(rows[key]["ro"], 2))))
+    if w3:
+        p(check(None if floor_ratio is None else floor_ratio <= 1.5,
+                "W3 within 1.5× of its bandwidth floor (%s×)" % fmt(floor_ratio, 2)))
+    p("")
+
+    p("### Generation, every round (median ms; memory bandwidth GB/s measured next to each engine)")
+    p("")
+    p("| round | " + " | ".join("%s kiln / PyTorch / ORT" % w["key"] for w in gen)
+      + " | bandwidth at kiln (range) / PyTorch / ORT | peak GFLOP/s at kiln |")
+    p("|---|" + "---|" * (len(gen) + 2))
+    for i, rd in enumerate(rounds):
+        cells = ["%s / %s / %s" % (fmt(per_round[w["key"]][i]["k"]), fmt(per_round[w["key"]][i]["p"]),
+                                   fmt(per_round[w["key"]][i]["o"])) for w in gen]
+        g = grounds[i]
+        rng = "%s–%s" % (fmt(min(g["bw_reps"])), fmt(max(g["bw_reps"]))) if g["bw_reps"] else "—"
+        p("| %s | %s | %s (%s) / %s / %s | %s |" % (
+            os.path.basename(rd["dir"]), " | ".join(cells), fmt(g["bw"]["kiln"]), rng, fmt(g["bw"]["pt"]),
+            fmt(g["bw"]["ort"]), fmt(g["peak"], 0)))
+    p("")
+
+    # PyTorch's settings.
+    pt = rounds[0]["pt"]
+    if any(s.get("generation") for s in pt.get("settings", [])):
+        p("PyTorch, every BLAS setting (round 1, median ms): " + "; ".join(
+            "%s: %s" % (s["name"], ", ".join(
+                "%s %s%s" % (w["key"], fmt(s["generation"][w["key"]].get("median_ms"))
+                             if "median_ms" in s["generation"].get(w["key"], {}) else "skipped",
+                             " (warm-up only)" if s["generation"].get(w["key"], {}).get("runs") == 0 else "")
+                for w in gen))
+            for s in pt.get("settings", []) if s.get("generation")) + ".")
+        p("")
+
+    # Same ids.
+    p("### Generation: same source ids as PyTorch")
+    meta = safetensors_metadata(os.environ.get("KILN_BENCH_GEN_REFERENCE") or os.path.join(
+        os.path.dirname(os.path.abspath(res)), "gen_reference.safetensors"))
+    if meta:
+        p("- PyTorch's incremental decoder (the peer) vs the reference model without a cache: greedy "
+          "ids %s equal, every step's logits within %s of forward()'s" % (
+              meta.get("incremental_vs_full_greedy_same_ids", "?"),
+              meta.get("incremental_vs_forward_max_abs_logit_diff", "?")))
+    ce = find(grounds[0]["entries"], "check_generate_vs_pytorch")
+    if ce and not ce.get("error_occurred"):
+        p("- kiln: greedy %d/%d ids equal to PyTorch's (%d leading), beam 4 (2 sentences) %d/%d (%d leading)" % (
+            ce.get("greedy_same_ids", 0), ce.get("greedy_of", 0), ce.get("greedy_same_prefix", 0),
+            ce.get("beam4_same_ids", 0), ce.get("beam4_of", 0), ce.get("beam4_same_prefix", 0)))
+    elif ce:
+        p("- kiln: not checked: %s" % ce.get("error_message"))
+    oc = rounds[0]["ort"].get("generation_check_vs_pytorch")
+    if oc:
+        p("- ONNX Runtime: greedy %d/%d ids equal (%d leading), beam 4 %d/%d (%d leading)" % (
+            oc["greedy"]["same_ids"], oc["greedy"]["of"], oc["greedy"]["same_prefix"],
+            oc["beam4"]["same_ids"], oc["beam4"]["of"], oc["beam4"]["same_prefix"]))
+    p("")
+
+    # kiln's profile.
+    prof = parse_profile(os.path.join(rounds[0]["dir"], "kiln-gen-profile.txt"))
+    if prof:
+        p("### kiln's profile (round 1, after the timed runs; kiln_model_set_profiling)")
+        p("")
+        for name, pr in prof.items():
+            kernel_ms = sum(ms * runs for runs, ms in pr["entry"].values())
+            calls = pr["entry"].get("prepare", (1, 0))[0] or 1
+            per_call = kernel_ms / calls
+            p("%s: %s ms per kiln_generate call with profiling on; entry points %s; the runtime's "
+              "search (log_softmax, top-k, bookkeeping, cache allocation) the remaining %s ms (%s%%)." % (
+                  name, fmt(pr["call_ms"]), ", ".join("%s %s ms × %d" % (n, fmt(ms, 2), r // calls)
+                                                       for n, (r, ms) in pr["entry"].items()),
+                  fmt(pr["call_ms"] - per_call if pr["call_ms"] else None),
+                  fmt(100 * (pr["call_ms"] - per_call) / pr["call_ms"] if pr["call_ms"] else None)))
+            p("")
+            p("| kernel | calls per generate | ms per call | ms per generate | share of kernel time |")
+            p("|---|---:|---:|---:|---:|")
+            for kname, kc, total, per, share in pr["kernels"][:8]:
+                p("| %s | %d | %s | %s | %s |" % (kname, kc // calls, fmt(per, 3), fmt(total / calls, 1), share))
+            p("")
+    for n in notes:
+        p("- " + n)
+    if notes:
+        p("")
+    return True
+
+
 def main():
     if len(sys.argv) != 2:
         print(__doc__, file=sys.stderr)
@@ -205,6 +459,14 @@ def main():
     lines = []
     p = lines.append
     notes = []
+
+    have_forward = any(find(rd["kiln"], w["kiln_name"]) for rd in rounds for w in workloads) or \
+        any(rd["pt"].get("best") for rd in rounds) or any(rd["ort"].get("workloads") for rd in rounds)
+    if not have_forward:  # KILN_BENCH_GENERATION=only
+        generation_section(p, rounds, res)
+        machine_and_problems(p, res)
+        print("\n".join(lines))
+        return 0
 
     peaks = [x for rd in rounds for x in (rd["peak_kiln"], rd["peak_pt"], rd["peak_ort"]) if x]
     peak = max(peaks) if peaks else None
@@ -295,6 +557,9 @@ def main():
         p("| %s | %s | %s / %s / %s |" % (os.path.basename(rd["dir"]), " | ".join(cells),
                                            fmt(rd["peak_kiln"], 0), fmt(rd["peak_pt"], 0), fmt(rd["peak_ort"], 0)))
     p("")
+
+    # Generation (W3, W5).
+    generation_section(p, rounds, res)
 
     # Setup and memory (round 1: every engine's first process).
     setup_and_memory(p, first, load(os.path.join(res, "compile.json")) or {})
@@ -442,7 +707,16 @@ def main():
                         if any_paired else ""))
         p("")
 
-    # Machine and problems.
+    machine_and_problems(p, res)
+    if notes:
+        p("### Notes")
+        for n in notes:
+            p("- " + n)
+    print("\n".join(lines))
+    return 0
+
+
+def machine_and_problems(p, res):
     for name in ("machine.log", "status.log"):
         try:
             with open(os.path.join(res, name)) as f:
@@ -456,12 +730,6 @@ def main():
             p(text)
             p("```")
             p("")
-    if notes:
-        p("### Notes")
-        for n in notes:
-            p("- " + n)
-    print("\n".join(lines))
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # kiln's model benchmarks next to its peers, in one run (see bench/README.md):
-#   builds model_bench (+ peak, + gemm_bench where oneDNN is installed), makes the shared
-#   checkpoint / ONNX files / PyTorch reference (cached in $KILN_BENCH_CACHE), times
-#   `kiln compile` of the base model, then runs kiln + peak, PyTorch eager and ONNX Runtime
-#   one after the other (in rounds; each also reports its load time and memory), and
+#   builds model_bench and generate_bench (+ peak and bandwidth, + gemm_bench where oneDNN
+#   is installed), makes the shared checkpoint / ONNX files / PyTorch references (cached in
+#   $KILN_BENCH_CACHE), times `kiln compile` of the base model, then runs kiln + peak,
+#   PyTorch eager and ONNX Runtime one after the other on the forward workloads (W1, W2, W4)
+#   and generation (W3, W5) (in rounds; each also reports its load time and memory), and
 #   gemm_bench (kiln vs oneDNN: medians of 20 interleaved repetitions, and paired ratios)
 #   in every round, and prints the table (bench/report.py).
 #   Results: $KILN_BENCH_CACHE/results/ (round*/ per round).
@@ -18,6 +19,8 @@
 #   KILN_BENCH_REPS    kiln repetitions / peer runs per workload (default 5)
 #   KILN_BENCH_ROUNDS  rounds of kiln + PyTorch + ORT (default 2; report takes each best)
 #   KILN_BENCH_GEMM=0  skip gemm_bench;  KILN_BENCH_SKIP_BUILD=1  use the build as is
+#   KILN_BENCH_GENERATION=0  skip W3/W5;  KILN_BENCH_GENERATION=only  W3/W5 (+ peak,
+#                      bandwidth) only: no model_bench, no forward workloads, no gemm_bench
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -25,6 +28,7 @@ BUILD=${KILN_BENCH_BUILD:-/tmp/build-bench}
 CACHE=${KILN_BENCH_CACHE:-/tmp/kiln-bench}
 JOBS=${KILN_BENCH_JOBS:-1}
 export KILN_BENCH_THREADS=${KILN_BENCH_THREADS:-2}
+GEN=${KILN_BENCH_GENERATION:-1}
 REPS=${KILN_BENCH_REPS:-5}
 PY=/usr/bin/python3
 OUT=$CACHE/results
@@ -42,10 +46,12 @@ if [[ "${KILN_BENCH_SKIP_BUILD:-0}" != 1 ]]; then
   log "configure + build in $BUILD (-j$JOBS)"
   cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_BUILD_BENCH=ON \
     > "$OUT/build.log" 2>&1 || status "cmake configure failed (see $OUT/build.log)"
-  for t in peak_bench model_bench gemm_bench; do
-    if [[ $t == gemm_bench ]] && { [[ "${KILN_BENCH_GEMM:-1}" == 0 ]] || ! grep -q 'build bench/gemm_bench:' "$BUILD/build.ninja" 2>/dev/null; }; then
+  for t in peak_bench model_bench generate_bench gemm_bench; do
+    if [[ $t == gemm_bench ]] && { [[ "${KILN_BENCH_GEMM:-1}" == 0 || $GEN == only ]] || ! grep -q 'build bench/gemm_bench:' "$BUILD/build.ninja" 2>/dev/null; }; then
       continue
     fi
+    [[ $t == model_bench && $GEN == only ]] && continue
+    [[ $t == generate_bench && $GEN == 0 ]] && continue
     CCACHE_NOHASHDIR=1 cmake --build "$BUILD" -j"$JOBS" --target $t >> "$OUT/build.log" 2>&1 \
       || status "build of $t failed (see $OUT/build.log)"
   done
@@ -69,10 +75,12 @@ else
   [[ -e $OB/libblas.so.3 ]] && OPENBLAS_DIR=$OB
 fi
 
-# 3. The checkpoint every engine runs, PyTorch's reference logits, the ONNX export.
-log "weights / reference / ONNX (cached in $CACHE)"
+# 3. The checkpoint every engine runs, PyTorch's reference logits and generated ids, the
+#    ONNX exports (forward, encode; gen_encode, gen_step for generation).
+log "weights / references / ONNX (cached in $CACHE)"
 $PY "$ROOT/bench/peers.py" --weights-out "$CACHE/base.safetensors" \
-  --reference-out "$CACHE/reference.safetensors" --onnx-dir "$CACHE" 2> "$OUT/peers-prepare.log" \
+  --reference-out "$CACHE/reference.safetensors" \
+  --generation-reference-out "$CACHE/gen_reference.safetensors" --onnx-dir "$CACHE" 2> "$OUT/peers-prepare.log" \
   || status "peers.py (weights/ONNX) failed (see $OUT/peers-prepare.log)"
 
 # 3b. kiln's ahead-of-time step, timed: emit the model bench_base is built from and compile
@@ -111,13 +119,16 @@ fi
 #    tries every PyTorch BLAS setting; later rounds rerun only the best ones.
 export KILN_BENCH_WEIGHTS=$CACHE/base.safetensors
 export KILN_BENCH_REFERENCE=$CACHE/reference.safetensors
+export KILN_BENCH_GEN_REFERENCE=$CACHE/gen_reference.safetensors
 ROUNDS=${KILN_BENCH_ROUNDS:-2}
 peak_probe() {
   [[ -x "$BUILD/bench/peak_bench" ]] && "$BUILD/bench/peak_bench" --benchmark_repetitions=3 \
     --benchmark_report_aggregates_only=true --benchmark_out="$1" --benchmark_out_format=json > /dev/null 2>&1
 }
 run_kiln() {
-  if [[ -x "$BUILD/bench/model_bench" ]]; then
+  if [[ $GEN == only ]]; then
+    :
+  elif [[ -x "$BUILD/bench/model_bench" ]]; then
     log "round $r: kiln model_bench (peak, W1, W2, W4, check; $REPS repetitions, interleaved)"
     # Random interleaving: the peak and the workloads alternate, so they see the same load.
     # Console: aggregates only; JSON: every repetition too (report.py shows the min).
@@ -130,24 +141,46 @@ run_kiln() {
     status "round $r: model_bench is not built: no kiln numbers"
     peak_probe "$R/peak-kiln.json"
   fi
+  [[ $GEN == 0 ]] && return 0
+  if [[ -x "$BUILD/bench/generate_bench" ]]; then
+    log "round $r: kiln generate_bench (peak, bandwidth, W3, W5, check; $REPS repetitions, interleaved)"
+    # Interleaved like model_bench: the bandwidth W3's floor divides by is measured between
+    # W3's repetitions. Round 1 also writes kiln's per-kernel profile of W3 and W5 (after
+    # the timed runs, with profiling on).
+    local prof=()
+    [[ $r == 1 ]] && prof=(env KILN_BENCH_PROFILE_OUT="$R/kiln-gen-profile.txt")
+    "${prof[@]}" "$BUILD/bench/generate_bench" --benchmark_repetitions="$REPS" \
+      --benchmark_display_aggregates_only=true --benchmark_enable_random_interleaving=true \
+      --benchmark_out="$R/kiln-gen.json" --benchmark_out_format=json > "$R/kiln-gen.log" 2>&1 \
+      || status "round $r: generate_bench failed (see $R/kiln-gen.log)"
+  else
+    status "round $r: generate_bench is not built: no kiln generation numbers"
+  fi
 }
 run_pytorch() {
   peak_probe "$R/peak-pytorch.json"
   local only=()
   [[ $r -gt 1 && -s "$OUT/round1/pytorch.json" ]] && only=(--only-settings-from "$OUT/round1/pytorch.json")
+  local genflag=()
+  [[ $GEN == 0 ]] && genflag=(--no-generation)
+  [[ $GEN == only ]] && genflag=(--generation-only)
   local what="every BLAS setting"
   [[ ${#only[@]} -gt 0 ]] && what="the best settings of round 1"
   log "round $r: PyTorch eager ($what, one subprocess each)"
   $PY "$ROOT/bench/peers.py" --weights "$CACHE/base.safetensors" --onnx-dir "$CACHE" \
     ${OPENBLAS_DIR:+--openblas-dir "$OPENBLAS_DIR"} --threads "$KILN_BENCH_THREADS" --runs "$REPS" \
-    "${only[@]}" --json-out "$R/pytorch.json" 2> "$R/pytorch.log" \
+    "${only[@]}" "${genflag[@]}" --json-out "$R/pytorch.json" 2> "$R/pytorch.log" \
     || status "round $r: PyTorch run failed (see $R/pytorch.log)"
 }
 run_ort() {
   [[ -d "$ROOT/bench/ort/node_modules/onnxruntime-node" ]] || return 0
   peak_probe "$R/peak-ort.json"
   log "round $r: ONNX Runtime (onnxruntime-node)"
+  local only=()
+  [[ $GEN == 0 ]] && only=(--only forward)
+  [[ $GEN == only ]] && only=(--only generation)
   node "$ROOT/bench/ort/run.mjs" --onnx-dir "$CACHE" --reference "$CACHE/reference.safetensors" \
+    --generation-reference "$CACHE/gen_reference.safetensors" "${only[@]}" \
     --threads "$KILN_BENCH_THREADS" --runs "$REPS" --json-out "$R/ort.json" 2> "$R/ort.log" \
     || status "round $r: ONNX Runtime run failed (see $R/ort.log)"
 }
@@ -156,7 +189,7 @@ for r in $(seq 1 "$ROUNDS"); do
   rm -rf "$R" && mkdir -p "$R"
   echo "round $r start $(date -Is) load $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/machine.log"
   if (( r % 2 )); then run_kiln; run_pytorch; run_ort; else run_ort; run_pytorch; run_kiln; fi
-  if [[ "${KILN_BENCH_GEMM:-1}" != 0 && -x "$BUILD/bench/gemm_bench" ]]; then
+  if [[ "${KILN_BENCH_GEMM:-1}" != 0 && $GEN != only && -x "$BUILD/bench/gemm_bench" ]]; then
     log "round $r: gemm_bench (kiln linear kernel vs oneDNN)"
     # Many short repetitions in random order, medians reported: the shared machine's load
     # moves within seconds, and a single long run per shape lets one burst decide a ratio.

@@ -1,0 +1,318 @@
+// Generation benchmark (issue 11): the paper's base Transformer compiled by kiln with
+// max_batch 32 (kiln_add_model(bench_gen ... SET max_batch=32) in bench/CMakeLists.txt;
+// max_beam 4, max_len 128) running kiln_generate, the runtime's search over the compiled
+// `prepare` and `decode_step`, with KILN_BENCH_THREADS (default 2) threads; plus the
+// machine's memory read bandwidth (`bandwidth`, bench/bandwidth.cpp) and FMA peak (`peak`)
+// in the same process.
+//
+//   KILN_BENCH_WEIGHTS=/tmp/kiln-bench/base.safetensors generate_bench \
+//       [--benchmark_repetitions=5 --benchmark_enable_random_interleaving=true]
+//
+// Workloads (bench/workloads.json "generation"; random source ids in [1, vocab) from a fixed
+// seed, no padding; start_id 1, end_id 2):
+//   W3  greedy,     batch 1,  source 32, 32 new tokens  (latency)
+//   W5  beam 4,     batch 32, source 32, 32 new tokens  (batch translation; num_hypotheses 1)
+// min_decoding_length = max_decoding_length = 32: the end token is never chosen, so every
+// call runs exactly 32 decoder steps (the peers force the same). One call per iteration
+// through the C ABI (kiln_generate + kiln_generation_free): prepare, the caches (allocated
+// per call by the runtime), 32 decode_step runs and the search itself. One untimed warm-up
+// call per workload first, which must return 32 tokens per sentence.
+// Counters: tokens/s = target tokens (batch × 32, the best hypothesis of each sentence) per
+// second; for W3 also floor_ms, the weight bytes one decoder step must read × 32 steps over
+// the bandwidth measured in this process (the highest so far; report.py recomputes it with
+// the highest of the whole run).
+//
+// With KILN_BENCH_GEN_REFERENCE (bench/peers.py --generation-reference-out: source ids and
+// PyTorch's greedy and beam-4 ids), `check_generate_vs_pytorch` reports how many ids kiln
+// reproduces. With KILN_BENCH_PROFILE_OUT=FILE, after the benchmarks the process runs W3
+// five times and W5 once with kiln_model_set_profiling on and writes kiln_model_profile's
+// text (per entry point and per kernel) to FILE; never during the timed runs.
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bench_gen.h"
+#include "peak.h"
+
+namespace kiln_bench {
+namespace {
+
+constexpr int64_t kSrcVocab = 32000, kPadId = 0, kStartId = 1, kEndId = 2;
+
+// The bytes of weights one decoder step reads (base config, f32): per decoder layer the
+// self-attention q, k, v, o, the cross-attention q and o (its k and v of the source are
+// projected once, in prepare), the FFN and three LayerNorms, weights and biases; the final
+// LayerNorm; the generator 512×32000 + bias; the target embedding's one row.
+constexpr double kD = 512, kFF = 2048, kVocab = 32000, kLayers = 6;
+constexpr double kStepWeightFloats = kLayers * (6 * (kD * kD + kD)  // self q, k, v, o; cross q, o
+                                                + (kD * kFF + kFF) + (kFF * kD + kD)  // FFN
+                                                + 3 * 2 * kD)                         // norm1..3
+                                     + 2 * kD                // decoder.norm
+                                     + kD * kVocab + kVocab  // generator
+                                     + kD;                   // one embedding row
+constexpr double kStepWeightBytes = 4 * kStepWeightFloats;   // 153.96 MB
+
+struct GenWorkload {
+  const char* name;
+  int64_t batch, src_len, beam, new_tokens;
+  uint64_t seed;
+};
+
+const GenWorkload kWorkloads[] = {
+    {"W3_greedy_b1_s32_n32", 1, 32, 1, 32, 103},
+    {"W5_beam4_b32_s32_n32", 32, 32, 4, 32, 105},
+};
+
+kiln_search_options options_for(int64_t beam, int64_t new_tokens) {
+  kiln_search_options o;
+  kiln_search_options_init(&o);
+  o.beam_size = static_cast<int32_t>(beam);
+  o.num_hypotheses = 1;
+  o.max_decoding_length = static_cast<int32_t>(new_tokens);
+  o.min_decoding_length = static_cast<int32_t>(new_tokens);  // the end token is never chosen
+  o.start_id = kStartId;
+  o.end_id = kEndId;
+  return o;
+}
+
+struct Loaded {
+  std::unique_ptr<kiln_models::bench_gen> model;
+  std::string error;
+};
+
+Loaded& loaded() {
+  static Loaded l = [] {
+    Loaded r;
+    const char* path = std::getenv("KILN_BENCH_WEIGHTS");
+    if (!path || !*path) {
+      r.error =
+          "KILN_BENCH_WEIGHTS is not set: point it at a base-config safetensors checkpoint "
+          "(bench/peers.py --weights-out writes one; bench/run.sh does it all)";
+      return r;
+    }
+    try {
+      r.model = std::make_unique<kiln_models::bench_gen>(path);
+      r.model->set_num_threads(bench_threads());
+    } catch (const std::exception& e) {
+      r.error = std::string("cannot create the compiled model: ") + e.what();
+    }
+    return r;
+  }();
+  return l;
+}
+
+kiln_tensor ids_tensor(const std::vector<int64_t>& ids, int64_t rows, int64_t cols) {
+  kiln_tensor t{};
+  t.name = "src";
+  t.dtype = KILN_I64;
+  t.rank = 2;
+  t.shape[0] = rows;
+  t.shape[1] = cols;
+  t.data = const_cast<int64_t*>(ids.data());
+  t.capacity = ids.size() * sizeof(int64_t);
+  return t;
+}
+
+std::vector<int64_t> random_ids(uint64_t seed, int64_t count) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int64_t> dist(kPadId + 1, kSrcVocab - 1);
+  std::vector<int64_t> ids(static_cast<size_t>(count));
+  for (auto& id : ids) id = dist(rng);
+  return ids;
+}
+
+// The highest bandwidth the `bandwidth` benchmark measured so far in this process (GB/s).
+double g_best_bandwidth = 0;
+
+void BM_generate(benchmark::State& state, const GenWorkload& w) {
+  Loaded& l = loaded();
+  if (!l.model) {
+    state.SkipWithError(l.error.c_str());
+    return;
+  }
+  kiln_model* m = l.model->get();
+  const std::vector<int64_t> ids = random_ids(w.seed, w.batch * w.src_len);
+  const kiln_tensor src = ids_tensor(ids, w.batch, w.src_len);
+  const kiln_search_options o = options_for(w.beam, w.new_tokens);
+  static std::set<const GenWorkload*> warmed;
+  if (warmed.insert(&w).second) {
+    kiln_generation g{};
+    if (kiln_generate(m, &src, &o, &g) != 0) {
+      state.SkipWithError(kiln_model_error(m));
+      return;
+    }
+    bool ok = g.batch == w.batch;
+    for (int64_t b = 0; ok && b < g.batch; ++b) ok = g.lengths[b * g.hypotheses] == w.new_tokens;
+    kiln_generation_free(&g);
+    if (!ok) {
+      state.SkipWithError("kiln_generate did not return new_tokens tokens for every sentence");
+      return;
+    }
+  }
+  for (auto _ : state) {
+    kiln_generation g{};
+    if (kiln_generate(m, &src, &o, &g) != 0) {
+      state.SkipWithError(kiln_model_error(m));
+      break;
+    }
+    kiln_generation_free(&g);
+  }
+  const double tokens = static_cast<double>(w.batch * w.new_tokens);
+  state.counters["tokens/s"] =
+      benchmark::Counter(tokens, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["target_tokens"] = tokens;
+  state.counters["steps"] = static_cast<double>(w.new_tokens);
+  state.counters["threads"] = bench_threads();
+  if (w.beam == 1 && w.batch == 1) {
+    state.counters["step_weight_MB"] = kStepWeightBytes / 1e6;
+    if (g_best_bandwidth > 0)
+      state.counters["floor_ms"] =
+          kStepWeightBytes * static_cast<double>(w.new_tokens) / (g_best_bandwidth * 1e9) * 1e3;
+  }
+}
+
+// kiln against PyTorch on the same source ids: how many of PyTorch's greedy (W3 shape) and
+// beam-4 (2 sentences, 32 tokens) ids kiln reproduces (the model is ill-conditioned: a
+// float32 difference in a near-tie may change a token and everything after it).
+void BM_check(benchmark::State& state) {
+  const char* ref = std::getenv("KILN_BENCH_GEN_REFERENCE");
+  Loaded& l = loaded();
+  if (!ref || !*ref) {
+    state.SkipWithError(
+        "KILN_BENCH_GEN_REFERENCE is not set (bench/peers.py --generation-reference-out writes "
+        "it)");
+    return;
+  }
+  if (!l.model) {
+    state.SkipWithError(l.error.c_str());
+    return;
+  }
+  for (auto _ : state) {
+    try {
+      struct Case {
+        const char* src;
+        const char* ids;
+        int64_t beam;
+        const char* prefix;
+      };
+      for (const Case& c :
+           {Case{"src", "greedy_ids", 1, "greedy"}, Case{"src_beam", "beam_ids", 4, "beam4"}}) {
+        auto src = kiln::read_tensor<int64_t>(ref, c.src);
+        auto want = kiln::read_tensor<int64_t>(ref, c.ids);
+        const int64_t rows = want.shape[0], n = want.shape[1];
+        kiln::SearchOptions o;
+        static_cast<kiln_search_options&>(o) = options_for(c.beam, n);
+        const std::vector<std::vector<kiln::Hypothesis>> got = l.model->generate(src, o);
+        int64_t same = 0, prefix = 0;
+        for (int64_t b = 0; b < rows; ++b) {
+          const auto& h = got.at(static_cast<size_t>(b)).at(0).ids;
+          bool run = true;
+          for (int64_t j = 0; j < n; ++j) {
+            const bool eq = j < static_cast<int64_t>(h.size()) && h[j] == want.data[b * n + j];
+            same += eq;
+            run = run && eq;
+            prefix += run;
+          }
+        }
+        state.counters[std::string(c.prefix) + "_same_ids"] = static_cast<double>(same);
+        state.counters[std::string(c.prefix) + "_same_prefix"] = static_cast<double>(prefix);
+        state.counters[std::string(c.prefix) + "_of"] = static_cast<double>(rows * n);
+      }
+    } catch (const std::exception& e) {
+      state.SkipWithError(e.what());
+    }
+  }
+}
+
+// Records the best bandwidth for W3's floor counter: a reporter that sees every run.
+class BandwidthWatcher : public benchmark::BenchmarkReporter {
+ public:
+  explicit BandwidthWatcher(benchmark::BenchmarkReporter* inner) : inner_(inner) {}
+  bool ReportContext(const Context& c) override { return inner_->ReportContext(c); }
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const Run& r : runs) {
+      if (r.run_type != Run::RT_Iteration || r.error_occurred) continue;
+      if (r.benchmark_name().rfind("bandwidth", 0) != 0) continue;
+      auto it = r.counters.find("GB/s");
+      if (it == r.counters.end()) continue;
+      // Reporters get the counters finished: the rate itself.
+      if (it->second.value > g_best_bandwidth) g_best_bandwidth = it->second.value;
+    }
+    inner_->ReportRuns(runs);
+  }
+  void Finalize() override { inner_->Finalize(); }
+
+ private:
+  benchmark::BenchmarkReporter* inner_;
+};
+
+void write_profile(const char* path) {
+  Loaded& l = loaded();
+  if (!l.model) return;
+  std::string text;
+  for (const GenWorkload& w : kWorkloads) {
+    const std::vector<int64_t> ids = random_ids(w.seed, w.batch * w.src_len);
+    const kiln_tensor src = ids_tensor(ids, w.batch, w.src_len);
+    const kiln_search_options o = options_for(w.beam, w.new_tokens);
+    const int calls = w.beam == 1 ? 5 : 1;
+    kiln_model* m = l.model->get();
+    kiln_model_set_profiling(m, 1);
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < calls; ++i) {
+      kiln_generation g{};
+      if (kiln_generate(m, &src, &o, &g) != 0) {
+        text += std::string(w.name) + ": " + kiln_model_error(m) + "\n";
+        break;
+      }
+      kiln_generation_free(&g);
+    }
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    text += "== " + std::string(w.name) + ": " + std::to_string(calls) +
+            " kiln_generate call(s), " + std::to_string(ms / calls) +
+            " ms per call with profiling on (kernel times below; the rest of a call is the "
+            "runtime's search)\n";
+    text += kiln_model_profile(m);
+    text += "\n";
+    kiln_model_set_profiling(m, 0);
+  }
+  if (std::FILE* f = std::fopen(path, "w")) {
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+  }
+}
+
+const bool registered = [] {
+  for (const GenWorkload& w : kWorkloads)
+    benchmark::RegisterBenchmark(w.name, [&w](benchmark::State& s) { BM_generate(s, w); })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("check_generate_vs_pytorch", BM_check)
+      ->Iterations(1)
+      ->Unit(benchmark::kMillisecond);
+  return true;
+}();
+
+}  // namespace
+}  // namespace kiln_bench
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  std::unique_ptr<benchmark::BenchmarkReporter> display(benchmark::CreateDefaultDisplayReporter());
+  kiln_bench::BandwidthWatcher watcher(display.get());
+  benchmark::RunSpecifiedBenchmarks(&watcher);
+  benchmark::Shutdown();
+  if (const char* out = std::getenv("KILN_BENCH_PROFILE_OUT"); out && *out)
+    kiln_bench::write_profile(out);
+  return 0;
+}
