@@ -278,8 +278,10 @@ def generation_section(p, rounds, res):
             notes.append("%s ORT %s: %s" % (tag, w["key"], og.get("skipped") or og.get("error")))
         k_min = gbench_min_ms(g["doc"], w["kiln_name"]) if k else None
         p_min = best_of(s.get("generation", {}).get(w["key"], {}).get("min_ms") for s in rd["pt"].get("settings", []))
+        o_min = best_of(v.get(w["key"], {}).get("min_ms") for v in (rd["ort"].get("generation_settings") or {}).values())
         return dict(k=k, p=pb["median_ms"] if pb else None, ps=pb["setting"] if pb else None,
-                    o=og.get("median_ms"), k_min=k_min, p_min=p_min, o_min=og.get("min_ms"))
+                    o=og.get("median_ms"), os=og.get("setting"), k_min=k_min, p_min=p_min,
+                    o_min=o_min or og.get("min_ms"))
 
     bws = [b for g in grounds for b in list(g["bw"].values()) + g["bw_reps"] if b]
     bw = max(bws) if bws else None
@@ -302,7 +304,8 @@ def generation_section(p, rounds, res):
             return n / (ms / 1e3) if ms else None
         rp = pm / k if pm and k else None
         ro = om / k if om and k else None
-        rows[key] = dict(k=k, p=pm, o=om, rp=rp, ro=ro, setting=next((t["ps"] for t in ts if t["p"] == pm), None))
+        rows[key] = dict(k=k, p=pm, o=om, rp=rp, ro=ro, setting=next((t["ps"] for t in ts if t["p"] == pm), None),
+                         osetting=next((t["os"] for t in ts if t["o"] == om), None))
         what = "greedy" if w["beam"] == 1 else "beam %d" % w["beam"]
         p("| %s %s B=%d S=%d, %d new tokens | %d | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             key, what, w["batch"], w["src_len"], w["new_tokens"], n, fmt(k), fmt(pm), fmt(om),
@@ -316,6 +319,13 @@ def generation_section(p, rounds, res):
     for w in gen:
         if rows[w["key"]]["setting"]:
             p("PyTorch best for %s: %s." % (w["key"], rows[w["key"]]["setting"]))
+        if rows[w["key"]]["osetting"]:
+            p("ORT best for %s: intra-op thread pool %s." % (w["key"], rows[w["key"]]["osetting"]))
+    ogs = rounds[0]["ort"].get("generation_settings") or {}
+    if ogs:
+        p("ORT, both thread-pool settings (round 1, median ms): " + "; ".join(
+            "%s: %s" % (name, ", ".join("%s %s" % (k, fmt(v.get("median_ms"))) for k, v in per.items()))
+            for name, per in ogs.items()) + ".")
     p("")
     p("Fastest single run (kiln: fastest repetition; peers: fastest call):")
     p("")

@@ -179,6 +179,8 @@ run_ort() {
   local only=()
   [[ $GEN == 0 ]] && only=(--only forward)
   [[ $GEN == only ]] && only=(--only generation)
+  # Generation: both thread-pool settings in round 1, then each workload's faster one.
+  [[ $r -gt 1 && -s "$OUT/round1/ort.json" ]] && only+=(--generation-settings-from "$OUT/round1/ort.json")
   node "$ROOT/bench/ort/run.mjs" --onnx-dir "$CACHE" --reference "$CACHE/reference.safetensors" \
     --generation-reference "$CACHE/gen_reference.safetensors" "${only[@]}" \
     --threads "$KILN_BENCH_THREADS" --runs "$REPS" --json-out "$R/ort.json" 2> "$R/ort.log" \
