@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "compiled_wide.h"
+#include "decode_odd.h"
 #include "error_of.h"
 #include "frontend/models.h"
 #include "golden_small.h"
@@ -211,12 +212,26 @@ TEST(DecodeStep, CompiledMatchesCompiledForward) {
   const std::string path = ::testing::TempDir() + "decode_wide.safetensors";
   rt::write_safetensors(path, tensors);
   kiln_models::compiled_wide wide_model(path.c_str());
+  ir::Module odd = models::build_model("transformer", "tiny", kRandomConfigs[0]);
+  ir::WeightMap ow = testing::random_weights(odd, 17);
+  tensors.clear();
+  for (const ir::Weight& w : odd.weights)
+    if (!w.derivation)
+      tensors.push_back(rt::make_f32(w.name, ow.at(w.name).shape, ow.at(w.name).f));
+  const std::string odd_path = ::testing::TempDir() + "decode_odd.safetensors";
+  rt::write_safetensors(odd_path, tensors);
+  kiln_models::decode_odd odd_model(odd_path.c_str());
 
   const std::vector<std::tuple<const char*, ir::Module*, kiln::Model*>> cases = {
-      {"tiny", &tiny, &tiny_model}, {"small", &small, &small_model}, {"wide", &wide, &wide_model}};
+      {"tiny", &tiny, &tiny_model},
+      {"small", &small, &small_model},
+      {"wide", &wide, &wide_model},
+      {"odd", &odd, &odd_model}};
   for (const auto& [name, m, model] : cases) {
     double worst = 0;
+    const int64_t max_len = config(*m, "max_len");
     for (auto [B, S, T] : {std::tuple{1, 1, 1}, {1, 7, 12}, {3, 13, 9}}) {
+      S = std::min<int64_t>(S, max_len);
       auto [src, tgt] = random_batch(*m, B, S, T, static_cast<uint32_t>(B * 31 + T));
       worst = std::max(worst, decode_vs_forward(*m, compiled(*model, config(*m, "dec_layers")), src,
                                                 tgt, B > 1, 5));
