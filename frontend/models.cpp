@@ -47,6 +47,13 @@ std::vector<ModelInfo> make_registry() {
       {"src_vocab", 53}, {"tgt_vocab", 29}, {"d_model", 20}, {"heads", 5},    {"d_ff", 36},
       {"enc_layers", 1}, {"dec_layers", 3}, {"pad_id", 1},   {"max_len", 48}, {"max_batch", 3},
       {"max_beam", 4},   {"bos_id", 2},     {"eos_id", 3}};
+  // The shipped example model: English number words to digits (examples/numbers/train.py),
+  // character-level; source ids are characters, the decoder starts from <s> (1) and ends
+  // with </s> (2).
+  transformer.configs["numbers"] = {
+      {"src_vocab", 24}, {"tgt_vocab", 13}, {"d_model", 64}, {"heads", 4},    {"d_ff", 256},
+      {"enc_layers", 3}, {"dec_layers", 2}, {"pad_id", 0},   {"max_len", 80}, {"max_batch", 32},
+      {"max_beam", 4},   {"bos_id", 1},     {"eos_id", 2}};
   transformer.build = [](const Config& c) {
     return nn::build_transformer(to_transformer_config(c));
   };
