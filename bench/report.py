@@ -379,17 +379,26 @@ def generation_section(p, rounds, res):
     p("### Generation, every round (median ms; memory bandwidth GB/s measured next to each engine)")
     p("")
     p("| round | " + " | ".join("%s kiln / PyTorch / ORT" % w["key"] for w in gen)
-      + " | bandwidth at kiln (range) / PyTorch / ORT | peak GFLOP/s at kiln |")
-    p("|---|" + "---|" * (len(gen) + 2))
+      + " | bandwidth at kiln (range) / PyTorch / ORT | W3 kiln / floor at kiln's bandwidth | peak GFLOP/s at kiln |")
+    p("|---|" + "---|" * (len(gen) + 3))
     for i, rd in enumerate(rounds):
         cells = ["%s / %s / %s" % (fmt(per_round[w["key"]][i]["k"]), fmt(per_round[w["key"]][i]["p"]),
                                    fmt(per_round[w["key"]][i]["o"])) for w in gen]
         g = grounds[i]
         rng = "%s–%s" % (fmt(min(g["bw_reps"])), fmt(max(g["bw_reps"]))) if g["bw_reps"] else "—"
-        p("| %s | %s | %s (%s) / %s / %s | %s |" % (
+        k3 = per_round["W3"][i]["k"] if w3 else None
+        own = k3 / (STEP_WEIGHT_BYTES * w3["new_tokens"] / (g["bw"]["kiln"] * 1e9) * 1e3) \
+            if k3 and g["bw"]["kiln"] else None
+        p("| %s | %s | %s (%s) / %s / %s | %s | %s |" % (
             os.path.basename(rd["dir"]), " | ".join(cells), fmt(g["bw"]["kiln"]), rng, fmt(g["bw"]["pt"]),
-            fmt(g["bw"]["ort"]), fmt(g["peak"], 0)))
+            fmt(g["bw"]["ort"]), fmt(own, 2) + ("×" if own else ""), fmt(g["peak"], 0)))
     p("")
+    if w3:
+        p("W3 kiln / floor at kiln's bandwidth: kiln's W3 median over the floor computed with the "
+          "bandwidth measured in the same process, interleaved with W3's repetitions (median of "
+          "its repetitions), i.e. under the same load; the headline ratio uses the highest "
+          "bandwidth of the whole run.")
+        p("")
 
     # PyTorch's settings.
     pt = rounds[0]["pt"]
