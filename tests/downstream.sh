@@ -17,3 +17,10 @@ cmake -S "$src/examples" -B "$work/build" -G Ninja -DCMAKE_PREFIX_PATH="$work/pr
 cmake --build "$work/build" -j 2
 "$work/build/translate" "$src/tests/golden/tiny.weights.safetensors" \
   "$src/tests/golden/tiny_b1.inputs.safetensors" "$src/tests/golden/tiny_b1.expected.safetensors"
+# The shipped number translator, linked the same way: translates the example sentences,
+# then the held-out set (exit 1 below 95% exact match).
+numbers="$src/examples/numbers"
+"$work/build/translate_lines" "$numbers/numbers.weights.safetensors" "$numbers/vocab.src.txt" \
+  "$numbers/vocab.tgt.txt" < "$numbers/examples.txt"
+"$work/build/translate_lines" "$numbers/numbers.weights.safetensors" "$numbers/vocab.src.txt" \
+  "$numbers/vocab.tgt.txt" 1 "$numbers/heldout.tsv" | tail -1
