@@ -97,8 +97,9 @@ TEST(Models, ConfigErrorsNameTheKey) {
               HasSubstr("unknown config key 'dmodel' for model 'transformer'"));
   EXPECT_THAT(error_of([] { models::build_model("transformer", "base", {"heads=eight"}); }),
               HasSubstr("config key 'heads' needs an integer, got 'eight'"));
-  EXPECT_THAT(error_of([] { models::build_model("transformer", "huge"); }),
-              HasSubstr("model 'transformer' has no config 'huge' (known: base, small, tiny)"));
+  EXPECT_THAT(
+      error_of([] { models::build_model("transformer", "huge"); }),
+      HasSubstr("model 'transformer' has no config 'huge' (known: base, numbers, small, tiny)"));
   EXPECT_THAT(error_of([] { models::build_model("gpt", "base"); }),
               HasSubstr("unknown model 'gpt' (known: transformer)"));
   EXPECT_THAT(error_of([] { models::build_model("transformer", "tiny", {"pad_id=41"}); }),
