@@ -234,6 +234,10 @@ class Search {
     for (const kiln_tensor& t : out) mem_names_.push_back(t.name);
     d_model_ = mem_[0].shape[2];
     slots_ = batch_ * o_.beam_size;
+    for (int64_t l = 0; l < layers_; ++l) {  // decode_step's cache inputs, named once
+      cache_names_.push_back(fmt::format("cache_k{}", l));
+      cache_names_.push_back(fmt::format("cache_v{}", l));
+    }
     cache_.resize(static_cast<size_t>(2 * layers_));
     for (Buffer& c : cache_) {
       c.shape = {o_.max_decoding_length, slots_, d_model_};
@@ -262,13 +266,8 @@ class Search {
     for (size_t i = 0; i < mem_.size(); ++i)
       in.push_back(view(mem_names_[i].c_str(), KILN_F32, mem_[i].shape, mem_[i].data.get(),
                         static_cast<size_t>(mem_[i].numel()) * 4));
-    std::vector<std::string> cache_names;
-    for (int64_t l = 0; l < layers_; ++l) {
-      cache_names.push_back(fmt::format("cache_k{}", l));
-      cache_names.push_back(fmt::format("cache_v{}", l));
-    }
     for (size_t i = 0; i < cache_.size(); ++i)
-      in.push_back(view(cache_names[i].c_str(), KILN_F32, cache_[i].shape, cache_[i].data.get(),
+      in.push_back(view(cache_names_[i].c_str(), KILN_F32, cache_[i].shape, cache_[i].data.get(),
                         static_cast<size_t>(cache_[i].numel()) * 4));
     std::vector<kiln_tensor> out(1 + cache_.size());
     if (kiln_model_output_shapes(m_, "decode_step", in.data(), in.size(), out.data(), out.size()))
@@ -425,7 +424,7 @@ class Search {
   int64_t start_ = -1, end_ = -1, batch_ = 0, d_model_ = 0, slots_ = 0;
   bool sampling_ = false;
   std::vector<Buffer> mem_, cache_;
-  std::vector<std::string> mem_names_;
+  std::vector<std::string> mem_names_, cache_names_;
   std::vector<float> logits_;
   std::vector<std::vector<Finished>> finished_;
 };
