@@ -25,6 +25,7 @@
 
 #include <fmt/format.h>
 
+#include "runtime/search_kernels.h"
 #include "support/error.h"
 
 namespace kiln::rt {
@@ -77,53 +78,6 @@ int64_t config_int(const kiln_model* m, const char* key, int64_t fallback) {
 
 double normalized(double cum, int64_t length, double penalty) {
   return penalty == 0 ? cum : cum / std::pow(static_cast<double>(length), penalty);
-}
-
-// exp(x) for x <= 0 in f32 without a library call, so the loop over a vocabulary row
-// vectorizes: 2^(x·log2 e) split into an integer power (built in the exponent bits) and a
-// degree-6 polynomial for the fraction (relative error about 2e-7); 0 below -87.
-inline float exp_nonpositive(float x) {
-  const float t = std::max(x, -87.0f) * 1.44269504088896341f;
-  const float fl = static_cast<float>(static_cast<int32_t>(t - 1.0f) + 1);  // floor for t <= 0
-  const float n = fl > t ? fl - 1.0f : fl;
-  const float f = (t - n) * 0.69314718055994531f;  // in [0, ln 2)
-  float p = 1.0f / 720;
-  p = p * f + 1.0f / 120;
-  p = p * f + 1.0f / 24;
-  p = p * f + 1.0f / 6;
-  p = p * f + 0.5f;
-  p = p * f + 1.0f;
-  p = p * f + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
-
-// log-sum-exp of one row of logits: the log_softmax of token v is logits[v] - lse.
-double log_sum_exp(const float* logits, int64_t V) {
-  float mx = -std::numeric_limits<float>::infinity();
-  for (int64_t v = 0; v < V; ++v) mx = std::max(mx, logits[v]);
-  float sum = 0;
-  for (int64_t v = 0; v < V; ++v) sum += exp_nonpositive(logits[v] - mx);
-  return static_cast<double>(mx) + std::log(static_cast<double>(sum));
-}
-
-// The `keep` best tokens of a row (highest logit first, lower id first on ties), `banned`
-// (the end token before min_decoding_length; -1: none) left out: one pass with a small
-// sorted buffer, as keep is at most beam_size + 1.
-void best_tokens(const float* logits, int64_t V, int64_t keep, int64_t banned,
-                 std::vector<int64_t>& out) {
-  out.clear();
-  for (int64_t v = 0; v < V; ++v) {
-    if (v == banned) continue;
-    const float x = logits[v];
-    if (static_cast<int64_t>(out.size()) == keep && !(x > logits[out.back()])) continue;
-    if (static_cast<int64_t>(out.size()) == keep) out.pop_back();
-    size_t at = out.size();
-    while (at > 0 && x > logits[out[at - 1]]) --at;
-    out.insert(out.begin() + static_cast<int64_t>(at), v);
-  }
 }
 
 class Search {

@@ -1,0 +1,29 @@
+// The per-row work of generation's search over a vocabulary of logits: the log-sum-exp
+// (log_softmax(v) = logits[v] - lse) and the few best tokens. At beam 4 and batch 32 this is
+// 128 rows of 32000 logits per step, so both have an AVX-512 path (chosen at run time from
+// CPUID) beside the portable one; the two return the same tokens, and log-sum-exps within a
+// few float ulps of each other.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace kiln::rt {
+
+// log(sum_v exp(logits[v])) over a row of V >= 1 finite logits (f32 exps summed in double:
+// error about 2e-7 relative to the sum).
+double log_sum_exp(const float* logits, int64_t V);
+
+// The `keep` best tokens of a row into `out`: highest logit first, the lower id first on
+// ties, `banned` (e.g. the end token before min_decoding_length; -1: none) left out.
+void best_tokens(const float* logits, int64_t V, int64_t keep, int64_t banned,
+                 std::vector<int64_t>& out);
+
+// The portable versions (what the dispatching ones run without AVX-512), for tests.
+double log_sum_exp_portable(const float* logits, int64_t V);
+void best_tokens_portable(const float* logits, int64_t V, int64_t keep, int64_t banned,
+                          std::vector<int64_t>& out);
+// Whether the dispatching versions take the AVX-512 path on this CPU.
+bool search_kernels_use_avx512();
+
+}  // namespace kiln::rt
