@@ -1,5 +1,6 @@
 # kiln_add_model(<target> MODEL <model> [CONFIG <config>] [SET key=value...]
-#                [KIR <file.kir>] [TARGET <halide-target>] [NAME <library-name>])
+#                [KIR <file.kir>] [TARGET <halide-target>] [WEIGHTS f32|bf16]
+#                [NAME <library-name>])
 #
 # Emits a registered model's IR (or takes KIR), compiles it with `kiln compile`, and
 # defines <target>: a library to link that brings the generated header (<name>.h),
@@ -8,7 +9,7 @@
 #   kiln_add_model(translator MODEL transformer CONFIG base SET max_len=256)
 #   target_link_libraries(app PRIVATE translator)   # then: #include "translator.h"
 function(kiln_add_model target)
-  cmake_parse_arguments(ARG "" "MODEL;CONFIG;KIR;TARGET;NAME" "SET" ${ARGN})
+  cmake_parse_arguments(ARG "" "MODEL;CONFIG;KIR;TARGET;NAME;WEIGHTS" "SET" ${ARGN})
   if(ARG_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "kiln_add_model: unknown arguments: ${ARG_UNPARSED_ARGUMENTS}")
   endif()
@@ -20,6 +21,9 @@ function(kiln_add_model target)
   endif()
   if(NOT ARG_TARGET)
     set(ARG_TARGET host)
+  endif()
+  if(NOT ARG_WEIGHTS)
+    set(ARG_WEIGHTS f32)
   endif()
   if(NOT ARG_NAME)
     set(ARG_NAME ${target})
@@ -44,7 +48,7 @@ function(kiln_add_model target)
     OUTPUT ${lib} ${header}
     COMMAND ${CMAKE_COMMAND} -E make_directory ${out}
     ${emit_command}
-    COMMAND kiln::kiln compile ${kir} --target ${ARG_TARGET} --name ${ARG_NAME} -o ${out}
+    COMMAND kiln::kiln compile ${kir} --target ${ARG_TARGET} --weights ${ARG_WEIGHTS} --name ${ARG_NAME} -o ${out}
     DEPENDS kiln::kiln ${depends}
     COMMENT "kiln: compiling model ${target}"
     VERBATIM)

@@ -362,14 +362,22 @@ CompileResult compile_model(ir::Module module, const CompileOptions& options) {
   const std::string name = options.name.empty() ? module.name : options.name;
   if (!is_identifier(name)) fail("library name '{}' is not a C identifier (use --name)", name);
   const std::string target = resolve_target(options.target);
+  if (options.weights != "f32" && options.weights != "bf16")
+    fail("unknown weight type '{}' (use f32 or bf16)", options.weights);
+  const bool bf16 = options.weights == "bf16";
+  if (bf16)
+    if (std::string problem = bf16_target_problem(options.target); !problem.empty())
+      fail("{}", problem);
 
   auto t = Clock::now();
   passes::run_passes(module, passes::default_pipeline());
   progress(fmt::format("optimized the graph ({:.2f} s)", since(t)));
-  LoweredModel lowered = lower_module(module);
+  LoweredModel lowered = lower_module(module, LowerOptions{bf16});
   for (const rt::FunctionDesc& f : lowered.plan.functions)
     check_method_name(f.name, name);  // before the slow part
-  lowered.plan.target = target;       // the runtime refuses it on a CPU without its features
+  // The runtime refuses the library on a CPU without its target's features (and, with bf16
+  // kernels, without AVX512-BF16).
+  lowered.plan.target = bf16 ? target + "-" + kBf16Feature : target;
   // Kernel symbols carry the library name: two models can link into one application.
   for (std::string& k : lowered.plan.kernel_names) k = name + "_" + k;
   size_t steps = 0;

@@ -18,6 +18,7 @@ namespace kiln::codegen {
 
 struct CompileOptions {
   std::string target = "host";  // a Halide target string
+  std::string weights = "f32";  // "f32", or "bf16": linear weights in bf16 (AVX512-BF16)
   std::string out_dir = ".";
   std::string name;  // library name; default: the module's name
   bool emit_static = true;

@@ -1,6 +1,7 @@
 // Kernel names, signatures, and AOT compilation of kernels and the Halide runtime.
 #include "codegen/kernels.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -59,8 +60,9 @@ std::string scale_tag(double scale) {
 
 std::string kernel_name(const KernelSpec& spec) {
   if (const auto* k = std::get_if<LinearKernel>(&spec))
-    return fmt::format("kiln_linear_k{}_n{}{}{}{}", k->K, k->N, k->has_bias ? "" : "_nobias",
-                       k->relu ? "_relu" : "", k->panel ? fmt::format("_p{}", k->panel) : "");
+    return fmt::format("kiln_linear_k{}_n{}{}{}{}{}", k->K, k->N, k->has_bias ? "" : "_nobias",
+                       k->relu ? "_relu" : "", k->panel ? fmt::format("_p{}", k->panel) : "",
+                       k->bf16 ? "_bf16" : "");
   if (const auto* k = std::get_if<AttentionKernel>(&spec))
     return fmt::format("kiln_attention_h{}_dk{}_dv{}{}{}_s{}", k->heads, k->dk, k->dv,
                        k->causal ? "_causal" : "", k->key_padding ? "_kpad" : "",
@@ -109,7 +111,8 @@ Halide::Target parse_target(const std::string& target) {
 }
 
 KernelPipeline build(const KernelSpec& spec, const Halide::Target& t) {
-  if (const auto* k = std::get_if<LinearKernel>(&spec)) return build_linear(*k, t);
+  if (const auto* k = std::get_if<LinearKernel>(&spec))
+    return k->bf16 ? build_linear_bf16(*k, t) : build_linear(*k, t);
   if (const auto* k = std::get_if<AttentionKernel>(&spec)) return build_attention(*k, t);
   if (const auto* k = std::get_if<StepAttentionKernel>(&spec)) return build_step_attention(*k, t);
   if (const auto* k = std::get_if<LayerNormKernel>(&spec)) return build_layernorm(*k, t);
@@ -117,10 +120,57 @@ KernelPipeline build(const KernelSpec& spec, const Halide::Target& t) {
 }
 }  // namespace
 
+std::string bf16_target_problem(const std::string& target) {
+  Halide::Target t = parse_target(target);
+  if (t.arch != Halide::Target::X86 || t.bits != 64 ||
+      !t.has_feature(Halide::Target::AVX512_Skylake))
+    return fmt::format(
+        "bf16 weights need an x86-64 target with AVX-512 (avx512_skylake or "
+        "higher) on a CPU with AVX512-BF16; target '{}' has no avx512_skylake",
+        t.to_string());
+  if (target == "host" && !rt::missing_cpu_features(kBf16Feature).empty())
+    return fmt::format(
+        "bf16 weights need AVX512-BF16, which this CPU lacks ({}); compile with "
+        "f32 weights, or for another machine's target",
+        fmt::join(rt::missing_cpu_features(kBf16Feature), ", "));
+  return "";
+}
+
+namespace {
+// A bf16 linear kernel: Halide 14 emits vdpbf16ps only for avx512_sapphirerapids, whose
+// LLVM CPU (sapphirerapids) may also emit AVX512-FP16 instructions, which AMD Zen 4/5 lack.
+// So the kernel is generated as LLVM IR for that target (the IR names no CPU) and
+// compiled by llc for LLVM's cooperlake: AVX-512 with BF16 and VNNI, no FP16, no AMX.
+void compile_bf16_kernel(KernelPipeline kp, const Halide::Target& t,
+                         const std::string& function_name, const std::string& object_path) {
+  const std::string ll = object_path + ".ll";
+  kp.pipeline.compile_to_llvm_assembly(ll, kp.args, function_name,
+                                       t.with_feature(Halide::Target::AVX512_SapphireRapids));
+  const std::string cmd =
+      fmt::format("llc-14 -O3 -mcpu=cooperlake -relocation-model=pic -filetype=obj '{}' -o '{}'",
+                  ll, object_path);
+  const int status = std::system(cmd.c_str());
+  std::remove(ll.c_str());
+  if (status != 0)
+    fail(
+        "compiling bf16 kernel {} with llc-14 failed (exit status {}; is Debian's llvm-14 "
+        "installed?): {}",
+        function_name, status, cmd);
+}
+}  // namespace
+
 void compile_kernel(const KernelSpec& spec, const std::string& target,
                     const std::string& function_name, const std::string& object_path) {
   Halide::Target t = parse_target(target).with_feature(Halide::Target::NoRuntime);
   try {
+    const auto* linear = std::get_if<LinearKernel>(&spec);
+    if (linear && linear->bf16) {
+      const std::string problem = bf16_target_problem(target);
+      if (!problem.empty()) fail("{}", problem);
+      compile_bf16_kernel(build(spec, t.with_feature(Halide::Target::AVX512_SapphireRapids)), t,
+                          function_name, object_path);
+      return;
+    }
     KernelPipeline kp = build(spec, t);
     kp.pipeline.compile_to_object(object_path, kp.args, function_name, t);
   } catch (const Halide::CompileError& e) {

@@ -27,11 +27,17 @@ namespace kiln::codegen {
 //   with wt(j, k, p) = W[p·panel + j, k] (panel > 0, N a multiple of it), so a block of
 //   columns reads one contiguous strip; bias f32 (n) [N] (when has_bias), out f32 (n, m)
 //   [N × M] dense. M = product of the IR's leading dims, any size ≥ 1.
+//   With bf16: the weight is bf16, packed in panels of 64 columns with pairs of K adjacent,
+//   wt bf16 (pair, j, kp, p) [2 × 64 × Kp/2 × Np/64] dense with wt(pair, j, kp, p) =
+//   bf16(W[p·64 + j, 2·kp + pair]), 0 outside W (Np: N rounded up to a multiple of 64, Kp:
+//   K rounded up to even; panel = 64); x is rounded to bf16 (to nearest, ties to even) as
+//   it is read; products summed in f32.
 struct LinearKernel {
   int64_t K = 0, N = 0;
   bool relu = false;
   bool has_bias = true;
   int64_t panel = 0;
+  bool bf16 = false;
 };
 
 // The panel width codegen packs linear weights into (a multiple of every target's
@@ -119,5 +125,11 @@ void compile_runtime(const std::string& target, const std::string& object_path);
 
 // The canonical form of a target string ("host" resolved to this machine's features).
 std::string resolve_target(const std::string& target);
+
+// The x86 feature a library with bf16 kernels requires besides its target's: kiln's name
+// for LLVM's cooperlake (AVX-512 with AVX512-BF16 and VNNI; see runtime/cpu_features.h).
+inline constexpr const char* kBf16Feature = "avx512_bf16";
+// Why bf16 weights cannot be compiled for `target` (a target string or "host"), or "".
+std::string bf16_target_problem(const std::string& target);
 
 }  // namespace kiln::codegen

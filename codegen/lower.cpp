@@ -85,7 +85,7 @@ struct View {
 
 class Lowerer {
  public:
-  explicit Lowerer(const ir::Module& m) : m_(m) {
+  Lowerer(const ir::Module& m, const LowerOptions& options) : m_(m), options_(options) {
     for (const ir::Symbol& s : m.symbols) out_.plan.symbols.push_back({s.name, s.max});
     out_.plan.model = m.name;
     out_.plan.config.assign(m.config.begin(), m.config.end());
@@ -127,8 +127,8 @@ class Lowerer {
 
   // The weight `name` as stored: as declared, or for a linear's weight (`linear`) laid
   // out as its kernel reads it, transposed or packed in panels of `panel` columns.
-  int32_t weight_index(const std::string& name, bool linear, int64_t panel = 0) {
-    std::string key = name + (linear ? fmt::format("#t{}", panel) : "");
+  int32_t weight_index(const std::string& name, bool linear, int64_t panel = 0, bool bf16 = false) {
+    std::string key = name + (linear ? fmt::format("#t{}{}", panel, bf16 ? "b" : "") : "");
     auto it = weights_.find(key);
     if (it != weights_.end()) return it->second;
     const ir::Weight* w = m_.find_weight(name);
@@ -159,9 +159,12 @@ class Lowerer {
       KILN_ASSERT(d.shape.size() == 2,
                   fmt::format("lowering: weight '{}' of a linear is not 2-D", name));
       const int64_t N = d.shape[0], K = d.shape[1];
-      d.shape = panel ? std::vector<int64_t>{N / panel, K, panel} : std::vector<int64_t>{K, N};
+      d.shape = bf16    ? std::vector<int64_t>{(N + 63) / 64, (K + 1) / 2, 64, 2}
+                : panel ? std::vector<int64_t>{N / panel, K, panel}
+                        : std::vector<int64_t>{K, N};
       d.transpose = true;
       d.panel = panel;
+      d.bf16 = bf16;
     }
     int32_t index = static_cast<int32_t>(out_.plan.weights.size());
     out_.plan.weights.push_back(std::move(d));
@@ -453,15 +456,21 @@ class Lowerer {
           const int64_t N = wt.shape[0].value, K = wt.shape[1].value;
           LinearKernel k{K, N, op.str_attr("act") == "relu", op.operands.size() == 3,
                          linear_panel_for(N)};
+          if (options_.bf16_weights) {
+            k.bf16 = true;
+            k.panel = 64;
+          }
           View out = output_view(op);
           rt::StepDesc s{kernel_index(k), fmt::format("linear %{}", op.result), {}};
           s.args.push_back(rows_view(f, view_of(op.operands[0], op), "input", op));
-          // The weight as stored (weight_index lays it out): [K, N] or [N/panel, K, panel].
-          const int32_t wi = weight_index(w->str_attr("name"), true, k.panel);
+          // The weight as stored (weight_index lays it out): [K, N], [N/panel, K, panel] or
+          // for bf16 [N/64, K/2, 64, 2].
+          const int32_t wi = weight_index(w->str_attr("name"), true, k.panel, k.bf16);
           std::vector<ir::Dim> stored;
           for (int64_t d : out_.plan.weights[static_cast<size_t>(wi)].shape)
             stored.push_back(ir::Dim::constant(d));
           View wv = dense_view(ir::TensorType{ir::DType::f32, stored}, Storage::weight, wi, 0);
+          if (k.bf16) wv.type = ElemType::bf16;
           s.args.push_back(wv.halide());
           if (k.has_bias) s.args.push_back(view_of(op.operands[2], op).halide());
           s.args.push_back(rows_view(f, out, "output", op));
@@ -565,12 +574,15 @@ class Lowerer {
   }
 
   const ir::Module& m_;
+  const LowerOptions options_;
   LoweredModel out_;
   std::map<std::string, int32_t> weights_;
 };
 
 }  // namespace
 
-LoweredModel lower_module(const ir::Module& module) { return Lowerer(module).run(); }
+LoweredModel lower_module(const ir::Module& module, const LowerOptions& options) {
+  return Lowerer(module, options).run();
+}
 
 }  // namespace kiln::codegen

@@ -25,6 +25,11 @@ struct LoweredModel {
   std::vector<KernelSpec> kernels;  // kernels[i] is named plan.kernel_names[i]
 };
 
-LoweredModel lower_module(const ir::Module& module);
+struct LowerOptions {
+  // Every `linear` kernel with bf16 weights (kernels.h, LinearKernel::bf16).
+  bool bf16_weights = false;
+};
+
+LoweredModel lower_module(const ir::Module& module, const LowerOptions& options = {});
 
 }  // namespace kiln::codegen

@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <set>
@@ -705,8 +706,18 @@ Tensor eval_argmax(const Op& op, const Tensor& x, const Shape& shape, const std:
   return r;
 }
 
+// f32 rounded to the nearest bf16 (ties to even), kept as an f32; NaN stays NaN.
+float round_to_bf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return x;
+  bits = ((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16) << 16;
+  std::memcpy(&x, &bits, 4);
+  return x;
+}
+
 Tensor eval_linear(const Op& op, const Tensor& x, const Tensor& w, const Tensor* bias,
-                   const Shape& shape) {
+                   const Shape& shape, bool bf16) {
   const int64_t rank = rank_of(x);
   KILN_ASSERT(rank >= 1 && rank_of(w) == 2 && w.shape[1] == x.shape.back(), "linear operands");
   const int64_t n = w.shape[0], k = w.shape[1];
@@ -721,8 +732,13 @@ Tensor eval_linear(const Op& op, const Tensor& x, const Tensor& w, const Tensor*
   for (int64_t row = 0; row < rows; ++row) {
     for (int64_t j = 0; j < n; ++j) {
       double sum = 0;
-      for (int64_t p = 0; p < k; ++p)
-        sum += static_cast<double>(x.f[row * k + p]) * static_cast<double>(w.f[j * k + p]);
+      if (bf16)
+        for (int64_t p = 0; p < k; ++p)
+          sum += static_cast<double>(round_to_bf16(x.f[row * k + p])) *
+                 static_cast<double>(round_to_bf16(w.f[j * k + p]));
+      else
+        for (int64_t p = 0; p < k; ++p)
+          sum += static_cast<double>(x.f[row * k + p]) * static_cast<double>(w.f[j * k + p]);
       float y = static_cast<float>(sum);  // as matmul rounds it
       if (bias) y = y + bias->f[j];       // as a separate add would
       if (relu) y = std::isnan(y) ? y : (y > 0.0f ? y : 0.0f);
@@ -853,8 +869,9 @@ Tensor eval_step_attention(const Op& op, const Tensor& q, const Tensor& k, const
 
 class Interpreter {
  public:
-  Interpreter(const Module& module, const Function& function, const WeightMap& weights)
-      : m_(module), f_(function), weights_(weights) {}
+  Interpreter(const Module& module, const Function& function, const WeightMap& weights,
+              const InterpretOptions& options)
+      : m_(module), f_(function), weights_(weights), options_(options) {}
 
   std::vector<Tensor> run(const std::vector<Tensor>& inputs) {
     check_structure();
@@ -1115,7 +1132,8 @@ class Interpreter {
         break;
       case OpKind::linear:
         r = eval_linear(op, operand(op, 0), operand(op, 1),
-                        op.operands.size() == 3 ? &operand(op, 2) : nullptr, shape);
+                        op.operands.size() == 3 ? &operand(op, 2) : nullptr, shape,
+                        options_.bf16_linear);
         break;
       case OpKind::attention:
         r = eval_attention(op, operand(op, 0), operand(op, 1), operand(op, 2),
@@ -1143,6 +1161,7 @@ class Interpreter {
   const Module& m_;
   const Function& f_;
   const WeightMap& weights_;
+  const InterpretOptions options_;
   std::vector<std::string> names_;               // by ValueId, as printed ("src", "%3")
   std::vector<std::optional<Tensor>> values_;    // by ValueId, once computed
   std::map<std::string, int64_t> bindings_;      // symbol -> size
@@ -1246,7 +1265,13 @@ void materialize_weights(const Module& module, WeightMap& weights) {
 
 std::vector<Tensor> interpret(const Module& module, const Function& function,
                               const WeightMap& weights, const std::vector<Tensor>& inputs) {
-  return Interpreter(module, function, weights).run(inputs);
+  return Interpreter(module, function, weights, InterpretOptions{}).run(inputs);
+}
+
+std::vector<Tensor> interpret(const Module& module, const Function& function,
+                              const WeightMap& weights, const std::vector<Tensor>& inputs,
+                              const InterpretOptions& options) {
+  return Interpreter(module, function, weights, options).run(inputs);
 }
 
 }  // namespace kiln::ir

@@ -52,4 +52,13 @@ inline constexpr int64_t kMaxInterpreterTensorBytes = int64_t{1} << 32;
 std::vector<Tensor> interpret(const Module& module, const Function& function,
                               const WeightMap& weights, const std::vector<Tensor>& inputs);
 
+struct InterpretOptions {
+  // `linear` rounds its input and weight to bf16 (to nearest, ties to even) before the
+  // products, as the kernels of `kiln compile --weights bf16` do: the reference for them.
+  bool bf16_linear = false;
+};
+std::vector<Tensor> interpret(const Module& module, const Function& function,
+                              const WeightMap& weights, const std::vector<Tensor>& inputs,
+                              const InterpretOptions& options);
+
 }  // namespace kiln::ir

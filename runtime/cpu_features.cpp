@@ -84,6 +84,8 @@ const std::vector<Feature>& features() {
       {"avx512_skylake", {kF, kCD, kBW, kDQ, kVL}},
       {"avx512_cannonlake", {kF, kCD, kBW, kDQ, kVL, kIFMA, kVBMI}},
       {"avx512_sapphirerapids", {kF, kCD, kBW, kDQ, kVL, kIFMA, kVBMI, kVNNI, kBF16, kFP16}},
+      // kiln's own: the bf16 linear kernels, compiled for LLVM's cooperlake.
+      {"avx512_bf16", {kF, kCD, kBW, kDQ, kVL, kVNNI, kBF16}},
   };
   return all;
 }

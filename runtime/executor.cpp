@@ -57,6 +57,8 @@ const char* type_name(ElemType t) {
       return "i64";
     case ElemType::u8:
       return "bool";
+    case ElemType::bf16:
+      return "bf16";
   }
   return "?";
 }
@@ -69,6 +71,8 @@ halide_type_t halide_type(ElemType t) {
       return halide_type_t(halide_type_int, 64);
     case ElemType::u8:
       return halide_type_t(halide_type_uint, 8);
+    case ElemType::bf16:
+      return halide_type_t(halide_type_bfloat, 16);
   }
   return halide_type_t(halide_type_float, 32);
 }
@@ -82,6 +86,8 @@ int32_t abi_dtype(ElemType t) {
       return KILN_I64;
     case ElemType::u8:
       return KILN_BOOL;
+    case ElemType::bf16:  // weights only, never an entry point's tensor
+      return -1;
   }
   return -1;
 }
@@ -221,7 +227,7 @@ struct kiln_model {
       for (size_t i = 0; i < w.sources.size(); ++i)
         if (!seen[w.sources[i]]) {
           seen[w.sources[i]] = true;
-          expected.push_back({w.sources[i], kiln::rt::DType::f32, w.source_shapes[i]});
+          expected.push_back({w.sources[i], kiln::rt::DType::f32, w.source_shapes[i], true});
         }
     kiln::rt::check_weights_or_throw(file, expected);
     weights.resize(plan.weights.size());
@@ -229,31 +235,61 @@ struct kiln_model {
       const auto& w = plan.weights[wi];
       // Concatenation along axis 0, straight from the file's bytes into the laid-out weight
       // (a linear weight as its kernel reads it): each source is a block of rows.
+      // Each source is f32 or bf16 (checked above), converted to what the kernels read.
       int64_t numel = 1, source_numel = 0;
       for (int64_t d : w.shape) numel *= d;
       std::vector<std::span<const uint8_t>> parts;
+      std::vector<bool> part_bf16;
       for (const std::string& s : w.sources) {
-        parts.push_back(file.bytes(file.at(s)));
-        source_numel += static_cast<int64_t>(parts.back().size() / 4);
+        const kiln::rt::TensorInfo& info = file.at(s);
+        parts.push_back(file.bytes(info));
+        part_bf16.push_back(info.dtype == kiln::rt::DType::bf16);
+        source_numel += static_cast<int64_t>(parts.back().size() / (part_bf16.back() ? 2 : 4));
       }
-      if (source_numel != numel)
-        fail("weight '{}' has {} elements, the plan expects {}", w.name, source_numel, numel);
-      weights[wi].allocate(numel * 4);
-      float* dst = reinterpret_cast<float*>(weights[wi].data.get());
+      // A linear weight W[N, K] (its sources are blocks of rows of K; the bf16 layout pads
+      // N to a multiple of 64 and K to even).
+      const int64_t K = w.transpose && !w.source_shapes.empty() && !w.source_shapes[0].empty()
+                            ? w.source_shapes[0].back()
+                            : 1;
+      if (w.bf16 ? (K < 1 || source_numel % K != 0 || (source_numel / K + 63) / 64 != w.shape[0] ||
+                    (K + 1) / 2 != w.shape[1])
+                 : source_numel != numel)
+        fail("weight '{}' has {} elements, the plan expects {}", w.name, source_numel,
+             w.bf16 ? fmt::format("[N, K] with N/64 = {}, K/2 = {} (rounded up)", w.shape[0],
+                                  w.shape[1])
+                    : std::to_string(numel));
+      weights[wi].allocate(numel * (w.bf16 ? 2 : 4));
+      if (w.bf16) std::memset(weights[wi].data.get(), 0, static_cast<size_t>(numel) * 2);
       if (w.transpose) {
-        // Stored as [K, N] or [N/panel, K, panel] (the plan is validated) from W[N, K].
-        const int64_t K = w.panel ? w.shape[1] : w.shape[0];
+        // Stored as [K, N], [N/panel, K, panel] or [Np/64, Kp/2, 64, 2] (the plan is
+        // validated) from W[N, K].
         int64_t row = 0;
-        for (const auto& part : parts) {
-          const int64_t rows = static_cast<int64_t>(part.size() / 4) / K;
-          kiln::rt::lay_out_linear_weight_rows(part.data(), row, rows, numel / K, K, w.panel, dst);
+        for (size_t pi = 0; pi < parts.size(); ++pi) {
+          const bool b = part_bf16[pi];
+          const int64_t rows = static_cast<int64_t>(parts[pi].size() / (b ? 2 : 4)) / K;
+          if (w.bf16)
+            kiln::rt::lay_out_linear_weight_bf16_rows(
+                parts[pi].data(), row, rows, source_numel / K, K,
+                reinterpret_cast<uint16_t*>(weights[wi].data.get()), b);
+          else
+            kiln::rt::lay_out_linear_weight_rows(parts[pi].data(), row, rows, numel / K, K, w.panel,
+                                                 reinterpret_cast<float*>(weights[wi].data.get()),
+                                                 b);
           row += rows;
         }
       } else {
-        uint8_t* out = weights[wi].data.get();
-        for (const auto& part : parts) {
-          std::memcpy(out, part.data(), part.size());
-          out += part.size();
+        float* out = reinterpret_cast<float*>(weights[wi].data.get());
+        for (size_t pi = 0; pi < parts.size(); ++pi) {
+          const int64_t n = static_cast<int64_t>(parts[pi].size() / (part_bf16[pi] ? 2 : 4));
+          if (part_bf16[pi])
+            for (int64_t i = 0; i < n; ++i) {
+              uint16_t b;
+              std::memcpy(&b, parts[pi].data() + 2 * i, 2);
+              out[i] = kiln::rt::bf16_to_f32(b);
+            }
+          else
+            std::memcpy(out, parts[pi].data(), parts[pi].size());
+          out += n;
         }
       }
     }

@@ -65,13 +65,15 @@ int64_t elem_size(ElemType type) {
       return 8;
     case ElemType::u8:
       return 1;
+    case ElemType::bf16:
+      return 2;
   }
   return 0;
 }
 
 namespace {
 
-constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', '4'};
+constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', '5'};
 
 class Writer {
  public:
@@ -164,7 +166,7 @@ class Reader {
     return t;
   }
   ElemType elem(int64_t v) {
-    if (v < 0 || v > 2) fail("compiled plan has an unknown element type {}", v);
+    if (v < 0 || v > 3) fail("compiled plan has an unknown element type {}", v);
     return static_cast<ElemType>(v);
   }
   bool done() const { return pos_ == size_; }
@@ -182,9 +184,11 @@ class Reader {
 
 void validate(const Plan& p) {
   for (const WeightDesc& w : p.weights) {
-    const bool packed_shape = w.shape.size() == 3 && w.shape[2] == w.panel;
+    const bool packed_shape =
+        w.bf16 ? w.shape.size() == 4 && w.shape[2] == 64 && w.shape[3] == 2 && w.panel == 64
+               : w.shape.size() == 3 && w.shape[2] == w.panel;
     if (w.panel < 0 || (w.panel > 0 && (!w.transpose || !packed_shape)) ||
-        (w.panel == 0 && w.transpose && w.shape.size() != 2))
+        (w.panel == 0 && (w.bf16 || (w.transpose && w.shape.size() != 2))))
       fail("compiled plan: weight '{}' has a bad layout (panel {}, shape [{}])", w.name, w.panel,
            fmt::join(w.shape, ","));
   }
@@ -257,19 +261,56 @@ void validate(const Plan& p) {
 
 }  // namespace
 
+uint16_t f32_to_bf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+float bf16_to_f32(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float x;
+  std::memcpy(&x, &wide, 4);
+  return x;
+}
+
+namespace {
+// Element k of a little-endian row of f32 (or bf16) values, as f32.
+inline float source_value(const uint8_t* row, int64_t k, bool bf16) {
+  if (bf16) {
+    uint16_t b;
+    std::memcpy(&b, row + k * 2, 2);
+    return bf16_to_f32(b);
+  }
+  float v;
+  std::memcpy(&v, row + k * 4, 4);
+  return v;
+}
+}  // namespace
+
 void lay_out_linear_weight_rows(const uint8_t* w_rows, int64_t n0, int64_t rows, int64_t N,
-                                int64_t K, int64_t panel, float* wt) {
+                                int64_t K, int64_t panel, float* wt, bool source_bf16) {
   KILN_ASSERT(panel >= 0 && (panel == 0 || N % panel == 0), "panel width must divide N");
   KILN_ASSERT(n0 >= 0 && rows >= 0 && n0 + rows <= N, "rows outside the weight");
   const int64_t stride = panel ? panel : N;
+  const int64_t bytes = source_bf16 ? 2 : 4;
   for (int64_t n = n0; n < n0 + rows; ++n) {
     float* column = panel ? wt + (n / panel) * K * panel + n % panel : wt + n;
-    const uint8_t* row = w_rows + (n - n0) * K * 4;
-    for (int64_t k = 0; k < K; ++k) {
-      float v;
-      std::memcpy(&v, row + k * 4, 4);
-      column[k * stride] = v;
-    }
+    const uint8_t* row = w_rows + (n - n0) * K * bytes;
+    for (int64_t k = 0; k < K; ++k) column[k * stride] = source_value(row, k, source_bf16);
+  }
+}
+
+void lay_out_linear_weight_bf16_rows(const uint8_t* w_rows, int64_t n0, int64_t rows, int64_t N,
+                                     int64_t K, uint16_t* wt, bool source_bf16) {
+  KILN_ASSERT(n0 >= 0 && rows >= 0 && n0 + rows <= N, "rows outside the weight");
+  const int64_t bytes = source_bf16 ? 2 : 4, Kp = K + K % 2;
+  for (int64_t n = n0; n < n0 + rows; ++n) {
+    uint16_t* column = wt + (n / 64) * Kp * 64 + (n % 64) * 2;
+    const uint8_t* row = w_rows + (n - n0) * K * bytes;
+    for (int64_t k = 0; k < K; ++k)
+      column[(k / 2) * 128 + k % 2] = f32_to_bf16(source_value(row, k, source_bf16));
   }
 }
 
@@ -315,6 +356,7 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
     }
     w.i64(wd.transpose);
     w.i64(wd.panel);
+    w.i64(wd.bf16);
     w.ints(wd.shape);
   }
   w.i64(static_cast<int64_t>(p.tables.size()));
@@ -386,6 +428,7 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
     }
     wd.transpose = r.i64() != 0;
     wd.panel = r.i64();
+    wd.bf16 = r.i64() != 0;
     wd.shape = r.ints();
   }
   p.tables.resize(r.count());

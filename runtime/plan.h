@@ -33,7 +33,7 @@ struct DimExpr {
   int single_symbol() const;
 };
 
-enum class ElemType : int8_t { f32 = 0, i64 = 1, u8 = 2 };
+enum class ElemType : int8_t { f32 = 0, i64 = 1, u8 = 2, bf16 = 3 };  // bf16: weights only
 int64_t elem_size(ElemType type);
 
 enum class Storage : int8_t {
@@ -110,7 +110,8 @@ struct WeightDesc {
   std::vector<std::vector<int64_t>> source_shapes;
   bool transpose = false;      // a linear weight, laid out after concatenation
   int64_t panel = 0;           // its panel width (0: transposed only)
-  std::vector<int64_t> shape;  // as stored: [K, N] or [N/panel, K, panel]
+  std::vector<int64_t> shape;  // as stored: [K, N], [N/panel, K, panel] or [Np/64, Kp/2, 64, 2]
+  bool bf16 = false;  // packed for the bf16 linear kernel (lay_out_linear_weight_bf16_rows)
 };
 
 // Lays out a linear weight W[N, K] (row-major) as codegen's linear kernel reads it
@@ -120,8 +121,19 @@ struct WeightDesc {
 void lay_out_linear_weight(const float* w, int64_t N, int64_t K, int64_t panel, float* wt);
 // The same for rows [n0, n0 + rows) of W given on their own (`w_rows`: rows × K f32,
 // little-endian, any alignment), e.g. one source of a weight concatenated along axis 0.
+// `source_bf16`: the rows are bf16 (little-endian) instead of f32.
 void lay_out_linear_weight_rows(const uint8_t* w_rows, int64_t n0, int64_t rows, int64_t N,
-                                int64_t K, int64_t panel, float* wt);
+                                int64_t K, int64_t panel, float* wt, bool source_bf16 = false);
+// The bf16 layout of codegen's bf16 linear kernel (kernels.h, LinearKernel::bf16), with Np
+// = N rounded up to a multiple of 64 and Kp = K rounded up to even: wt[(n / 64)·Kp·64 +
+// (k / 2)·128 + (n % 64)·2 + k % 2] = bf16(W[n, k]), i.e. [Np/64, Kp/2, 64, 2], rounded to
+// nearest, ties to even; rows [n0, n0 + rows) of W given as f32 (or bf16 with
+// `source_bf16`) rows of K. The padding is left as it is: zero `wt` first.
+void lay_out_linear_weight_bf16_rows(const uint8_t* w_rows, int64_t n0, int64_t rows, int64_t N,
+                                     int64_t K, uint16_t* wt, bool source_bf16 = false);
+// f32 -> bf16 bits, rounded to nearest, ties to even (NaN stays NaN); bf16 bits -> f32.
+uint16_t f32_to_bf16(float x);
+float bf16_to_f32(uint16_t bits);
 
 // Storage as the runtime allocates its weights, tables and arena: 64-byte aligned, and
 // from 2 MiB on 2 MiB aligned with transparent huge pages asked for (fewer page faults

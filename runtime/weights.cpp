@@ -25,9 +25,10 @@ std::vector<std::string> check_weights(const SafeTensors& file,
                                      dtype_name(w.dtype), shape_string(w.shape)));
       continue;
     }
-    if (t->dtype != w.dtype)
-      problems.push_back(fmt::format("tensor '{}' has dtype {}, expected {}", w.name,
-                                     dtype_name(t->dtype), dtype_name(w.dtype)));
+    if (t->dtype != w.dtype && !(w.or_bf16 && t->dtype == DType::bf16))
+      problems.push_back(fmt::format("tensor '{}' has dtype {}, expected {}{}", w.name,
+                                     dtype_name(t->dtype), dtype_name(w.dtype),
+                                     w.or_bf16 ? " or BF16" : ""));
     if (t->shape != w.shape)
       problems.push_back(fmt::format("tensor '{}' has shape {}, expected {}", w.name,
                                      shape_string(t->shape), shape_string(w.shape)));

@@ -14,6 +14,7 @@ struct WeightSpec {
   std::string name;
   DType dtype = DType::f32;
   std::vector<int64_t> shape;
+  bool or_bf16 = false;  // bf16 accepted too (for an f32 weight: converted when loaded)
 };
 
 // Returns one line per problem (empty when the file matches `expected` exactly):

@@ -77,7 +77,8 @@ options:
 )";
 
 constexpr const char* kCompileHelp =
-    R"(usage: kiln compile FILE.kir [--target T] [-o DIR] [--name NAME] [--emit=static,shared,ir]
+    R"(usage: kiln compile FILE.kir [--target T] [--weights f32|bf16] [-o DIR] [--name NAME]
+                    [--emit=static,shared,ir]
 
 Runs the default pipeline, generates and compiles every kernel with Halide, and writes
 into DIR a static library libNAME.a and a header NAME.h (C++ class kiln_models::NAME with
@@ -86,6 +87,10 @@ typed entry points, over a plain C ABI). Link them with kiln's runtime library o
 options:
   --target T     Halide target string (default: host), e.g.
                  x86-64-linux-avx-avx2-avx512-avx512_skylake-f16c-fma-sse41
+  --weights W    f32 (default) or bf16: linear weights converted to bf16 at load time (f32 or
+                 bf16 safetensors), products summed in f32 with AVX512-BF16's vdpbf16ps;
+                 attention, norms and the rest stay f32. Needs an AVX-512 target, and with
+                 'host' a CPU with AVX512-BF16; the library refuses to load on a CPU without it
   -o DIR         output directory (default: .)
   --name NAME    library name, a C identifier (default: the module's name)
   --emit=LIST    comma list of static, shared, ir (default: static); 'shared' also writes
@@ -136,6 +141,9 @@ options:
   --repeat N          with --compiled: run N times (outputs from the last run)
   --profile           with --compiled: print the time per entry-point run and per kernel
                       (calls, total, per call, share) to stderr
+  --bf16-linear       interpreter only: every linear op rounds its input and weight to bf16
+                      first, as a library compiled with '--weights bf16' does (run it on
+                      that library's optimized IR, 'kiln compile --emit=ir')
 )";
 
 constexpr const char* kTranslateHelp =
@@ -465,7 +473,7 @@ int cmd_run(const std::vector<std::string>& argv) {
   Args a = Args::parse(argv,
                        {"--weights", "--inputs", "--function", "-o", "--expect", "--atol",
                         "--compiled", "--threads", "--repeat"},
-                       {"--profile"}, "run");
+                       {"--profile", "--bf16-linear"}, "run");
   std::string weights_path = a.require("--weights", "run");
   std::string inputs_path = a.require("--inputs", "run");
   std::string fname = a.get("--function").value_or("forward");
@@ -482,6 +490,8 @@ int cmd_run(const std::vector<std::string>& argv) {
   } else {
     for (const char* only : {"--threads", "--repeat", "--profile"})
       if (a.get(only) || a.flags.count(only)) fail("run: {} needs --compiled DIR", only);
+    ir::InterpretOptions interpret_options;
+    interpret_options.bf16_linear = a.flags.count("--bf16-linear") > 0;
     std::string file = one_positional(a, "run", "FILE");
     int stdin_uses = (file == "-") + (weights_path == "-") + (inputs_path == "-");
     if (stdin_uses > 1) fail("run: only one of FILE, --weights and --inputs can be '-'");
@@ -495,7 +505,8 @@ int cmd_run(const std::vector<std::string>& argv) {
     rt::SafeTensors wfile = load_safetensors(weights_path);
     ir::WeightMap weights = load_weight_map(m, wfile);
     rt::SafeTensors ifile = load_safetensors(inputs_path);
-    data = to_tensor_data(*f, ir::interpret(m, *f, weights, load_inputs(*f, ifile)));
+    data = to_tensor_data(*f,
+                          ir::interpret(m, *f, weights, load_inputs(*f, ifile), interpret_options));
   }
   // Outputs as f32 for summaries and comparisons (integer outputs are summarized by shape).
   auto floats = [](const rt::TensorData& t) {
@@ -583,10 +594,11 @@ int cmd_run(const std::vector<std::string>& argv) {
 
 int cmd_compile(const std::vector<std::string>& argv) {
   if (wants_help(argv)) return fmt::print("{}", kCompileHelp), 0;
-  Args a = Args::parse(argv, {"--target", "-o", "--name", "--emit"}, {}, "compile");
+  Args a = Args::parse(argv, {"--target", "--weights", "-o", "--name", "--emit"}, {}, "compile");
   ir::Module m = read_module(one_positional(a, "compile", "FILE"));
   codegen::CompileOptions options;
   options.target = a.get("--target").value_or("host");
+  options.weights = a.get("--weights").value_or("f32");
   options.out_dir = a.get("-o").value_or(".");
   options.name = a.get("--name").value_or("");
   options.emit_static = false;

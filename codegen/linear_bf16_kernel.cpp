@@ -1,0 +1,129 @@
+// The `linear` kernel with bf16 weights (kernels.h, LinearKernel::bf16): the weight packed
+// once at load time in panels of 64 columns, each column's consecutive pairs of K adjacent
+// (oneDNN's BA16a64b2a; N and K zero-padded to a multiple of 64 and to even), the input
+// rounded to bf16 as it is read, and the products summed
+// in f32 by AVX512-BF16's `vdpbf16ps` (32 bf16 products into 16 f32 lanes per instruction,
+// twice the FMA rate of f32). The bias and activation epilogue stays in f32.
+//
+// The schedule is the f32 kernel's (linear_kernel.cpp): parallel tiles of one panel × up to
+// 1024 rows, register blocks of 4 vectors × `rows` rows over the whole reduction. The
+// update's reduction over a pair of K is vectorized atomically, which Halide 14 matches to
+// `vdpbf16ps` (it needs the avx512_sapphirerapids feature: compile_kernel builds these
+// kernels for LLVM's cooperlake CPU, see kernels.cpp). The input's bf16 copy is made per
+// register block (rows × K), so every panel re-rounds it: one rounding per 64 products.
+#include "codegen/halide_kernels.h"
+#include "support/error.h"
+
+namespace kiln::codegen {
+
+using Halide::Expr;
+using Halide::Func;
+using Halide::RDom;
+using Halide::TailStrategy;
+using Halide::Var;
+
+namespace {
+Expr round_to_bf16_bits(const Expr& f) {
+  // Round to nearest, ties to even, on the bits (the runtime rounds weights the same way);
+  // NaN keeps a quiet NaN's top bits.
+  Expr bits = Halide::reinterpret(Halide::UInt(32), f);
+  Expr rounded = (bits + 0x7fff + ((bits >> 16) & 1)) >> 16;
+  Expr nan = (bits & 0x7fffffff) > 0x7f800000;
+  return Halide::cast(Halide::UInt(16), Halide::select(nan, (bits >> 16) | 0x40, rounded));
+}
+
+}  // namespace
+
+KernelPipeline build_linear_bf16(const LinearKernel& spec, const Halide::Target& target) {
+  constexpr int P = 64, lanes = 16;
+  KILN_ASSERT(spec.bf16 && spec.panel == P, "bf16 linear kernel needs 64-column panels");
+  KILN_ASSERT(target.has_feature(Halide::Target::AVX512_SapphireRapids),
+              "bf16 linear kernel needs a target with AVX512-BF16");
+  KILN_ASSERT(spec.K <= (int64_t{1} << 30) && spec.N <= (int64_t{1} << 30),
+              "linear kernel dims must fit in int32");
+  const int K = static_cast<int>(spec.K), N = static_cast<int>(spec.N);
+  const int Kp = K + K % 2, Np = (N + P - 1) / P * P;  // as packed (zero padding)
+
+  Halide::ImageParam x(Halide::Float(32), 2, "x");
+  // wt(pair, j, kp, p) = W[p·64 + j, 2·kp + pair].
+  Halide::ImageParam wt(Halide::BFloat(16), 4, "wt");
+  Halide::ImageParam bias(Halide::Float(32), 1, "bias");
+  Var n("n"), m("m"), k("k"), j("j"), p("p");
+
+  Func xb("xb");  // x rounded to bf16
+  if (K % 2 == 0) {
+    xb(k, m) = Halide::reinterpret(Halide::BFloat(16), round_to_bf16_bits(x(k, m)));
+  } else {  // the padding column of the weight is 0; so is x's
+    xb(k, m) = Halide::reinterpret(
+        Halide::BFloat(16), Halide::select(k < K, round_to_bf16_bits(x(Halide::min(k, K - 1), m)),
+                                           Halide::cast(Halide::UInt(16), 0)));
+  }
+  RDom r(0, 2, 0, Kp / 2, "r");
+  Func acc("acc");  // acc(j, p, m): column p·64 + j
+  acc(j, p, m) = 0.0f;
+  acc(j, p, m) +=
+      Halide::cast<float>(xb(2 * r.y + r.x, m)) * Halide::cast<float>(wt(r.x, j, r.y, p));
+  Expr y = acc(n % P, n / P, m);
+  if (spec.has_bias) y += bias(n);
+  if (spec.relu) y = relu_keeping_nan(y);
+  Func out("out");
+  out(n, m) = y;
+
+  x.dim(0).set_bounds(0, K);
+  x.dim(1).set_min(0);
+  wt.dim(0).set_bounds(0, 2);
+  wt.dim(1).set_bounds(0, P).set_stride(2);
+  wt.dim(2).set_bounds(0, Kp / 2).set_stride(2 * P);
+  wt.dim(3).set_bounds(0, Np / P).set_stride(P * Kp);
+  bias.dim(0).set_bounds(0, N);
+  Halide::OutputImageParam ob = out.output_buffer();
+  ob.dim(0).set_bounds(0, N);
+  ob.dim(1).set_min(0).set_stride(N);
+  const Expr M = ob.dim(1).extent();
+  x.set_estimates({{0, K}, {0, 2048}});
+  wt.set_estimates({{0, 2}, {0, P}, {0, Kp / 2}, {0, Np / P}});
+  bias.set_estimates({{0, N}});
+  out.set_estimates({{0, N}, {0, 2048}});
+
+  // Loops of out: t (tiles: one panel × up to 1024 rows, the m tile fastest) > mb (register
+  // block rows) > mr > ni. acc is computed per register block, its reduction innermost
+  // over the pair (vdpbf16ps), then the 4 vectors, then the rows.
+  Var nt("nt"), ni("ni"), mt("mt"), mi("mi"), mb("mb"), mr("mr"), t("t");
+  // N not a multiple of 64: the last panel's columns from N on are computed (on zero
+  // weights) but not stored.
+  const TailStrategy n_tail = N % P == 0 ? TailStrategy::RoundUp : TailStrategy::GuardWithIf;
+  auto schedule_out = [&](Halide::Stage s, const Expr& tile_m, int rows) {
+    s.split(n, nt, ni, P, n_tail)
+        .split(m, mt, mi, tile_m, TailStrategy::ShiftInwards)
+        .split(mi, mb, mr, rows, TailStrategy::ShiftInwards)
+        .reorder(ni, mr, mb, mt, nt)
+        .fuse(mt, nt, t)
+        .parallel(t)
+        .vectorize(ni, lanes)
+        .unroll(mr);
+  };
+  constexpr int few_rows = 4, many_rows = 64, rows = 6, tile_m = 1024;
+  schedule_out(out.specialize(M < few_rows), M, 1);
+  schedule_out(out.specialize(M < many_rows), M, few_rows);
+  const Expr tiles_m = (M + tile_m - 1) / tile_m;
+  schedule_out(out, (M + tiles_m - 1) / tiles_m, rows);
+
+  Var jv("jv"), ju("ju");
+  acc.compute_at(out, mb).vectorize(j, lanes).unroll(j).unroll(m);
+  acc.update()
+      .split(j, ju, jv, lanes)
+      .reorder(r.x, jv, ju, m, r.y, p)
+      .atomic()
+      .vectorize(r.x)
+      .vectorize(jv)
+      .unroll(ju)
+      .unroll(m);
+  xb.compute_at(out, mb);
+  if (Kp >= 2 * lanes) xb.vectorize(k, 2 * lanes);  // shifted inwards within [0, Kp)
+
+  std::vector<Halide::Argument> args = {x, wt};
+  if (spec.has_bias) args.push_back(bias);
+  return KernelPipeline{Halide::Pipeline(out), args};
+}
+
+}  // namespace kiln::codegen
