@@ -1,6 +1,9 @@
 // Targets and the CPU: `host` resolves to features this CPU really has, and a library
 // built for a feature it lacks is refused at load with an error naming the feature
 // (instead of dying with SIGILL in the first kernel).
+#include <cstdio>
+#include <map>
+#include <regex>
 #include <string>
 
 #include <gmock/gmock.h>
@@ -55,6 +58,52 @@ TEST(Target, LibraryForAMissingFeatureIsRefusedAtLoad) {
     ADD_FAILURE() << "created a model for a CPU feature this machine lacks";
   } catch (const std::exception& e) {
     EXPECT_EQ(std::string(e.what()), message);
+  }
+}
+
+// The bf16 kernels are compiled for LLVM's cooperlake (AVX-512 with BF16): a disassembly of
+// a bf16 library has vdpbf16ps and no AVX512-FP16 instruction (Halide's sapphirerapids CPU
+// may emit those; AMD Zen 4/5 lack them) and no AMX one. The f32 golden library is scanned
+// the same way. objdump comes with binutils, which the compiler needs anyway.
+std::map<std::string, int> mnemonics(const std::string& library) {
+  std::map<std::string, int> count;
+  const std::string cmd = "objdump -d --no-show-raw-insn '" + library + "'";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) return count;
+  char line[1024];
+  const std::regex insn(R"(^\s+[0-9a-f]+:\s+([a-z][a-z0-9]*))");
+  std::cmatch m;
+  while (std::fgets(line, sizeof line, pipe))
+    if (std::regex_search(line, m, insn)) ++count[m[1].str()];
+  pclose(pipe);
+  return count;
+}
+
+// AVX512-FP16 (vaddph, vfmadd231sh, vmovw, vcvtw2ph, ...; not F16C's vcvtps2ph) and AMX.
+bool fp16_or_amx(const std::string& mnemonic) {
+  static const std::regex fp16(R"(^v\w*(ph|sh)$|^vmovw$|^tile\w*$|^tdp\w*$)");
+  return mnemonic != "vcvtps2ph" && std::regex_match(mnemonic, fp16);
+}
+
+TEST(Target, Bf16LibraryUsesOnlyCooperlakeInstructions) {
+  for (const char* fp16 : {"vaddph", "vfmadd231sh", "vmovw", "vcvtw2ph", "vmovsh", "tileloadd"})
+    EXPECT_TRUE(fp16_or_amx(fp16)) << fp16;
+  for (const char* fine : {"vcvtps2ph", "vcvtph2ps", "vdpbf16ps", "vfmadd231ps", "vpunpckhwd"})
+    EXPECT_FALSE(fp16_or_amx(fine)) << fine;
+  const std::string dir = std::string(KILN_BINARY_DIR) + "/tests/";
+  for (const std::string lib :
+       {"bf16_tiny.kiln/libbf16_tiny.a", "golden_tiny.kiln/libgolden_tiny.a"}) {
+    const std::map<std::string, int> count = mnemonics(dir + lib);
+    int total = 0;
+    for (const auto& [name, n] : count) {
+      total += n;
+      EXPECT_FALSE(fp16_or_amx(name)) << lib << ": " << n << " x " << name;
+    }
+    ASSERT_GT(total, 1000) << "could not disassemble " << lib;
+    const bool bf16 = lib.rfind("bf16", 0) == 0;
+    EXPECT_EQ(count.count("vdpbf16ps") > 0, bf16) << lib;
+    std::printf("[ target   ] %s: %d instructions, %d vdpbf16ps, no AVX512-FP16 or AMX\n",
+                lib.c_str(), total, count.count("vdpbf16ps") ? count.at("vdpbf16ps") : 0);
   }
 }
 
