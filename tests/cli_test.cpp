@@ -274,6 +274,20 @@ TEST_F(CliTest, CompileErrorsNameTheProblem) {
   EXPECT_THAT(n.output, HasSubstr("library name '9lives' is not a C identifier"));
 }
 
+// --weights: bf16 needs an AVX-512 target; anything but f32 and bf16 is refused by name.
+TEST_F(CliTest, Bf16WeightsNeedAnAvx512Target) {
+  ASSERT_EQ(run("emit transformer --config tiny -o " + path("tiny16.kir")).status, 0);
+  Result avx2 = run("compile " + path("tiny16.kir") +
+                    " --weights bf16 --target x86-64-linux-avx-avx2-fma-sse41 -o " + path("o16"));
+  EXPECT_EQ(avx2.status, 1);
+  EXPECT_THAT(avx2.output, HasSubstr("kiln: error: bf16 weights need an x86-64 target with "
+                                     "AVX-512 (avx512_skylake or higher)"));
+  EXPECT_THAT(avx2.output, HasSubstr("has no avx512_skylake"));
+  Result fp8 = run("compile " + path("tiny16.kir") + " --weights fp8 -o " + path("o16"));
+  EXPECT_EQ(fp8.status, 1);
+  EXPECT_THAT(fp8.output, HasSubstr("unknown weight type 'fp8' (use f32 or bf16)"));
+}
+
 // Inputs and outputs named like C++ keywords still give a header that compiles (kiln
 // compile builds it with the glue); entry points that cannot be methods of the generated
 // class are refused up front, by name.
