@@ -1,23 +1,41 @@
-# kiln_add_model(<target> MODEL <model> [CONFIG <config>] [SET key=value...]
-#                [KIR <file.kir>] [TARGET <halide-target>] [WEIGHTS f32|bf16]
+# kiln_add_model(<target> (MODEL <model> | SOURCES <file.cpp>... | KIR <file.kir>)
+#                [CONFIG <config>] [SET key=value...] [TARGET <halide-target>]
+#                [WEIGHTS f32|bf16]
 #                [NAME <library-name>])
 #
-# Emits a registered model's IR (or takes KIR), compiles it with `kiln compile`, and
-# defines <target>: a library to link that brings the generated header (<name>.h),
-# the static library and kiln's runtime. In the spirit of Halide's add_halide_library.
+# Gets a model's IR, compiles it with `kiln compile`, and defines <target>: a library to
+# link that brings the generated header (<name>.h), the static library and kiln's runtime.
+# In the spirit of Halide's add_halide_generator + add_halide_library. The IR comes from
+#   MODEL    a model registered in kiln (`kiln models`), emitted by `kiln emit`;
+#   SOURCES  your own model source(s) (frontend/generator.h: KILN_MODEL), built into a
+#            generator program <target>_generator (linked with kiln::generator_main) that
+#            writes the IR;
+#   KIR      an IR file.
+# CONFIG and SET pick the config and override its keys (MODEL and SOURCES; MODEL's default
+# config is base, a generator's its only config or base). The .kir that is compiled is
+# the target's property KILN_KIR (e.g. for `kiln run` with the interpreter); the target
+# <target>_kir writes it without compiling.
 #
 #   kiln_add_model(translator MODEL transformer CONFIG base SET max_len=256)
-#   target_link_libraries(app PRIVATE translator)   # then: #include "translator.h"
+#   kiln_add_model(gpt SOURCES gpt.cpp CONFIG small SET max_len=256)
+#   target_link_libraries(app PRIVATE translator gpt)   # then: #include "gpt.h"
 function(kiln_add_model target)
-  cmake_parse_arguments(ARG "" "MODEL;CONFIG;KIR;TARGET;NAME;WEIGHTS" "SET" ${ARGN})
+  cmake_parse_arguments(ARG "" "MODEL;CONFIG;KIR;TARGET;NAME;WEIGHTS" "SET;SOURCES" ${ARGN})
   if(ARG_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "kiln_add_model: unknown arguments: ${ARG_UNPARSED_ARGUMENTS}")
   endif()
-  if(NOT ARG_MODEL AND NOT ARG_KIR)
-    message(FATAL_ERROR "kiln_add_model(${target}): give MODEL <name> or KIR <file>")
+  set(forms 0)
+  foreach(form MODEL SOURCES KIR)
+    if(ARG_${form})
+      math(EXPR forms "${forms} + 1")
+    endif()
+  endforeach()
+  if(NOT forms EQUAL 1)
+    message(FATAL_ERROR "kiln_add_model(${target}): give one of MODEL <name>, SOURCES <files> "
+                        "or KIR <file>")
   endif()
-  if(NOT ARG_CONFIG)
-    set(ARG_CONFIG base)
+  if(ARG_KIR AND (ARG_CONFIG OR ARG_SET))
+    message(FATAL_ERROR "kiln_add_model(${target}): CONFIG and SET need MODEL or SOURCES")
   endif()
   if(NOT ARG_TARGET)
     set(ARG_TARGET host)
@@ -31,30 +49,58 @@ function(kiln_add_model target)
   set(out ${CMAKE_CURRENT_BINARY_DIR}/${target}.kiln)
   set(lib ${out}/lib${ARG_NAME}.a)
   set(header ${out}/${ARG_NAME}.h)
+  set(options)
+  if(ARG_CONFIG)
+    list(APPEND options --config ${ARG_CONFIG})
+  endif()
+  foreach(s ${ARG_SET})
+    list(APPEND options --set ${s})
+  endforeach()
+  set(emit_command)
+  set(depends)
   if(ARG_KIR)
     get_filename_component(kir ${ARG_KIR} ABSOLUTE)
-    set(emit_command)
-    set(depends ${kir})
+    set(depends)
   else()
     set(kir ${out}/${ARG_NAME}.input.kir)
-    set(sets)
-    foreach(s ${ARG_SET})
-      list(APPEND sets --set ${s})
-    endforeach()
-    set(emit_command COMMAND kiln::kiln emit ${ARG_MODEL} --config ${ARG_CONFIG} ${sets} -o ${kir})
-    set(depends)
+    if(ARG_MODEL)
+      if(NOT ARG_CONFIG)
+        list(APPEND options --config base)
+      endif()
+      set(emit_command COMMAND kiln::kiln emit ${ARG_MODEL} ${options} -o ${kir})
+      set(depends kiln::kiln)
+    else()
+      if(NOT TARGET kiln::dsl OR NOT TARGET kiln::generator_main)
+        message(FATAL_ERROR "kiln_add_model(${target} SOURCES ...): kiln's DSL is not available "
+                            "(the installed package loads it when fmt is found; Debian: libfmt-dev)")
+      endif()
+      add_executable(${target}_generator ${ARG_SOURCES})
+      target_link_libraries(${target}_generator PRIVATE kiln::dsl kiln::generator_main)
+      set(emit_command COMMAND ${target}_generator ${options} -o ${kir})
+      set(depends ${target}_generator)
+    endif()
   endif()
+  if(emit_command)
+    add_custom_command(
+      OUTPUT ${kir}
+      COMMAND ${CMAKE_COMMAND} -E make_directory ${out}
+      ${emit_command}
+      DEPENDS ${depends}
+      COMMENT "kiln: writing the IR of model ${target}"
+      VERBATIM)
+  endif()
+  add_custom_target(${target}_kir DEPENDS ${kir})
   add_custom_command(
     OUTPUT ${lib} ${header}
     COMMAND ${CMAKE_COMMAND} -E make_directory ${out}
-    ${emit_command}
     COMMAND kiln::kiln compile ${kir} --target ${ARG_TARGET} --weights ${ARG_WEIGHTS} --name ${ARG_NAME} -o ${out}
-    DEPENDS kiln::kiln ${depends}
+    DEPENDS kiln::kiln ${kir}
     COMMENT "kiln: compiling model ${target}"
     VERBATIM)
   add_custom_target(${target}_kiln_compile DEPENDS ${lib} ${header})
   add_library(${target} INTERFACE)
   add_dependencies(${target} ${target}_kiln_compile)
+  set_target_properties(${target} PROPERTIES KILN_KIR ${kir})
   find_package(Threads REQUIRED)
   target_include_directories(${target} INTERFACE ${out})
   target_link_libraries(${target} INTERFACE ${lib} kiln::runtime Threads::Threads ${CMAKE_DL_LIBS})

@@ -103,6 +103,24 @@ Config resolve_config(const ModelInfo& model, const std::string& config_name,
   return config;
 }
 
+int64_t config_value(const Config& config, const std::string& key) {
+  auto it = config.find(key);
+  if (it != config.end()) return it->second;
+  std::string known;
+  for (const auto& [k, v] : config) known += (known.empty() ? "" : ", ") + k;
+  fail("config has no key '{}' (keys: {})", key, known);
+}
+
+std::string describe(const ModelInfo& model) {
+  std::string out = model.name + ": " + model.description + "\n";
+  for (const auto& [name, config] : model.configs) {
+    out += "  config " + name + ":";
+    for (const auto& [k, v] : config) out += " " + k + "=" + std::to_string(v);
+    out += "\n";
+  }
+  return out;
+}
+
 ir::Module build_model(const std::string& model, const std::string& config_name,
                        const std::vector<std::string>& overrides) {
   const ModelInfo& info = find_model(model);

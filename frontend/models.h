@@ -14,11 +14,12 @@
 namespace kiln::models {
 
 using Config = std::map<std::string, int64_t>;
+using Configs = std::map<std::string, Config>;  // by config name
 
 struct ModelInfo {
   std::string name;
   std::string description;
-  std::map<std::string, Config> configs;  // "base", "tiny", ...
+  Configs configs;  // "base", "tiny", ...
   std::function<ir::Module(const Config&)> build;
 };
 
@@ -30,6 +31,13 @@ const ModelInfo& find_model(const std::string& name);
 // models, configs or keys and non-integer values throw kiln::Error naming them.
 Config resolve_config(const ModelInfo& model, const std::string& config_name,
                       const std::vector<std::string>& overrides);
+
+// The value of `key` in `config`; throws kiln::Error naming the key and the keys there are
+// (for a model's build function reading a key that one of its configs lacks).
+int64_t config_value(const Config& config, const std::string& key);
+
+// The model's name, description and configs, as `kiln models` prints them.
+std::string describe(const ModelInfo& model);
 
 // find_model + resolve_config + build.
 ir::Module build_model(const std::string& model, const std::string& config_name,

@@ -256,14 +256,7 @@ ir::Module read_module(const std::string& path) {
 }
 
 int cmd_models() {
-  for (const auto& m : models::registry()) {
-    fmt::print("{}: {}\n", m.name, m.description);
-    for (const auto& [name, config] : m.configs) {
-      std::string keys;
-      for (const auto& [k, v] : config) keys += fmt::format(" {}={}", k, v);
-      fmt::print("  config {}:{}\n", name, keys);
-    }
-  }
+  for (const auto& m : models::registry()) fmt::print("{}", models::describe(m));
   return 0;
 }
 
