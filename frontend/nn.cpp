@@ -2,6 +2,8 @@
 #include "frontend/nn.h"
 
 #include <cmath>
+#include <cstring>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -15,67 +17,287 @@ using dsl::FunctionBuilder;
 using dsl::ScopeGuard;
 
 namespace {
-FunctionBuilder& fb_of(const Tensor& t) { return *t.builder(); }
+
+FunctionBuilder& fb_of(const Tensor& t, const Loc& loc) {
+  if (!t.valid()) {
+    const char* slash = std::strrchr(loc.file_name(), '/');
+    throw Error(fmt::format("dsl error at {}:{}: nn block applied to an empty tensor",
+                            slash ? slash + 1 : loc.file_name(), loc.line()));
+  }
+  return *t.builder();
+}
+
+// Makes `path` (a block's full state_dict prefix) the diagnostics scope while alive:
+// pushes only the part below the enclosing block's scope when `path` continues it, so a
+// nested block reports 'layers.0.self_attn', not 'layers.0.layers.0.self_attn'.
+class PathScope {
+ public:
+  PathScope(FunctionBuilder& fb, const std::string& path) : fb_(fb) {
+    const std::string current = fb.scope();
+    if (path == current) return;
+    pushed_ = true;
+    if (!current.empty() && path.rfind(current + ".", 0) == 0)
+      fb.push_scope(path.substr(current.size() + 1));
+    else
+      fb.push_scope(path);
+  }
+  ~PathScope() {
+    if (pushed_) fb_.pop_scope();
+  }
+  PathScope(const PathScope&) = delete;
+  PathScope& operator=(const PathScope&) = delete;
+
+ private:
+  FunctionBuilder& fb_;
+  bool pushed_ = false;
+};
+
+// Misuse checks, reported at the user's line in the block's scope.
+template <typename... Args>
+void check(bool ok, FunctionBuilder& fb, const Loc& loc, fmt::format_string<Args...> format,
+           Args&&... args) {
+  if (!ok) fb.error(loc, fmt::format(format, std::forward<Args>(args)...));
+}
+
+void check_positive(FunctionBuilder& fb, const Loc& loc, const char* key, int64_t v) {
+  check(v >= 1, fb, loc, "{} = {}, expected a positive size", key, v);
+}
+
+// x's last dim is the constant `dim` (named `key` in the block).
+void check_last_dim(FunctionBuilder& fb, const Loc& loc, const Tensor& x, const char* what,
+                    const char* key, int64_t dim) {
+  check(x.rank() >= 1 && x.shape().back().is_const(dim), fb, loc,
+        "{} is {}, expected a last dim of {} = {}", what, ir::to_string(x.type()), key, dim);
+}
+
+void check_attention(FunctionBuilder& fb, const Loc& loc, int64_t d_model, int64_t heads) {
+  check_positive(fb, loc, "d_model", d_model);
+  check(heads >= 1, fb, loc, "heads = {}, expected a positive head count", heads);
+  check(d_model % heads == 0, fb, loc, "heads = {} does not divide d_model = {}", heads, d_model);
+}
+
+void check_mask(FunctionBuilder& fb, const Loc& loc, const Tensor& mask, const char* what) {
+  if (!mask.valid()) return;
+  check(mask.builder() == &fb, fb, loc, "{} belongs to another function", what);
+  check(mask.dtype() == DType::boolean && mask.rank() == 4, fb, loc,
+        "{} is {}, expected bool of rank 4 broadcasting to the scores [B, heads, Lq, Lk]", what,
+        ir::to_string(mask.type()));
+}
+
 }  // namespace
 
-Tensor Linear::operator()(Tensor x) const {
-  FunctionBuilder& fb = fb_of(x);
-  ScopeGuard scope(fb, prefix);
-  Tensor w = fb.weight(prefix + ".weight", {out, in});
-  Tensor b = fb.weight(prefix + ".bias", {out});
-  return dsl::add(dsl::matmul(x, dsl::transpose(w, {1, 0})), b);
+Tensor activate(Activation act, Tensor x, Loc loc) {
+  switch (act) {
+    case Activation::relu:
+      return dsl::relu(x, loc);
+  }
+  fb_of(x, loc).error(loc, fmt::format("unknown activation {}", static_cast<int>(act)));
 }
 
-Tensor LayerNorm::operator()(Tensor x) const {
-  FunctionBuilder& fb = fb_of(x);
-  ScopeGuard scope(fb, prefix);
-  Tensor gamma = fb.weight(prefix + ".weight", {dim});  // declared in state_dict order
-  Tensor beta = fb.weight(prefix + ".bias", {dim});
-  return dsl::layernorm(x, gamma, beta, eps);
+Tensor Linear::operator()(Tensor x, Loc loc) const {
+  FunctionBuilder& fb = fb_of(x, loc);
+  PathScope scope(fb, prefix);
+  check_positive(fb, loc, "in", in);
+  check_positive(fb, loc, "out", out);
+  check_last_dim(fb, loc, x, "input", "in", in);
+  Tensor w = fb.weight(prefix + ".weight", {out, in}, loc);
+  if (!bias) return dsl::matmul(x, dsl::transpose(w, {1, 0}, loc), loc);
+  Tensor b = fb.weight(prefix + ".bias", {out}, loc);
+  return dsl::add(dsl::matmul(x, dsl::transpose(w, {1, 0}, loc), loc), b, loc);
 }
 
-Tensor FeedForward::operator()(Tensor x) const {
-  Tensor h = dsl::relu(Linear{prefix + ".w_1", d_model, d_ff}(x));
-  return Linear{prefix + ".w_2", d_ff, d_model}(h);
+Tensor LayerNorm::operator()(Tensor x, Loc loc) const {
+  FunctionBuilder& fb = fb_of(x, loc);
+  PathScope scope(fb, prefix);
+  check_positive(fb, loc, "dim", dim);
+  check(eps > 0, fb, loc, "eps = {}, expected a positive number", eps);
+  check_last_dim(fb, loc, x, "input", "dim", dim);
+  Tensor gamma = fb.weight(prefix + ".weight", {dim}, loc);  // declared in state_dict order
+  Tensor beta = fb.weight(prefix + ".bias", {dim}, loc);
+  return dsl::layernorm(x, gamma, beta, eps, loc);
 }
 
-Tensor MultiHeadAttention::operator()(Tensor xq, Tensor xkv, Tensor mask) const {
-  FunctionBuilder& fb = fb_of(xq);
-  ScopeGuard scope(fb, prefix);
+Tensor Embedding::operator()(Tensor ids, Loc loc) const {
+  FunctionBuilder& fb = fb_of(ids, loc);
+  PathScope scope(fb, prefix);
+  check_positive(fb, loc, "vocab", vocab);
+  check_positive(fb, loc, "dim", dim);
+  check(ir::is_integer(ids.dtype()), fb, loc, "ids are {}, expected integers",
+        ir::to_string(ids.type()));
+  return dsl::gather(fb.weight(prefix + ".weight", {vocab, dim}, loc), ids, loc);
+}
+
+Tensor Embedding::tied_projection(Tensor x, Loc loc) const {
+  FunctionBuilder& fb = fb_of(x, loc);
+  PathScope scope(fb, prefix);
+  check_positive(fb, loc, "vocab", vocab);
+  check_positive(fb, loc, "dim", dim);
+  check_last_dim(fb, loc, x, "input of the tied projection", "dim", dim);
+  Tensor w = fb.weight(prefix + ".weight", {vocab, dim}, loc);
+  return dsl::matmul(x, dsl::transpose(w, {1, 0}, loc), loc);
+}
+
+Tensor PositionEmbedding::operator()(Tensor x, Loc loc) const {
+  FunctionBuilder& fb = fb_of(x, loc);
+  PathScope scope(fb, prefix);
+  check_positive(fb, loc, "max_len", max_len);
+  check_positive(fb, loc, "dim", dim);
+  check(x.rank() == 3, fb, loc, "input is {}, expected [B, L, dim]", ir::to_string(x.type()));
+  check_last_dim(fb, loc, x, "input", "dim", dim);
+  const Dim L = x.dim(1);
+  int64_t longest = L.value;
+  if (L.is_symbolic()) {
+    const ir::Symbol* s = fb.module().find_symbol(L.symbol);
+    longest = s ? s->max : 0;
+  }
+  check(longest <= max_len, fb, loc, "input length {} may be up to {}, above max_len = {}",
+        ir::to_string(L), longest, max_len);
+  Tensor table = fb.weight(prefix + ".weight", {max_len, dim}, loc);
+  return dsl::add(x, dsl::slice(table, 0, 0, L, loc), loc);
+}
+
+Tensor FeedForward::operator()(Tensor x, Loc loc) const {
+  FunctionBuilder& fb = fb_of(x, loc);
+  PathScope scope(fb, prefix);
+  check_positive(fb, loc, "d_model", d_model);
+  check_positive(fb, loc, "d_ff", d_ff);
+  check_last_dim(fb, loc, x, "input", "d_model", d_model);
+  Tensor h = activate(act, Linear{prefix + ".w_1", d_model, d_ff}(x, loc), loc);
+  return Linear{prefix + ".w_2", d_ff, d_model}(h, loc);
+}
+
+Tensor MultiHeadAttention::operator()(Tensor xq, Tensor xkv, Tensor mask, Loc loc) const {
+  FunctionBuilder& fb = fb_of(xq, loc);
+  PathScope scope(fb, prefix);
+  check_attention(fb, loc, d_model, heads);
+  check(xkv.valid() && xkv.builder() == &fb, fb, loc,
+        "keys and values come from an empty tensor or another function");
+  for (const auto& [t, what] : {std::pair{xq, "query input"}, {xkv, "key/value input"}}) {
+    check(t.rank() == 3, fb, loc, "{} is {}, expected [B, L, d_model]", what,
+          ir::to_string(t.type()));
+    check_last_dim(fb, loc, t, what, "d_model", d_model);
+  }
+  check_mask(fb, loc, mask, "mask");
   const int64_t dk = d_model / heads;
   const Dim B = xq.dim(0), Lq = xq.dim(1), Lk = xkv.dim(1);
   const Dim H = Dim::constant(heads), Dk = Dim::constant(dk);
-  Tensor q = Linear{prefix + ".w_q", d_model, d_model}(xq);
-  Tensor k = Linear{prefix + ".w_k", d_model, d_model}(xkv);
-  Tensor v = Linear{prefix + ".w_v", d_model, d_model}(xkv);
+  Tensor q = Linear{prefix + ".w_q", d_model, d_model}(xq, loc);
+  Tensor k = Linear{prefix + ".w_k", d_model, d_model}(xkv, loc);
+  Tensor v = Linear{prefix + ".w_v", d_model, d_model}(xkv, loc);
   // Split heads: [B,L,D] -> [B,H,L,dk]; keys go straight to [B,H,dk,Lk].
-  Tensor qh = dsl::transpose(dsl::reshape(q, {B, Lq, H, Dk}), {0, 2, 1, 3});
-  Tensor kt = dsl::transpose(dsl::reshape(k, {B, Lk, H, Dk}), {0, 2, 3, 1});
-  Tensor vh = dsl::transpose(dsl::reshape(v, {B, Lk, H, Dk}), {0, 2, 1, 3});
-  Tensor scores = dsl::matmul(qh, kt) / std::sqrt(static_cast<double>(dk));
-  if (mask.valid()) scores = dsl::select(mask, dsl::scalar(scores, -1e9), scores);
-  Tensor p = dsl::softmax(scores, -1);
-  Tensor o = dsl::transpose(dsl::matmul(p, vh), {0, 2, 1, 3});
-  return Linear{prefix + ".w_o", d_model,
-                d_model}(dsl::reshape(o, {B, Lq, Dim::constant(d_model)}));
+  Tensor qh = dsl::transpose(dsl::reshape(q, {B, Lq, H, Dk}, loc), {0, 2, 1, 3}, loc);
+  Tensor kt = dsl::transpose(dsl::reshape(k, {B, Lk, H, Dk}, loc), {0, 2, 3, 1}, loc);
+  Tensor vh = dsl::transpose(dsl::reshape(v, {B, Lk, H, Dk}, loc), {0, 2, 1, 3}, loc);
+  Tensor qk = dsl::matmul(qh, kt, loc);
+  Tensor scores = dsl::div(qk, dsl::scalar(qk, std::sqrt(static_cast<double>(dk))), loc);
+  if (mask.valid()) scores = dsl::select(mask, dsl::scalar(scores, -1e9), scores, loc);
+  Tensor p = dsl::softmax(scores, -1, loc);
+  Tensor o = dsl::transpose(dsl::matmul(p, vh, loc), {0, 2, 1, 3}, loc);
+  return Linear{prefix + ".w_o", d_model, d_model}(
+      dsl::reshape(o, {B, Lq, Dim::constant(d_model)}, loc), loc);
+}
+
+Tensor EncoderBlock::operator()(Tensor x, Tensor mask, Loc loc) const {
+  FunctionBuilder& fb = fb_of(x, loc);
+  PathScope scope(fb, prefix);
+  // The whole block's configuration, before any op is built.
+  {
+    PathScope attn_scope(fb, prefix + ".self_attn");
+    check_attention(fb, loc, d_model, heads);
+  }
+  check_positive(fb, loc, "d_ff", d_ff);
+  check_last_dim(fb, loc, x, "input", "d_model", d_model);
+  check_mask(fb, loc, mask, "mask");
+  MultiHeadAttention attn{prefix + ".self_attn", d_model, heads};
+  FeedForward ffn{prefix + ".ffn", d_model, d_ff, act};
+  LayerNorm norm1{prefix + ".norm1", d_model, eps}, norm2{prefix + ".norm2", d_model, eps};
+  if (pre_norm) {
+    Tensor h = norm1(x, loc);
+    x = dsl::add(x, attn(h, h, mask, loc), loc);
+    return dsl::add(x, ffn(norm2(x, loc), loc), loc);
+  }
+  x = norm1(dsl::add(x, attn(x, x, mask, loc), loc), loc);
+  return norm2(dsl::add(x, ffn(x, loc), loc), loc);
+}
+
+Tensor DecoderBlock::operator()(Tensor x, Tensor memory, Tensor src_mask, Tensor tgt_mask,
+                                Loc loc) const {
+  FunctionBuilder& fb = fb_of(x, loc);
+  PathScope scope(fb, prefix);
+  {
+    PathScope attn_scope(fb, prefix + ".self_attn");
+    check_attention(fb, loc, d_model, heads);
+  }
+  check_positive(fb, loc, "d_ff", d_ff);
+  check_last_dim(fb, loc, x, "input", "d_model", d_model);
+  check(memory.valid() && memory.builder() == &fb, fb, loc,
+        "memory is an empty tensor or belongs to another function");
+  check_last_dim(fb, loc, memory, "memory", "d_model", d_model);
+  check_mask(fb, loc, src_mask, "src_mask");
+  check_mask(fb, loc, tgt_mask, "tgt_mask");
+  MultiHeadAttention self_attn{prefix + ".self_attn", d_model, heads};
+  MultiHeadAttention cross_attn{prefix + ".cross_attn", d_model, heads};
+  FeedForward ffn{prefix + ".ffn", d_model, d_ff, act};
+  LayerNorm norm1{prefix + ".norm1", d_model, eps}, norm2{prefix + ".norm2", d_model, eps},
+      norm3{prefix + ".norm3", d_model, eps};
+  if (pre_norm) {
+    Tensor h = norm1(x, loc);
+    x = dsl::add(x, self_attn(h, h, tgt_mask, loc), loc);
+    x = dsl::add(x, cross_attn(norm2(x, loc), memory, src_mask, loc), loc);
+    return dsl::add(x, ffn(norm3(x, loc), loc), loc);
+  }
+  x = norm1(dsl::add(x, self_attn(x, x, tgt_mask, loc), loc), loc);
+  x = norm2(dsl::add(x, cross_attn(x, memory, src_mask, loc), loc), loc);
+  return norm3(dsl::add(x, ffn(x, loc), loc), loc);
+}
+
+Tensor mean_pool(Tensor x, Tensor pad, Loc loc) {
+  FunctionBuilder& fb = fb_of(x, loc);
+  check(x.rank() == 3, fb, loc, "mean_pool: input is {}, expected [B, L, D]",
+        ir::to_string(x.type()));
+  check(pad.valid() && pad.builder() == &fb && pad.dtype() == DType::boolean && pad.rank() == 2 &&
+            pad.dim(0) == x.dim(0) && pad.dim(1) == x.dim(1),
+        fb, loc, "mean_pool: padding mask is {}, expected bool[{},{}] (true at padding)",
+        pad.valid() ? ir::to_string(pad.type()) : "empty", ir::to_string(x.dim(0)),
+        ir::to_string(x.dim(1)));
+  Tensor valid = dsl::cast(dsl::logical_not(pad, loc), x.dtype(), loc);
+  valid = dsl::reshape(valid, {x.dim(0), x.dim(1), Dim::constant(1)}, loc);
+  Tensor sum = dsl::reduce_sum(dsl::mul(x, valid, loc), {1}, /*keepdims=*/false, loc);
+  Tensor count = dsl::reduce_sum(valid, {1}, /*keepdims=*/false, loc);
+  return dsl::div(sum, count, loc);
+}
+
+Tensor first_token(Tensor x, Loc loc) {
+  FunctionBuilder& fb = fb_of(x, loc);
+  check(x.rank() == 3, fb, loc, "first_token: input is {}, expected [B, L, D]",
+        ir::to_string(x.type()));
+  Tensor first = dsl::slice(x, 1, 0, Dim::constant(1), loc);
+  return dsl::reshape(first, {x.dim(0), x.dim(2)}, loc);
+}
+
+Tensor padding_mask(Tensor ids, int64_t pad_id, Loc loc) {
+  fb_of(ids, loc);
+  return dsl::eq(ids, dsl::scalar(ids, static_cast<double>(pad_id)), loc);
+}
+
+Tensor causal_mask(Tensor ids, Loc loc) {
+  FunctionBuilder& fb = fb_of(ids, loc);
+  check(ids.rank() == 2, fb, loc, "causal_mask: ids are {}, expected [B, L]",
+        ir::to_string(ids.type()));
+  const Dim one = Dim::constant(1), L = ids.dim(1);
+  Tensor row = dsl::iota(fb, DType::i64, {one, one, L, L}, 2, loc);
+  Tensor col = dsl::iota(fb, DType::i64, {one, one, L, L}, 3, loc);
+  return dsl::gt(col, row, loc);
 }
 
 Tensor EncoderLayer::operator()(Tensor x, Tensor src_mask) const {
   const TransformerConfig& c = *cfg;
-  MultiHeadAttention attn{prefix + ".self_attn", c.d_model, c.heads};
-  x = LayerNorm{prefix + ".norm1", c.d_model}(x + attn(x, x, src_mask));
-  return LayerNorm{prefix + ".norm2",
-                   c.d_model}(x + FeedForward{prefix + ".ffn", c.d_model, c.d_ff}(x));
+  return EncoderBlock{prefix, c.d_model, c.heads, c.d_ff}(x, src_mask);
 }
 
 Tensor DecoderLayer::operator()(Tensor x, Tensor memory, Tensor src_mask, Tensor tgt_mask) const {
   const TransformerConfig& c = *cfg;
-  MultiHeadAttention self_attn{prefix + ".self_attn", c.d_model, c.heads};
-  MultiHeadAttention cross_attn{prefix + ".cross_attn", c.d_model, c.heads};
-  x = LayerNorm{prefix + ".norm1", c.d_model}(x + self_attn(x, x, tgt_mask));
-  x = LayerNorm{prefix + ".norm2", c.d_model}(x + cross_attn(x, memory, src_mask));
-  return LayerNorm{prefix + ".norm3",
-                   c.d_model}(x + FeedForward{prefix + ".ffn", c.d_model, c.d_ff}(x));
+  return DecoderBlock{prefix, c.d_model, c.heads, c.d_ff}(x, memory, src_mask, tgt_mask);
 }
 
 Tensor Encoder::operator()(Tensor x, Tensor src_mask) const {
@@ -91,7 +313,7 @@ Tensor Decoder::operator()(Tensor x, Tensor memory, Tensor src_mask, Tensor tgt_
 }
 
 Tensor embed(const std::string& table, Tensor ids, const TransformerConfig& cfg, int64_t vocab) {
-  FunctionBuilder& fb = fb_of(ids);
+  FunctionBuilder& fb = *ids.builder();
   ScopeGuard scope(fb, table);
   Tensor e = dsl::gather(fb.weight(table + ".weight", {vocab, cfg.d_model}), ids);
   Tensor x =
@@ -100,17 +322,17 @@ Tensor embed(const std::string& table, Tensor ids, const TransformerConfig& cfg,
   return x + pe;
 }
 
-Tensor key_padding_mask(Tensor ids, int64_t pad_id) {
-  Tensor pad = dsl::eq(ids, dsl::scalar(ids, static_cast<double>(pad_id)));
-  return dsl::reshape(pad, {ids.dim(0), Dim::constant(1), Dim::constant(1), ids.dim(1)});
+Tensor key_padding_mask(Tensor ids, int64_t pad_id, Loc loc) {
+  Tensor pad = padding_mask(ids, pad_id, loc);
+  return dsl::reshape(pad, {ids.dim(0), Dim::constant(1), Dim::constant(1), ids.dim(1)}, loc);
 }
 
-Tensor causal_padding_mask(Tensor ids, int64_t pad_id) {
-  FunctionBuilder& fb = fb_of(ids);
+Tensor causal_padding_mask(Tensor ids, int64_t pad_id, Loc loc) {
+  FunctionBuilder& fb = fb_of(ids, loc);
   const Dim L = ids.dim(1);
-  Tensor row = dsl::iota(fb, DType::i64, {L, L}, 0);
-  Tensor col = dsl::iota(fb, DType::i64, {L, L}, 1);
-  return dsl::logical_or(key_padding_mask(ids, pad_id), dsl::gt(col, row));
+  Tensor row = dsl::iota(fb, DType::i64, {L, L}, 0, loc);
+  Tensor col = dsl::iota(fb, DType::i64, {L, L}, 1, loc);
+  return dsl::logical_or(key_padding_mask(ids, pad_id, loc), dsl::gt(col, row, loc), loc);
 }
 
 namespace {

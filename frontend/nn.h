@@ -1,6 +1,24 @@
-// nn building blocks of the reference Transformer, written in the DSL. Each block
-// names its weights with a state_dict prefix, so a module built from them binds the
-// PyTorch reference model's checkpoint as is (Linear weights are [out, in]).
+// nn building blocks, written in the DSL, and the reference Transformer. Each block
+// names its weights with a PyTorch state_dict prefix, so a module built from them binds
+// the checkpoint of a PyTorch model with the same module tree as is.
+//
+// The state_dict naming convention (a PyTorch twin uses these attribute names):
+//   Linear                 <p>.weight [out, in], <p>.bias [out]      (nn.Linear)
+//   LayerNorm              <p>.weight [dim], <p>.bias [dim]          (nn.LayerNorm)
+//   Embedding              <p>.weight [vocab, dim]                    (nn.Embedding)
+//   PositionEmbedding      <p>.weight [max_len, dim]                  (nn.Embedding over arange(L))
+//   MultiHeadAttention     <p>.w_q, <p>.w_k, <p>.w_v, <p>.w_o          (four Linear [d_model,
+//   d_model]) FeedForward            <p>.w_1 [d_ff, d_model], <p>.w_2 [d_model, d_ff]   (Linear)
+//   EncoderBlock           <p>.self_attn, <p>.ffn, <p>.norm1, <p>.norm2
+//   DecoderBlock           <p>.self_attn, <p>.cross_attn, <p>.ffn, <p>.norm1..norm3
+// Weight tying (Embedding::tied_projection) stores the shared weight once, under the
+// embedding's name, as PyTorch's safetensors writers keep a tied tensor.
+//
+// Every block takes the caller's source location (defaulted) and checks its configuration
+// before it builds anything: a misuse is a kiln::Error naming the block's module path and
+// the user's line, e.g.
+//   dsl error at gpt.cpp:31 in 'layers.0.self_attn' (function 'forward'):
+//   heads = 5 does not divide d_model = 64
 #pragma once
 
 #include <cstdint>
@@ -10,13 +28,22 @@
 
 namespace kiln::nn {
 
+using dsl::Loc;
 using dsl::Tensor;
 
-// y = x·Wᵀ + b with W `prefix.weight` [out, in] and b `prefix.bias` [out].
+// The activation of a FeedForward: relu (the paper).
+enum class Activation { relu };
+
+// act(x).
+Tensor activate(Activation act, Tensor x, Loc loc = Loc::current());
+
+// y = x·Wᵀ + b with W `prefix.weight` [out, in] and b `prefix.bias` [out] (no bias when
+// `bias` is false). x [..., in].
 struct Linear {
   std::string prefix;
   int64_t in = 0, out = 0;
-  Tensor operator()(Tensor x) const;
+  bool bias = true;
+  Tensor operator()(Tensor x, Loc loc = Loc::current()) const;
 };
 
 // LayerNorm over the last axis, biased variance; `prefix.{weight,bias}` [dim].
@@ -24,25 +51,88 @@ struct LayerNorm {
   std::string prefix;
   int64_t dim = 0;
   double eps = 1e-5;
-  Tensor operator()(Tensor x) const;
+  Tensor operator()(Tensor x, Loc loc = Loc::current()) const;
 };
 
-// w_2(relu(w_1(x))).
+// A token embedding: `prefix.weight` [vocab, dim] gathered by ids [...] -> [..., dim].
+struct Embedding {
+  std::string prefix;
+  int64_t vocab = 0, dim = 0;
+  Tensor operator()(Tensor ids, Loc loc = Loc::current()) const;
+  // The output projection tied to this embedding's weight: x [..., dim] -> x·Wᵀ
+  // [..., vocab] (logits over the vocabulary), with no weight of its own (PyTorch:
+  // `head.weight = emb.weight`, no bias). The weight is stored once, as `prefix.weight`.
+  Tensor tied_projection(Tensor x, Loc loc = Loc::current()) const;
+};
+
+// Learned positions: x [B, L, dim] + `prefix.weight`[0:L] with the weight [max_len, dim]
+// (PyTorch: x + nn.Embedding(max_len, dim)(torch.arange(L))). L's declared maximum must
+// not exceed max_len.
+struct PositionEmbedding {
+  std::string prefix;
+  int64_t max_len = 0, dim = 0;
+  Tensor operator()(Tensor x, Loc loc = Loc::current()) const;
+};
+
+// w_2(act(w_1(x))).
 struct FeedForward {
   std::string prefix;
   int64_t d_model = 0, d_ff = 0;
-  Tensor operator()(Tensor x) const;
+  Activation act = Activation::relu;
+  Tensor operator()(Tensor x, Loc loc = Loc::current()) const;
 };
 
 // A key mask for attention: bool, true where the score must be masked. Its shape
-// broadcasts against the scores [B, heads, Lq, Lk] (e.g. [B,1,1,Lk] or [B,1,Lq,Lk]).
-// An invalid Tensor means no mask.
+// broadcasts against the scores [B, heads, Lq, Lk] (e.g. [B,1,1,Lk], [1,1,Lq,Lk] or
+// [B,1,Lq,Lk]). An invalid Tensor means no mask. Masked scores are -1e9 before the softmax
+// (PyTorch: scores.masked_fill(mask, -1e9)); scores are q·kᵀ / sqrt(d_model / heads).
 struct MultiHeadAttention {
   std::string prefix;
   int64_t d_model = 0, heads = 0;
   // Queries from `xq` [B,Lq,d_model], keys and values from `xkv` [B,Lk,d_model].
-  Tensor operator()(Tensor xq, Tensor xkv, Tensor mask) const;
+  Tensor operator()(Tensor xq, Tensor xkv, Tensor mask, Loc loc = Loc::current()) const;
 };
+
+// One encoder block: self-attention and a feed-forward network, each with a residual
+// connection and a LayerNorm, either
+//   post-norm (the paper, BERT): x = norm1(x + self_attn(x)); x = norm2(x + ffn(x))
+//   pre-norm (GPT-2, ViT):       x = x + self_attn(norm1(x)); x = x + ffn(norm2(x))
+// With a causal mask it is a GPT block.
+struct EncoderBlock {
+  std::string prefix;
+  int64_t d_model = 0, heads = 0, d_ff = 0;
+  bool pre_norm = false;
+  Activation act = Activation::relu;
+  double eps = 1e-5;
+  Tensor operator()(Tensor x, Tensor mask, Loc loc = Loc::current()) const;
+};
+
+// One decoder block: self-attention (tgt_mask), cross-attention over `memory` (src_mask)
+// and a feed-forward network, post-norm (norm1..norm3 after each residual sum) or pre-norm
+// (before each sublayer), as EncoderBlock.
+struct DecoderBlock {
+  std::string prefix;
+  int64_t d_model = 0, heads = 0, d_ff = 0;
+  bool pre_norm = false;
+  Activation act = Activation::relu;
+  double eps = 1e-5;
+  Tensor operator()(Tensor x, Tensor memory, Tensor src_mask, Tensor tgt_mask,
+                    Loc loc = Loc::current()) const;
+};
+
+// Pooling of x [B, L, D] into [B, D]: the mean over the positions where `pad` [B, L]
+// (bool, true at padding; see padding_mask) is false, as PyTorch's
+// (x * ~pad[..., None]).sum(1) / (~pad).sum(1, keepdim=True). A row of padding only gives
+// NaN, as there.
+Tensor mean_pool(Tensor x, Tensor pad, Loc loc = Loc::current());
+// x[:, 0, :] (BERT's [CLS] position).
+Tensor first_token(Tensor x, Loc loc = Loc::current());
+
+// bool [B, L], true where ids [B, L] == pad_id.
+Tensor padding_mask(Tensor ids, int64_t pad_id, Loc loc = Loc::current());
+// bool [1, 1, L, L] for ids [B, L], true above the diagonal (key j > query i): the causal
+// mask of a decoder-only model (PyTorch: torch.triu(torch.ones(L, L), 1).bool()).
+Tensor causal_mask(Tensor ids, Loc loc = Loc::current());
 
 struct TransformerConfig {
   int64_t src_vocab = 32000, tgt_vocab = 32000, d_model = 512, heads = 8, d_ff = 2048;
@@ -81,9 +171,9 @@ struct Decoder {
 Tensor embed(const std::string& table, Tensor ids, const TransformerConfig& cfg, int64_t vocab);
 
 // Key padding mask [B,1,1,L] (true where ids == pad_id).
-Tensor key_padding_mask(Tensor ids, int64_t pad_id);
+Tensor key_padding_mask(Tensor ids, int64_t pad_id, Loc loc = Loc::current());
 // Causal ∨ key padding mask [B,1,L,L] for decoder self-attention.
-Tensor causal_padding_mask(Tensor ids, int64_t pad_id);
+Tensor causal_padding_mask(Tensor ids, int64_t pad_id, Loc loc = Loc::current());
 
 // The encoder–decoder Transformer with entry points
 //   forward(src i64[B,S], tgt i64[B,T]) -> logits f32[B,T,tgt_vocab]

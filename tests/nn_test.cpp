@@ -1,0 +1,205 @@
+// nn building blocks: misuse reported up front at the user's line with the module path,
+// the state_dict names of the new blocks, and what the blocks compute (interpreter).
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "error_of.h"
+#include "frontend/dsl.h"
+#include "frontend/nn.h"
+#include "ir/interpreter.h"
+#include "support/error.h"
+
+namespace kiln {
+namespace {
+
+using dsl::Dim;
+using dsl::DType;
+using kiln::testing::error_of;
+using ::testing::HasSubstr;
+
+// A function with x f32[B,S,width] and ids i64[B,S] to apply blocks to.
+struct Fixture {
+  dsl::ModelBuilder mb{"toy"};
+  Dim B = mb.symbol("B", 4), S = mb.symbol("S", 16);
+  dsl::FunctionBuilder& f = mb.function("forward");
+  dsl::Tensor ids = f.input("ids", DType::i64, {B, S});
+  dsl::Tensor x;
+  explicit Fixture(int64_t width) : x(f.input("x", DType::f32, {B, S, Dim::constant(width)})) {}
+};
+
+// "dsl error at nn_test.cpp:LINE in 'SCOPE' (function 'forward'): " for a misuse on LINE.
+std::string at(int line, const std::string& scope) {
+  return "dsl error at nn_test.cpp:" + std::to_string(line) + " in '" + scope +
+         "' (function 'forward'): ";
+}
+
+TEST(NnMisuse, ZeroOrNegativeHeadsNameTheBlockAndTheUserLine) {
+  int line = 0;
+  std::string msg = error_of([&] {
+    Fixture t(64);
+    line = __LINE__ + 1;
+    nn::EncoderBlock{"encoder.layers.0", 64, 0, 128}(t.x, {});
+  });
+  EXPECT_EQ(msg,
+            at(line, "encoder.layers.0.self_attn") + "heads = 0, expected a positive head count");
+  msg = error_of([&] {
+    Fixture t(64);
+    line = __LINE__ + 1;
+    nn::MultiHeadAttention{"attn", 64, -2}(t.x, t.x, {});
+  });
+  EXPECT_EQ(msg, at(line, "attn") + "heads = -2, expected a positive head count");
+}
+
+TEST(NnMisuse, HeadsNotDividingDModel) {
+  int line = 0;
+  std::string msg = error_of([&] {
+    Fixture t(64);
+    dsl::ScopeGuard scope(t.f, "encoder");
+    line = __LINE__ + 1;
+    nn::EncoderBlock{"encoder.layers.1", 64, 5, 128, /*pre_norm=*/true}(t.x, {});
+  });
+  EXPECT_EQ(msg, at(line, "encoder.layers.1.self_attn") + "heads = 5 does not divide d_model = 64");
+  msg = error_of([&] {
+    Fixture t(64);
+    dsl::Tensor memory = t.x;
+    line = __LINE__ + 1;
+    nn::DecoderBlock{"decoder.layers.0", 64, 7, 128}(t.x, memory, {}, {});
+  });
+  EXPECT_EQ(msg, at(line, "decoder.layers.0.self_attn") + "heads = 7 does not divide d_model = 64");
+}
+
+TEST(NnMisuse, MismatchedDims) {
+  int line = 0;
+  std::string msg = error_of([&] {
+    Fixture t(64);
+    line = __LINE__ + 1;
+    nn::Linear{"classifier", 32, 3}(t.x);
+  });
+  EXPECT_EQ(msg, at(line, "classifier") + "input is f32[B,S,64], expected a last dim of in = 32");
+  msg = error_of([&] {
+    Fixture t(48);
+    line = __LINE__ + 1;
+    nn::EncoderBlock{"layers.0", 64, 4, 128}(t.x, {});
+  });
+  EXPECT_EQ(msg,
+            at(line, "layers.0") + "input is f32[B,S,48], expected a last dim of d_model = 64");
+  msg = error_of([&] {
+    Fixture t(64);
+    line = __LINE__ + 1;
+    nn::FeedForward{"ffn", 64, 0}(t.x);
+  });
+  EXPECT_EQ(msg, at(line, "ffn") + "d_ff = 0, expected a positive size");
+  msg = error_of([&] {
+    Fixture t(64);
+    line = __LINE__ + 1;
+    nn::PositionEmbedding{"pos_emb", 8, 64}(t.x);
+  });
+  EXPECT_EQ(msg, at(line, "pos_emb") + "input length S may be up to 16, above max_len = 8");
+  msg = error_of([&] {
+    Fixture t(64);
+    line = __LINE__ + 1;
+    nn::Embedding{"tok_emb", 50, 32}.tied_projection(t.x);
+  });
+  EXPECT_EQ(msg,
+            at(line, "tok_emb") +
+                "input of the tied projection is f32[B,S,64], expected a last dim of dim = 32");
+  msg = error_of([&] {
+    Fixture t(64);
+    line = __LINE__ + 1;
+    nn::EncoderBlock{"layers.0", 64, 4, 128}(t.x, nn::padding_mask(t.ids, 0));
+  });
+  EXPECT_EQ(msg, at(line, "layers.0") +
+                     "mask is bool[B,S], expected bool of rank 4 broadcasting to the scores "
+                     "[B, heads, Lq, Lk]");
+}
+
+TEST(NnMisuse, PoolingMaskMustMatchTheInput) {
+  int line = 0;
+  std::string msg = error_of([&] {
+    Fixture t(8);
+    dsl::Tensor other = t.f.input("other", DType::i64, {t.B, t.B});
+    line = __LINE__ + 1;
+    nn::mean_pool(t.x, nn::padding_mask(other, 0));
+  });
+  EXPECT_THAT(msg, HasSubstr("dsl error at nn_test.cpp:" + std::to_string(line) +
+                             " (function 'forward'): mean_pool: padding mask is bool[B,B], "
+                             "expected bool[B,S] (true at padding)"));
+}
+
+// A shape error that only an op inside a block finds (a mask that does not broadcast to the
+// scores) is reported at the user's line too, not in nn.cpp.
+TEST(NnMisuse, OpErrorsInsideABlockPointAtTheUserLine) {
+  int line = 0;
+  std::string msg = error_of([&] {
+    Fixture t(16);
+    Dim T = t.mb.symbol("T", 16);
+    dsl::Tensor other = t.f.input("other", DType::i64, {t.B, T});
+    line = __LINE__ + 1;
+    nn::EncoderBlock{"layers.3", 16, 2, 32}(t.x, nn::key_padding_mask(other, 0));
+  });
+  EXPECT_THAT(msg, HasSubstr(at(line, "layers.3.self_attn") + "select(bool[B,1,1,T]"));
+}
+
+// The names a PyTorch twin with the documented attribute names has.
+TEST(Nn, PreNormBlockTiedEmbeddingAndPositionsStateDictNames) {
+  Fixture t(8);
+  nn::Embedding emb{"tok_emb", 11, 8};
+  dsl::Tensor h = nn::PositionEmbedding{"pos_emb", 16, 8}(emb(t.ids));
+  h = nn::EncoderBlock{"blocks.0", 8, 2, 12, /*pre_norm=*/true}(h, nn::causal_mask(t.ids));
+  h = nn::LayerNorm{"ln_f", 8}(h);
+  t.f.output(emb.tied_projection(h), "logits");
+  ir::Module m = t.mb.finish();
+  std::vector<std::string> names;
+  for (const auto& w : m.weights) names.push_back(w.name + " " + ir::to_string(w.type));
+  const std::vector<std::string> want = {"tok_emb.weight f32[11,8]",
+                                         "pos_emb.weight f32[16,8]",
+                                         "blocks.0.norm1.weight f32[8]",
+                                         "blocks.0.norm1.bias f32[8]",
+                                         "blocks.0.self_attn.w_q.weight f32[8,8]",
+                                         "blocks.0.self_attn.w_q.bias f32[8]",
+                                         "blocks.0.self_attn.w_k.weight f32[8,8]",
+                                         "blocks.0.self_attn.w_k.bias f32[8]",
+                                         "blocks.0.self_attn.w_v.weight f32[8,8]",
+                                         "blocks.0.self_attn.w_v.bias f32[8]",
+                                         "blocks.0.self_attn.w_o.weight f32[8,8]",
+                                         "blocks.0.self_attn.w_o.bias f32[8]",
+                                         "blocks.0.norm2.weight f32[8]",
+                                         "blocks.0.norm2.bias f32[8]",
+                                         "blocks.0.ffn.w_1.weight f32[12,8]",
+                                         "blocks.0.ffn.w_1.bias f32[12]",
+                                         "blocks.0.ffn.w_2.weight f32[8,12]",
+                                         "blocks.0.ffn.w_2.bias f32[8]",
+                                         "ln_f.weight f32[8]",
+                                         "ln_f.bias f32[8]"};  // the tied projection adds no weight
+  EXPECT_EQ(names, want);
+}
+
+// mean_pool averages only the valid positions; first_token takes position 0.
+TEST(Nn, PoolingComputesTheMaskedMeanAndTheFirstToken) {
+  Fixture t(2);
+  dsl::Tensor pad = nn::padding_mask(t.ids, 0);
+  t.f.output(nn::mean_pool(t.x, pad), "mean");
+  t.f.output(nn::first_token(t.x), "first");
+  ir::Module m = t.mb.finish();
+  std::vector<float> xs(12);
+  for (int i = 0; i < 12; ++i) xs[i] = static_cast<float>(i);
+  // Row 1 has one valid position.
+  ir::Tensor ids = ir::Tensor::from_ints(DType::i64, {2, 3}, {5, 6, 7, 4, 0, 0});
+  ir::Tensor x = ir::Tensor::from_f32({2, 3, 2}, xs);
+  std::vector<ir::Tensor> out = ir::interpret(m, m.functions.at(0), {}, {ids, x});
+  const std::vector<float>& mean = out.at(0).f;
+  ASSERT_EQ(mean.size(), 4u);
+  EXPECT_FLOAT_EQ(mean[0], (0 + 2 + 4) / 3.0f);
+  EXPECT_FLOAT_EQ(mean[1], (1 + 3 + 5) / 3.0f);
+  EXPECT_FLOAT_EQ(mean[2], 6);
+  EXPECT_FLOAT_EQ(mean[3], 7);
+  const std::vector<float>& first = out.at(1).f;
+  EXPECT_EQ(first, (std::vector<float>{0, 1, 6, 7}));
+}
+
+}  // namespace
+}  // namespace kiln
