@@ -221,7 +221,9 @@ Problem& problem_for(const GemmShape& s) {
   p->bias_buf = make_buffer(p->bias.get(), 1, p->bias_dims);
   p->out_buf = make_buffer(p->out_kiln.get(), 2, p->out_dims);
   std::shared_ptr<JitLinear>& k = kernels[{s.K, s.N, s.relu}];
-  if (!k) k = std::make_shared<JitLinear>(kiln::codegen::LinearKernel{s.K, s.N, s.relu, true, P});
+  if (!k)
+    k = std::make_shared<JitLinear>(
+        kiln::codegen::LinearKernel{s.K, s.N, s.relu ? "relu" : "none", true, P});
   p->kernel = k;
   return *p;
 }

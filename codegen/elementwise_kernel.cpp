@@ -52,9 +52,13 @@ bool is_binary_arith(const std::string& op) {
 bool is_comparison(const std::string& op) {
   return op == "eq" || op == "ne" || op == "lt" || op == "le" || op == "gt" || op == "ge";
 }
+// The f32 functions of float_function (halide_kernels.h).
+bool is_math(const std::string& op) {
+  return op == "exp" || op == "sqrt" || op == "log" || op == "tanh" || op == "erf" ||
+         op == "sigmoid" || op == "gelu" || op == "gelu_tanh" || op == "silu";
+}
 bool is_unary(const std::string& op) {
-  return op == "logical_not" || op == "relu" || op == "neg" || op == "exp" || op == "sqrt" ||
-         op == "cast";
+  return op == "logical_not" || op == "relu" || op == "neg" || op == "cast" || is_math(op);
 }
 
 // Operand count of a supported op; -1 for an unsupported one.
@@ -235,8 +239,10 @@ class ExprBuilder {
       return relu_keeping_nan(a);
     }
     if (op == "neg") return Halide::Internal::make_zero(a.type()) - a;
-    if (op == "exp") return Halide::exp(a);
-    if (op == "sqrt") return Halide::sqrt(a);
+    if (is_math(op)) {
+      KILN_ASSERT(a.type().is_float(), "elementwise " + op + " of a non-f32 operand");
+      return float_function(op, a);
+    }
     if (op == "select") {
       KILN_ASSERT(in[1].type() == in[2].type(), "elementwise select branch dtypes differ");
       return Halide::select(nonzero(a), in[1], in[2]);

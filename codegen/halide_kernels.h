@@ -2,6 +2,7 @@
 // .cpp files and the kernel tests include this header.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "Halide.h"
@@ -41,5 +42,10 @@ Halide::Expr is_nan_bits(const Halide::Expr& x);
 // max(x, 0) for f32 that keeps NaN, as the interpreter and PyTorch do (x86's max of NaN
 // and 0 may be 0).
 Halide::Expr relu_keeping_nan(const Halide::Expr& x);
+
+// The f32 math function named `op` (an ir::OpKind name: relu, exp, log, sqrt, tanh, erf,
+// sigmoid, gelu, gelu_tanh, silu) of x, vectorizable, within a few ulp of the
+// interpreter's double evaluation where the function is well conditioned (see kernels.cpp).
+Halide::Expr float_function(const std::string& op, const Halide::Expr& x);
 
 }  // namespace kiln::codegen

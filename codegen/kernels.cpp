@@ -27,6 +27,68 @@ Halide::Expr relu_keeping_nan(const Halide::Expr& x) {
   return Halide::select(is_nan_bits(x), x, Halide::max(x, 0.0f));
 }
 
+namespace {
+
+// tanh without Halide::tanh (a scalar libm call per lane): the odd Taylor series through
+// x^13 where |x| < 0.4 (truncation error below 4e-9 relative there), else
+// sign(x)·(1 - e)/(1 + e) with e = exp(-2|x|), whose cancellation in 1 - e costs at most
+// about one ulp of e relative to 1 - e ≥ 0.55 when |x| ≥ 0.4.
+Halide::Expr tanh_accurate(const Halide::Expr& x) {
+  const Halide::Expr ax = Halide::abs(x);
+  const Halide::Expr x2 = x * x;
+  // tanh x = x - x^3/3 + 2x^5/15 - 17x^7/315 + 62x^9/2835 - 1382x^11/155925
+  //          + 21844x^13/6081075 - ...
+  Halide::Expr p = 21844.0f / 6081075.0f;
+  p = p * x2 + (-1382.0f / 155925.0f);
+  p = p * x2 + (62.0f / 2835.0f);
+  p = p * x2 + (-17.0f / 315.0f);
+  p = p * x2 + (2.0f / 15.0f);
+  p = p * x2 + (-1.0f / 3.0f);
+  const Halide::Expr series = x + x * x2 * p;
+  const Halide::Expr e = Halide::exp(Halide::max(-2.0f * ax, -200.0f));  // inf: e = 0
+  const Halide::Expr t = (1.0f - e) / (1.0f + e);
+  return Halide::select(ax < 0.4f, series, Halide::select(x < 0.0f, -t, t));
+}
+
+// float_function for a non-NaN x. Halide's exp and erf give garbage at ±inf (their range
+// reduction converts inf to an integer), so their arguments are clamped to where the
+// function has saturated in f32: exp(±200) is inf and 0, erf(±10) is ±1.
+Halide::Expr finite_function(const std::string& op, const Halide::Expr& x) {
+  constexpr float kSqrtHalf = 0.70710678118654752440f;     // 1/√2
+  constexpr float kSqrt2OverPi = 0.79788456080286535588f;  // √(2/π)
+  const auto exp = [](const Halide::Expr& v) {
+    return Halide::exp(Halide::clamp(v, -200.0f, 200.0f));
+  };
+  const auto erf = [](const Halide::Expr& v) {
+    return Halide::erf(Halide::clamp(v, -10.0f, 10.0f));
+  };
+  if (op == "exp") return exp(x);
+  if (op == "log") return Halide::log(x);
+  if (op == "sqrt") return Halide::sqrt(x);
+  if (op == "tanh") return tanh_accurate(x);
+  if (op == "erf") return erf(x);
+  // 1/(1 + exp(-x)): exp overflows to inf for x < -88, giving 0 as it should.
+  if (op == "sigmoid") return 1.0f / (1.0f + exp(-x));
+  if (op == "silu") return x / (1.0f + exp(-x));
+  if (op == "gelu") return 0.5f * x * (1.0f + erf(x * kSqrtHalf));
+  // 0.5·x·(1 + tanh(u)) = x·sigmoid(2u): the same function without the cancellation of
+  // 1 + tanh(u) for negative u.
+  if (op == "gelu_tanh") {
+    const Halide::Expr u = kSqrt2OverPi * (x + 0.044715f * x * x * x);
+    return x / (1.0f + exp(-2.0f * u));
+  }
+  KILN_ASSERT(false, "no f32 function named " + op);
+  return {};
+}
+
+}  // namespace
+
+Halide::Expr float_function(const std::string& op, const Halide::Expr& x) {
+  if (op == "relu") return relu_keeping_nan(x);
+  // NaN in, NaN out (Halide's log and erf, and the selects below, would not keep it).
+  return Halide::select(is_nan_bits(x), x, finite_function(op, x));
+}
+
 std::string ElementwiseKernel::signature() const {
   std::string s = fmt::format("r{}", out_rank);
   for (const Node& n : nodes) {
@@ -61,8 +123,8 @@ std::string scale_tag(double scale) {
 std::string kernel_name(const KernelSpec& spec) {
   if (const auto* k = std::get_if<LinearKernel>(&spec))
     return fmt::format("kiln_linear_k{}_n{}{}{}{}{}", k->K, k->N, k->has_bias ? "" : "_nobias",
-                       k->relu ? "_relu" : "", k->panel ? fmt::format("_p{}", k->panel) : "",
-                       k->bf16 ? "_bf16" : "");
+                       k->act == "none" ? "" : "_" + k->act,
+                       k->panel ? fmt::format("_p{}", k->panel) : "", k->bf16 ? "_bf16" : "");
   if (const auto* k = std::get_if<AttentionKernel>(&spec))
     return fmt::format("kiln_attention_h{}_dk{}_dv{}{}{}_s{}", k->heads, k->dk, k->dv,
                        k->causal ? "_causal" : "", k->key_padding ? "_kpad" : "",

@@ -20,7 +20,8 @@
 
 namespace kiln::codegen {
 
-// out(n, m) = act(Σ_k x(k, m) · wt(n, k) + bias(n))
+// out(n, m) = act(Σ_k x(k, m) · wt(n, k) + bias(n)), act "none" or the name of an
+//   activation (ir::is_linear_activation: relu, gelu, gelu_tanh, silu, sigmoid, tanh)
 //   args: x f32 (k, m) [K × M], wt: the weight W[N,K] of the IR `linear` op, laid out
 //   once at load time either as wt f32 (n, k) [N × K] dense (W transposed; panel = 0), or
 //   packed in panels of `panel` columns, wt f32 (j, k, p) [panel × K × N/panel] dense
@@ -34,7 +35,7 @@ namespace kiln::codegen {
 //   it is read; products summed in f32.
 struct LinearKernel {
   int64_t K = 0, N = 0;
-  bool relu = false;
+  std::string act = "none";
   bool has_bias = true;
   int64_t panel = 0;
   bool bf16 = false;

@@ -65,7 +65,7 @@ KernelPipeline build_linear_bf16(const LinearKernel& spec, const Halide::Target&
       Halide::cast<float>(xb(2 * r.y + r.x, m)) * Halide::cast<float>(wt(r.x, j, r.y, p));
   Expr y = acc(n % P, n / P, m);
   if (spec.has_bias) y += bias(n);
-  if (spec.relu) y = relu_keeping_nan(y);
+  if (spec.act != "none") y = float_function(spec.act, y);
   Func out("out");
   out(n, m) = y;
 

@@ -120,10 +120,11 @@ KernelPipeline build_linear(const LinearKernel& spec, const Halide::Target& targ
   Func acc("acc");
   acc(n, m) = 0.0f;
   acc(n, m) += x(r, m) * wt_strip(n, r);
-  // As the interpreter rounds: the dot product, then + bias, then ReLU.
+  // As the interpreter rounds: the dot product, then + bias, then the activation (ReLU keeps
+  // NaN, as in the interpreter).
   Expr y = acc(n, m);
   if (spec.has_bias) y += bias(n);
-  if (spec.relu) y = relu_keeping_nan(y);  // NaN stays NaN, as in the interpreter
+  if (spec.act != "none") y = float_function(spec.act, y);
   Func out("out");
   out(n, m) = y;
 

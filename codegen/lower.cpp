@@ -454,8 +454,7 @@ class Lowerer {
                  passes::value_label(f, op.operands[1]));
           const ir::TensorType& wt = f.type(op.operands[1]);
           const int64_t N = wt.shape[0].value, K = wt.shape[1].value;
-          LinearKernel k{K, N, op.str_attr("act") == "relu", op.operands.size() == 3,
-                         linear_panel_for(N)};
+          LinearKernel k{K, N, op.str_attr("act"), op.operands.size() == 3, linear_panel_for(N)};
           if (options_.bf16_weights) {
             k.bf16 = true;
             k.panel = 64;

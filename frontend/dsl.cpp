@@ -190,21 +190,38 @@ Tensor operator+(Tensor a, Tensor b) { return add(a, b); }
 Tensor operator-(Tensor a, Tensor b) { return sub(a, b); }
 Tensor operator*(Tensor a, Tensor b) { return mul(a, b); }
 Tensor operator/(Tensor a, Tensor b) { return div(a, b); }
+Tensor operator+(Tensor a, double b) { return add(a, scalar(a, b)); }
+Tensor operator-(Tensor a, double b) { return sub(a, scalar(a, b)); }
 Tensor operator*(Tensor a, double b) { return mul(a, scalar(a, b)); }
 Tensor operator/(Tensor a, double b) { return div(a, scalar(a, b)); }
+Tensor operator+(double a, Tensor b) { return add(scalar(b, a), b); }
+Tensor operator-(double a, Tensor b) { return sub(scalar(b, a), b); }
+Tensor operator*(double a, Tensor b) { return mul(scalar(b, a), b); }
+Tensor operator/(double a, Tensor b) { return div(scalar(b, a), b); }
+Tensor operator-(Tensor x) { return neg(x); }
 
 Tensor eq(Tensor a, Tensor b, Loc loc) { return emit(OpKind::eq, {a, b}, {}, loc); }
 Tensor ne(Tensor a, Tensor b, Loc loc) { return emit(OpKind::ne, {a, b}, {}, loc); }
 Tensor lt(Tensor a, Tensor b, Loc loc) { return emit(OpKind::lt, {a, b}, {}, loc); }
+Tensor le(Tensor a, Tensor b, Loc loc) { return emit(OpKind::le, {a, b}, {}, loc); }
 Tensor gt(Tensor a, Tensor b, Loc loc) { return emit(OpKind::gt, {a, b}, {}, loc); }
+Tensor ge(Tensor a, Tensor b, Loc loc) { return emit(OpKind::ge, {a, b}, {}, loc); }
 Tensor logical_and(Tensor a, Tensor b, Loc loc) {
   return emit(OpKind::logical_and, {a, b}, {}, loc);
 }
 Tensor logical_or(Tensor a, Tensor b, Loc loc) { return emit(OpKind::logical_or, {a, b}, {}, loc); }
 Tensor logical_not(Tensor a, Loc loc) { return emit(OpKind::logical_not, {a}, {}, loc); }
 Tensor relu(Tensor x, Loc loc) { return emit(OpKind::relu, {x}, {}, loc); }
+Tensor neg(Tensor x, Loc loc) { return emit(OpKind::neg, {x}, {}, loc); }
 Tensor exp(Tensor x, Loc loc) { return emit(OpKind::exp, {x}, {}, loc); }
+Tensor log(Tensor x, Loc loc) { return emit(OpKind::log, {x}, {}, loc); }
 Tensor sqrt(Tensor x, Loc loc) { return emit(OpKind::sqrt, {x}, {}, loc); }
+Tensor tanh(Tensor x, Loc loc) { return emit(OpKind::tanh, {x}, {}, loc); }
+Tensor erf(Tensor x, Loc loc) { return emit(OpKind::erf, {x}, {}, loc); }
+Tensor sigmoid(Tensor x, Loc loc) { return emit(OpKind::sigmoid, {x}, {}, loc); }
+Tensor gelu(Tensor x, Loc loc) { return emit(OpKind::gelu, {x}, {}, loc); }
+Tensor gelu_tanh(Tensor x, Loc loc) { return emit(OpKind::gelu_tanh, {x}, {}, loc); }
+Tensor silu(Tensor x, Loc loc) { return emit(OpKind::silu, {x}, {}, loc); }
 Tensor select(Tensor c, Tensor a, Tensor b, Loc loc) {
   return emit(OpKind::select, {c, a, b}, {}, loc);
 }

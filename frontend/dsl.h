@@ -124,19 +124,42 @@ Tensor operator+(Tensor a, Tensor b);
 Tensor operator-(Tensor a, Tensor b);
 Tensor operator*(Tensor a, Tensor b);
 Tensor operator/(Tensor a, Tensor b);
+// Scalar arithmetic on either side: `x + 1.0`, `1.0 - x`, `2.0 * x`, `1.0 / x`.
+Tensor operator+(Tensor a, double b);
+Tensor operator-(Tensor a, double b);
 Tensor operator*(Tensor a, double b);
 Tensor operator/(Tensor a, double b);
+Tensor operator+(double a, Tensor b);
+Tensor operator-(double a, Tensor b);
+Tensor operator*(double a, Tensor b);
+Tensor operator/(double a, Tensor b);
+Tensor operator-(Tensor x);  // neg(x)
 
 Tensor eq(Tensor a, Tensor b, Loc loc = Loc::current());
 Tensor ne(Tensor a, Tensor b, Loc loc = Loc::current());
 Tensor lt(Tensor a, Tensor b, Loc loc = Loc::current());
+Tensor le(Tensor a, Tensor b, Loc loc = Loc::current());
 Tensor gt(Tensor a, Tensor b, Loc loc = Loc::current());
+Tensor ge(Tensor a, Tensor b, Loc loc = Loc::current());
 Tensor logical_and(Tensor a, Tensor b, Loc loc = Loc::current());
 Tensor logical_or(Tensor a, Tensor b, Loc loc = Loc::current());
 Tensor logical_not(Tensor a, Loc loc = Loc::current());
 Tensor relu(Tensor x, Loc loc = Loc::current());
+Tensor neg(Tensor x, Loc loc = Loc::current());
+// Math functions of f32 tensors, as PyTorch defines them:
+//   sigmoid(x) = 1 / (1 + exp(-x)), silu(x) = x · sigmoid(x),
+//   gelu(x) = 0.5 · x · (1 + erf(x / √2))                     (torch GELU()),
+//   gelu_tanh(x) = 0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³)))
+//                                                            (torch GELU(approximate='tanh')).
 Tensor exp(Tensor x, Loc loc = Loc::current());
+Tensor log(Tensor x, Loc loc = Loc::current());
 Tensor sqrt(Tensor x, Loc loc = Loc::current());
+Tensor tanh(Tensor x, Loc loc = Loc::current());
+Tensor erf(Tensor x, Loc loc = Loc::current());
+Tensor sigmoid(Tensor x, Loc loc = Loc::current());
+Tensor gelu(Tensor x, Loc loc = Loc::current());
+Tensor gelu_tanh(Tensor x, Loc loc = Loc::current());
+Tensor silu(Tensor x, Loc loc = Loc::current());
 Tensor select(Tensor cond, Tensor a, Tensor b, Loc loc = Loc::current());
 Tensor cast(Tensor x, DType dtype, Loc loc = Loc::current());
 

@@ -14,14 +14,15 @@
 //     allocated), and every op checks that what it computes has that shape.
 //
 // Numerics (beyond interpreter.h):
-//  * f32 elementwise ops use float arithmetic (exp is computed in double and rounded).
+//  * f32 elementwise ops use float arithmetic; the math functions (exp, log, tanh, erf,
+//    sigmoid, gelu, gelu_tanh, silu) are computed in double and rounded once.
 //  * Integer ops compute in int64 with two's complement wrap-around, and i32 results
 //    wrap to 32 bits. Integer division truncates toward zero; dividing by zero throws.
 //  * cast: f32 -> integer truncates toward zero (a value that is NaN or out of the
 //    target's range throws); i64 -> i32 wraps; -> bool is "nonzero".
 //  * The fused ops round where their unfused forms do, so a fusion pass changes
 //    nothing in the interpreter, except attention's scale (see attention()):
-//      linear = float(dot in double) + bias in float, then relu;
+//      linear = float(dot in double) + bias in float, then the activation as its op;
 //      add_layernorm = layernorm(float(x + y));
 //      attention = matmul, scale, masked_fill(-1e9), softmax, matmul.
 #include "ir/interpreter.h"
@@ -390,6 +391,36 @@ int64_t f32_to_int(float x, DType dtype, const std::string& where) {
   return static_cast<int64_t>(t);
 }
 
+// The f32 math functions (is_float_unary), as PyTorch defines them, evaluated in double;
+// the caller rounds the result to f32 once.
+double eval_float_unary(OpKind kind, double x) {
+  constexpr double kSqrtHalf = 0.70710678118654752440;     // 1/√2
+  constexpr double kSqrt2OverPi = 0.79788456080286535588;  // √(2/π)
+  switch (kind) {
+    case OpKind::exp:
+      return std::exp(x);
+    case OpKind::sqrt:
+      return std::sqrt(x);
+    case OpKind::log:
+      return std::log(x);
+    case OpKind::tanh:
+      return std::tanh(x);
+    case OpKind::erf:
+      return std::erf(x);
+    case OpKind::sigmoid:
+      return 1.0 / (1.0 + std::exp(-x));
+    case OpKind::gelu:
+      return 0.5 * x * (1.0 + std::erf(x * kSqrtHalf));
+    case OpKind::gelu_tanh:
+      return 0.5 * x * (1.0 + std::tanh(kSqrt2OverPi * (x + 0.044715 * x * x * x)));
+    case OpKind::silu:
+      return x / (1.0 + std::exp(-x));
+    default:
+      KILN_ASSERT(false, "bad f32 unary op");
+      return 0.0;
+  }
+}
+
 Tensor eval_unary(OpKind kind, const Tensor& x, DType dtype, const Shape& shape,
                   const std::string& where) {
   KILN_ASSERT(x.shape == shape, "unary result shape");
@@ -431,7 +462,8 @@ Tensor eval_unary(OpKind kind, const Tensor& x, DType dtype, const Shape& shape,
           r.f[i] = std::sqrt(v);
           break;
         default:
-          KILN_ASSERT(false, "bad f32 unary op");
+          r.f[i] = static_cast<float>(eval_float_unary(kind, static_cast<double>(v)));
+          break;
       }
     } else {
       const int64_t v = x.ints[i];
@@ -725,7 +757,10 @@ Tensor eval_linear(const Op& op, const Tensor& x, const Tensor& w, const Tensor*
   Shape want = x.shape;
   want.back() = n;
   KILN_ASSERT(want == shape, "linear result shape");
-  const bool relu = op.str_attr("act") == "relu";
+  const std::string& act_name = op.str_attr("act");
+  const bool relu = act_name == "relu";
+  const OpKind act = act_name == "none" || relu ? OpKind::relu : *parse_op_kind(act_name);
+  const bool other_act = act != OpKind::relu;
   Tensor r = Tensor::zeros(DType::f32, shape);
   const int64_t rows =
       k == 0 ? shape_numel(Shape(x.shape.begin(), x.shape.end() - 1)) : x.numel() / k;
@@ -742,6 +777,7 @@ Tensor eval_linear(const Op& op, const Tensor& x, const Tensor& w, const Tensor*
       float y = static_cast<float>(sum);  // as matmul rounds it
       if (bias) y = y + bias->f[j];       // as a separate add would
       if (relu) y = std::isnan(y) ? y : (y > 0.0f ? y : 0.0f);
+      if (other_act) y = static_cast<float>(eval_float_unary(act, static_cast<double>(y)));
       r.f[row * n + j] = y;
     }
   }
@@ -1081,6 +1117,13 @@ class Interpreter {
       case OpKind::neg:
       case OpKind::exp:
       case OpKind::sqrt:
+      case OpKind::log:
+      case OpKind::tanh:
+      case OpKind::erf:
+      case OpKind::sigmoid:
+      case OpKind::gelu:
+      case OpKind::gelu_tanh:
+      case OpKind::silu:
       case OpKind::cast:
         r = eval_unary(op.kind, operand(op, 0), dtype, shape, at);
         break;

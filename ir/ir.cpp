@@ -86,6 +86,13 @@ constexpr OpInfo kOps[] = {
     {OpKind::neg, "neg"},
     {OpKind::exp, "exp"},
     {OpKind::sqrt, "sqrt"},
+    {OpKind::log, "log"},
+    {OpKind::tanh, "tanh"},
+    {OpKind::erf, "erf"},
+    {OpKind::sigmoid, "sigmoid"},
+    {OpKind::gelu, "gelu"},
+    {OpKind::gelu_tanh, "gelu_tanh"},
+    {OpKind::silu, "silu"},
     {OpKind::select, "select"},
     {OpKind::cast, "cast"},
     {OpKind::gather, "gather"},
@@ -132,9 +139,20 @@ bool is_binary_elementwise(OpKind k) {
          k == OpKind::logical_or;
 }
 
+bool is_float_unary(OpKind k) {
+  return k == OpKind::exp || k == OpKind::sqrt || k == OpKind::log || k == OpKind::tanh ||
+         k == OpKind::erf || k == OpKind::sigmoid || k == OpKind::gelu || k == OpKind::gelu_tanh ||
+         k == OpKind::silu;
+}
+
+bool is_linear_activation(std::string_view act) {
+  return act == "none" || act == "relu" || act == "gelu" || act == "gelu_tanh" || act == "silu" ||
+         act == "sigmoid" || act == "tanh";
+}
+
 bool is_unary_elementwise(OpKind k) {
-  return k == OpKind::relu || k == OpKind::neg || k == OpKind::exp || k == OpKind::sqrt ||
-         k == OpKind::logical_not || k == OpKind::cast;
+  return k == OpKind::relu || k == OpKind::neg || is_float_unary(k) || k == OpKind::logical_not ||
+         k == OpKind::cast;
 }
 
 bool is_elementwise(OpKind k) {

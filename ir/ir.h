@@ -82,8 +82,15 @@ enum class OpKind {
   neg,
   exp,
   sqrt,
-  select,  // (cond, a, b)
-  cast,    // to the result dtype
+  log,
+  tanh,
+  erf,
+  sigmoid,    // 1 / (1 + exp(-x))
+  gelu,       // 0.5·x·(1 + erf(x/√2)) (PyTorch's GELU)
+  gelu_tanh,  // 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) (GELU(approximate='tanh'))
+  silu,       // x·sigmoid(x)
+  select,     // (cond, a, b)
+  cast,       // to the result dtype
   // Data movement.
   gather,     // (table[V, D...], ids[...]) -> [..., D...]
   transpose,  // {perm}
@@ -99,7 +106,8 @@ enum class OpKind {
   reduce_mean,  // {axes, keepdims}
   argmax,       // {axis}
   // Fused ops (produced by passes; ordinary ops otherwise).
-  linear,         // (x, W[N,K], b[N]) {act}: x·Wᵀ + b, act "none" | "relu"
+  linear,         // (x, W[N,K], b[N]) {act}: act(x·Wᵀ + b), act "none" or an activation
+                  // op's name (is_linear_activation)
   add_layernorm,  // (x, y, gamma, beta) {eps}: layernorm(x + y)
   attention,      // see passes/fuse_attention.h for operands and attributes
   // Incremental decoding (one new query row per sequence; see docs/generation.md).
@@ -116,6 +124,12 @@ std::optional<OpKind> parse_op_kind(std::string_view name);
 bool is_elementwise(OpKind kind);
 bool is_comparison(OpKind kind);
 bool is_unary_elementwise(OpKind kind);
+// The unary math functions defined on f32 only: exp, sqrt, log, tanh, erf, sigmoid, gelu,
+// gelu_tanh, silu.
+bool is_float_unary(OpKind kind);
+// Whether `act` names an activation that a `linear` op applies after its bias: "none",
+// "relu", "gelu", "gelu_tanh", "silu", "sigmoid" or "tanh" (each the unary op of that name).
+bool is_linear_activation(std::string_view act);
 bool is_binary_elementwise(OpKind kind);
 
 using ValueId = int32_t;

@@ -191,8 +191,11 @@ std::string check_attrs(OpKind kind, const Attrs& attrs) {
       return flag("keepdims");
     case OpKind::linear: {
       const std::string& act = std::get<std::string>(attrs.at("act"));
-      if (act != "none" && act != "relu")
-        return fmt::format("attribute 'act' must be \"none\" or \"relu\", got \"{}\"", act);
+      if (!is_linear_activation(act))
+        return fmt::format(
+            "attribute 'act' must be \"none\", \"relu\", \"gelu\", \"gelu_tanh\", \"silu\", "
+            "\"sigmoid\" or \"tanh\", got \"{}\"",
+            act);
       break;
     }
     case OpKind::attention:
@@ -386,11 +389,18 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
     case OpKind::neg:
     case OpKind::exp:
     case OpKind::sqrt:
+    case OpKind::log:
+    case OpKind::tanh:
+    case OpKind::erf:
+    case OpKind::sigmoid:
+    case OpKind::gelu:
+    case OpKind::gelu_tanh:
+    case OpKind::silu:
     case OpKind::logical_not: {
       KILN_CHECK(want_operands(1, 1));
       if (kind == OpKind::logical_not) {
         if (in[0].dtype != DType::boolean) return err("operand must be bool");
-      } else if (kind == OpKind::exp || kind == OpKind::sqrt) {
+      } else if (is_float_unary(kind)) {
         if (in[0].dtype != DType::f32) return err("operand must be f32");
       } else if (in[0].dtype == DType::boolean) {
         return err("operand must not be bool");

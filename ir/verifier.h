@@ -23,7 +23,7 @@
 //        slice {axis: int, start: int >= 0}  transpose {perm: int list}
 //        layernorm, add_layernorm {eps: number, positive and finite}
 //        reduce_* {axes: int list, keepdims?: 0 or 1}
-//        linear {act: "none" or "relu"}
+//        linear {act: "none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid" or "tanh"}
 //        attention {heads: int >= 1, scale: finite number, causal?: 0 or 1}
 //        every other op: none.
 //      The ranges that depend on operands (an axis within the rank, perm a permutation,

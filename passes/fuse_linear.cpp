@@ -1,12 +1,12 @@
-// fuse-linear: matmul(x, transpose(W)) [+ b] [relu] -> linear (see fuse_linear.h).
+// fuse-linear: matmul(x, transpose(W)) [+ b] [act] -> linear (see fuse_linear.h).
 //
 // Algorithm: every matmul is an anchor. can_fuse_linear() checks the transposed rank-2
-// right operand; can_absorb_bias() and can_absorb_relu() then extend the match downwards
+// right operand; can_absorb_bias() and can_absorb_activation() then extend the match downwards
 // one single-use op at a time. The rewrite replaces the last matched op in place with the
 // linear (same result value; x and W are defined before the matmul and b before the add,
 // so every operand is still defined before it), and remove_dead_code drops the absorbed
-// ops. Matches are disjoint (an add absorbs only its single-use matmul operand, a relu
-// only its single-use operand), so the def/use facts computed once per function stay
+// ops. Matches are disjoint (an add absorbs only its single-use matmul operand, an
+// activation only its single-use operand), so the def/use facts computed once per function stay
 // valid for every anchor.
 #include "passes/fuse_linear.h"
 
@@ -42,8 +42,8 @@ struct LinearMatch {
   ValueId x = -1, w = -1;
   ValueId bias = -1;  // -1: no bias absorbed
   int add = -1;       // the absorbed bias add, or -1
-  int relu = -1;      // the absorbed relu, or -1
-  int last() const { return relu >= 0 ? relu : add >= 0 ? add : matmul; }
+  int act = -1;       // the absorbed activation (relu, gelu, ...), or -1
+  int last() const { return act >= 0 ? act : add >= 0 ? add : matmul; }
 };
 
 // Whether the matmul at `pos` multiplies by transpose(W) {perm=[1,0]} of an f32 rank-2 W;
@@ -105,8 +105,10 @@ bool can_absorb_bias(const Graph& g, LinearMatch* match) {
   return true;
 }
 
-// Whether the pre-activation's only use is a relu; sets relu. Logs why not.
-bool can_absorb_relu(const Graph& g, LinearMatch* match) {
+// Whether the pre-activation's only use is an activation the linear kernel applies
+// (ir::is_linear_activation: relu, gelu, gelu_tanh, silu, sigmoid, tanh); sets act. Logs
+// why not.
+bool can_absorb_activation(const Graph& g, LinearMatch* match) {
   const ValueId pre = g.f.ops[match->last()].result;
   const int user = g.sole_user(pre);
   if (user < 0) {
@@ -114,12 +116,13 @@ bool can_absorb_relu(const Graph& g, LinearMatch* match) {
               g.uses[pre] == 1 ? " (a function result)" : "");
     return false;
   }
-  if (g.f.ops[user].kind != OpKind::relu) {
+  const OpKind kind = g.f.ops[user].kind;
+  if (kind == OpKind::linear || !ir::is_linear_activation(ir::op_name(kind))) {
     debug_log(kPass, "{}: act none: the pre-activation's only user is a {}", g.label(pre),
-              ir::op_name(g.f.ops[user].kind));
+              ir::op_name(kind));
     return false;
   }
-  match->relu = user;
+  match->act = user;
   return true;
 }
 
@@ -131,14 +134,14 @@ void fuse(Function& f, const Graph& g, const LinearMatch& match) {
   KILN_ASSERT(
       match.add < 0 || (match.bias >= 0 && g.sole_user(f.ops[match.matmul].result) == match.add),
       "fuse-linear: the bias add is not the matmul's only use");
-  KILN_ASSERT(match.relu < 0 || f.ops[match.relu].kind == OpKind::relu,
-              "fuse-linear: the activation is not a relu");
+  KILN_ASSERT(match.act < 0 || ir::is_linear_activation(ir::op_name(f.ops[match.act].kind)),
+              "fuse-linear: the activation is not one the linear kernel applies");
   Op& last = f.ops[match.last()];
   KILN_ASSERT(f.type(last.result) == f.type(f.ops[match.matmul].result),
               "fuse-linear: the epilogue changes the type");
   std::vector<ValueId> operands = {match.x, match.w};
   if (match.bias >= 0) operands.push_back(match.bias);
-  const char* act = match.relu >= 0 ? "relu" : "none";
+  const char* act = match.act >= 0 ? ir::op_name(f.ops[match.act].kind) : "none";
   debug_log(kPass, "fused {} = linear({}, {}{}) {{act={}}}", g.label(last.result), g.label(match.x),
             g.label(match.w), match.bias >= 0 ? ", " + g.label(match.bias) : std::string(), act);
   last.kind = OpKind::linear;
@@ -154,7 +157,7 @@ bool fuse_function(Function& f) {
     if (f.ops[i].kind != OpKind::matmul || !can_fuse_linear(g, static_cast<int>(i), &match))
       continue;
     can_absorb_bias(g, &match);
-    can_absorb_relu(g, &match);
+    can_absorb_activation(g, &match);
     fuse(f, g, match);
     changed = true;
   }

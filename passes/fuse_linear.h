@@ -1,5 +1,6 @@
 // fuse-linear: a matmul with a transposed rank-2 weight, a bias add and an optional
-// ReLU become one `linear` op (a GEMM with its epilogue).
+// activation (relu, gelu, gelu_tanh, silu, sigmoid, tanh) become one `linear` op (a GEMM
+// with its epilogue).
 //
 //   %wt = transpose(%W : f32[N,K]) {perm=[1,0]}
 //   %m  = matmul(%x : f32[...,K], %wt)
@@ -12,8 +13,9 @@
 //  - the add is absorbed when the matmul's only use is an add whose other operand has
 //    type exactly f32[N] (a broadcast bias); otherwise the linear has two operands and
 //    the add (if any) stays;
-//  - the relu is absorbed when the pre-activation (the add, or the matmul without a
-//    bias) has exactly one use and it is a relu; otherwise act="none".
+//  - the activation is absorbed when the pre-activation (the add, or the matmul without
+//    a bias) has exactly one use and it is one of those ops (act = its name, e.g.
+//    act="gelu"); otherwise act="none".
 // The last absorbed op is replaced in place by the linear, keeping its result value, so
 // other uses of the matmul (when the bias was not absorbed) see the same value. The
 // transpose is not absorbed but bypassed: the linear reads %W directly, and the

@@ -321,6 +321,70 @@ TEST(InterpreterTest, UnaryOps) {
   EXPECT_THAT(run_op(OpKind::neg, {I({2}, {-5, 5})}, I64({C(2)})).ints, ElementsAre(5, -5));
 }
 
+// The math functions as PyTorch defines them: the published values of torch.erf, tanh,
+// sigmoid, nn.GELU(), nn.GELU(approximate='tanh') and nn.SiLU() at a few points, and the
+// definitions evaluated with std:: functions in double, rounded to f32 once.
+TEST(InterpreterTest, MathFunctions) {
+  const std::vector<float> xs = {-3.0f, -1.0f, -0.5f, 0.0f, 0.5f, 1.0f, 2.0f, 10.0f};
+  const Tensor x = F({8}, xs);
+  const TensorType t = F32({C(8)});
+  struct Case {
+    OpKind kind;
+    double (*f)(double);
+  };
+  const Case cases[] = {
+      {OpKind::tanh, [](double v) { return std::tanh(v); }},
+      {OpKind::erf, [](double v) { return std::erf(v); }},
+      {OpKind::sigmoid, [](double v) { return 1.0 / (1.0 + std::exp(-v)); }},
+      {OpKind::silu, [](double v) { return v / (1.0 + std::exp(-v)); }},
+      {OpKind::gelu, [](double v) { return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0))); }},
+      {OpKind::gelu_tanh, [](double v) {
+         const double c = std::sqrt(2.0 / std::acos(-1.0));
+         return 0.5 * v * (1.0 + std::tanh(c * (v + 0.044715 * v * v * v)));
+       }}};
+  for (const Case& c : cases) {
+    const Tensor r = run_op(c.kind, {x}, t);
+    for (size_t i = 0; i < xs.size(); ++i)
+      EXPECT_EQ(r.f[i], static_cast<float>(c.f(xs[i]))) << op_name(c.kind) << "(" << xs[i] << ")";
+  }
+  // Published values (torch, f32), at x = 1 and x = -1.
+  const auto at = [&](OpKind kind, size_t i) { return run_op(kind, {x}, t).f[i]; };
+  EXPECT_NEAR(at(OpKind::gelu, 5), 0.8413447, 1e-7);
+  EXPECT_NEAR(at(OpKind::gelu, 1), -0.1586553, 1e-7);
+  EXPECT_NEAR(at(OpKind::gelu_tanh, 5), 0.8411920, 1e-7);
+  EXPECT_NEAR(at(OpKind::gelu_tanh, 1), -0.1588080, 1e-7);
+  EXPECT_NEAR(at(OpKind::silu, 5), 0.7310586, 1e-7);
+  EXPECT_NEAR(at(OpKind::silu, 1), -0.2689414, 1e-7);
+  EXPECT_NEAR(at(OpKind::erf, 5), 0.8427008, 1e-7);
+  EXPECT_NEAR(at(OpKind::tanh, 1), -0.7615942, 1e-7);
+  EXPECT_EQ(at(OpKind::sigmoid, 3), 0.5f);
+  EXPECT_EQ(at(OpKind::gelu, 3), 0.0f);
+  EXPECT_EQ(at(OpKind::gelu, 7), 10.0f);
+  EXPECT_NEAR(at(OpKind::gelu_tanh, 0), -0.0036373, 1e-7);
+  // log: exact at 1, log(e^2) = 2, -inf at 0, NaN below.
+  const Tensor l = run_op(
+      OpKind::log, {F({4}, {1.0f, static_cast<float>(std::exp(2.0)), 0.0f, -1.0f})}, F32({C(4)}));
+  EXPECT_EQ(l.f[0], 0.0f);
+  EXPECT_NEAR(l.f[1], 2.0f, 1e-6);
+  EXPECT_TRUE(std::isinf(l.f[2]) && l.f[2] < 0);
+  EXPECT_TRUE(std::isnan(l.f[3]));
+}
+
+// A linear op applies its activation after the bias, as the unfused op would.
+TEST(InterpreterTest, LinearActivations) {
+  const Tensor x = F({2, 3}, {1, -2, 0.5f, -1, 0.25f, 2});
+  const Tensor w = F({2, 3}, {0.5f, 1, -1, 2, 0, 1});
+  const Tensor b = F({2}, {0.1f, -0.3f});
+  const TensorType t = F32({C(2), C(2)});
+  const Tensor none = run_op(OpKind::linear, {x, w, b}, t, {{"act", std::string("none")}});
+  for (const char* act : {"relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"}) {
+    const OpKind kind = *parse_op_kind(act);
+    const Tensor fused = run_op(OpKind::linear, {x, w, b}, t, {{"act", std::string(act)}});
+    const Tensor separate = run_op(kind, {none}, t);
+    EXPECT_EQ(fused.f, separate.f) << act;
+  }
+}
+
 TEST(InterpreterTest, Select) {
   // cond [2,1], a [2,2], b scalar.
   Tensor r = run_op(OpKind::select, {B({2, 1}, {1, 0}), F({2, 2}, {1, 2, 3, 4}), F({}, {-9})},

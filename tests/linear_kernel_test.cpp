@@ -2,7 +2,7 @@
 // JIT-compiled for the host and for AVX2 and compared with the reference interpreter's
 // `linear` op on random data, over row counts that exercise every tail of the schedule
 // (fewer rows than a register block, partial blocks and tiles, several tiles), odd and
-// realistic (K, N), with and without bias and ReLU, with the weight dense or packed in
+// realistic (K, N), with and without bias, with each activation, with the weight dense or packed in
 // panels (as the runtime lays it out, rt::lay_out_linear_weight), and x given as a
 // strided view.
 //
@@ -58,7 +58,8 @@ class JitLinear : public jit::JitKernel {
 struct Problem {
   int64_t K = 0, N = 0, panel = 0;
   std::vector<int64_t> rows;  // leading dims of x
-  bool relu = false, has_bias = true;
+  std::string act = "none";
+  bool has_bias = true;
   int64_t x_stride = 0;  // row stride of x in the kernel's view; 0: dense (K)
   uint32_t seed = 1;
   std::vector<std::pair<int64_t, float>> specials;  // x elements set to NaN or ±inf
@@ -90,8 +91,7 @@ Tensor reference(const Problem& p, const Tensor& x, const Tensor& w, const Tenso
     operands.push_back(f.add_op(OpKind::weight, {}, f32({p.N}), {{"name", std::string("b")}}));
   std::vector<int64_t> out_shape = p.rows;
   out_shape.push_back(p.N);
-  f.results.push_back(f.add_op(OpKind::linear, operands, f32(out_shape),
-                               {{"act", std::string(p.relu ? "relu" : "none")}}));
+  f.results.push_back(f.add_op(OpKind::linear, operands, f32(out_shape), {{"act", p.act}}));
   m.functions.push_back(std::move(f));
   ir::WeightMap weights = {{"W", w}};
   if (p.has_bias) weights.emplace("b", b);
@@ -149,8 +149,12 @@ void check(const JitLinear& kernel, const Problem& p) {
       double magnitude = p.has_bias ? std::fabs(b.f[n]) : 0.0;
       for (int64_t k = 0; k < K; ++k)
         magnitude += std::fabs(static_cast<double>(x.f[m * K + k]) * w.f[n * K + k]);
-      const double tolerance = static_cast<double>(K + 4) * kUnit * magnitude;
       const float got = out_data[m * N + n], want = ref.f[m * N + n];
+      double tolerance = static_cast<double>(K + 4) * kUnit * magnitude;
+      // The smooth activations: Lipschitz constant below 1.2 (gelu's slope peaks at 1.13),
+      // and the kernel's f32 function off by a few ulp of its value or of its argument.
+      if (p.act != "none" && p.act != "relu")
+        tolerance = 1.2 * tolerance + 8 * kUnit * (std::fabs(want) + magnitude);
       if (!std::isfinite(want)) {  // NaN stays NaN and an infinity stays itself
         if (!(std::isnan(got) && std::isnan(want)) && got != want && ++failures <= 5)
           ADD_FAILURE() << "M=" << M << " out(n=" << n << ", m=" << m << ") = " << got << ", want "
@@ -165,53 +169,63 @@ void check(const JitLinear& kernel, const Problem& p) {
   EXPECT_EQ(failures, 0) << "elements off for M=" << M;
 }
 
-// (target, K, N, relu, has_bias, panel)
-using Shape = std::tuple<std::string, int64_t, int64_t, bool, bool, int64_t>;
+// (target, K, N, act, has_bias, panel)
+using Shape = std::tuple<std::string, int64_t, int64_t, std::string, bool, int64_t>;
 
 class LinearKernelShapeTest : public ::testing::TestWithParam<Shape> {};
 
 TEST_P(LinearKernelShapeTest, MatchesInterpreter) {
-  const auto& [target, K, N, relu, has_bias, panel] = GetParam();
-  const JitLinear kernel(LinearKernel{K, N, relu, has_bias, panel}, target);
+  const auto& [target, K, N, act, has_bias, panel] = GetParam();
+  const JitLinear kernel(LinearKernel{K, N, act, has_bias, panel}, target);
   uint32_t seed = 1;
   // Every register-block schedule: 1-row blocks (M < 4), 4-row blocks (M < 64), 6-row.
   for (int64_t M : {1, 2, 3, 4, 5, 6, 7, 32, 33, 63, 64, 129}) {
     SCOPED_TRACE("M=" + std::to_string(M));
-    check(kernel, Problem{K, N, panel, {M}, relu, has_bias, 0, seed += 3});
+    check(kernel, Problem{K, N, panel, {M}, act, has_bias, 0, seed += 3});
   }
   // Leading dims [B, L] like the model's activations, and x as a view of a wider tensor.
-  check(kernel, Problem{K, N, panel, {3, 11}, relu, has_bias, 0, seed += 3});
-  check(kernel, Problem{K, N, panel, {33}, relu, has_bias, K + 5, seed += 3});
+  check(kernel, Problem{K, N, panel, {3, 11}, act, has_bias, 0, seed += 3});
+  check(kernel, Problem{K, N, panel, {33}, act, has_bias, K + 5, seed += 3});
 }
 
 std::string shape_name(const ::testing::TestParamInfo<Shape>& info) {
-  const auto& [target, K, N, relu, has_bias, panel] = info.param;
+  const auto& [target, K, N, act, has_bias, panel] = info.param;
   return (target == "host" ? std::string("host") : std::string("avx2")) + "_K" + std::to_string(K) +
-         "_N" + std::to_string(N) + (relu ? "_relu" : "") + (has_bias ? "" : "_nobias") +
+         "_N" + std::to_string(N) + (act == "none" ? "" : "_" + act) + (has_bias ? "" : "_nobias") +
          (panel ? "_p" + std::to_string(panel) : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(
     OddShapes, LinearKernelShapeTest,
     ::testing::Values(
-        Shape{"host", 24, 40, false, true, 0}, Shape{"host", 20, 36, true, true, 0},
-        Shape{"host", 7, 5, false, false, 0}, Shape{"host", 9, 3, true, false, 0},
-        Shape{"host", 1, 17, false, true, 0}, Shape{"host", 5, 1, true, true, 0},
-        Shape{"host", 16, 48, true, false, 0}, Shape{"host", 64, 200, true, true, 0},
-        Shape{kAvx2Target, 24, 40, false, true, 0}, Shape{kAvx2Target, 20, 36, true, true, 0},
-        Shape{kAvx2Target, 7, 5, false, false, 0}, Shape{kAvx2Target, 64, 200, true, false, 0},
+        Shape{"host", 24, 40, "none", true, 0}, Shape{"host", 20, 36, "relu", true, 0},
+        Shape{"host", 7, 5, "none", false, 0}, Shape{"host", 9, 3, "relu", false, 0},
+        Shape{"host", 1, 17, "none", true, 0}, Shape{"host", 5, 1, "relu", true, 0},
+        Shape{"host", 16, 48, "relu", false, 0}, Shape{"host", 64, 200, "relu", true, 0},
+        Shape{kAvx2Target, 24, 40, "none", true, 0}, Shape{kAvx2Target, 20, 36, "relu", true, 0},
+        Shape{kAvx2Target, 7, 5, "none", false, 0}, Shape{kAvx2Target, 64, 200, "relu", false, 0},
         // Packed weights: one panel, several, K not a multiple of the unroll.
-        Shape{"host", 24, 64, false, true, 64}, Shape{"host", 7, 192, true, false, 64},
-        Shape{kAvx2Target, 9, 128, true, true, 64}),
+        Shape{"host", 24, 64, "none", true, 64}, Shape{"host", 7, 192, "relu", false, 64},
+        Shape{kAvx2Target, 9, 128, "relu", true, 64}),
     shape_name);
+
+// Every activation epilogue, dense and packed, on both targets.
+INSTANTIATE_TEST_SUITE_P(Activations, LinearKernelShapeTest,
+                         ::testing::Values(Shape{"host", 20, 36, "gelu", true, 0},
+                                           Shape{"host", 24, 64, "gelu_tanh", true, 64},
+                                           Shape{kAvx2Target, 9, 128, "silu", true, 64},
+                                           Shape{"host", 7, 5, "sigmoid", false, 0},
+                                           Shape{"host", 16, 48, "tanh", true, 0},
+                                           Shape{kAvx2Target, 20, 36, "gelu", false, 0}),
+                         shape_name);
 
 // The model's shape class: whole register blocks along n, K a multiple of the unroll,
 // weights packed as the runtime packs them for these N (and dense once).
 INSTANTIATE_TEST_SUITE_P(Realistic, LinearKernelShapeTest,
-                         ::testing::Values(Shape{"host", 512, 512, false, true, 64},
-                                           Shape{"host", 512, 512, true, true, 64},
-                                           Shape{kAvx2Target, 512, 512, true, true, 64},
-                                           Shape{"host", 512, 512, true, true, 0}),
+                         ::testing::Values(Shape{"host", 512, 512, "none", true, 64},
+                                           Shape{"host", 512, 512, "relu", true, 64},
+                                           Shape{kAvx2Target, 512, 512, "relu", true, 64},
+                                           Shape{"host", 512, 512, "relu", true, 0}),
                          shape_name);
 
 // Several m tiles (balanced: 1031 rows are 2 tiles, 2100 are 3), several n tiles and blocks.
@@ -220,10 +234,10 @@ TEST(LinearKernelTest, ManyTiles) {
     SCOPED_TRACE(target);
     for (int64_t panel : {0, 64}) {
       SCOPED_TRACE("panel " + std::to_string(panel));
-      const JitLinear kernel(LinearKernel{64, 320, true, true, panel}, target);
-      check(kernel, Problem{64, 320, panel, {1031}, true, true, 0, 11});
-      check(kernel, Problem{64, 320, panel, {256}, true, true, 70, 12});
-      check(kernel, Problem{64, 320, panel, {2100}, true, true, 0, 13});
+      const JitLinear kernel(LinearKernel{64, 320, "relu", true, panel}, target);
+      check(kernel, Problem{64, 320, panel, {1031}, "relu", true, 0, 11});
+      check(kernel, Problem{64, 320, panel, {256}, "relu", true, 70, 12});
+      check(kernel, Problem{64, 320, panel, {2100}, "relu", true, 0, 13});
     }
   }
 }
@@ -232,10 +246,10 @@ TEST(LinearKernelTest, ManyTiles) {
 // relu(NaN) is NaN, not 0 (x86's max of NaN and 0 may return 0).
 TEST(LinearKernelTest, NanAndInfinityPropagate) {
   for (const char* target : {"host", kAvx2Target}) {
-    for (bool relu : {false, true}) {
-      SCOPED_TRACE(std::string(target) + (relu ? " relu" : ""));
-      const JitLinear kernel(LinearKernel{16, 64, relu, true, 0}, target);
-      Problem p{16, 64, 0, {5}, relu, true, 0, 21};
+    for (const char* act : {"none", "relu", "gelu"}) {
+      SCOPED_TRACE(std::string(target) + " " + act);
+      const JitLinear kernel(LinearKernel{16, 64, act, true, 0}, target);
+      Problem p{16, 64, 0, {5}, act, true, 0, 21};
       p.specials = {{3, NAN}, {16 + 2, INFINITY}, {32 + 7, -INFINITY}, {64 + 1, NAN}};
       check(kernel, p);
     }
@@ -245,25 +259,25 @@ TEST(LinearKernelTest, NanAndInfinityPropagate) {
 // The kernel takes its arguments in kernels.h's order: x, wt, bias (only with a bias).
 TEST(LinearKernelTest, Arguments) {
   const Halide::Target host = host_target();
-  KernelPipeline with_bias = build_linear(LinearKernel{8, 16, false, true}, host);
+  KernelPipeline with_bias = build_linear(LinearKernel{8, 16, "none", true}, host);
   ASSERT_EQ(with_bias.args.size(), 3u);
   EXPECT_EQ(with_bias.args[0].name, "x");
   EXPECT_EQ(with_bias.args[1].name, "wt");
   EXPECT_EQ(with_bias.args[2].name, "bias");
-  KernelPipeline no_bias = build_linear(LinearKernel{8, 16, true, false}, host);
+  KernelPipeline no_bias = build_linear(LinearKernel{8, 16, "relu", false}, host);
   ASSERT_EQ(no_bias.args.size(), 2u);
   EXPECT_EQ(no_bias.args[1].name, "wt");
   for (const Halide::Argument& a : with_bias.args) EXPECT_TRUE(a.is_input());
   EXPECT_EQ(with_bias.args[1].dimensions, 2);
   // Packed weights are the 3-D (j, k, panel) buffer.
-  KernelPipeline packed = build_linear(LinearKernel{8, 128, false, true, 64}, host);
+  KernelPipeline packed = build_linear(LinearKernel{8, 128, "none", true, 64}, host);
   ASSERT_EQ(packed.args.size(), 3u);
   EXPECT_EQ(packed.args[1].dimensions, 3);
 }
 
 // The model's shapes compile ahead of time (as kiln's compiler does) for both targets.
 TEST(LinearKernelTest, CompilesAheadOfTime) {
-  jit::expect_compiles_ahead_of_time(LinearKernel{512, 1536, true, true, 64});
+  jit::expect_compiles_ahead_of_time(LinearKernel{512, 1536, "relu", true, 64});
 }
 
 }  // namespace

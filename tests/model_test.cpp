@@ -1,6 +1,7 @@
 // The DSL and the registered Transformer: shape checking with located errors, config
 // validation, weight names, parameter count, and the text round trip of `base`.
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <string>
 
@@ -11,6 +12,7 @@
 #include "frontend/dsl.h"
 #include "frontend/models.h"
 #include "frontend/nn.h"
+#include "ir/interpreter.h"
 #include "ir/parser.h"
 #include "ir/printer.h"
 #include "ir/verifier.h"
@@ -88,6 +90,62 @@ TEST(Dsl, FunctionWithoutOutputFailsVerification) {
                 mb.finish();
               }),
               HasSubstr("[V3] function 'main' has no results"));
+}
+
+// The DSL's math functions and scalar arithmetic on either side, run by the interpreter
+// and compared with the PyTorch definitions evaluated here in double.
+TEST(Dsl, MathFunctionsAndScalarArithmetic) {
+  dsl::ModelBuilder mb("toy");
+  dsl::FunctionBuilder& f = mb.function("main");
+  dsl::Tensor x = f.input("x", dsl::DType::f32, {dsl::Dim::constant(6)});
+  using dsl::Tensor;
+  const std::vector<std::pair<std::string, Tensor>> outs = {
+      {"gelu", dsl::gelu(x)},
+      {"gelu_tanh", dsl::gelu_tanh(x)},
+      {"silu", dsl::silu(x)},
+      {"tanh", dsl::tanh(x)},
+      {"sigmoid", dsl::sigmoid(x)},
+      {"erf", dsl::erf(x)},
+      {"log", dsl::log(x * x + 1.0)},
+      {"exp", dsl::exp(-x)},
+      {"scalars", (1.0 - x) * 2.0 + 3.0 / (x - 4.0) - (x + 0.5) / 2.0},
+      {"neg", -dsl::neg(x)}};
+  for (const auto& [name, t] : outs) f.output(t, name);
+  const ir::Module m = mb.finish();
+  const std::vector<float> xs = {-2.5f, -1.0f, 0.0f, 0.3f, 1.0f, 3.0f};
+  const std::vector<ir::Tensor> got =
+      ir::interpret(m, m.functions[0], {}, {ir::Tensor::from_f32({6}, xs)});
+  ASSERT_EQ(got.size(), outs.size());
+  const double c = std::sqrt(2.0 / std::acos(-1.0));
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double v = xs[i];
+    const double want[] = {0.5 * v * (1 + std::erf(v / std::sqrt(2.0))),
+                           0.5 * v * (1 + std::tanh(c * (v + 0.044715 * v * v * v))),
+                           v / (1 + std::exp(-v)),
+                           std::tanh(v),
+                           1 / (1 + std::exp(-v)),
+                           std::erf(v),
+                           std::log(v * v + 1),
+                           std::exp(-v),
+                           (1 - v) * 2 + 3 / (v - 4) - (v + 0.5) / 2,
+                           v};
+    for (size_t k = 0; k < outs.size(); ++k)
+      EXPECT_NEAR(got[k].f[i], want[k], 1e-6 * std::max(1.0, std::fabs(want[k])))
+          << outs[k].first << "(" << v << ")";
+  }
+  // The ops are the IR's own (no decomposition): one op per function.
+  const ir::Function& fn = m.functions[0];
+  EXPECT_EQ(fn.ops[static_cast<size_t>(fn.defining_op(fn.results[0]))].kind, ir::OpKind::gelu);
+  EXPECT_EQ(fn.ops[static_cast<size_t>(fn.defining_op(fn.results[1]))].kind, ir::OpKind::gelu_tanh);
+}
+
+TEST(Dsl, MathFunctionOfIntegersIsAnError) {
+  EXPECT_THAT(error_of([] {
+                dsl::ModelBuilder mb("toy");
+                dsl::FunctionBuilder& f = mb.function("main");
+                dsl::gelu(f.input("ids", dsl::DType::i64, {dsl::Dim::constant(2)}));
+              }),
+              HasSubstr("gelu(i64[2]): operand must be f32"));
 }
 
 TEST(Models, ConfigErrorsNameTheKey) {

@@ -199,6 +199,19 @@ const RoundTripCase kRoundTrips[] = {
   }
 }
 )kir"},
+    {"Activations", R"kir(module @activations {
+  func @f(%x: f32[2,3]) -> (f32[2,3]) {
+    %0 = log(%x) : f32[2,3]
+    %1 = tanh(%0) : f32[2,3]
+    %2 = erf(%1) : f32[2,3]
+    %3 = sigmoid(%2) : f32[2,3]
+    %4 = gelu(%3) : f32[2,3]
+    %5 = gelu_tanh(%4) : f32[2,3]
+    %6 = silu(%5) : f32[2,3]
+    return %6
+  }
+}
+)kir"},
 };
 
 class RoundTripTest : public testing::TestWithParam<RoundTripCase> {};

@@ -499,10 +499,11 @@ TEST(VerifierTypeRules, GatherAndLinear) {
                                    "    return %y\n")),
       AllOf(HasSubstr("[V8] linear"), HasSubstr("bias f32[4] must be f32[6]")));
   EXPECT_THAT(only_message(function_module("(%x: f32[B,4], %w: f32[6,4]) -> (f32[B,6])",
-                                           "    %y = linear(%x, %w) {act = \"gelu\"} : f32[B,6]\n"
+                                           "    %y = linear(%x, %w) {act = \"erf\"} : f32[B,6]\n"
                                            "    return %y\n")),
               AllOf(HasSubstr("[V10] linear"),
-                    HasSubstr("attribute 'act' must be \"none\" or \"relu\", got \"gelu\"")));
+                    HasSubstr("attribute 'act' must be \"none\", \"relu\", \"gelu\", "
+                              "\"gelu_tanh\", \"silu\", \"sigmoid\" or \"tanh\", got \"erf\"")));
 }
 
 // ---------------------------------------------------------------------------------------
