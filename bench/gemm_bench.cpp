@@ -19,6 +19,20 @@
 //   [KILN_BENCH_THREADS=2] gemm_bench [--benchmark_repetitions=5
 //       --benchmark_enable_random_interleaving=true] [--benchmark_filter=M2048]
 //
+// bf16 (issue 13; built where the host has AVX512-BF16, see bench/CMakeLists.txt): kiln's bf16
+// linear kernels (codegen/linear_bf16_kernel.cpp, compiled ahead of time through LLVM IR and
+// llc for cooperlake by `kiln compile --weights bf16`: bench/gemm_bf16.kir, one linear op per
+// (K, N, relu), kiln_add_model bench_gemm_bf16), called directly like the JIT f32 kernel,
+// against oneDNN's bf16 matmul primitive (oneDNN 2.6 has no dnnl_gemm_bf16bf16f32): src bf16
+// [M, K], weights bf16 with format_tag::any (reordered once from the same f32 Wᵀ, outside the
+// timing, into the layout the primitive chose), bias f32 and ReLU as a post-op where the
+// model has them, dst f32: the same computation as kiln's. kiln reads x in f32 and rounds it
+// to bf16 as it reads; oneDNN gets x already in bf16 (converted once, outside the timing), as a
+// bf16 network would hand it over. Both round to nearest even, so the outputs differ only in
+// the order of the f32 sums. Benchmarks kiln_bf16/SHAPE, onednn_bf16/SHAPE and
+// paired_bf16/SHAPE (as paired/, kiln's bf16 kernel against oneDNN's bf16 matmul); a second
+// table at the end, with kiln bf16 over kiln f32.
+//
 // The kiln kernel computes out = x·Wᵀ + bias (ReLU where the model has it) with W in the
 // layout kiln's runtime loads (packed in 64-column panels for these N); dnnl_sgemm computes
 // x·wt with wt = Wᵀ (K × N), row-major, no bias: the epilogue is kiln's extra work. Both
@@ -31,18 +45,23 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 #include <oneapi/dnnl/dnnl.h>
+#ifdef KILN_BENCH_BF16
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
 
 #include "codegen/halide_kernels.h"
 #include "codegen/kernels.h"
@@ -103,7 +122,7 @@ double seconds_per_call(Call call, double seconds) {
 // of oneDNN with 1–3 ms of settling, 98–120% with 6–20 ms.
 constexpr double kSettleSeconds = 0.03;
 
-enum class Library { kKiln, kOneDnn };
+enum class Library { kKiln, kOneDnn, kKilnBf16, kOneDnnBf16 };
 std::optional<Library> last_library;  // the library whose calls ran last
 
 // Runs `call` in the benchmark loop, after settling if the other library ran last, and
@@ -239,6 +258,164 @@ dnnl_status_t run_dnnl(Problem& p) {
                     p.out_dnnl.get(), s.N);
 }
 
+#ifdef KILN_BENCH_BF16
+// kiln's bf16 kernels, from the bench_gemm_bf16 library (bench/gemm_bf16.kir): the argv form
+// of each (x, wt, bias, out), named as `kiln compile` names them (the library's name, then
+// codegen's kernel_name()).
+extern "C" {
+int bench_gemm_bf16_kiln_linear_k512_n1536_p64_bf16_argv(void** args);
+int bench_gemm_bf16_kiln_linear_k512_n512_p64_bf16_argv(void** args);
+int bench_gemm_bf16_kiln_linear_k512_n1024_p64_bf16_argv(void** args);
+int bench_gemm_bf16_kiln_linear_k512_n2048_relu_p64_bf16_argv(void** args);
+int bench_gemm_bf16_kiln_linear_k2048_n512_p64_bf16_argv(void** args);
+int bench_gemm_bf16_kiln_linear_k512_n32000_p64_bf16_argv(void** args);
+}
+
+using Bf16Kernel = int (*)(void**);
+Bf16Kernel bf16_kernel_for(const GemmShape& s) {
+  const std::map<std::tuple<int64_t, int64_t, bool>, Bf16Kernel> kernels = {
+      {{512, 1536, false}, bench_gemm_bf16_kiln_linear_k512_n1536_p64_bf16_argv},
+      {{512, 512, false}, bench_gemm_bf16_kiln_linear_k512_n512_p64_bf16_argv},
+      {{512, 1024, false}, bench_gemm_bf16_kiln_linear_k512_n1024_p64_bf16_argv},
+      {{512, 2048, true}, bench_gemm_bf16_kiln_linear_k512_n2048_relu_p64_bf16_argv},
+      {{2048, 512, false}, bench_gemm_bf16_kiln_linear_k2048_n512_p64_bf16_argv},
+      {{512, 32000, false}, bench_gemm_bf16_kiln_linear_k512_n32000_p64_bf16_argv}};
+  auto it = kernels.find({s.K, s.N, s.relu});
+  return it == kernels.end() ? nullptr : it->second;
+}
+
+// The bf16 operands of one shape (x, W and bias are the f32 problem's) and both libraries'
+// prepared forms: kiln's weight packed as its runtime packs it at load
+// (rt::lay_out_linear_weight_bf16_rows: [Np/64, Kp/2, 64, 2]), oneDNN's matmul primitive
+// with its weights reordered into the layout it chose.
+struct Bf16Problem {
+  GemmShape shape;
+  Problem* f32 = nullptr;
+  Bf16Kernel kernel = nullptr;
+  std::unique_ptr<uint8_t[], kiln::rt::FreeDeleter> wt_packed, x_bf16, wt_dnnl;
+  Floats out_kiln, out_dnnl;
+  halide_buffer_t wt_buf{}, out_buf{};
+  halide_dimension_t wt_dims[4], out_dims[2];
+  dnnl::engine engine;
+  dnnl::stream stream;
+  dnnl::matmul matmul;
+  std::unordered_map<int, dnnl::memory> args;
+  std::string error;  // why it cannot run, or ""
+};
+
+std::unique_ptr<uint8_t[], kiln::rt::FreeDeleter> aligned_bytes(int64_t bytes) {
+  auto p = kiln::rt::allocate_aligned(bytes);
+  std::memset(p.get(), 0, static_cast<size_t>(bytes));
+  return std::unique_ptr<uint8_t[], kiln::rt::FreeDeleter>(reinterpret_cast<uint8_t*>(p.release()));
+}
+
+Bf16Problem& bf16_problem_for(const GemmShape& s) {
+  static std::map<std::string, std::unique_ptr<Bf16Problem>> problems;
+  std::unique_ptr<Bf16Problem>& p = problems[shape_name(s)];
+  if (p) return *p;
+  p = std::make_unique<Bf16Problem>();
+  p->shape = s;
+  p->f32 = &problem_for(s);
+  p->kernel = bf16_kernel_for(s);
+  if (!p->kernel) {
+    p->error = "no bf16 kernel for " + shape_name(s) + " in bench/gemm_bf16.kir";
+    return *p;
+  }
+  const int64_t P = 64, Kp = s.K + s.K % 2, Np = (s.N + P - 1) / P * P;
+  std::vector<float> w(static_cast<size_t>(s.N * s.K));  // W[N, K] = wtᵀ
+  for (int64_t k = 0; k < s.K; ++k)
+    for (int64_t n = 0; n < s.N; ++n) w[n * s.K + k] = p->f32->wt[k * s.N + n];
+  p->wt_packed = aligned_bytes(Np * Kp * 2);
+  kiln::rt::lay_out_linear_weight_bf16_rows(reinterpret_cast<const uint8_t*>(w.data()), 0, s.N, s.N,
+                                            s.K, reinterpret_cast<uint16_t*>(p->wt_packed.get()));
+  const auto i32 = [](int64_t v) { return static_cast<int32_t>(v); };
+  p->wt_dims[0] = {0, 2, 1};
+  p->wt_dims[1] = {0, i32(P), 2};
+  p->wt_dims[2] = {0, i32(Kp / 2), i32(2 * P)};
+  p->wt_dims[3] = {0, i32(Np / P), i32(P * Kp)};
+  p->wt_buf = halide_buffer_t{};
+  p->wt_buf.host = p->wt_packed.get();
+  p->wt_buf.type = halide_type_t(halide_type_bfloat, 16);
+  p->wt_buf.dimensions = 4;
+  p->wt_buf.dim = p->wt_dims;
+  p->out_kiln = aligned_floats(s.M * s.N, 6);
+  p->out_dnnl = aligned_floats(s.M * s.N, 7);
+  p->out_dims[0] = {0, i32(s.N), 1};
+  p->out_dims[1] = {0, i32(s.M), i32(s.N)};
+  p->out_buf = make_buffer(p->out_kiln.get(), 2, p->out_dims);
+
+  using dt = dnnl::memory::data_type;
+  using tag = dnnl::memory::format_tag;
+  try {
+    p->engine = dnnl::engine(dnnl::engine::kind::cpu, 0);
+    p->stream = dnnl::stream(p->engine);
+    const dnnl::memory::desc src_md({s.M, s.K}, dt::bf16, tag::ab);
+    const dnnl::memory::desc wei_any({s.K, s.N}, dt::bf16, tag::any);
+    const dnnl::memory::desc bias_md({1, s.N}, dt::f32, tag::ab);
+    const dnnl::memory::desc dst_md({s.M, s.N}, dt::f32, tag::ab);
+    dnnl::post_ops ops;
+    if (s.relu) ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+    dnnl::primitive_attr attr;
+    attr.set_post_ops(ops);
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, wei_any, bias_md, dst_md),
+                                          attr, p->engine);
+    p->matmul = dnnl::matmul(pd);
+    // x and Wᵀ converted from the f32 problem's by oneDNN's reorders (round to nearest even).
+    p->x_bf16 = aligned_bytes(s.M * s.K * 2);
+    p->wt_dnnl = aligned_bytes(static_cast<int64_t>(pd.weights_desc().get_size()));
+    dnnl::memory x_f32({{s.M, s.K}, dt::f32, tag::ab}, p->engine, p->f32->x.get());
+    dnnl::memory wt_f32({{s.K, s.N}, dt::f32, tag::ab}, p->engine, p->f32->wt.get());
+    dnnl::memory src(src_md, p->engine, p->x_bf16.get());
+    dnnl::memory wei(pd.weights_desc(), p->engine, p->wt_dnnl.get());
+    dnnl::reorder(x_f32, src).execute(p->stream, x_f32, src);
+    dnnl::reorder(wt_f32, wei).execute(p->stream, wt_f32, wei);
+    p->stream.wait();
+    p->args = {{DNNL_ARG_SRC, src},
+               {DNNL_ARG_WEIGHTS, wei},
+               {DNNL_ARG_BIAS, dnnl::memory(bias_md, p->engine, p->f32->bias.get())},
+               {DNNL_ARG_DST, dnnl::memory(dst_md, p->engine, p->out_dnnl.get())}};
+  } catch (const dnnl::error& e) {
+    p->error = std::string("oneDNN bf16 matmul: ") + e.what();
+  }
+  return *p;
+}
+
+int run_kiln_bf16(Bf16Problem& p) {
+  void* argv[] = {&p.f32->x_buf, &p.wt_buf, &p.f32->bias_buf, &p.out_buf};
+  return p.kernel(argv);
+}
+
+bool run_dnnl_bf16(Bf16Problem& p) {
+  try {
+    p.matmul.execute(p.stream, p.args);
+    p.stream.wait();
+    return true;
+  } catch (const dnnl::error&) {
+    return false;
+  }
+}
+
+void bm_kiln_bf16(benchmark::State& state, GemmShape s) {
+  Bf16Problem& p = bf16_problem_for(s);
+  if (!p.error.empty()) {
+    state.SkipWithError(p.error.c_str());
+    return;
+  }
+  measure(state, s, Library::kKilnBf16, "kiln bf16 kernel failed",
+          [&] { return run_kiln_bf16(p) == 0; });
+}
+
+void bm_dnnl_bf16(benchmark::State& state, GemmShape s) {
+  Bf16Problem& p = bf16_problem_for(s);
+  if (!p.error.empty()) {
+    state.SkipWithError(p.error.c_str());
+    return;
+  }
+  measure(state, s, Library::kOneDnnBf16, "oneDNN bf16 matmul failed",
+          [&] { return run_dnnl_bf16(p); });
+}
+#endif  // KILN_BENCH_BF16
+
 void bm_kiln(benchmark::State& state, GemmShape s) {
   Problem& p = problem_for(s);
   measure(state, s, Library::kKiln, "kiln kernel failed", [&] { return run_kiln(p) == 0; });
@@ -259,10 +436,10 @@ double median_of(std::vector<double> v) {
 
 constexpr double kPairedBlockSeconds = 0.02;
 
-void bm_paired(benchmark::State& state, GemmShape s) {
-  Problem& p = problem_for(s);
-  const auto kiln = [&] { return run_kiln(p) == 0; };
-  const auto dnnl = [&] { return run_dnnl(p) == dnnl_success; };
+// Alternating blocks of kiln's `kiln` and oneDNN's `dnnl` (see the header); `bf16`: which
+// pair of libraries they are, for the settling of the next benchmark.
+template <typename Kiln, typename Dnnl>
+void paired(benchmark::State& state, Kiln kiln, Dnnl dnnl, bool bf16) {
   const auto block = [&](auto call) {
     return seconds_per_call(call, kSettleSeconds) < 0 ? -1.0
                                                       : seconds_per_call(call, kPairedBlockSeconds);
@@ -278,16 +455,47 @@ void bm_paired(benchmark::State& state, GemmShape s) {
       td = block(dnnl);
       tk = block(kiln);
     }
-    last_library = kiln_first ? Library::kOneDnn : Library::kKiln;
+    last_library = kiln_first ? (bf16 ? Library::kOneDnnBf16 : Library::kOneDnn)
+                              : (bf16 ? Library::kKilnBf16 : Library::kKiln);
     kiln_first = !kiln_first;
     if (tk <= 0 || td <= 0) {
-      state.SkipWithError(tk <= 0 ? "kiln kernel failed" : "dnnl_sgemm failed");
+      state.SkipWithError(tk <= 0 ? "kiln kernel failed" : "oneDNN failed");
       return;
     }
     ratios.push_back(td / tk);
   }
   state.counters["kiln/oneDNN"] = median_of(ratios);
 }
+
+void bm_paired(benchmark::State& state, GemmShape s) {
+  Problem& p = problem_for(s);
+  paired(
+      state, [&] { return run_kiln(p) == 0; }, [&] { return run_dnnl(p) == dnnl_success; }, false);
+}
+
+#ifdef KILN_BENCH_BF16
+void bm_paired_bf16(benchmark::State& state, GemmShape s) {
+  Bf16Problem& p = bf16_problem_for(s);
+  if (!p.error.empty()) {
+    state.SkipWithError(p.error.c_str());
+    return;
+  }
+  paired(
+      state, [&] { return run_kiln_bf16(p) == 0; }, [&] { return run_dnnl_bf16(p); }, true);
+}
+
+// The largest |kiln bf16 − oneDNN bf16| over the outputs (both with bias and ReLU), after one
+// call of each, and the largest |oneDNN bf16| for scale.
+std::pair<double, double> max_difference_bf16(Bf16Problem& p) {
+  if (!p.error.empty() || run_kiln_bf16(p) != 0 || !run_dnnl_bf16(p)) return {NAN, NAN};
+  double worst = 0, scale = 0;
+  for (int64_t i = 0; i < p.shape.M * p.shape.N; ++i) {
+    worst = std::max(worst, std::fabs(static_cast<double>(p.out_kiln[i]) - p.out_dnnl[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(p.out_dnnl[i])));
+  }
+  return {worst, scale};
+}
+#endif
 
 // Prints as the console reporter does and keeps each run's counters by benchmark name.
 class CollectingReporter : public benchmark::ConsoleReporter {
@@ -352,6 +560,17 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(("paired/" + shape_name(s)).c_str(), bm_paired, s)
         ->UseRealTime()
         ->Unit(benchmark::kMicrosecond);
+#ifdef KILN_BENCH_BF16
+    benchmark::RegisterBenchmark(("kiln_bf16/" + shape_name(s)).c_str(), bm_kiln_bf16, s)
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("onednn_bf16/" + shape_name(s)).c_str(), bm_dnnl_bf16, s)
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("paired_bf16/" + shape_name(s)).c_str(), bm_paired_bf16, s)
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
+#endif
   }
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
@@ -373,6 +592,31 @@ int main(int argc, char** argv) {
                 shape_name(s).c_str(), kw, dw, 100.0 * kw / dw, kc, dc, 100.0 * kc / dc, 100.0 * pr,
                 max_difference(problem_for(s)));
   }
+#ifdef KILN_BENCH_BF16
+  bool header = false;
+  for (const GemmShape& s : shapes) {
+    const std::string kiln = "kiln_bf16/" + shape_name(s), dnnl = "onednn_bf16/" + shape_name(s);
+    const double kw = reporter.median(kiln, "GFLOP/s"), dw = reporter.median(dnnl, "GFLOP/s");
+    const double kc = reporter.median(kiln, "GFLOP/cpu-s");
+    const double dc = reporter.median(dnnl, "GFLOP/cpu-s");
+    const double pr = reporter.median("paired_bf16/" + shape_name(s), "kiln/oneDNN");
+    const double kf = reporter.median("kiln/" + shape_name(s), "GFLOP/s");
+    if (std::isnan(kw) && std::isnan(dw) && std::isnan(pr)) continue;  // filtered out
+    if (!header) {
+      std::printf("\nbf16: kiln's bf16 kernel vs oneDNN's bf16 matmul (x bf16, weights any)\n");
+      std::printf("%-22s %12s %12s %8s %12s %12s %8s %8s %10s %10s\n", "shape", "kiln bf16",
+                  "oneDNN bf16", "ratio", "kiln cpu-s", "oneDNN cpu-s", "ratio", "paired",
+                  "bf16/f32", "max |diff|");
+      header = true;
+    }
+    const auto [diff, scale] = max_difference_bf16(bf16_problem_for(s));
+    // kiln bf16 over kiln f32 (GFLOP/s medians), "-" where the f32 kernel was filtered out.
+    const std::string speedup = std::isnan(kf) ? "-" : fmt::format("{:.2f}x", kw / kf);
+    std::printf("%-22s %12.1f %12.1f %7.1f%% %12.1f %12.1f %7.1f%% %7.1f%% %10s %10.3g (of %.3g)\n",
+                shape_name(s).c_str(), kw, dw, 100.0 * kw / dw, kc, dc, 100.0 * kc / dc, 100.0 * pr,
+                speedup.c_str(), diff, scale);
+  }
+#endif
   benchmark::Shutdown();
   return 0;
 }

@@ -22,6 +22,13 @@
 // the bandwidth measured in this process (the highest so far; report.py recomputes it with
 // the highest of the whole run).
 //
+// bf16 (issue 13): where the host has AVX512-BF16 (bench/CMakeLists.txt), the same model
+// compiled with `WEIGHTS bf16` (bench_gen_bf16) runs the same workloads as bf16/W3_... and
+// bf16/W5_..., interleaved with the f32 ones, loaded at its first workload; its W3 floor
+// counts the linear weights in bf16 (2 bytes) and the rest (biases, LayerNorms, the embedding
+// row) in f32: 77.15 MB per step. bf16/check_generate_vs_pytorch reports its ids against
+// PyTorch's f32 ones (bf16 rounding may change a near-tie: informational).
+//
 // With KILN_BENCH_GEN_REFERENCE (bench/peers.py --generation-reference-out: source ids and
 // PyTorch's greedy and beam-4 ids), `check_generate_vs_pytorch` reports how many ids kiln
 // reproduces. With KILN_BENCH_PROFILE_OUT=FILE, after the benchmarks the process runs W3
@@ -38,9 +45,13 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_gen.h"
+#ifdef KILN_BENCH_BF16
+#include "bench_gen_bf16.h"
+#endif
 #include "peak.h"
 
 namespace kiln_bench {
@@ -60,6 +71,9 @@ constexpr double kStepWeightFloats = kLayers * (6 * (kD * kD + kD)  // self q, k
                                      + kD * kVocab + kVocab  // generator
                                      + kD;                   // one embedding row
 constexpr double kStepWeightBytes = 4 * kStepWeightFloats;   // 153.96 MB
+// The same with bf16 linear weights (2 bytes each; biases, norms, the embedding row f32).
+constexpr double kStepLinearWeights = kLayers * (6 * kD * kD + 2 * kD * kFF) + kD * kVocab;
+constexpr double kStepWeightBytesBf16 = kStepWeightBytes - 2 * kStepLinearWeights;  // 77.15 MB
 
 struct GenWorkload {
   const char* name;
@@ -84,14 +98,16 @@ kiln_search_options options_for(int64_t beam, int64_t new_tokens) {
   return o;
 }
 
+template <typename Model>
 struct Loaded {
-  std::unique_ptr<kiln_models::bench_gen> model;
+  std::unique_ptr<Model> model;
   std::string error;
 };
 
-Loaded& loaded() {
-  static Loaded l = [] {
-    Loaded r;
+template <typename Model>
+Loaded<Model>& loaded() {
+  static Loaded<Model> l = [] {
+    Loaded<Model> r;
     const char* path = std::getenv("KILN_BENCH_WEIGHTS");
     if (!path || !*path) {
       r.error =
@@ -100,7 +116,7 @@ Loaded& loaded() {
       return r;
     }
     try {
-      r.model = std::make_unique<kiln_models::bench_gen>(path);
+      r.model = std::make_unique<Model>(path);
       r.model->set_num_threads(bench_threads());
     } catch (const std::exception& e) {
       r.error = std::string("cannot create the compiled model: ") + e.what();
@@ -133,8 +149,9 @@ std::vector<int64_t> random_ids(uint64_t seed, int64_t count) {
 // The highest bandwidth the `bandwidth` benchmark measured so far in this process (GB/s).
 double g_best_bandwidth = 0;
 
-void BM_generate(benchmark::State& state, const GenWorkload& w) {
-  Loaded& l = loaded();
+template <typename Model>
+void BM_generate(benchmark::State& state, const GenWorkload& w, bool bf16) {
+  Loaded<Model>& l = loaded<Model>();
   if (!l.model) {
     state.SkipWithError(l.error.c_str());
     return;
@@ -143,8 +160,8 @@ void BM_generate(benchmark::State& state, const GenWorkload& w) {
   const std::vector<int64_t> ids = random_ids(w.seed, w.batch * w.src_len);
   const kiln_tensor src = ids_tensor(ids, w.batch, w.src_len);
   const kiln_search_options o = options_for(w.beam, w.new_tokens);
-  static std::set<const GenWorkload*> warmed;
-  if (warmed.insert(&w).second) {
+  static std::set<std::pair<const GenWorkload*, bool>> warmed;
+  if (warmed.insert({&w, bf16}).second) {
     kiln_generation g{};
     if (kiln_generate(m, &src, &o, &g) != 0) {
       state.SkipWithError(kiln_model_error(m));
@@ -173,19 +190,21 @@ void BM_generate(benchmark::State& state, const GenWorkload& w) {
   state.counters["steps"] = static_cast<double>(w.new_tokens);
   state.counters["threads"] = bench_threads();
   if (w.beam == 1 && w.batch == 1) {
-    state.counters["step_weight_MB"] = kStepWeightBytes / 1e6;
+    const double bytes = bf16 ? kStepWeightBytesBf16 : kStepWeightBytes;
+    state.counters["step_weight_MB"] = bytes / 1e6;
     if (g_best_bandwidth > 0)
       state.counters["floor_ms"] =
-          kStepWeightBytes * static_cast<double>(w.new_tokens) / (g_best_bandwidth * 1e9) * 1e3;
+          bytes * static_cast<double>(w.new_tokens) / (g_best_bandwidth * 1e9) * 1e3;
   }
 }
 
 // kiln against PyTorch on the same source ids: how many of PyTorch's greedy (W3 shape) and
 // beam-4 (2 sentences, 32 tokens) ids kiln reproduces (the model is ill-conditioned: a
 // float32 difference in a near-tie may change a token and everything after it).
+template <typename Model>
 void BM_check(benchmark::State& state) {
   const char* ref = std::getenv("KILN_BENCH_GEN_REFERENCE");
-  Loaded& l = loaded();
+  Loaded<Model>& l = loaded<Model>();
   if (!ref || !*ref) {
     state.SkipWithError(
         "KILN_BENCH_GEN_REFERENCE is not set (bench/peers.py --generation-reference-out writes "
@@ -256,7 +275,7 @@ class BandwidthWatcher : public benchmark::BenchmarkReporter {
 };
 
 void write_profile(const char* path) {
-  Loaded& l = loaded();
+  Loaded<kiln_models::bench_gen>& l = loaded<kiln_models::bench_gen>();
   if (!l.model) return;
   std::string text;
   for (const GenWorkload& w : kWorkloads) {
@@ -292,13 +311,26 @@ void write_profile(const char* path) {
 }
 
 const bool registered = [] {
+  using F32 = kiln_models::bench_gen;
   for (const GenWorkload& w : kWorkloads)
-    benchmark::RegisterBenchmark(w.name, [&w](benchmark::State& s) { BM_generate(s, w); })
+    benchmark::RegisterBenchmark(w.name,
+                                 [&w](benchmark::State& s) { BM_generate<F32>(s, w, false); })
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("check_generate_vs_pytorch", BM_check)
+  benchmark::RegisterBenchmark("check_generate_vs_pytorch", BM_check<F32>)
       ->Iterations(1)
       ->Unit(benchmark::kMillisecond);
+#ifdef KILN_BENCH_BF16
+  using Bf16 = kiln_models::bench_gen_bf16;
+  for (const GenWorkload& w : kWorkloads)
+    benchmark::RegisterBenchmark((std::string("bf16/") + w.name).c_str(),
+                                 [&w](benchmark::State& s) { BM_generate<Bf16>(s, w, true); })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("bf16/check_generate_vs_pytorch", BM_check<Bf16>)
+      ->Iterations(1)
+      ->Unit(benchmark::kMillisecond);
+#endif
   return true;
 }();
 

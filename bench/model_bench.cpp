@@ -21,6 +21,19 @@
 // the safetensors, lay out the weights, allocate the arena), the resident set size right
 // after it, and the process's peak resident set size (getrusage; over every workload run).
 //
+// bf16 (issue 13): where the host has AVX512-BF16 (bench/CMakeLists.txt, KILN_BENCH_BF16), the
+// same model compiled with `WEIGHTS bf16` (bench_base_bf16: linear weights converted from
+// the same f32 checkpoint and packed as bf16 at load) runs the same workloads, registered
+// as bf16/W1_forward_b1_s32_t32 etc. and interleaved with the f32 ones; the bf16 model is
+// loaded at its first workload, so a run filtered to the f32 workloads never loads it
+// (bench/run.sh's memory runs: one process per model).
+//
+// W1's floor (issue 13): W1 reads every weight once per call (but for the two embedding
+// tables, of which it reads one row per token), so its time is bounded below by those
+// bytes over the memory bandwidth. `bandwidth` (bench/bandwidth.cpp) runs in this process,
+// interleaved with the workloads; W1's rows carry the bytes (floor_weight_MB: f32, or
+// bf16 linear weights with f32 biases, norms and embedding rows) and report.py divides.
+//
 // Timing: one call per iteration through the C ABI (kiln_model_run) into output buffers
 // allocated before the timed loop: the model's time, not the C++ wrapper's allocation
 // and zero-fill of a fresh result (forward() allocates 16·128·32000 floats = 262 MB for
@@ -40,9 +53,13 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_base.h"
+#ifdef KILN_BENCH_BF16
+#include "bench_base_bf16.h"
+#endif
 #include "peak.h"
 
 namespace kiln_bench {
@@ -86,6 +103,22 @@ double decoder_flops(double B, double S, double T) {
 
 double generator_flops(double B, double T) { return 2 * B * T * kDModel * kTgtVocab; }
 
+// The bytes of weights a forward call reads at least once: every linear's weight (`linear`
+// bytes per element: 4 in f32, 2 in bf16) and bias, every LayerNorm, the generator, and one
+// row of an embedding table per token (B·S source, B·T target); f32 except the linear
+// weights. Per encoder layer: q, k, v, o and the FFN, two LayerNorms; per decoder layer:
+// self q, k, v, o, cross q, k, v, o, the FFN, three LayerNorms; the two final LayerNorms.
+// W1, f32: 242.36 MB; bf16: 121.51 MB.
+double forward_weight_bytes(double B, double S, double T, double linear) {
+  const double d = kDModel, ff = kDff;
+  const double enc_w = 4 * d * d + d * ff + ff * d, enc_f32 = 4 * d + ff + d + 2 * 2 * d;
+  const double dec_w = 8 * d * d + d * ff + ff * d, dec_f32 = 8 * d + ff + d + 3 * 2 * d;
+  const double weights = kEncLayers * enc_w + kDecLayers * dec_w + kTgtVocab * d;
+  const double f32s =
+      kEncLayers * enc_f32 + kDecLayers * dec_f32 + 2 * 2 * d + kTgtVocab + (B * S + B * T) * d;
+  return linear * weights + 4 * f32s;
+}
+
 struct Workload {
   const char* name;
   const char* function;  // "forward" or "encode"
@@ -113,9 +146,11 @@ std::vector<int64_t> random_ids(std::mt19937_64& rng, int64_t count, int64_t voc
   return ids;
 }
 
-// The model, loaded once (375 MB of weights) on first use, outside any timing.
+// A model, loaded once (375 MB of weights; 244 MB in bf16, converted from the f32
+// checkpoint) on first use, outside any timing.
+template <typename Model>
 struct Loaded {
-  std::unique_ptr<kiln_models::bench_base> model;
+  std::unique_ptr<Model> model;
   std::string error;
   double load_ms = 0;
   double rss_after_load_mib = 0;
@@ -136,9 +171,17 @@ double rss_mib() {
 // Writes the setup and memory figures to KILN_BENCH_MEMORY_OUT at exit (see the header).
 void write_memory_report();
 
-Loaded& loaded() {
-  static Loaded l = [] {
-    Loaded r;
+// The load figures of the models this process loaded, for write_memory_report: f32, bf16.
+struct LoadFigures {
+  bool loaded = false;
+  double load_ms = 0, rss_after_load_mib = 0;
+};
+LoadFigures g_load[2];
+
+template <typename Model>
+Loaded<Model>& loaded(int which) {  // which: 0 f32, 1 bf16 (g_load's index)
+  static Loaded<Model> l = [which] {
+    Loaded<Model> r;
     const char* path = std::getenv("KILN_BENCH_WEIGHTS");
     if (!path || !*path) {
       r.error =
@@ -148,13 +191,15 @@ Loaded& loaded() {
     }
     try {
       const auto start = std::chrono::steady_clock::now();
-      r.model = std::make_unique<kiln_models::bench_base>(path);
+      r.model = std::make_unique<Model>(path);
       r.load_ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
               .count();
       r.rss_after_load_mib = rss_mib();
       r.model->set_num_threads(bench_threads());
-      std::atexit(write_memory_report);
+      g_load[which] = {true, r.load_ms, r.rss_after_load_mib};
+      static const bool registered = std::atexit(write_memory_report) == 0;
+      (void)registered;
     } catch (const std::exception& e) {
       r.error = std::string("cannot create the compiled model: ") + e.what();
     }
@@ -163,15 +208,24 @@ Loaded& loaded() {
   return l;
 }
 
+Loaded<kiln_models::bench_base>& loaded_f32() { return loaded<kiln_models::bench_base>(0); }
+
+// Model figures in the JSON: load_ms and rss_after_load_mib of the f32 model, bf16_load_ms and
+// bf16_rss_after_load_mib of the bf16 one (those that were loaded), and the process's peak.
 void write_memory_report() {
   const char* out = std::getenv("KILN_BENCH_MEMORY_OUT");
   if (!out || !*out) return;
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   if (std::FILE* f = std::fopen(out, "w")) {
-    const Loaded& l = loaded();
-    std::fprintf(f, "{\"load_ms\": %.1f, \"rss_after_load_mib\": %.1f, \"peak_rss_mib\": %.1f}\n",
-                 l.load_ms, l.rss_after_load_mib, static_cast<double>(usage.ru_maxrss) / 1024.0);
+    std::fprintf(f, "{");
+    for (int i = 0; i < 2; ++i) {
+      if (!g_load[i].loaded) continue;
+      const char* prefix = i ? "bf16_" : "";
+      std::fprintf(f, "\"%sload_ms\": %.1f, \"%srss_after_load_mib\": %.1f, ", prefix,
+                   g_load[i].load_ms, prefix, g_load[i].rss_after_load_mib);
+    }
+    std::fprintf(f, "\"peak_rss_mib\": %.1f}\n", static_cast<double>(usage.ru_maxrss) / 1024.0);
     std::fclose(f);
   }
 }
@@ -224,8 +278,10 @@ struct Call {
   }
 };
 
-void BM_workload(benchmark::State& state, const Workload& w) {
-  Loaded& l = loaded();
+template <typename Model>
+void BM_workload(benchmark::State& state, const Workload& w, Loaded<Model>& (*get_loaded)(),
+                 bool bf16) {
+  Loaded<Model>& l = get_loaded();
   if (!l.model) {
     state.SkipWithError(l.error.c_str());
     return;
@@ -244,8 +300,8 @@ void BM_workload(benchmark::State& state, const Workload& w) {
   }
   // Warm-up (untimed), once per workload (not per repetition): first touch of the arena,
   // thread pool start; the outputs must be finite.
-  static std::set<const Workload*> warmed;
-  if (warmed.insert(&w).second) {
+  static std::set<std::pair<const Workload*, bool>> warmed;
+  if (warmed.insert({&w, bf16}).second) {
     if (call.run(m, w.function) != 0) {
       state.SkipWithError(kiln_model_error(m));
       return;
@@ -266,14 +322,20 @@ void BM_workload(benchmark::State& state, const Workload& w) {
       benchmark::Counter(w.flops() / 1e9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["GFLOP"] = w.flops() / 1e9;
   state.counters["threads"] = bench_threads();
+  if (w.batch == 1 && std::string(w.function) == "forward")  // W1: its bandwidth floor
+    state.counters["floor_weight_MB"] =
+        forward_weight_bytes(static_cast<double>(w.batch), static_cast<double>(w.src_len),
+                             static_cast<double>(w.tgt_len), bf16 ? 2 : 4) /
+        1e6;
 }
 
 // kiln against PyTorch on the same ids (W1 shape): max |kiln - PyTorch f32| and max |kiln -
 // PyTorch f64| over the logits, and the largest |logit| for scale (peers.py writes the
 // file and, in its metadata, PyTorch f32's own distance from f64). Not a timing.
-void BM_check(benchmark::State& state) {
+template <typename Model>
+void BM_check(benchmark::State& state, Loaded<Model>& (*get_loaded)()) {
   const char* ref = std::getenv("KILN_BENCH_REFERENCE");
-  Loaded& l = loaded();
+  Loaded<Model>& l = get_loaded();
   if (!ref || !*ref) {
     state.SkipWithError(
         "KILN_BENCH_REFERENCE is not set (bench/peers.py --reference-out writes it)");
@@ -309,14 +371,35 @@ void BM_check(benchmark::State& state) {
   state.counters["max_abs_logit"] = scale;
 }
 
+#ifdef KILN_BENCH_BF16
+Loaded<kiln_models::bench_base_bf16>& loaded_bf16() {
+  return loaded<kiln_models::bench_base_bf16>(1);
+}
+#endif
+
 const bool registered = [] {
   for (const Workload& w : kWorkloads)
-    benchmark::RegisterBenchmark(w.name, [&w](benchmark::State& s) { BM_workload(s, w); })
+    benchmark::RegisterBenchmark(
+        w.name, [&w](benchmark::State& s) { BM_workload(s, w, loaded_f32, false); })
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("check_vs_pytorch", BM_check)
+  benchmark::RegisterBenchmark("check_vs_pytorch",
+                               [](benchmark::State& s) { BM_check(s, loaded_f32); })
       ->Iterations(1)
       ->Unit(benchmark::kMillisecond);
+#ifdef KILN_BENCH_BF16
+  // The bf16 library: the same workloads (and ids), "bf16/" before the name.
+  for (const Workload& w : kWorkloads)
+    benchmark::RegisterBenchmark(
+        (std::string("bf16/") + w.name).c_str(),
+        [&w](benchmark::State& s) { BM_workload(s, w, loaded_bf16, true); })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("bf16/check_vs_pytorch",
+                               [](benchmark::State& s) { BM_check(s, loaded_bf16); })
+      ->Iterations(1)
+      ->Unit(benchmark::kMillisecond);
+#endif
   return true;
 }();
 

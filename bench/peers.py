@@ -42,6 +42,13 @@ What it does:
      IncrementalDecoder, a hand-written incremental decoder over the reference model's
      weights (KV cache written in place, cross-attention keys/values once per sentence,
      batch and beams as tensor ops; see its docstring); slow settings skip W5.
+     bf16 (issue 13): the same workloads under torch.autocast("cpu", dtype=torch.bfloat16)
+     (matmuls and linears in bf16 through torch's oneDNN, softmax and LayerNorm in f32; one
+     autocast context around a workload's warm-up and timed runs, so the weights' bf16 copies
+     are cached across calls), as settings of their own ("bf16 autocast, ..."), with the
+     OpenBLAS of --openblas-dir for what stays f32 (SkylakeX; OMP_WAIT_POLICY unset and
+     =PASSIVE); their best is "best_bf16"/"best_generation_bf16", never mixed into the f32
+     "best". Its probe is a bf16 matmul: below --slow-gflops, W1 only (and W3).
 
 Ids are drawn from torch's seeded generator, uniform in [1, vocab) (no padding): the
 shapes match the other engines', the ids themselves do not (the cost does not depend on
@@ -237,8 +244,9 @@ def load_generation():
 
 def _linear(x, w, b):
     """F.linear, but for one row torch.addmv: with OpenBLAS, F.linear on [1, K] (sgemm with
-    M = 1) takes about twice as long as sgemv here (generator 512x32000: 30 vs 15 ms)."""
-    if x.dim() == 2 and x.shape[0] == 1:
+    M = 1) takes about twice as long as sgemv here (generator 512x32000: 30 vs 15 ms). Under
+    bf16 autocast F.linear, which autocast runs in bf16 (addmv it leaves in f32)."""
+    if x.dim() == 2 and x.shape[0] == 1 and not torch.is_autocast_cpu_enabled():
         return torch.addmv(b, w, x[0]).unsqueeze(0)
     return F.linear(x, w, b)
 
@@ -597,7 +605,7 @@ def time_generation(model, args, slow):
         else:
             fn = lambda: dec.beam(src, ids["start_id"], ids["end_id"], w["beam"], n, n)  # noqa: E731
         times = []
-        with torch.inference_mode():
+        with torch.inference_mode(), autocast(args.bf16):
             t0 = time.perf_counter()
             for _ in range(args.warmup):
                 toks, _cum = fn()
@@ -640,15 +648,22 @@ def loaded_blas():
     return sorted(libs)
 
 
-def blas_probe(threads):
-    """GFLOP/s of one 2048x512 @ 512x2048 matmul: tells a usable BLAS from netlib's."""
+def blas_probe(threads, bf16=False):
+    """GFLOP/s of one 2048x512 @ 512x2048 matmul: tells a usable BLAS from netlib's (with
+    bf16: under bf16 autocast)."""
     a = torch.randn(2048, 512)
     b = torch.randn(512, 2048)
-    a @ b
-    t0 = time.perf_counter()
-    a @ b
-    dt = time.perf_counter() - t0
+    with autocast(bf16):
+        a @ b
+        t0 = time.perf_counter()
+        a @ b
+        dt = time.perf_counter() - t0
     return 2.0 * 2048 * 512 * 2048 / dt / 1e9
+
+
+def autocast(bf16):
+    """bf16 autocast on the CPU, or nothing."""
+    return torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else torch.autocast("cpu", enabled=False)
 
 
 def rss_mib():
@@ -667,11 +682,11 @@ def worker(args):
     load_ms = (time.perf_counter() - t0) * 1e3
     rss_after_load = rss_mib()
     blas = loaded_blas()
-    probe = blas_probe(args.threads)
+    probe = blas_probe(args.threads, args.bf16)
     out = {"blas": blas, "is_openblas": any("openblas" in b for b in blas),
            "probe_gflops": round(probe, 1), "torch_num_threads": torch.get_num_threads(),
            "load_ms": round(load_ms, 1), "rss_after_load_mib": round(rss_after_load, 1),
-           "workloads": {}}
+           "bf16_autocast": args.bf16, "workloads": {}}
     slow = probe < args.slow_gflops
     for w in [] if args.generation_only else load_workloads():
         key = w["key"]
@@ -685,7 +700,7 @@ def worker(args):
             if w["function"] == "forward" else None
         runs = args.runs if not slow else min(args.runs, 3)
         times = []
-        with torch.inference_mode():
+        with torch.inference_mode(), autocast(args.bf16):
             fn = (lambda: model(src, tgt)) if w["function"] == "forward" else (lambda: model.encode(src))
             for _ in range(args.warmup):
                 y = fn()
@@ -712,7 +727,7 @@ def worker(args):
     json.dump(out, sys.stdout)
 
 
-def run_setting(args, name, env_changes):
+def run_setting(args, name, env_changes, bf16=False):
     env = dict(os.environ)
     env.pop("OPENBLAS_CORETYPE", None)
     env.pop("OMP_WAIT_POLICY", None)
@@ -726,6 +741,8 @@ def run_setting(args, name, env_changes):
         cmd.append("--no-generation")
     if args.generation_only:
         cmd.append("--generation-only")
+    if bf16:
+        cmd.append("--bf16")
     print("peers.py: PyTorch with %s" % name, file=sys.stderr)
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
     if p.returncode != 0:
@@ -733,6 +750,7 @@ def run_setting(args, name, env_changes):
     res = json.loads(p.stdout)
     res["name"] = name
     res["env"] = env_changes
+    res["bf16_autocast"] = bf16
     return res
 
 
@@ -743,12 +761,12 @@ def bench(args, onnx_result):
     if args.only_settings_from:
         with open(args.only_settings_from) as f:
             doc = json.load(f)
-            only = {b["setting"] for b in list(doc.get("best", {}).values()) +
-                    list(doc.get("best_generation", {}).values())}
+            only = {b["setting"] for key in ("best", "best_generation", "best_bf16", "best_generation_bf16")
+                    for b in doc.get(key, {}).values()}
 
-    def run(name, env):
+    def run(name, env, bf16=False):
         if only is None or name in only:
-            settings.append(run_setting(args, name, env))
+            settings.append(run_setting(args, name, env, bf16))
 
     settings = []
     run("system libblas.so.3", {})
@@ -769,25 +787,35 @@ def bench(args, onnx_result):
                     env["OMP_WAIT_POLICY"] = wait
                 run("OpenBLAS, OPENBLAS_CORETYPE=%s, OMP_WAIT_POLICY=%s" % (coretype or "unset", wait or "unset"),
                     env)
-    best = {}
-    for w in load_workloads():
-        key = w["key"]
-        cands = [(s["workloads"][key]["median_ms"], s["name"]) for s in settings
-                 if "workloads" in s and "median_ms" in s["workloads"].get(key, {})]
-        if cands:
-            ms, name = min(cands)
-            best[key] = {"median_ms": ms, "setting": name}
+    # bf16 autocast (issue 13): matmuls in bf16 through torch's oneDNN; the f32 rest (and
+    # W3's addmv, which autocast leaves in f32) on OpenBLAS where there is one.
+    bf16_env = {}
+    if args.openblas_dir:
+        bf16_env = {"LD_LIBRARY_PATH": ld, "OPENBLAS_CORETYPE": "SkylakeX"}
+    for wait in () if args.no_bf16 else (None, "PASSIVE"):
+        env = dict(bf16_env)
+        if wait:
+            env["OMP_WAIT_POLICY"] = wait
+        run("bf16 autocast, %s, OMP_WAIT_POLICY=%s" % (
+            "OpenBLAS SkylakeX" if args.openblas_dir else "system libblas.so.3", wait or "unset"), env, bf16=True)
+
+    def best_of(section, keys, bf16):
+        best = {}
+        for key in keys:
+            cands = [(s[section][key]["median_ms"], s["name"]) for s in settings
+                     if bool(s.get("bf16_autocast")) == bf16 and "median_ms" in s.get(section, {}).get(key, {})]
+            if cands:
+                ms, name = min(cands)
+                best[key] = {"median_ms": ms, "setting": name}
+        return best
+    keys = [w["key"] for w in load_workloads()]
     gen, _ids = load_generation()
-    best_gen = {}
-    for w in gen:
-        key = w["key"]
-        cands = [(s["generation"][key]["median_ms"], s["name"]) for s in settings
-                 if "median_ms" in s.get("generation", {}).get(key, {})]
-        if cands:
-            ms, name = min(cands)
-            best_gen[key] = {"median_ms": ms, "setting": name}
+    gen_keys = [w["key"] for w in gen]
+    best, best_gen = best_of("workloads", keys, False), best_of("generation", gen_keys, False)
+    best_bf16, best_gen_bf16 = best_of("workloads", keys, True), best_of("generation", gen_keys, True)
     return {"engine": "pytorch", "torch_version": torch.__version__, "threads": args.threads,
             "runs": args.runs, "warmup": args.warmup, "settings": settings, "best": best, "best_generation": best_gen,
+            "best_bf16": best_bf16, "best_generation_bf16": best_gen_bf16,
             "onnx_export": onnx_result,
             "ids": "torch.Generator seeded, uniform in [1, vocab): same shapes as kiln's, not the same ids"}
 
@@ -816,6 +844,8 @@ def main():
     ap.add_argument("--no-generation", action="store_true", help="time the forward workloads only")
     ap.add_argument("--generation-only", action="store_true", help="time the generation workloads only")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--bf16", action="store_true", help=argparse.SUPPRESS)  # worker: bf16 autocast
+    ap.add_argument("--no-bf16", action="store_true", help="skip the bf16 autocast settings")
     args = ap.parse_args()
     args.weights = args.weights or args.weights_out
     if args.worker:

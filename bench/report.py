@@ -7,7 +7,10 @@ Prints Markdown: per workload kiln / PyTorch / ONNX Runtime ms, ratios (peer ms 
 ms: above 1 = kiln is faster; each engine's best round), kiln's GFLOP/s and its share of
 the highest FMA peak measured in the run, the issue's acceptance checks (met or MISSED),
 every round's figures with the peak measured next to each engine, correctness against
-PyTorch, every PyTorch BLAS setting, and kiln's GEMM kernel against oneDNN.
+PyTorch, every PyTorch BLAS setting, and kiln's GEMM kernel against oneDNN. bf16 (issue 13):
+kiln's bf16 build beside its f32 one on W1, W2, W4 (and W3, W5), PyTorch under bf16
+autocast, W1 against its memory-bandwidth floor in f32 and bf16, kiln's bf16 linear kernel
+against oneDNN's bf16 matmul, and those acceptance checks.
 """
 
 import json
@@ -136,7 +139,7 @@ def round_times(rd, w, notes):
     # Fastest single run: kiln's best repetition, PyTorch's best run in any setting, ORT's.
     k_min = gbench_min_ms(rd.get("kiln_doc"), w["kiln_name"]) if k_ms else None
     p_min = best_of(s["workloads"][key].get("min_ms") for s in rd["pt"].get("settings", [])
-                    if key in s.get("workloads", {}))
+                    if key in s.get("workloads", {}) and not s.get("bf16_autocast"))
     return (k_ms, gflop, pb["median_ms"] if pb else None, pb["setting"] if pb else None, ow.get("median_ms"),
             k_min, p_min, ow.get("min_ms"))
 
@@ -153,7 +156,7 @@ def setup_and_memory(p, rd, compiled):
     ort = rd["ort"]
     # PyTorch: the process of the setting that was fastest on W2 (else the first that ran).
     best_w2 = (pt.get("best") or {}).get("W2", {}).get("setting")
-    settings = [x for x in pt.get("settings", []) if not x.get("error")]
+    settings = [x for x in pt.get("settings", []) if not x.get("error") and not x.get("bf16_autocast")]
     ps = next((x for x in settings if x.get("name") == best_w2), settings[0] if settings else {})
     sessions = ort.get("sessions") or {}
     ort_load = sum(x.get("create_ms", 0) for x in sessions.values()) if sessions else None
@@ -173,6 +176,11 @@ def setup_and_memory(p, rd, compiled):
            if compiled.get("seconds") is not None else "`kiln compile` (not timed in this run)")
     p("| kiln | %s | %s | %s | %s | %s |" % (aot, fmt(km.get("load_ms"), 0), fmt(km.get("rss_after_load_mib"), 0),
                                             fmt(k_peak, 0), vs_kiln(k_peak)))
+    kb = load(os.path.join(rd["dir"], "kiln-memory-bf16.json")) or {}
+    if kb.get("bf16_load_ms") is not None:
+        p("| kiln, bf16 weights (converted from the f32 checkpoint at load) | `kiln compile --weights bf16` "
+          "(not timed) | %s | %s | %s | %s |" % (fmt(kb.get("bf16_load_ms"), 0), fmt(kb.get("bf16_rss_after_load_mib"), 0),
+                                                fmt(kb.get("peak_rss_mib"), 0), vs_kiln(kb.get("peak_rss_mib"))))
     if ps:
         p("| PyTorch (%s) | none (eager) | %s | %s | %s | %s |" % (
             ps.get("name", "?"), fmt(ps.get("load_ms"), 0), fmt(ps.get("rss_after_load_mib"), 0),
@@ -198,6 +206,23 @@ D_MODEL, D_FF, VOCAB, DEC_LAYERS = 512, 2048, 32000, 6
 STEP_WEIGHT_BYTES = 4 * (DEC_LAYERS * (6 * (D_MODEL * D_MODEL + D_MODEL) + (D_MODEL * D_FF + D_FF)
                                        + (D_FF * D_MODEL + D_MODEL) + 3 * 2 * D_MODEL)
                          + 2 * D_MODEL + D_MODEL * VOCAB + VOCAB + D_MODEL)
+
+
+# The same with bf16 linear weights (2 bytes; biases, norms, the embedding row stay f32).
+STEP_LINEAR_WEIGHTS = DEC_LAYERS * (6 * D_MODEL * D_MODEL + 2 * D_MODEL * D_FF) + D_MODEL * VOCAB
+STEP_WEIGHT_BYTES_BF16 = STEP_WEIGHT_BYTES - 2 * STEP_LINEAR_WEIGHTS
+ENC_LAYERS = 6
+
+
+def forward_weight_bytes(batch, src_len, tgt_len, linear_bytes):
+    """The bytes of weights a forward call reads at least once (model_bench.cpp has the same
+    formula): every linear's weight (`linear_bytes` per element) and bias, every LayerNorm,
+    the generator, one embedding row per token; f32 but the linear weights."""
+    d, ff = D_MODEL, D_FF
+    weights = ENC_LAYERS * (4 * d * d + 2 * d * ff) + DEC_LAYERS * (8 * d * d + 2 * d * ff) + VOCAB * d
+    f32s = ENC_LAYERS * (4 * d + ff + d + 4 * d) + DEC_LAYERS * (8 * d + ff + d + 6 * d) + 4 * d + VOCAB \
+        + (batch * src_len + batch * tgt_len) * d
+    return linear_bytes * weights + 4 * f32s
 
 
 def bandwidth_of(entries):
@@ -249,6 +274,184 @@ def parse_profile(path, top=8):
     return out
 
 
+def run_bandwidth(rounds):
+    """The highest memory read bandwidth measured anywhere in the run (GB/s): model_bench's and
+    generate_bench's `bandwidth` repetitions and peak_bench's probes before the peers."""
+    bws = []
+    for rd in rounds:
+        for name in ("kiln.json", "kiln-gen.json", "peak-pytorch.json", "peak-ort.json", "peak-kiln.json"):
+            doc = load(os.path.join(rd["dir"], name))
+            bws += [b["GB/s"] for b in gbench_repetitions(doc, "bandwidth") if b.get("GB/s")]
+            e = bandwidth_of(gbench_entries(doc))
+            if e:
+                bws.append(e)
+    return max(bws) if bws else None
+
+
+def bf16_section(p, rounds, workloads, per_round, rows, res):
+    """kiln's bf16 build beside the f32 one (model_bench bf16/...), PyTorch under bf16 autocast,
+    W1 against its bandwidth floor, and issue 13's acceptance checks 2 and 3."""
+    kb = {}  # key -> [(median ms, fastest repetition ms, floor_weight_MB) per round]
+    for w in workloads:
+        name = "bf16/" + w["kiln_name"]
+        kb[w["key"]] = []
+        for rd in rounds:
+            e = find(rd["kiln"], name)
+            ok = e is not None and not e.get("error_occurred")
+            kb[w["key"]].append((to_ms(e) if ok else None, gbench_min_ms(rd.get("kiln_doc"), name) if ok else None,
+                                 e.get("floor_weight_MB") if ok else None))
+    pb = {w["key"]: [((rd["pt"].get("best_bf16") or {}).get(w["key"]) or {}) for rd in rounds] for w in workloads}
+    have = any(t[0] for v in kb.values() for t in v) or any(x for v in pb.values() for x in v)
+    errors = sorted({"%s: %s" % (os.path.basename(rd["dir"]), e.get("error_message"))
+                     for rd in rounds for rn, e in rd["kiln"].items()
+                     if rn.startswith("bf16/") and e.get("error_occurred")})
+    p("### bf16 weights (issue 13): kiln's bf16 build beside its f32 one")
+    p("")
+    if not have:
+        p("No bf16 numbers in this run (model_bench built without bf16 rows: no AVX512-BF16 on the build "
+          "host, or KILN_BENCH_BF16=0)%s." % ("; " + "; ".join(errors) if errors else ""))
+        p("")
+    else:
+        p("| workload | kiln f32 ms | kiln bf16 ms | kiln f32 / bf16 | PyTorch bf16 autocast ms | PyTorch bf16 / kiln bf16 "
+          "| kiln bf16 GFLOP/s | kiln f32 min / bf16 min |")
+        p("|---|---:|---:|---:|---:|---:|---:|---:|")
+        ratios = {}
+        for w in workloads:
+            key = w["key"]
+            f = rows[key]["k_ms"]
+            b = best_of(t[0] for t in kb[key])
+            fmin = best_of(t[5] for t in per_round[key])
+            bmin = best_of(t[1] for t in kb[key])
+            pt = best_of(x.get("median_ms") for x in pb[key])
+            gflop = next((t[1] for t in per_round[key] if t[1]), None)
+            ratios[key] = f / b if f and b else None
+            p("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                key, fmt(f), fmt(b), fmt(ratios[key], 2) + "×" if ratios[key] else "—", fmt(pt),
+                fmt(pt / b, 2) + "×" if pt and b else "—", fmt(gflop / (b / 1e3) if gflop and b else None),
+                fmt(fmin / bmin, 2) + "×" if fmin and bmin else "—"))
+        p("")
+        p("kiln f32 / bf16: kiln's f32 median over its bf16 median, each the best round (both models run in "
+          "one model_bench process, their repetitions interleaved). PyTorch bf16: torch.autocast('cpu', "
+          "bfloat16), its best setting per workload (%s)." % (", ".join(sorted({
+              x["setting"] for v in pb.values() for x in v if x.get("setting")})) or "not run"))
+        p("")
+        p("| round | " + " | ".join("%s kiln f32 / bf16 (ratio)" % w["key"] for w in workloads) + " | PyTorch bf16 "
+          + " / ".join(w["key"] for w in workloads) + " |")
+        p("|---|" + "---|" * (len(workloads) + 1))
+        for i, rd in enumerate(rounds):
+            cells = []
+            for w in workloads:
+                f, b = per_round[w["key"]][i][0], kb[w["key"]][i][0]
+                cells.append("%s / %s (%s)" % (fmt(f), fmt(b), fmt(f / b, 2) + "×" if f and b else "—"))
+            p("| %s | %s | %s |" % (os.path.basename(rd["dir"]), " | ".join(cells), " / ".join(
+                fmt(pb[w["key"]][i].get("median_ms")) for w in workloads)))
+        p("")
+        for e in errors:
+            p("- kiln bf16 skipped: %s" % e)
+        if errors:
+            p("")
+
+    # W1's floor (acceptance point 3).
+    bw = run_bandwidth(rounds)
+    w1 = next((w for w in workloads if w["key"] == "W1"), None)
+    floor = {}
+    if w1:
+        p("### W1 against its memory-bandwidth floor (issue 13)")
+        p("")
+        p("| weights | bytes read per call MB | floor ms | kiln W1 ms | kiln / floor | fastest repetition ms | "
+          "fastest / floor | kiln / floor at kiln's own bandwidth, per round |")
+        p("|---|---:|---:|---:|---:|---:|---:|---|")
+        for tag, lb, k_ms, k_min, own_ms in (
+                ("f32", 4, rows["W1"]["k_ms"], best_of(t[5] for t in per_round["W1"]),
+                 [t[0] for t in per_round["W1"]]),
+                ("bf16", 2, best_of(t[0] for t in kb["W1"]), best_of(t[1] for t in kb["W1"]),
+                 [t[0] for t in kb["W1"]])):
+            mb = forward_weight_bytes(w1["batch"], w1["src_len"], w1["tgt_len"], lb) / 1e6
+            fl = mb * 1e6 / (bw * 1e9) * 1e3 if bw else None
+            floor[tag] = k_ms / fl if k_ms and fl else None
+            own = []
+            for i, rd in enumerate(rounds):
+                b = bandwidth_of(rd["kiln"])
+                own.append("%s %s" % (os.path.basename(rd["dir"]), fmt(own_ms[i] / (mb * 1e6 / (b * 1e9) * 1e3), 2)
+                                      + "×" if own_ms[i] and b else "—"))
+            p("| %s | %.2f | %s | %s | %s | %s | %s | %s |" % (
+                tag, mb, fmt(fl), fmt(k_ms), fmt(floor[tag], 2) + "×" if floor[tag] else "—", fmt(k_min),
+                fmt(k_min / fl, 2) + "×" if k_min and fl else "—", ", ".join(own)))
+        p("")
+        p("W1 (forward, batch 1, 32 + 32 tokens) reads every weight once per call: every linear's weight "
+          "and bias (linear weights 4 bytes in f32, 2 in bf16), the LayerNorms, the generator 512×32000, "
+          "and one embedding row per token (not the whole tables). Floor = those bytes over the highest "
+          "memory read bandwidth measured in the run, %s GB/s (`bandwidth`: 2 threads streaming 512 MiB, "
+          "in model_bench between the workloads' repetitions, in generate_bench, and before each peer). "
+          "The last column divides by the bandwidth model_bench measured in the same round (median of "
+          "its repetitions), under the same load." % fmt(bw))
+        p("")
+
+    def check(cond, text):
+        if cond is None:
+            return "- n/a: %s (missing numbers)" % text
+        return "- %s: %s" % ("met" if cond else "MISSED", text)
+
+    p("### Acceptance (issue 13, points 2 and 3; on the medians above)")
+    r2 = (rows["W2"]["k_ms"] / best_of(t[0] for t in kb["W2"])) if rows["W2"]["k_ms"] and \
+        best_of(t[0] for t in kb["W2"]) else None
+    p(check(None if r2 is None else r2 >= 1.7, "bf16 W2 at least 1.7× kiln's FP32 W2 (%s×)" % fmt(r2, 2)))
+    if w1:
+        p(check(None if floor.get("f32") is None else floor["f32"] <= 1.3,
+                "W1 in FP32 within 1.3× of its floor (%s×)" % fmt(floor.get("f32"), 2)))
+        p(check(None if floor.get("bf16") is None else floor["bf16"] <= 1.3,
+                "W1 in bf16 within 1.3× of the bf16 floor (%s×)" % fmt(floor.get("bf16"), 2)))
+    p("- the GEMM check (bf16 linear at >= 95% of oneDNN's bf16 matmul): under \"GEMM, bf16\" below")
+    p("")
+
+
+def generation_bf16(p, gen, rounds, grounds, per_round, bw):
+    """W3/W5 with kiln's bf16 build (generate_bench bf16/...) and PyTorch under bf16 autocast."""
+    kb = {w["key"]: [to_ms(e) if e and not e.get("error_occurred") else None
+                     for e in (find(g["entries"], "bf16/" + w["kiln_name"]) for g in grounds)] for w in gen}
+    pb = {w["key"]: [((rd["pt"].get("best_generation_bf16") or {}).get(w["key"]) or {}) for rd in rounds]
+          for w in gen}
+    if not any(v for w in gen for v in kb[w["key"]]) and not any(x for w in gen for x in pb[w["key"]]):
+        return
+    p("#### Generation with bf16 weights (issue 13)")
+    p("")
+    p("| workload | kiln f32 ms | kiln bf16 ms | kiln f32 / bf16 | PyTorch bf16 autocast ms | PyTorch bf16 / kiln bf16 "
+      "| kiln bf16 tok/s |")
+    p("|---|---:|---:|---:|---:|---:|---:|")
+    for w in gen:
+        key = w["key"]
+        f = best_of(t["k"] for t in per_round[key])
+        b = best_of(kb[key])
+        pt = best_of(x.get("median_ms") for x in pb[key])
+        n = w["batch"] * w["new_tokens"]
+        p("| %s | %s | %s | %s | %s | %s | %s |" % (
+            key, fmt(f), fmt(b), fmt(f / b, 2) + "×" if f and b else "—", fmt(pt),
+            fmt(pt / b, 2) + "×" if pt and b else "—", fmt(n / (b / 1e3) if b else None)))
+    p("")
+    w3 = next((w for w in gen if w["key"] == "W3"), None)
+    if w3 and bw:
+        floor_ms = STEP_WEIGHT_BYTES_BF16 * w3["new_tokens"] / (bw * 1e9) * 1e3
+        b = best_of(kb["W3"])
+        p("W3 bf16's floor: %.2f MB of weights per step (linear weights in bf16, the rest f32) × %d steps over "
+          "%s GB/s = %s ms; kiln's bf16 W3 %s ms = %s× that floor (informational; no acceptance line)." % (
+              STEP_WEIGHT_BYTES_BF16 / 1e6, w3["new_tokens"], fmt(bw), fmt(floor_ms), fmt(b),
+              fmt(b / floor_ms if b else None, 2)))
+    p("Every round, kiln f32 / bf16 (same process, interleaved): " + "; ".join(
+        "%s %s" % (os.path.basename(rd["dir"]), ", ".join(
+            "%s %s / %s" % (w["key"], fmt(per_round[w["key"]][i]["k"]), fmt(kb[w["key"]][i])) for w in gen))
+        for i, rd in enumerate(rounds)) + ".")
+    settings = [x.get("setting") for w in gen for x in pb[w["key"]] if x.get("setting")]
+    if settings:
+        p("PyTorch bf16 best: %s." % ", ".join(sorted(set(settings))))
+    ce = find(grounds[0]["entries"], "bf16/check_generate_vs_pytorch")
+    if ce and not ce.get("error_occurred"):
+        p("kiln bf16 vs PyTorch f32 on the same source ids (bf16 rounding may flip a near-tie; informational): "
+          "greedy %d/%d ids equal (%d leading), beam 4 %d/%d (%d leading)." % (
+              ce.get("greedy_same_ids", 0), ce.get("greedy_of", 0), ce.get("greedy_same_prefix", 0),
+              ce.get("beam4_same_ids", 0), ce.get("beam4_of", 0), ce.get("beam4_same_prefix", 0)))
+    p("")
+
+
 def generation_section(p, rounds, res):
     """W3/W5: kiln_generate vs PyTorch's hand-written incremental decoder vs ORT's
     past/present decoder; W3 against its bandwidth floor. Returns False if no numbers."""
@@ -277,7 +480,8 @@ def generation_section(p, rounds, res):
         if og and not og.get("median_ms"):
             notes.append("%s ORT %s: %s" % (tag, w["key"], og.get("skipped") or og.get("error")))
         k_min = gbench_min_ms(g["doc"], w["kiln_name"]) if k else None
-        p_min = best_of(s.get("generation", {}).get(w["key"], {}).get("min_ms") for s in rd["pt"].get("settings", []))
+        p_min = best_of(s.get("generation", {}).get(w["key"], {}).get("min_ms") for s in rd["pt"].get("settings", [])
+                        if not s.get("bf16_autocast"))
         o_min = best_of(v.get(w["key"], {}).get("min_ms") for v in (rd["ort"].get("generation_settings") or {}).values())
         return dict(k=k, p=pb["median_ms"] if pb else None, ps=pb["setting"] if pb else None,
                     o=og.get("median_ms"), os=og.get("setting"), k_min=k_min, p_min=p_min,
@@ -338,6 +542,8 @@ def generation_section(p, rounds, res):
                                                 fmt(pm / k if pm and k else None, 2) + ("×" if pm and k else ""),
                                                 fmt(om / k if om and k else None, 2) + ("×" if om and k else "")))
     p("")
+
+    generation_bf16(p, gen, rounds, grounds, per_round, bw)
 
     # W3's floor.
     w3 = next((w for w in gen if w["key"] == "W3"), None)
@@ -577,6 +783,9 @@ def main():
                                            fmt(rd["peak_kiln"], 0), fmt(rd["peak_pt"], 0), fmt(rd["peak_ort"], 0)))
     p("")
 
+    # bf16 weights and W1's floor (issue 13).
+    bf16_section(p, rounds, workloads, per_round, rows, res)
+
     # Generation (W3, W5).
     generation_section(p, rounds, res)
 
@@ -593,6 +802,12 @@ def main():
             ce["max_abs_err"], ce["max_abs_err_f64"], ce["max_abs_logit"]))
     elif ce:
         p("- kiln: not checked: %s" % ce.get("error_message"))
+    cb = find(kiln, "bf16/check_vs_pytorch")
+    if cb and not cb.get("error_occurred"):
+        p("- kiln, bf16 weights: max |Δ| vs PyTorch f32 %.3g, vs f64 %.3g (bf16 rounding of every linear's "
+          "inputs; tests/bf16_test.cpp states the tolerance)" % (cb["max_abs_err"], cb["max_abs_err_f64"]))
+    elif cb:
+        p("- kiln, bf16 weights: not checked: %s" % cb.get("error_message"))
     oc = ort.get("check_vs_pytorch")
     if oc:
         p("- ONNX Runtime: max |Δ| vs PyTorch f32 %.3g, vs f64 %.3g" % (oc["max_abs_err"], oc["max_abs_err_f64"]))
@@ -726,6 +941,8 @@ def main():
                         if any_paired else ""))
         p("")
 
+    gemm_bf16_section(p, gemm_docs)
+
     machine_and_problems(p, res)
     if notes:
         p("### Notes")
@@ -733,6 +950,81 @@ def main():
             p("- " + n)
     print("\n".join(lines))
     return 0
+
+
+def gemm_bf16_section(p, gemm_docs):
+    """gemm_bench's bf16 benchmarks (kiln_bf16/, onednn_bf16/, paired_bf16/): kiln's bf16 linear
+    kernel against oneDNN's bf16 matmul, and issue 13's >= 95% check on the paired ratios."""
+    rounds = [(name, gbench_entries(d), d) for name, d in gemm_docs]
+    names = set()
+    for _, g, _ in rounds:
+        names |= {rn.split("/")[1] for rn in g if rn.startswith("kiln_bf16/")}
+    if not names:
+        p("### GEMM, bf16: kiln's bf16 linear kernel vs oneDNN's bf16 matmul (gemm_bench)")
+        p("- n/a: kiln's bf16 linear at >= 95%% of oneDNN's bf16 matmul on every model shape (no bf16 "
+          "results from gemm_bench: %s)" % ("not run (needs libdnnl-dev; KILN_BENCH_GEMM=0?)" if not rounds
+                                            else "built without bf16 (no AVX512-BF16) or KILN_BENCH_BF16=0"))
+        p("")
+        return
+    shapes = sorted(names, key=lambda s: [int(t[1:]) if t[1:].isdigit() else 0 for t in s.split("_")[:3]])
+
+    def value(g, name, counter):
+        e = find(g, name)
+        return e.get(counter) if e and not e.get("error_occurred") else None
+
+    def pct(a, b=1.0):
+        return fmt(a / b * 100) + "%" if a and b else "—"
+
+    multi = len(rounds) > 1
+    p("### GEMM, bf16: kiln's bf16 linear kernel vs oneDNN's bf16 matmul (gemm_bench)")
+    p("")
+    head = "| shape | kiln bf16 GFLOP/s | oneDNN bf16 GFLOP/s | kiln/oneDNN, best rounds | kiln/oneDNN, paired " \
+        "| kiln bf16 / kiln f32 |"
+    rule = "|---|---:|---:|---:|---:|---:|"
+    if multi:
+        head += "".join(" %s: apart; paired |" % n for n, _, _ in rounds)
+        rule += "---:|" * len(rounds)
+    p(head)
+    p(rule)
+    pooled, best, per_round = {}, {}, {}
+    for s in shapes:
+        ks = [value(g, "kiln_bf16/" + s, "GFLOP/s") for _, g, _ in rounds]
+        ds = [value(g, "onednn_bf16/" + s, "GFLOP/s") for _, g, _ in rounds]
+        ps = [value(g, "paired_bf16/" + s, "kiln/oneDNN") for _, g, _ in rounds]
+        fs = [value(g, "kiln/" + s, "GFLOP/s") for _, g, _ in rounds]
+        per_round[s] = list(zip(ks, ds, ps))
+        best[s] = (max([v for v in ks if v], default=None), max([v for v in ds if v], default=None))
+        kf = max([v for v in fs if v], default=None)
+        pooled[s] = median([v for _, _, d in rounds for v in gbench_values(d, "paired_bf16/" + s, "kiln/oneDNN")])
+        row = "| %s | %s | %s | %s | %s | %s |" % (
+            s, fmt(best[s][0]), fmt(best[s][1]), pct(*best[s]), pct(pooled[s]),
+            fmt(best[s][0] / kf, 2) + "×" if best[s][0] and kf else "—")
+        if multi:
+            row += "".join(" %s; %s |" % (pct(k, d), pct(pr)) for k, d, pr in per_round[s])
+        p(row)
+    p("")
+    p("GFLOP/s: medians over the repetitions, each library's best round. oneDNN: the matmul primitive "
+      "(src bf16, weights bf16 with format_tag::any reordered once outside the timing, bias f32 and "
+      "ReLU post-op as kiln's, dst f32; oneDNN 2.6 has no dnnl_gemm_bf16bf16f32). kiln reads x in f32 "
+      "and rounds it as it reads; oneDNN gets it in bf16. Paired: as for f32, the median over every "
+      "pair of 20 ms blocks of every round. kiln bf16 / kiln f32: kiln's best-round GFLOP/s of its bf16 "
+      "kernel over its f32 one.")
+    missed = [s for s in shapes if pooled[s] is None or pooled[s] < 0.95]
+    p("- %s: kiln's bf16 linear at >= 95%% of oneDNN's bf16 matmul on every model shape (paired ratios)%s" % (
+        "met" if not missed else "NOT met", "" if not missed else ": below: %s" % ", ".join(
+            "%s %s%%" % (s, fmt(pooled[s] * 100 if pooled[s] else None)) for s in missed)))
+    apart = [s for s in shapes if not (all(best[s]) and best[s][0] >= 0.95 * best[s][1])]
+    p("- from the libraries' separate best-round medians: %s" % (
+        "every shape >= 95%" if not apart else "below 95%: " + ", ".join(apart)))
+    if multi:
+        for i, (name, _, _) in enumerate(rounds):
+            below = [s for s in shapes if not (per_round[s][i][0] and per_round[s][i][1]
+                                               and per_round[s][i][0] >= 0.95 * per_round[s][i][1])]
+            below_p = [s for s in shapes if per_round[s][i][2] is not None and per_round[s][i][2] < 0.95]
+            p("- %s alone, apart: %s; paired: %s" % (
+                name, "every shape >= 95%" if not below else "below 95%: " + ", ".join(below),
+                "every shape >= 95%" if not below_p else "below 95%: " + ", ".join(below_p)))
+    p("")
 
 
 def machine_and_problems(p, res):

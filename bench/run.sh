@@ -5,8 +5,9 @@
 #   $KILN_BENCH_CACHE), times `kiln compile` of the base model, then runs kiln + peak,
 #   PyTorch eager and ONNX Runtime one after the other on the forward workloads (W1, W2, W4)
 #   and generation (W3, W5) (in rounds; each also reports its load time and memory), and
-#   gemm_bench (kiln vs oneDNN: medians of 20 interleaved repetitions, and paired ratios)
-#   in every round, and prints the table (bench/report.py).
+#   gemm_bench (kiln vs oneDNN: medians of 20 interleaved repetitions, and paired ratios;
+#   f32, and bf16 against oneDNN's bf16 matmul) in every round, and prints the table
+#   (bench/report.py). kiln's model benches run its f32 and bf16 builds side by side.
 #   Results: $KILN_BENCH_CACHE/results/ (round*/ per round).
 #
 #   bench/run.sh
@@ -21,6 +22,8 @@
 #   KILN_BENCH_GEMM=0  skip gemm_bench;  KILN_BENCH_SKIP_BUILD=1  use the build as is
 #   KILN_BENCH_GENERATION=0  skip W3/W5;  KILN_BENCH_GENERATION=only  W3/W5 (+ peak,
 #                      bandwidth) only: no model_bench, no forward workloads, no gemm_bench
+#   KILN_BENCH_BF16=0  no bf16 rows (issue 13: kiln's bf16 build, PyTorch bf16 autocast,
+#                      gemm_bench's bf16 shapes); they are built only on a host with AVX512-BF16
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -30,6 +33,12 @@ JOBS=${KILN_BENCH_JOBS:-1}
 export KILN_BENCH_THREADS=${KILN_BENCH_THREADS:-2}
 GEN=${KILN_BENCH_GENERATION:-1}
 REPS=${KILN_BENCH_REPS:-5}
+BF16=${KILN_BENCH_BF16:-1}
+# Without bf16: Google Benchmark's negative filters leave the bf16 benchmarks out.
+MODEL_FILTER=(); GEMM_FILTER=(); PEERS_BF16=()
+if [[ $BF16 == 0 ]]; then
+  MODEL_FILTER=(--benchmark_filter=-^bf16/); GEMM_FILTER=(--benchmark_filter=-_bf16/); PEERS_BF16=(--no-bf16)
+fi
 PY=/usr/bin/python3
 OUT=$CACHE/results
 mkdir -p "$CACHE" "$OUT"
@@ -129,12 +138,25 @@ run_kiln() {
   if [[ $GEN == only ]]; then
     :
   elif [[ -x "$BUILD/bench/model_bench" ]]; then
-    log "round $r: kiln model_bench (peak, W1, W2, W4, check; $REPS repetitions, interleaved)"
-    # Random interleaving: the peak and the workloads alternate, so they see the same load.
-    # Console: aggregates only; JSON: every repetition too (report.py shows the min).
-    KILN_BENCH_MEMORY_OUT="$R/kiln-memory.json" \
+    if [[ $r == 1 ]]; then
+      # Load time and memory, one process per model (the timed run below holds both models and
+      # the bandwidth probe's 512 MiB): W1, W2, W4 once each (~5 s per process).
+      log "round $r: kiln model_bench memory runs (f32, bf16: load, RSS; one call per workload)"
+      KILN_BENCH_MEMORY_OUT="$R/kiln-memory.json" "$BUILD/bench/model_bench" \
+        --benchmark_filter='^W[0-9]' --benchmark_min_time=1e-6 > "$R/kiln-memory.log" 2>&1 \
+        || status "round $r: model_bench memory run failed (see $R/kiln-memory.log)"
+      if [[ $BF16 != 0 ]] && grep -q 'bf16/W1' <("$BUILD/bench/model_bench" --benchmark_list_tests 2>/dev/null); then
+        KILN_BENCH_MEMORY_OUT="$R/kiln-memory-bf16.json" "$BUILD/bench/model_bench" \
+          --benchmark_filter='^bf16/W[0-9]' --benchmark_min_time=1e-6 > "$R/kiln-memory-bf16.log" 2>&1 \
+          || status "round $r: model_bench bf16 memory run failed (see $R/kiln-memory-bf16.log)"
+      fi
+    fi
+    log "round $r: kiln model_bench (peak, bandwidth, W1, W2, W4, check; f32 and bf16; $REPS repetitions, interleaved)"
+    # Random interleaving: the peak, the bandwidth and the workloads of both builds alternate,
+    # so they see the same load. Console: aggregates only; JSON: every repetition too (report.py
+    # shows the min).
     "$BUILD/bench/model_bench" --benchmark_repetitions="$REPS" --benchmark_display_aggregates_only=true \
-      --benchmark_enable_random_interleaving=true \
+      --benchmark_enable_random_interleaving=true "${MODEL_FILTER[@]}" \
       --benchmark_out="$R/kiln.json" --benchmark_out_format=json > "$R/kiln.log" 2>&1 \
       || status "round $r: model_bench failed (see $R/kiln.log)"
   else
@@ -150,7 +172,7 @@ run_kiln() {
     local prof=()
     [[ $r == 1 ]] && prof=(env KILN_BENCH_PROFILE_OUT="$R/kiln-gen-profile.txt")
     "${prof[@]}" "$BUILD/bench/generate_bench" --benchmark_repetitions="$REPS" \
-      --benchmark_display_aggregates_only=true --benchmark_enable_random_interleaving=true \
+      --benchmark_display_aggregates_only=true --benchmark_enable_random_interleaving=true "${MODEL_FILTER[@]}" \
       --benchmark_out="$R/kiln-gen.json" --benchmark_out_format=json > "$R/kiln-gen.log" 2>&1 \
       || status "round $r: generate_bench failed (see $R/kiln-gen.log)"
   else
@@ -169,7 +191,7 @@ run_pytorch() {
   log "round $r: PyTorch eager ($what, one subprocess each)"
   $PY "$ROOT/bench/peers.py" --weights "$CACHE/base.safetensors" --onnx-dir "$CACHE" \
     ${OPENBLAS_DIR:+--openblas-dir "$OPENBLAS_DIR"} --threads "$KILN_BENCH_THREADS" --runs "$REPS" \
-    "${only[@]}" "${genflag[@]}" --json-out "$R/pytorch.json" 2> "$R/pytorch.log" \
+    "${only[@]}" "${genflag[@]}" "${PEERS_BF16[@]}" --json-out "$R/pytorch.json" 2> "$R/pytorch.log" \
     || status "round $r: PyTorch run failed (see $R/pytorch.log)"
 }
 run_ort() {
@@ -198,7 +220,7 @@ for r in $(seq 1 "$ROUNDS"); do
     # Once per round, like the model workloads: report.py takes each library's best round
     # of GFLOP/s, and the median of the paired ratios (paired/SHAPE) over every round.
     "$BUILD/bench/gemm_bench" --benchmark_min_time=0.05 --benchmark_repetitions=20 \
-      --benchmark_enable_random_interleaving=true \
+      --benchmark_enable_random_interleaving=true "${GEMM_FILTER[@]}" \
       --benchmark_out="$R/gemm.json" --benchmark_out_format=json \
       > "$R/gemm.log" 2>&1 || status "round $r: gemm_bench failed (see $R/gemm.log)"
   fi
