@@ -90,6 +90,12 @@ Tensor activate(Activation act, Tensor x, Loc loc) {
   switch (act) {
     case Activation::relu:
       return dsl::relu(x, loc);
+    case Activation::gelu:
+      return dsl::gelu(x, loc);
+    case Activation::gelu_tanh:
+      return dsl::gelu_tanh(x, loc);
+    case Activation::silu:
+      return dsl::silu(x, loc);
   }
   fb_of(x, loc).error(loc, fmt::format("unknown activation {}", static_cast<int>(act)));
 }

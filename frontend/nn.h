@@ -31,8 +31,9 @@ namespace kiln::nn {
 using dsl::Loc;
 using dsl::Tensor;
 
-// The activation of a FeedForward: relu (the paper).
-enum class Activation { relu };
+// The activation of a FeedForward: relu (the paper), gelu (erf form: PyTorch's
+// F.gelu / nn.GELU()), gelu_tanh (nn.GELU(approximate="tanh"), GPT-2) or silu.
+enum class Activation { relu, gelu, gelu_tanh, silu };
 
 // act(x).
 Tensor activate(Activation act, Tensor x, Loc loc = Loc::current());
