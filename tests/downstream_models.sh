@@ -4,11 +4,12 @@
 # against its PyTorch golden (max abs error <= 1e-4): through the interpreter (`kiln run`
 # on the .kir the model's generator wrote) and through the compiled library; the GPT model
 # also generates greedily. Every model is tried; the status is 1 if any check failed.
-#   downstream_models.sh SOURCE_DIR WORK_DIR PREFIX COMPILED
+#   downstream_models.sh SOURCE_DIR WORK_DIR PREFIX COMPILED FUSED
 # COMPILED: the models checked compiled too (space-separated); a model kiln does not compile
-# yet is left out of it, and the script says so.
+# yet is left out of it, and the script says so. FUSED: the models whose fused-op counts
+# are asserted (classifier, gpt); the counts of the others are printed.
 set -uo pipefail
-src="$1"; work="$2"; prefix="$3"; compiled=" ${4:-} "
+src="$1"; work="$2"; prefix="$3"; compiled=" ${4:-} "; fused=" ${5:-} "
 models="$src/examples/models"
 golden="$models/golden"
 if [[ ! -x "$prefix/bin/kiln" ]]; then
@@ -58,12 +59,29 @@ elif [[ "$got" != *"$want"* ]]; then
 else
   echo "misuse: $got"
 fi
-# The fused ops of the default pipeline (acceptance: no unfused softmax inside attention,
-# every residual + LayerNorm fused, on the pre-norm classifier and the GPT model).
+# The fused ops of the default pipeline (`kiln inspect --ops` after `kiln opt`): for the
+# models in FUSED, each attention fused (2 layers: 2 attention ops, no softmax left but
+# the classifier's output), and every LayerNorm fused with the residual sum before it
+# (5 add_layernorm: 2 per layer and the final one, no plain layernorm).
+declare -A want_softmax=([classifier]=1 [gpt]=0)
 for m in classifier gpt; do
-  if [[ -f "$work/$m.kiln/$m.input.kir" ]]; then
-    "$prefix/bin/kiln" opt "$work/$m.kiln/$m.input.kir" -o "$work/$m.opt.kir" &&
-      "$prefix/bin/kiln" inspect "$work/$m.opt.kir" --ops | sed "s|^|ops $m |"
+  kir="$work/$m.kiln/$m.input.kir"
+  [[ -f "$kir" ]] || continue
+  if ! "$prefix/bin/kiln" opt "$kir" -o "$work/$m.opt.kir" ||
+     ! "$prefix/bin/kiln" inspect "$work/$m.opt.kir" --ops >"$work/$m.ops"; then
+    failed+=("$m (kiln opt)")
+    continue
+  fi
+  count() { awk -v op="$1" '$2 == op { n = $3 } END { print n + 0 }' "$work/$m.ops"; }
+  line="ops $m: attention $(count attention), softmax $(count softmax), add_layernorm"
+  line+=" $(count add_layernorm), layernorm $(count layernorm), linear $(count linear)"
+  echo "$line"
+  if [[ "$fused" == *" $m "* ]]; then
+    if [[ $(count attention) != 2 || $(count softmax) != "${want_softmax[$m]}" ||
+          $(count add_layernorm) != 5 || $(count layernorm) != 0 ]]; then
+      echo "$m: expected attention 2, softmax ${want_softmax[$m]}, add_layernorm 5, layernorm 0" >&2
+      failed+=("$m (fusion)")
+    fi
   fi
 done
 if (( ${#failed[@]} )); then
