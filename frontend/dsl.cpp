@@ -186,19 +186,27 @@ Tensor sub(Tensor a, Tensor b, Loc loc) { return emit(OpKind::sub, {a, b}, {}, l
 Tensor mul(Tensor a, Tensor b, Loc loc) { return emit(OpKind::mul, {a, b}, {}, loc); }
 Tensor div(Tensor a, Tensor b, Loc loc) { return emit(OpKind::div, {a, b}, {}, loc); }
 Tensor maximum(Tensor a, Tensor b, Loc loc) { return emit(OpKind::maximum, {a, b}, {}, loc); }
-Tensor operator+(Tensor a, Tensor b) { return add(a, b); }
-Tensor operator-(Tensor a, Tensor b) { return sub(a, b); }
-Tensor operator*(Tensor a, Tensor b) { return mul(a, b); }
-Tensor operator/(Tensor a, Tensor b) { return div(a, b); }
-Tensor operator+(Tensor a, double b) { return add(a, scalar(a, b)); }
-Tensor operator-(Tensor a, double b) { return sub(a, scalar(a, b)); }
-Tensor operator*(Tensor a, double b) { return mul(a, scalar(a, b)); }
-Tensor operator/(Tensor a, double b) { return div(a, scalar(a, b)); }
-Tensor operator+(double a, Tensor b) { return add(scalar(b, a), b); }
-Tensor operator-(double a, Tensor b) { return sub(scalar(b, a), b); }
-Tensor operator*(double a, Tensor b) { return mul(scalar(b, a), b); }
-Tensor operator/(double a, Tensor b) { return div(scalar(b, a), b); }
-Tensor operator-(Tensor x) { return neg(x); }
+namespace {
+// A scalar constant like the operand's tensor, which must be a tensor of a function.
+Tensor scalar_like(const Operand& like, double value, const char* op) {
+  common_builder({like.tensor}, like.loc, op);
+  return scalar(like.tensor, value);
+}
+}  // namespace
+
+Tensor operator+(Operand a, Operand b) { return add(a.tensor, b.tensor, a.loc); }
+Tensor operator-(Operand a, Operand b) { return sub(a.tensor, b.tensor, a.loc); }
+Tensor operator*(Operand a, Operand b) { return mul(a.tensor, b.tensor, a.loc); }
+Tensor operator/(Operand a, Operand b) { return div(a.tensor, b.tensor, a.loc); }
+Tensor operator+(Operand a, double b) { return add(a.tensor, scalar_like(a, b, "add"), a.loc); }
+Tensor operator-(Operand a, double b) { return sub(a.tensor, scalar_like(a, b, "sub"), a.loc); }
+Tensor operator*(Operand a, double b) { return mul(a.tensor, scalar_like(a, b, "mul"), a.loc); }
+Tensor operator/(Operand a, double b) { return div(a.tensor, scalar_like(a, b, "div"), a.loc); }
+Tensor operator+(double a, Operand b) { return add(scalar_like(b, a, "add"), b.tensor, b.loc); }
+Tensor operator-(double a, Operand b) { return sub(scalar_like(b, a, "sub"), b.tensor, b.loc); }
+Tensor operator*(double a, Operand b) { return mul(scalar_like(b, a, "mul"), b.tensor, b.loc); }
+Tensor operator/(double a, Operand b) { return div(scalar_like(b, a, "div"), b.tensor, b.loc); }
+Tensor operator-(Operand x) { return neg(x.tensor, x.loc); }
 
 Tensor eq(Tensor a, Tensor b, Loc loc) { return emit(OpKind::eq, {a, b}, {}, loc); }
 Tensor ne(Tensor a, Tensor b, Loc loc) { return emit(OpKind::ne, {a, b}, {}, loc); }

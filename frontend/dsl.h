@@ -120,20 +120,29 @@ Tensor sub(Tensor a, Tensor b, Loc loc = Loc::current());
 Tensor mul(Tensor a, Tensor b, Loc loc = Loc::current());
 Tensor div(Tensor a, Tensor b, Loc loc = Loc::current());
 Tensor maximum(Tensor a, Tensor b, Loc loc = Loc::current());
-Tensor operator+(Tensor a, Tensor b);
-Tensor operator-(Tensor a, Tensor b);
-Tensor operator*(Tensor a, Tensor b);
-Tensor operator/(Tensor a, Tensor b);
+// An operand of the operators below: a Tensor and the place of the expression it is used
+// in. An operator cannot take a defaulted std::source_location; the defaulted argument of
+// this conversion is evaluated where the operand is converted, in the user's expression,
+// so a misuse (`x + y` of shapes that do not broadcast) is reported at the user's line.
+struct Operand {
+  Operand(Tensor t, Loc place = Loc::current()) : tensor(t), loc(place) {}
+  Tensor tensor;
+  Loc loc;
+};
+Tensor operator+(Operand a, Operand b);
+Tensor operator-(Operand a, Operand b);
+Tensor operator*(Operand a, Operand b);
+Tensor operator/(Operand a, Operand b);
 // Scalar arithmetic on either side: `x + 1.0`, `1.0 - x`, `2.0 * x`, `1.0 / x`.
-Tensor operator+(Tensor a, double b);
-Tensor operator-(Tensor a, double b);
-Tensor operator*(Tensor a, double b);
-Tensor operator/(Tensor a, double b);
-Tensor operator+(double a, Tensor b);
-Tensor operator-(double a, Tensor b);
-Tensor operator*(double a, Tensor b);
-Tensor operator/(double a, Tensor b);
-Tensor operator-(Tensor x);  // neg(x)
+Tensor operator+(Operand a, double b);
+Tensor operator-(Operand a, double b);
+Tensor operator*(Operand a, double b);
+Tensor operator/(Operand a, double b);
+Tensor operator+(double a, Operand b);
+Tensor operator-(double a, Operand b);
+Tensor operator*(double a, Operand b);
+Tensor operator/(double a, Operand b);
+Tensor operator-(Operand x);  // neg(x)
 
 Tensor eq(Tensor a, Tensor b, Loc loc = Loc::current());
 Tensor ne(Tensor a, Tensor b, Loc loc = Loc::current());

@@ -144,6 +144,26 @@ TEST(NnMisuse, OpErrorsInsideABlockPointAtTheUserLine) {
   EXPECT_THAT(msg, HasSubstr(at(line, "layers.3.self_attn") + "select(bool[B,1,1,T]"));
 }
 
+// The DSL's operators report a misuse at the user's expression, not in dsl.cpp.
+TEST(NnMisuse, OperatorsReportTheUserLine) {
+  int line = 0;
+  std::string msg = error_of([&] {
+    Fixture t(8);
+    dsl::Tensor y = t.f.input("y", DType::f32, {t.B, t.S, Dim::constant(6)});
+    line = __LINE__ + 1;
+    dsl::Tensor z = 1.0 - t.x * 2.0 + y;
+  });
+  EXPECT_EQ(msg, "dsl error at nn_test.cpp:" + std::to_string(line) +
+                     " (function 'forward'): add(f32[B,S,8], f32[B,S,6]): operand shapes "
+                     "[B,S,8] and [B,S,6] do not broadcast");
+  msg = error_of([&] {
+    line = __LINE__ + 1;
+    -dsl::Tensor() + 1.0;
+  });
+  EXPECT_EQ(msg, "dsl error at nn_test.cpp:" + std::to_string(line) +
+                     ": neg: operand is an empty tensor");
+}
+
 // The names a PyTorch twin with the documented attribute names has.
 TEST(Nn, PreNormBlockTiedEmbeddingAndPositionsStateDictNames) {
   Fixture t(8);
