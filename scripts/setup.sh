@@ -2,7 +2,7 @@
 # Installs the Debian packages kiln needs to build and test, skipping those present.
 set -euo pipefail
 
-packages=(cmake ninja-build g++ ccache pkg-config llvm-14-tools
+packages=(cmake ninja-build g++ ccache pkg-config llvm-14 llvm-14-tools
           libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
           libhalide14-0-dev llvm-14-dev clang-format-14)
 missing=()
