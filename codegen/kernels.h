@@ -78,13 +78,17 @@ struct StepAttentionKernel {
 };
 
 // out(c, r) = layernorm over c of (x(c, r) [+ y(c, r)]) · gamma(c) + beta(c), biased
-// variance, eps inside the square root.
+// variance, eps inside the square root; with_sum (with_add only) also writes the sum
+// sum(c, r) = x(c, r) + y(c, r) (an add_layernorm with its add_layernorm_sum).
 //   args: x f32 (c, r) [D × R], y f32 (c, r) (when with_add), gamma f32 (c) [D],
-//   beta f32 (c) [D], out f32 (c, r) [D × R] dense. R = product of leading dims.
+//   beta f32 (c) [D], out f32 (c, r) [D × R] dense, sum f32 (c, r) [D × R] dense (when
+//   with_sum). R = product of leading dims. out may be x's or y's memory (in place), never
+//   sum's; sum is neither x's nor y's.
 struct LayerNormKernel {
   int64_t D = 0;
   double eps = 1e-5;
   bool with_add = false;
+  bool with_sum = false;
 };
 
 // A fused group of elementwise ops (with numpy broadcasting), gathers and iota/table

@@ -108,13 +108,20 @@ KernelPipeline build_layernorm(const LayerNormKernel& spec, const Halide::Target
   ImageParam gamma(Halide::Float(32), 1, "gamma");
   ImageParam beta(Halide::Float(32), 1, "beta");
 
+  KILN_ASSERT(!spec.with_sum || spec.with_add, "layernorm kernel: a sum output needs the add");
   Var c("c"), r("r");
   // The row to normalize; with the add, rounded to float first (as add_layernorm is).
-  Func s("s");
-  if (spec.with_add)
+  // With the sum as a second output, the normalization reads that output (computed first,
+  // over all rows), so `out` may overwrite x or y in place.
+  Func s("s"), sum_out("sum");
+  if (spec.with_sum) {
+    sum_out(c, r) = x(c, r) + y(c, r);
+    s(c, r) = sum_out(c, r);
+  } else if (spec.with_add) {
     s(c, r) = x(c, r) + y(c, r);
-  else
+  } else {
     s(c, r) = x(c, r);
+  }
   // The row shifted by its first value.
   Func shift("shift"), t("t");
   shift(r) = s(0, r);
@@ -142,6 +149,9 @@ KernelPipeline build_layernorm(const LayerNormKernel& spec, const Halide::Target
   gamma.dim(0).set_min(0);
   beta.dim(0).set_min(0);
   out.output_buffer().dim(0).set_bounds(0, d32);
+  if (spec.with_sum) {
+    sum_out.output_buffer().dim(0).set_bounds(0, d32);
+  }
 
   // Schedule. About 4096 values per parallel task.
   const int vw = vector_width(D, lanes);
@@ -157,7 +167,14 @@ KernelPipeline build_layernorm(const LayerNormKernel& spec, const Halide::Target
   mean.compute_at(out, ri);
   inv_std.compute_at(out, ri);
 
-  KernelPipeline kp{Halide::Pipeline(out), {}};
+  if (spec.with_sum) {
+    Var so("so"), si("si");
+    sum_out.compute_root()
+        .split(r, so, si, rows_per_task, TailStrategy::GuardWithIf)
+        .parallel(so)
+        .vectorize(c, vw, TailStrategy::ShiftInwards);
+  }
+  KernelPipeline kp{spec.with_sum ? Halide::Pipeline({out, sum_out}) : Halide::Pipeline(out), {}};
   kp.args.push_back(x);
   if (spec.with_add) kp.args.push_back(y);
   kp.args.push_back(gamma);

@@ -222,6 +222,11 @@ class Lowerer {
     const std::vector<int> uses = passes::use_counts(f);
 
     std::map<ir::ValueId, View> views;
+    // The add_layernorm_sum op of each add_layernorm that has one, by the latter's result.
+    std::map<ir::ValueId, int> sum_of;
+    for (size_t i = 0; i < f.ops.size(); ++i)
+      if (f.ops[i].kind == OpKind::add_layernorm_sum)
+        sum_of[f.ops[i].operands[0]] = static_cast<int>(i);
     std::map<ir::ValueId, int32_t> result_index, param_index;
     for (size_t r = 0; r < f.results.size(); ++r) {
       ir::ValueId v = f.results[r];
@@ -495,10 +500,16 @@ class Lowerer {
           views[op.result] = out;
           continue;
         }
+        case OpKind::add_layernorm_sum:
+          // Written by its add_layernorm's kernel (below), which set its view.
+          KILN_ASSERT(views.count(op.result), "lowering: add_layernorm_sum before its sum");
+          continue;
         case OpKind::layernorm:
         case OpKind::add_layernorm: {
           bool with_add = op.kind == OpKind::add_layernorm;
-          LayerNormKernel k{type.shape.back().value, op.float_attr("eps"), with_add};
+          auto sum = sum_of.find(op.result);
+          const bool with_sum = sum != sum_of.end();
+          LayerNormKernel k{type.shape.back().value, op.float_attr("eps"), with_add, with_sum};
           View out = output_view(op);
           rt::StepDesc s{
               kernel_index(k), fmt::format("{} %{}", ir::op_name(op.kind), op.result), {}};
@@ -507,6 +518,12 @@ class Lowerer {
           for (size_t i = with_add ? 2 : 1; i < op.operands.size(); ++i)
             s.args.push_back(view_of(op.operands[i], op).halide());
           s.args.push_back(rows_view(f, out, "output", op));
+          if (with_sum) {
+            const ir::Op& sum_op = f.ops[static_cast<size_t>(sum->second)];
+            View sv = output_view(sum_op);
+            s.args.push_back(rows_view(f, sv, "sum", sum_op));
+            views[sum_op.result] = sv;
+          }
           fd.steps.push_back(std::move(s));
           views[op.result] = out;
           continue;

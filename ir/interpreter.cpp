@@ -1165,6 +1165,15 @@ class Interpreter {
         r = eval_layernorm(sum, operand(op, 2), operand(op, 3), op.float_attr("eps"), shape);
         break;
       }
+      case OpKind::add_layernorm_sum: {
+        // The add_layernorm's sum, recomputed from its addends (verified: V11).
+        const int def = f_.defining_op(op.operands[0]);
+        KILN_ASSERT(def >= 0 && f_.ops[static_cast<size_t>(def)].kind == OpKind::add_layernorm,
+                    "add_layernorm_sum of a value no add_layernorm defines");
+        const Op& norm = f_.ops[static_cast<size_t>(def)];
+        r = eval_binary(OpKind::add, operand(norm, 0), operand(norm, 1), DType::f32, shape, at);
+        break;
+      }
       case OpKind::reduce_sum:
       case OpKind::reduce_max:
       case OpKind::reduce_mean:

@@ -109,6 +109,7 @@ constexpr OpInfo kOps[] = {
     {OpKind::argmax, "argmax"},
     {OpKind::linear, "linear"},
     {OpKind::add_layernorm, "add_layernorm"},
+    {OpKind::add_layernorm_sum, "add_layernorm_sum"},
     {OpKind::attention, "attention"},
     {OpKind::cache_write, "cache_write"},
     {OpKind::cache_attention, "cache_attention"},

@@ -109,7 +109,12 @@ enum class OpKind {
   linear,         // (x, W[N,K], b[N]) {act}: act(x·Wᵀ + b), act "none" or an activation
                   // op's name (is_linear_activation)
   add_layernorm,  // (x, y, gamma, beta) {eps}: layernorm(x + y)
-  attention,      // see passes/fuse_attention.h for operands and attributes
+  // (n): the sum x + y that the add_layernorm defining n computes, as its second output
+  // (pre-norm blocks, whose residual sum feeds both the norm and the next residual). Its
+  // operand must be an add_layernorm's result, and an add_layernorm has at most one
+  // (verifier V11); compiled code writes it from the add_layernorm's kernel.
+  add_layernorm_sum,
+  attention,  // see passes/fuse_attention.h for operands and attributes
   // Incremental decoding (one new query row per sequence; see docs/generation.md).
   cache_write,       // (cache[T,C,D], x[N,1,D], pos i64[1]): the cache with rows
                      // [pos, n, :] = x[n, 0, :] for n < N; N <= C, 0 <= pos < T

@@ -506,6 +506,12 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
                    to_string(want));
       return ok(x);
     }
+    case OpKind::add_layernorm_sum:
+      // That the operand is an add_layernorm's result is V11, beyond a type rule.
+      KILN_CHECK(want_operands(1, 1));
+      if (in[0].dtype != DType::f32 || in[0].rank() < 1)
+        return err("operand must be f32 of rank >= 1");
+      return ok(in[0]);
     case OpKind::reduce_sum:
     case OpKind::reduce_max:
     case OpKind::reduce_mean: {

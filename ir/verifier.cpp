@@ -143,8 +143,24 @@ class Verifier {
       ++def_count[p];
       check_type_symbols(f, -1, f.type(p));
     }
+    std::vector<int> def_op(nvalues, -1);            // the op defining each value, once defined
+    std::vector<bool> has_sum(f.ops.size(), false);  // add_layernorms with their sum op
     for (int i = 0; i < static_cast<int>(f.ops.size()); ++i) {
       const Op& op = f.ops[i];
+      if (op.kind == OpKind::add_layernorm_sum && op.operands.size() == 1 &&
+          valid(op.operands[0]) && defined[op.operands[0]]) {
+        const int d = def_op[op.operands[0]];
+        if (d < 0 || f.ops[d].kind != OpKind::add_layernorm)
+          op_error(f, i, "[V11] add_layernorm_sum: operand %{} is not an add_layernorm's result",
+                   f.values[op.operands[0]].name.empty() ? std::to_string(op.operands[0])
+                                                         : f.values[op.operands[0]].name);
+        else if (has_sum[d])
+          op_error(f, i, "[V11] add_layernorm_sum: the add_layernorm of %{} has a sum already",
+                   f.values[op.operands[0]].name.empty() ? std::to_string(op.operands[0])
+                                                         : f.values[op.operands[0]].name);
+        else
+          has_sum[d] = true;
+      }
       std::vector<TensorType> operand_types;
       bool operands_ok = true;
       for (ValueId v : op.operands) {
@@ -165,6 +181,7 @@ class Verifier {
       }
       ++def_count[op.result];
       defined[op.result] = 1;
+      def_op[op.result] = i;
       check_type_symbols(f, i, f.type(op.result));
       if (std::string e = check_attrs(op.kind, op.attrs); !e.empty()) {
         op_error(f, i, "[V10] {}: {}", op_name(op.kind), e);

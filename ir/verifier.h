@@ -29,6 +29,8 @@
 //      The ranges that depend on operands (an axis within the rank, perm a permutation,
 //      a slice within its operand, heads dividing the feature size) are part of V8.
 //      So the interpreter, passes and codegen may read attributes with Op::int_attr etc.
+// V11. An add_layernorm_sum's operand is the result of an add_layernorm op, and no
+//      add_layernorm has more than one add_layernorm_sum.
 #pragma once
 
 #include <string>

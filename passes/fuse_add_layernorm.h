@@ -3,12 +3,21 @@
 //   %s = add(%x, %y) : f32[B,S,D]
 //   %n = layernorm(%s, %g, %b) {eps}      =>   %n = add_layernorm(%x, %y, %g, %b) {eps}
 //
+// Pre-norm blocks (`h = x + attn(ln1(x)); y = h + ffn(ln2(h))`) use the sum again as the
+// next residual; then the add_layernorm gives it too, as its second output:
+//
+//   %s = add(%x, %y)                             %n = add_layernorm(%x, %y, %g, %b) {eps}
+//   %n = layernorm(%s, %g, %b) {eps}        =>   %s = add_layernorm_sum(%n)
+//   %t = add(%s, %z)                             %t = add(%s, %z)
+//
 // Fires only when the add's two operands have the same type (no broadcasting: a bias
-// add of f32[D] to f32[B,S,D] stays an add) and the add's result has no other use (a
-// use elsewhere, e.g. as the next residual, would need the sum anyway). The layernorm
-// keeps its result value (name and uses); the absorbed add is removed. Every other op
-// is left as it was, except that ops dead before the pass are removed from a function
-// the pass changed.
+// add of f32[D] to f32[B,S,D] stays an add) and every other use of the sum comes after
+// the layernorm (the sum op is placed right after it; a use before the layernorm leaves
+// both ops as they are, logged). The layernorm keeps its result value (name and uses);
+// the add_layernorm_sum takes the add's name and its other uses (results included); the
+// absorbed add is removed. Of several layernorms of one sum, only the first absorbs it;
+// the others read the add_layernorm_sum. Every other op is left as it was, except that
+// ops dead before the pass are removed from a function the pass changed.
 //
 // In the Transformer every post-norm `LayerNorm(x + sublayer(x))` fuses; the final
 // encoder/decoder norms (whose input is a layernorm) stay layernorm.

@@ -15,7 +15,9 @@
 //         r takes over v's block (same offset);
 //       - otherwise first fit: the lowest offset whose gap between the blocks still held
 //         is large enough, or the end of the highest block.
-//     The arena is the highest end of any block.
+//     The arena is the highest end of any block. An add_layernorm_sum's result is written
+//     by its add_layernorm's kernel: it is placed (first fit) at that op, before the
+//     add_layernorm's own result, while the addends are still held.
 // The held blocks are a search tree on offsets that knows the largest gap below a block in
 // each subtree (HeldBlocks), so first fit, holding and releasing are O(log n) and the walk
 // O(n log n) (it was O(n * live blocks): seconds on a fused chain of 10^5 ops, whose values
@@ -62,6 +64,20 @@ bool is_view(ir::OpKind kind) { return kind == ir::OpKind::reshape || kind == ir
 bool is_pointwise(ir::OpKind kind) {
   return ir::is_elementwise(kind) || kind == ir::OpKind::gather || kind == ir::OpKind::constant ||
          kind == ir::OpKind::iota;
+}
+
+// The op whose kernel writes each op's result: the op itself, except for an
+// add_layernorm_sum, whose sum its add_layernorm's kernel writes (so it is allocated, and
+// live, from there on).
+std::vector<int> write_times(const ir::Function& f) {
+  const std::vector<int> defs = def_index(f);
+  std::vector<int> at(f.ops.size());
+  for (size_t i = 0; i < f.ops.size(); ++i) {
+    const ir::Op& op = f.ops[i];
+    at[i] = op.kind == ir::OpKind::add_layernorm_sum ? defs[op.operands[0]] : static_cast<int>(i);
+    KILN_ASSERT(at[i] >= 0, "plan-memory: an add_layernorm_sum of no add_layernorm");
+  }
+  return at;
 }
 
 // Which op results take arena space: all but weights, views and the function's results.
@@ -243,6 +259,11 @@ struct Plan {
 Plan make_plan(const ir::Module& m, const ir::Function& f) {
   const std::vector<bool> arena = arena_values(f);
   const std::vector<int> last = last_reads(f);
+  const std::vector<int> written = write_times(f);
+  // The add_layernorm_sum op whose result the op at each position writes too (-1: none).
+  std::vector<int> also_writes(f.ops.size(), -1);
+  for (size_t j = 0; j < f.ops.size(); ++j)
+    if (written[j] != static_cast<int>(j)) also_writes[written[j]] = static_cast<int>(j);
   Plan plan;
   plan.offsets.assign(f.ops.size(), -1);
   HeldBlocks blocks;
@@ -253,6 +274,25 @@ Plan make_plan(const ir::Module& m, const ir::Function& f) {
   std::vector<std::vector<ir::ValueId>> dying(f.ops.size() + 1);
   for (const ir::Op& op : f.ops)
     if (arena[op.result]) dying[last[op.result] + 1].push_back(op.result);
+  // First fit for the result of the op at `i`.
+  auto place = [&](size_t i) {
+    const ir::Op& op = f.ops[i];
+    const int64_t bytes = max_bytes(m, f.type(op.result));
+    const int64_t size = align_up(bytes);
+    const int64_t offset = blocks.first_fit(size);
+    // Sizes are at most 2^48 bytes each (verifier V7), so this sum cannot overflow.
+    if (offset + size > kMaxArenaBytes)
+      fail(
+          "{}function '{}': the arena would need more than {} bytes at the symbols' maxima ({} "
+          "({}) of {} bytes at offset {})",
+          ir::line_prefix(op.loc), f.name, kMaxArenaBytes, ir::value_names(f)[op.result],
+          ir::op_name(op.kind), bytes, offset);
+    if (size > 0) blocks.hold(offset, size);
+    held[op.result] = offset;
+    held_size[op.result] = size;
+    plan.offsets[i] = offset;
+    plan.arena_bytes = std::max(plan.arena_bytes, offset + size);
+  };
   for (size_t i = 0; i < f.ops.size(); ++i) {
     const ir::Op& op = f.ops[i];
     for (ir::ValueId v : dying[i]) {
@@ -260,9 +300,12 @@ Plan make_plan(const ir::Module& m, const ir::Function& f) {
       if (held_size[v] > 0) blocks.release(held[v]);
       held[v] = -1;
     }
-    if (!arena[op.result]) continue;
+    // A sum written by its add_layernorm is placed there, next to the normalized rows, while
+    // the addends are still held (never in place: the kernel reads them as it writes it).
+    const int sum = also_writes[i];
+    if (sum >= 0 && arena[f.ops[sum].result]) place(static_cast<size_t>(sum));
+    if (written[i] != static_cast<int>(i) || !arena[op.result]) continue;
     const int64_t bytes = max_bytes(m, f.type(op.result));
-    const int64_t size = align_up(bytes);
 
     ir::ValueId reuse = -1;
     if (may_run_in_place(op.kind)) {
@@ -283,19 +326,7 @@ Plan make_plan(const ir::Module& m, const ir::Function& f) {
       plan.offsets[i] = held[op.result];
       continue;
     }
-    const int64_t offset = blocks.first_fit(size);
-    // Sizes are at most 2^48 bytes each (verifier V7), so this sum cannot overflow.
-    if (offset + size > kMaxArenaBytes)
-      fail(
-          "{}function '{}': the arena would need more than {} bytes at the symbols' maxima ({} "
-          "({}) of {} bytes at offset {})",
-          ir::line_prefix(op.loc), f.name, kMaxArenaBytes, ir::value_names(f)[op.result],
-          ir::op_name(op.kind), bytes, offset);
-    if (size > 0) blocks.hold(offset, size);
-    held[op.result] = offset;
-    held_size[op.result] = size;
-    plan.offsets[i] = offset;
-    plan.arena_bytes = std::max(plan.arena_bytes, offset + size);
+    place(i);
   }
   return plan;
 }
@@ -436,6 +467,17 @@ std::vector<std::string> check_memory_plan(const ir::Module& module, const ir::F
     last[op.result] = last_read;
   }
 
+  // When each op's result is written: an add_layernorm_sum's by its add_layernorm. Found
+  // here from the operand, not with write_times, so that the check stays independent.
+  std::vector<int> def_of(f.values.size(), -1);
+  for (size_t i = 0; i < f.ops.size(); ++i) def_of[f.ops[i].result] = static_cast<int>(i);
+  std::vector<int> write_time(f.ops.size());
+  for (size_t i = 0; i < f.ops.size(); ++i) {
+    const ir::Op& op = f.ops[i];
+    const int producer = op.kind == ir::OpKind::add_layernorm_sum ? def_of[op.operands[0]] : -1;
+    write_time[i] = producer >= 0 ? producer : static_cast<int>(i);
+  }
+
   struct Placed {
     size_t op;           // defining op
     int64_t begin, end;  // bytes [begin, end)
@@ -471,6 +513,10 @@ std::vector<std::string> check_memory_plan(const ir::Module& module, const ir::F
     offset_of[op.result] = op.arena_offset;
     placed.push_back(Placed{i, op.arena_offset, op.arena_offset + bytes});
   }
+  // In the order the values are written.
+  std::stable_sort(placed.begin(), placed.end(), [&](const Placed& a, const Placed& b) {
+    return write_time[a.op] < write_time[b.op];
+  });
 
   // Two values defined at ops a < b are live together when b <= last(a). A sweep over the
   // ops keeps the values live at the current op; each value defined there is compared only
@@ -485,15 +531,16 @@ std::vector<std::string> check_memory_plan(const ir::Module& module, const ir::F
   size_t next = 0;
   for (size_t i = 0; i < f.ops.size(); ++i) {
     for (size_t x : expiring[i]) live.remove(x);
-    if (next == placed.size() || placed[next].op != i) continue;
-    const size_t y = next++;
-    const Placed& b = placed[y];
-    if (b.begin == b.end) continue;  // no bytes: overlaps nothing
-    met.clear();
-    live.meeting(b.begin, b.end, met);
-    for (size_t x : met) overlapping.emplace_back(x, y);
-    live.insert(y, b.begin, b.end);
-    expiring[std::max<int>(last[f.ops[b.op].result], static_cast<int>(i)) + 1].push_back(y);
+    for (; next < placed.size() && write_time[placed[next].op] == static_cast<int>(i); ++next) {
+      const size_t y = next;
+      const Placed& b = placed[y];
+      if (b.begin == b.end) continue;  // no bytes: overlaps nothing
+      met.clear();
+      live.meeting(b.begin, b.end, met);
+      for (size_t x : met) overlapping.emplace_back(x, y);
+      live.insert(y, b.begin, b.end);
+      expiring[std::max<int>(last[f.ops[b.op].result], static_cast<int>(i)) + 1].push_back(y);
+    }
   }
   // In the order of a pairwise check: by the earlier value, then the later.
   std::sort(overlapping.begin(), overlapping.end());
@@ -524,6 +571,7 @@ int64_t sum_of_intermediates(const ir::Module& module, const ir::Function& funct
 
 std::string memory_report(const ir::Module& module, const ir::Function& f) {
   const std::vector<int> last = last_reads(f);
+  const std::vector<int> written = write_times(f);
   const std::vector<std::string> names = ir::value_names(f);
   std::vector<bool> is_result(f.values.size(), false);
   for (ir::ValueId r : f.results) is_result[r] = true;
@@ -546,7 +594,7 @@ std::string memory_report(const ir::Module& module, const ir::Function& f) {
       offset = "view";
     rows.push_back(Row{names[op.result], ir::op_name(op.kind), ir::to_string(f.type(op.result)),
                        offset, std::to_string(max_bytes(module, f.type(op.result))),
-                       fmt::format("[{},{}]", i, last[op.result])});
+                       fmt::format("[{},{}]", written[i], last[op.result])});
   }
   Row header{"value", "op", "type", "offset", "bytes", "live"};
   size_t w[5] = {header.name.size(), header.op.size(), header.type.size(), header.offset.size(),

@@ -171,6 +171,52 @@ INSTANTIATE_TEST_SUITE_P(All, LayerNormKernelTest, ::testing::ValuesIn(all_param
                                   std::to_string(p.d) + (p.with_add ? "_add" : "");
                          });
 
+// With the sum as a second output (pre-norm add_layernorm + add_layernorm_sum): the sum is
+// exactly x + y in float, and the normalized rows match the interpreter's add_layernorm; also
+// with the normalized rows written over x, as the memory plan may place them.
+TEST(LayerNormKernelSumTest, WritesTheSumToo) {
+  for (const char* target_name : {"host", kAvx2Target}) {
+    const Halide::Target target = target_named(target_name);
+    for (int64_t d : {7, 24, 512}) {
+      SCOPED_TRACE(testing::Message() << target_name << " d " << d);
+      const codegen::LayerNormKernel spec{d, 1e-5, true, true};
+      const JitKernel kernel(codegen::build_layernorm(spec, target), target);
+      const ir::Module m = layernorm_module(d, true, 1e-5);
+      for (int64_t rows : {1, 7, 33}) {
+        for (bool in_place : {false, true}) {
+          std::mt19937 rng(static_cast<uint32_t>(5 + rows + d));
+          Matrix x = random_matrix(rng, rows, d, d, -1.0f, 1.0f);
+          Matrix y = random_matrix(rng, rows, d, d + 5, -1.0f, 1.0f);
+          Matrix gamma = random_matrix(rng, 1, d, d, 0.5f, 1.5f);
+          Matrix beta = random_matrix(rng, 1, d, d, -0.5f, 0.5f);
+          Halide::Buffer<float> g(gamma.buffer.get()->sliced(1, 0));
+          Halide::Buffer<float> b(beta.buffer.get()->sliced(1, 0));
+          Halide::Buffer<float> sum(static_cast<int>(d), static_cast<int>(rows));
+          Halide::Buffer<float> out =
+              in_place ? x.buffer
+                       : Halide::Buffer<float>(static_cast<int>(d), static_cast<int>(rows));
+          ASSERT_EQ(kernel.run({x.buffer, y.buffer, g, b, out, sum}), 0);
+          const ir::Tensor want =
+              ir::interpret(m, m.functions[0], {},
+                            {x.tensor, y.tensor, ir::Tensor::from_f32({d}, gamma.tensor.f),
+                             ir::Tensor::from_f32({d}, beta.tensor.f)})
+                  .at(0);
+          float worst = 0;
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < d; ++c) {
+              const int ci = static_cast<int>(c), ri = static_cast<int>(r);
+              ASSERT_EQ(sum(ci, ri), x.tensor.f[r * d + c] + y.tensor.f[r * d + c]);
+              const float diff = std::fabs(out(ci, ri) - want.f[r * d + c]);
+              if (!(diff <= worst)) worst = diff;
+            }
+          EXPECT_LE(worst, 1e-5f) << "rows " << rows << (in_place ? " in place" : "");
+        }
+      }
+    }
+  }
+  jit::expect_compiles_ahead_of_time(codegen::LayerNormKernel{512, 1e-5, true, true});
+}
+
 // The AOT path: the kernel compiles to an object (without the runtime) for both targets.
 TEST(LayerNormKernelAotTest, CompilesToObject) {
   for (bool with_add : {false, true})

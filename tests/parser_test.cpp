@@ -212,6 +212,15 @@ const RoundTripCase kRoundTrips[] = {
   }
 }
 )kir"},
+    {"PreNorm", R"kir(module @prenorm {
+  symbol B max 2
+  func @f(%x: f32[B,4], %y: f32[B,4], %g: f32[4], %b: f32[4]) -> (f32[B,4], f32[B,4]) {
+    %n = add_layernorm(%x, %y, %g, %b) {eps = 1e-05} : f32[B,4]
+    %h = add_layernorm_sum(%n) : f32[B,4]
+    return %n, %h
+  }
+}
+)kir"},
 };
 
 class RoundTripTest : public testing::TestWithParam<RoundTripCase> {};

@@ -188,6 +188,56 @@ TEST(MemoryPlan, CheckerCatchesCorruptedTinyPlans) {
   EXPECT_TRUE(any_contains(v, "outside the arena of -1 bytes")) << joined(v);
 }
 
+// Pre-norm blocks: each add_layernorm_sum is written by its add_layernorm's kernel, so it is
+// placed there, apart from the addends that kernel reads; the checker knows it too.
+TEST(MemoryPlan, AddLayernormSumsArePlacedAtTheirAddLayernorm) {
+  const ir::Module m = ir::parse_module(R"(module @prenorm {
+  symbol B max 2
+  symbol S max 4
+  func @f(%x: f32[B,S,8], %a1: f32[B,S,8], %g: f32[8], %b: f32[8]) -> (f32[B,S,8]) {
+    %h1 = add(%x, %a1) : f32[B,S,8]
+    %n1 = layernorm(%h1, %g, %b) {eps = 1e-05} : f32[B,S,8]
+    %a2 = mul(%n1, %n1) : f32[B,S,8]
+    %h2 = add(%h1, %a2) : f32[B,S,8]
+    %n2 = layernorm(%h2, %g, %b) {eps = 1e-05} : f32[B,S,8]
+    %a3 = mul(%n2, %n2) : f32[B,S,8]
+    %h3 = add(%h2, %a3) : f32[B,S,8]
+    %out = layernorm(%h3, %g, %b) {eps = 1e-05} : f32[B,S,8]
+    return %out
+  }
+}
+)");
+  const ir::Module planned = testing::after_passes(m, passes::default_pipeline());
+  ASSERT_EQ(joined(violations(planned)), "");
+  const ir::Function& f = planned.functions[0];
+  int sums = 0;
+  for (const ir::Op& op : f.ops) {
+    if (op.kind != OpKind::add_layernorm_sum) continue;
+    ++sums;
+    // Its block meets neither the add_layernorm's result nor its addends.
+    const ir::Op& norm = f.ops[static_cast<size_t>(f.defining_op(op.operands[0]))];
+    for (ir::ValueId v : {norm.result, norm.operands[0], norm.operands[1]}) {
+      const int d = f.defining_op(v);
+      if (d >= 0 && f.ops[d].arena_offset >= 0)
+        EXPECT_NE(f.ops[d].arena_offset, op.arena_offset) << ir::print_module(planned);
+    }
+  }
+  EXPECT_EQ(sums, 2) << ir::print_module(planned);
+  // Moved onto the other addend of its add_layernorm, a sum is caught: the kernel would
+  // overwrite that addend while reading it.
+  for (size_t i = 0; i < f.ops.size(); ++i) {
+    if (f.ops[i].kind != OpKind::add_layernorm_sum) continue;
+    ir::Module bad = planned;
+    ir::Function& bf = bad.functions[0];
+    const ir::Op& norm = bf.ops[static_cast<size_t>(bf.defining_op(bf.ops[i].operands[0]))];
+    const int addend = bf.defining_op(norm.operands[1]);
+    if (addend < 0 || bf.ops[addend].arena_offset < 0) continue;
+    bf.ops[i].arena_offset = bf.ops[addend].arena_offset;
+    const std::vector<std::string> v = passes::check_memory_plan(bad, bf);
+    EXPECT_TRUE(any_contains(v, "while both are live")) << joined(v);
+  }
+}
+
 TEST(MemoryPlan, CheckerCatchesCorruptedRandomPlans) {
   int caught = 0;
   for (uint32_t seed = 0; seed < kRandomGraphs; ++seed) {

@@ -509,6 +509,29 @@ TEST(VerifierTypeRules, GatherAndLinear) {
 // ---------------------------------------------------------------------------------------
 // Diagnostic locations and formatting.
 
+// V11: an add_layernorm_sum reads an add_layernorm's result, one sum per add_layernorm.
+TEST(VerifierInvariants, AddLayernormSum) {
+  const std::string sig =
+      "(%x: f32[B,4], %y: f32[B,4], %g: f32[4], %b: f32[4]) -> (f32[B,4], f32[B,4])";
+  const std::string norm = "    %n = add_layernorm(%x, %y, %g, %b) {eps = 1e-05} : f32[B,4]\n";
+  EXPECT_TRUE(
+      verify(parse_module(function_module(
+                 sig, norm + "    %s = add_layernorm_sum(%n) : f32[B,4]\n    return %n, %s\n")))
+          .empty());
+  EXPECT_THAT(only_message(function_module(
+                  sig,
+                  "    %n = layernorm(%x, %g, %b) {eps = 1e-05} : f32[B,4]\n"
+                  "    %s = add_layernorm_sum(%n) : f32[B,4]\n    return %n, %s\n")),
+              HasSubstr("[V11] add_layernorm_sum: operand %n is not an add_layernorm's result"));
+  EXPECT_THAT(only_message(function_module(
+                  sig, "    %s = add_layernorm_sum(%x) : f32[B,4]\n    return %x, %s\n")),
+              HasSubstr("[V11] add_layernorm_sum: operand %x is not an add_layernorm's result"));
+  EXPECT_THAT(only_message(function_module(sig, norm + "    %s = add_layernorm_sum(%n) : f32[B,4]\n"
+                                                       "    %t = add_layernorm_sum(%n) : f32[B,4]\n"
+                                                       "    return %s, %t\n")),
+              HasSubstr("[V11] add_layernorm_sum: the add_layernorm of %n has a sum already"));
+}
+
 TEST(VerifierFormatting, ParsedModulesCarryFileLineAndColumn) {
   const std::string text = R"(module @m {
   func @f(%a: f32[2,3], %b: f32[4,5]) -> (f32[2,5]) {
