@@ -10,6 +10,8 @@
 // then drops the unfused ops.
 #include "passes/fuse_attention.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -55,12 +57,22 @@ struct Graph : UseInfo {
   std::string label(ValueId v) const { return value_label(f, v); }
 };
 
+// What a mask means to the attention op: query i of batch b does not see key j where
+// (causal and j > i) or padding[b, j]. Padding comes from `pad`, a bool [B,Lk] value, or
+// [B,1,1,Lk] (pad_reshape: a reshape to [B,Lk] is inserted), true where the key is padding
+// (or false, pad_negate: a keep mask; a logical_not is inserted).
+struct MaskTerms {
+  bool causal = false;
+  ValueId pad = -1;
+  bool pad_reshape = false, pad_negate = false;
+};
+
 // What a match of the pattern becomes.
 struct AttentionMatch {
   int output_op = -1;  // the head-merging reshape, replaced by the attention op
   ValueId q = -1, k = -1, v = -1;
-  ValueId key_pad = -1;  // -1: no key padding operand
   bool causal = false;
+  MaskTerms mask;  // its key padding (mask.pad, -1: none) becomes the key_pad operand
   int64_t heads = 0;
   double scale = 0;
 };
@@ -125,69 +137,174 @@ bool match_head_split(const Graph& g, ValueId t, const std::vector<int64_t>& per
   return true;
 }
 
-// `reshape(%kp : bool[B,Lk]) : bool[B,1,1,Lk]`; sets *key_pad to %kp.
-bool match_key_padding(const Graph& g, ValueId m, const Dim& batch, const Dim& lk,
-                       ValueId* key_pad) {
-  const Op* rs = g.def(m, OpKind::reshape);
-  if (!rs || !(g.type(m) == bool_type({batch, Dim::constant(1), Dim::constant(1), lk})))
-    return false;
-  if (!(g.type(rs->operands[0]) == bool_type({batch, lk}))) return false;
-  *key_pad = rs->operands[0];
-  return true;
+// The scores' query and key dims, against which masks broadcast: [B,H,Lq,Lk].
+struct ScoreDims {
+  Dim batch, lq, lk;
+};
+
+bool is_unit(const Dim& d) { return d.is_const(1); }
+
+// `shape` without its leading 1s.
+std::vector<Dim> strip_leading_units(const std::vector<Dim>& shape) {
+  size_t k = 0;
+  while (k < shape.size() && is_unit(shape[k])) ++k;
+  return std::vector<Dim>(shape.begin() + static_cast<std::ptrdiff_t>(k), shape.end());
 }
 
-// Whether `v` is `iota() {axis} : <int>[L,L]`.
-bool is_square_iota(const Graph& g, ValueId v, int64_t axis) {
-  const Op* op = g.def(v, OpKind::iota);
+// A reshape that only adds or drops leading 1s: it broadcasts as its operand does.
+const Op* unit_reshape(const Graph& g, ValueId v) {
+  const Op* rs = g.def(v, OpKind::reshape);
+  if (!rs) return nullptr;
+  return strip_leading_units(g.type(v).shape) == strip_leading_units(g.type(rs->operands[0]).shape)
+             ? rs
+             : nullptr;
+}
+
+// Which index of the scores `v` is, broadcast against [B,H,Lq,Lk]: 2 for the query index
+// i, 3 for the key index j (an integer iota along the query or key dim, with that dim's
+// extent, through leading-1 reshapes), -1 otherwise.
+int score_index(const Graph& g, ValueId v, const ScoreDims& dims) {
+  while (const Op* rs = unit_reshape(g, v)) v = rs->operands[0];
+  const Op* iota = g.def(v, OpKind::iota);
   const TensorType& t = g.type(v);
-  return op && ir::is_integer(t.dtype) && t.rank() == 2 && t.shape[0] == t.shape[1] &&
-         ir::normalize_axis(op->int_attr("axis"), 2) == axis;
+  if (!iota || !ir::is_integer(t.dtype) || t.rank() > 4) return -1;
+  const int64_t axis = ir::normalize_axis(iota->int_attr("axis"), t.rank());
+  const int64_t dim = 4 - t.rank() + axis;
+  if (dim == 2 && t.shape[axis] == dims.lq) return 2;
+  if (dim == 3 && t.shape[axis] == dims.lk) return 3;
+  return -1;
 }
 
-// `gt(iota{axis=1}, iota{axis=0}) : bool[L,L]` or `lt(iota{axis=0}, iota{axis=1})`:
-// true where key j > query i. Needs Lq == Lk == L.
-bool match_causal(const Graph& g, ValueId m, const Dim& lq, const Dim& lk) {
-  if (!(lq == lk) || !(g.type(m) == bool_type({lq, lk}))) return false;
-  if (const Op* gt = g.def(m, OpKind::gt))
-    return gt->operands[0] != gt->operands[1] && is_square_iota(g, gt->operands[0], 1) &&
-           is_square_iota(g, gt->operands[1], 0);
-  if (const Op* lt = g.def(m, OpKind::lt))
-    return lt->operands[0] != lt->operands[1] && is_square_iota(g, lt->operands[0], 0) &&
-           is_square_iota(g, lt->operands[1], 1);
-  return false;
-}
-
-// The select's condition: key padding, causal, or logical_or of both (either order).
-// The mask may have other uses (layers share it).
-bool match_mask(const Graph& g, ValueId m, const Dim& batch, const Dim& lq, const Dim& lk,
-                AttentionMatch* match, std::string* why) {
-  if (match_key_padding(g, m, batch, lk, &match->key_pad)) return true;
-  if (match_causal(g, m, lq, lk)) {
-    match->causal = true;
-    return true;
+OpKind swapped(OpKind k) {  // a < b  <=>  b > a
+  switch (k) {
+    case OpKind::lt:
+      return OpKind::gt;
+    case OpKind::gt:
+      return OpKind::lt;
+    case OpKind::le:
+      return OpKind::ge;
+    case OpKind::ge:
+      return OpKind::le;
+    default:
+      return k;
   }
-  if (const Op* lor = g.def(m, OpKind::logical_or)) {
-    if (!(g.type(m) == bool_type({batch, Dim::constant(1), lq, lk}))) {
-      *why = fmt::format("mask {} : {} does not broadcast along heads to [{},H,{},{}]", g.label(m),
-                         ir::to_string(g.type(m)), ir::to_string(batch), ir::to_string(lq),
-                         ir::to_string(lk));
+}
+
+OpKind negated(OpKind k) {  // !(a < b)  <=>  a >= b
+  switch (k) {
+    case OpKind::lt:
+      return OpKind::ge;
+    case OpKind::gt:
+      return OpKind::le;
+    case OpKind::le:
+      return OpKind::gt;
+    case OpKind::ge:
+      return OpKind::lt;
+    default:
+      return k;
+  }
+}
+
+// Adds the terms of mask `m` (masked where m is true; where it is false when !polarity) to
+// *terms: logical_or of terms (and, by De Morgan, logical_and of negated ones), logical_not,
+// leading-1 reshapes, key padding [B,1,1,Lk] (a reshape of [B,Lk] or any such value), and
+// the causal comparison of the key and query indices (iotas) that masks exactly j > i.
+// Sets *why when `m` is anything else.
+bool collect_mask_terms(const Graph& g, ValueId m, bool polarity, const ScoreDims& dims,
+                        MaskTerms* terms, std::string* why) {
+  const TensorType& t = g.type(m);
+  const Op* op = def_op(g.f, g.defs, m);
+  if (t.dtype == DType::boolean &&
+      t == bool_type({dims.batch, Dim::constant(1), Dim::constant(1), dims.lk})) {
+    if (terms->pad >= 0) {
+      *why = fmt::format("mask {} has two key padding terms", g.label(m));
       return false;
     }
-    for (int side = 0; side < 2; ++side) {
-      ValueId pad = lor->operands[side], causal = lor->operands[1 - side];
-      if (match_key_padding(g, pad, batch, lk, &match->key_pad) &&
-          match_causal(g, causal, lq, lk)) {
-        match->causal = true;
-        return true;
-      }
+    const Op* rs = g.def(m, OpKind::reshape);
+    if (rs && g.type(rs->operands[0]) == bool_type({dims.batch, dims.lk})) {
+      terms->pad = rs->operands[0];
+    } else {
+      terms->pad = m;
+      terms->pad_reshape = true;
     }
-    match->key_pad = -1;
+    terms->pad_negate = !polarity;
+    return true;
+  }
+  if (!op) {
+    *why = fmt::format(
+        "mask {} : {} is a parameter, neither key padding bool[{},1,1,{}] nor "
+        "computed from iotas",
+        g.label(m), ir::to_string(t), ir::to_string(dims.batch), ir::to_string(dims.lk));
+    return false;
+  }
+  switch (op->kind) {
+    case OpKind::logical_not:
+      return collect_mask_terms(g, op->operands[0], !polarity, dims, terms, why);
+    case OpKind::logical_or:
+    case OpKind::logical_and:
+      // A union of masked sets: or of masks, or and of keep masks.
+      if ((op->kind == OpKind::logical_or) == polarity)
+        return collect_mask_terms(g, op->operands[0], polarity, dims, terms, why) &&
+               collect_mask_terms(g, op->operands[1], polarity, dims, terms, why);
+      *why = fmt::format("mask {} masks the intersection of two masks ({} of {})", g.label(m),
+                         ir::op_name(op->kind), polarity ? "masks" : "keep masks");
+      return false;
+    case OpKind::reshape:
+      if (unit_reshape(g, m))
+        return collect_mask_terms(g, op->operands[0], polarity, dims, terms, why);
+      break;
+    case OpKind::lt:
+    case OpKind::le:
+    case OpKind::gt:
+    case OpKind::ge: {
+      const int a = score_index(g, op->operands[0], dims);
+      const int b = score_index(g, op->operands[1], dims);
+      if (a < 0 || b < 0 || a == b) {
+        *why = fmt::format(
+            "mask {} compares {} and {}, not the key and query positions (iotas "
+            "along the scores' last two dims)",
+            g.label(m), g.label(op->operands[0]), g.label(op->operands[1]));
+        return false;
+      }
+      // The relation of key j to query i that the masked set is.
+      OpKind rel = a == 3 ? op->kind : swapped(op->kind);
+      if (!polarity) rel = negated(rel);
+      if (rel != OpKind::gt) {
+        *why = fmt::format("mask {} masks where key {} query, not key > query (causal)", g.label(m),
+                           rel == OpKind::lt   ? "<"
+                           : rel == OpKind::le ? "<="
+                                               : ">=");
+        return false;
+      }
+      terms->causal = true;
+      return true;
+    }
+    default:
+      break;
   }
   *why = fmt::format(
-      "mask {} : {} is not key padding bool[{},1,1,{}], causal (key > query) "
-      "or their logical_or",
-      g.label(m), ir::to_string(g.type(m)), ir::to_string(batch), ir::to_string(lk));
+      "mask {} : {} ({}) is not key padding bool[{},1,1,{}], a causal comparison (key > "
+      "query) or their logical_or",
+      g.label(m), ir::to_string(t), ir::op_name(op->kind), ir::to_string(dims.batch),
+      ir::to_string(dims.lk));
   return false;
+}
+
+// The select's condition (masked where it is true, or where it is false when !polarity):
+// key padding, causal, or both, in any layout that broadcasts to the scores ([L,L],
+// [1,1,L,L], [B,1,1,Lk], [B,1,L,L], ...). The mask may have other uses (layers share it).
+bool match_mask(const Graph& g, ValueId m, bool polarity, const ScoreDims& dims,
+                AttentionMatch* match, std::string* why) {
+  MaskTerms terms;
+  if (!collect_mask_terms(g, m, polarity, dims, &terms, why)) return false;
+  if (terms.causal && !(dims.lq == dims.lk)) {
+    *why = fmt::format("causal mask {} needs as many queries as keys, not {} and {}", g.label(m),
+                       ir::to_string(dims.lq), ir::to_string(dims.lk));
+    return false;
+  }
+  match->causal = terms.causal;
+  match->mask = terms;
+  return true;
 }
 
 // Whether the softmax at `softmax_index` is the anchor of a fusable attention pattern;
@@ -213,16 +330,27 @@ bool can_fuse_attention(const Graph& g, int softmax_index, AttentionMatch* match
 
   // Optional mask: select(%mask, -1e9, %scaled).
   ValueId scaled = masked, mask = -1;
+  bool polarity = true;  // masked where the condition is true
+  bool infinite_fill = false;
   if (const Op* select = g.def(masked, OpKind::select)) {
     mask = select->operands[0];
-    scaled = select->operands[2];
+    // select(mask, fill, scores), or select(keep, scores, fill): masked where keep is false.
     double fill = 0;
-    if (!f32_scalar_constant(g, select->operands[1], &fill))
-      return reject(
-          fmt::format("select fill {} is not a rank-0 f32 constant", g.label(select->operands[1])));
-    if (fill != kMaskFill)
-      return reject(
-          fmt::format("select fill {} is {}, not -1e9", g.label(select->operands[1]), fill));
+    int fill_side = 1;
+    if (!f32_scalar_constant(g, select->operands[1], &fill)) {
+      fill_side = 2;
+      if (!f32_scalar_constant(g, select->operands[2], &fill))
+        return reject(fmt::format("select fill {} is not a rank-0 f32 constant",
+                                  g.label(select->operands[1])));
+    }
+    polarity = fill_side == 1;
+    scaled = select->operands[3 - fill_side];
+    // -inf masks as -1e9 does where a row keeps one key (a causal mask keeps the diagonal);
+    // checked below, once the mask is known.
+    infinite_fill = std::isinf(fill) && fill < 0;
+    if (fill != kMaskFill && !infinite_fill)
+      return reject(fmt::format("select fill {} is {}, not -1e9 (or -inf with a causal mask)",
+                                g.label(select->operands[fill_side]), fill));
     if (g.uses[scaled] != 1)
       return reject(fmt::format("scaled scores {} have {} uses", g.label(scaled), g.uses[scaled]));
     if (!(g.type(scaled) == g.type(masked)))
@@ -281,8 +409,13 @@ bool can_fuse_attention(const Graph& g, int softmax_index, AttentionMatch* match
   if (!(qs.batch == ks.batch) || !(ks.batch == vs.batch) || !(ks.length == vs.length))
     return reject("batch or key lengths of q, k, v disagree");
 
-  if (mask >= 0 && !match_mask(g, mask, qs.batch, qs.length, ks.length, match, &why))
+  if (mask >= 0 &&
+      !match_mask(g, mask, polarity, ScoreDims{qs.batch, qs.length, ks.length}, match, &why))
     return reject(why);
+  if (infinite_fill && (!match->causal || match->mask.pad >= 0))
+    return reject(
+        fmt::format("select fill is -inf, which masks as -1e9 only with a causal mask "
+                    "alone (a padded row of keys has no key left)"));
 
   match->output_op = g.defs[merge->result];
   match->q = qs.input;
@@ -292,7 +425,7 @@ bool can_fuse_attention(const Graph& g, int softmax_index, AttentionMatch* match
 
   // The attention op must type as the reshape it replaces.
   std::vector<TensorType> in = {g.type(match->q), g.type(match->k), g.type(match->v)};
-  if (match->key_pad >= 0) in.push_back(g.type(match->key_pad));
+  if (match->mask.pad >= 0) in.push_back(bool_type({qs.batch, ks.length}));
   ir::Attrs attrs = {
       {"heads", match->heads}, {"scale", match->scale}, {"causal", int64_t{match->causal ? 1 : 0}}};
   ir::TypeResult t = ir::infer_type(g.module, OpKind::attention, in, attrs, nullptr);
@@ -305,31 +438,55 @@ bool can_fuse_attention(const Graph& g, int softmax_index, AttentionMatch* match
 
 // Replaces the head-merging reshape of the pattern anchored at `softmax_index` with the
 // attention op, in place. The unfused ops are left for remove_dead_code.
+// A key padding mask of another form than bool[B,Lk] (true = padding) is brought to it by
+// a reshape and a logical_not inserted before the head merge: matches are rewritten from
+// the last head merge back, so the positions of the others stay valid.
 void fuse_attention_at(Function& f, const Graph& g, int softmax_index) {
   AttentionMatch m;
   KILN_ASSERT(can_fuse_attention(g, softmax_index, &m), "fuse_attention_at needs a match");
-  Op& out = f.ops[m.output_op];
+  const std::string softmax_label = g.label(f.ops[softmax_index].result);
+  size_t pos = static_cast<size_t>(m.output_op);
+  ValueId key_pad = m.mask.pad;
+  std::string pad_label = key_pad >= 0 ? g.label(key_pad) : std::string();
+  if (key_pad >= 0) {
+    const TensorType pad_type = bool_type({f.type(m.q).shape[0], f.type(m.k).shape[1]});
+    if (m.mask.pad_reshape) {
+      key_pad = insert_op(f, pos, pos, OpKind::reshape, {key_pad}, pad_type);
+      ++pos;
+      pad_label = "reshape(" + pad_label + ")";
+    }
+    if (m.mask.pad_negate) {
+      key_pad = insert_op(f, pos, pos, OpKind::logical_not, {key_pad}, pad_type);
+      ++pos;
+      pad_label = "logical_not(" + pad_label + ")";
+    }
+  }
+  Op& out = f.ops[pos];
   out.kind = OpKind::attention;
   out.operands = {m.q, m.k, m.v};
-  if (m.key_pad >= 0) out.operands.push_back(m.key_pad);
+  if (key_pad >= 0) out.operands.push_back(key_pad);
   out.attrs = {{"heads", m.heads}, {"scale", m.scale}, {"causal", int64_t{m.causal ? 1 : 0}}};
   debug_log(kPass, "fused softmax {} into attention {} (heads {}, scale {}, causal {}{})",
-            g.label(f.ops[softmax_index].result), g.label(out.result), m.heads, m.scale,
-            m.causal ? 1 : 0, m.key_pad >= 0 ? ", key padding " + g.label(m.key_pad) : "");
+            softmax_label, value_label(f, out.result), m.heads, m.scale, m.causal ? 1 : 0,
+            key_pad >= 0 ? ", key padding " + pad_label : "");
 }
 
 bool fuse_function(const ir::Module& module, Function& f) {
   // Rewrites only change the (single-use-fed) head-merging reshapes in place, which no
   // other candidate's pattern contains, so the def/use facts stay valid for the rest.
   const Graph g(module, f);
-  bool changed = false;
+  std::vector<std::pair<int, int>> matches;  // (head merge, softmax)
   for (size_t i = 0; i < f.ops.size(); ++i) {
     if (f.ops[i].kind != OpKind::softmax) continue;
     AttentionMatch m;
     if (!can_fuse_attention(g, static_cast<int>(i), &m)) continue;
-    fuse_attention_at(f, g, static_cast<int>(i));
-    changed = true;
+    matches.emplace_back(m.output_op, static_cast<int>(i));
   }
+  // From the last head merge back: ops inserted before one leave earlier positions alone,
+  // and every op of an earlier match precedes its own head merge.
+  std::sort(matches.rbegin(), matches.rend());
+  for (const auto& [merge, softmax] : matches) fuse_attention_at(f, g, softmax);
+  const bool changed = !matches.empty();
   if (changed) remove_dead_code(f);
   return changed;
 }

@@ -253,6 +253,79 @@ TEST_F(CliTest, CompileSharedAndRunCompiledMatchesGolden) {
             "--tgt-vocab\n");
 }
 
+// A GPT-style block (tests/e2e/gpt_block.kir: pre-norm, causal mask bool[1,1,T,T] or'ed
+// with key padding, GELU MLP, tied output projection): the default pipeline leaves no
+// softmax, no layernorm and no separate residual add or GELU, and the compiled code matches
+// the interpreter on a padded batch.
+TEST_F(CliTest, GptBlockFusesAndCompiledMatchesInterpreter) {
+  const std::string kir = std::string(KILN_TEST_DATA_DIR) + "/e2e/gpt_block.kir";
+  ASSERT_EQ(run("opt " + kir + " -o " + path("opt.kir")).status, 0);
+  Result ops = run("inspect " + path("opt.kir") + " --ops");
+  ASSERT_EQ(ops.status, 0) << ops.output;
+  EXPECT_THAT(ops.output, HasSubstr("forward attention 1\n"));
+  // ln_1 and ln_2 (their sums are also the residuals) and ln_f.
+  EXPECT_THAT(ops.output, HasSubstr("forward add_layernorm 3\n"));
+  EXPECT_THAT(ops.output, HasSubstr("forward add_layernorm_sum 2\n"));
+  for (const char* unfused : {"softmax", " layernorm", " add ", "gelu", "matmul", "select"})
+    EXPECT_THAT(ops.output, Not(HasSubstr(std::string("forward ") + unfused))) << ops.output;
+  Result text = run("opt " + kir);
+  EXPECT_THAT(text.output, HasSubstr("{act = \"gelu\"}"));
+  EXPECT_THAT(text.output, HasSubstr("{causal = 1, heads = 2, scale = 0.35355339059327373}"));
+
+  // Random weights and a padded batch: the second row ends in two padding ids.
+  struct Named {
+    const char* name;
+    std::vector<int64_t> shape;
+  };
+  const std::vector<Named> weights = {{"wte.weight", {16, 16}},
+                                      {"wpe.weight", {8, 16}},
+                                      {"h.0.ln_1.weight", {16}},
+                                      {"h.0.ln_1.bias", {16}},
+                                      {"h.0.attn.q.weight", {16, 16}},
+                                      {"h.0.attn.q.bias", {16}},
+                                      {"h.0.attn.k.weight", {16, 16}},
+                                      {"h.0.attn.k.bias", {16}},
+                                      {"h.0.attn.v.weight", {16, 16}},
+                                      {"h.0.attn.v.bias", {16}},
+                                      {"h.0.attn.proj.weight", {16, 16}},
+                                      {"h.0.attn.proj.bias", {16}},
+                                      {"h.0.ln_2.weight", {16}},
+                                      {"h.0.ln_2.bias", {16}},
+                                      {"h.0.mlp.fc.weight", {32, 16}},
+                                      {"h.0.mlp.fc.bias", {32}},
+                                      {"h.0.mlp.proj.weight", {16, 32}},
+                                      {"h.0.mlp.proj.bias", {16}},
+                                      {"ln_f.weight", {16}},
+                                      {"ln_f.bias", {16}}};
+  std::vector<rt::TensorData> tensors;
+  uint32_t seed = 1;
+  for (const Named& w : weights) {
+    int64_t n = 1;
+    for (int64_t d : w.shape) n *= d;
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) {  // deterministic values in [-1, 1)
+      seed = seed * 1664525u + 1013904223u;
+      x = static_cast<float>(seed >> 8) / static_cast<float>(1 << 23) - 1.0f;
+    }
+    tensors.push_back(rt::make_f32(w.name, w.shape, v));
+  }
+  rt::write_safetensors(path("w.safetensors"), tensors);
+  rt::write_safetensors(
+      path("in.safetensors"),
+      {rt::make_i64("ids", {2, 7}, {5, 3, 9, 1, 12, 4, 7, 2, 8, 15, 6, 11, 0, 0})});
+  Result ref = run("run " + kir + " --weights " + path("w.safetensors") + " --inputs " +
+                   path("in.safetensors") + " -o " + path("ref.safetensors"));
+  ASSERT_EQ(ref.status, 0) << ref.output;
+  Result c = run("compile " + kir + " --emit=shared --name gpt -o " + path("out"));
+  ASSERT_EQ(c.status, 0) << c.output;
+  Result r =
+      run("run --compiled " + path("out") + " --weights " + path("w.safetensors") + " --inputs " +
+          path("in.safetensors") + " --expect " + path("ref.safetensors") + " --atol 1e-5");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("(match <= 1e-05)")) << r.output;
+  std::printf("%s", r.output.c_str());  // the error, for the record
+}
+
 TEST_F(CliTest, CompileErrorsNameTheProblem) {
   FILE* f = fopen(path("softmax.kir").c_str(), "w");
   fputs(
