@@ -89,6 +89,9 @@ struct LayerNormKernel {
   double eps = 1e-5;
   bool with_add = false;
   bool with_sum = false;
+  // y broadcast over x's leading dims: y f32 (c, t) [D × T] with R a multiple of T, row r
+  // of x adding row r mod T of y (y's IR shape a suffix of x's).
+  bool broadcast_y = false;
 };
 
 // A fused group of elementwise ops (with numpy broadcasting), gathers and iota/table

@@ -113,12 +113,15 @@ KernelPipeline build_layernorm(const LayerNormKernel& spec, const Halide::Target
   // The row to normalize; with the add, rounded to float first (as add_layernorm is).
   // With the sum as a second output, the normalization reads that output (computed first,
   // over all rows), so `out` may overwrite x or y in place.
+  KILN_ASSERT(!spec.broadcast_y || spec.with_add, "layernorm kernel: broadcast of no addend");
+  // A broadcast y has fewer rows than x: x's row r adds y's row r mod (y's rows).
+  const Expr y_row = spec.broadcast_y ? r % Halide::max(y.dim(1).extent(), 1) : Expr(r);
   Func s("s"), sum_out("sum");
   if (spec.with_sum) {
-    sum_out(c, r) = x(c, r) + y(c, r);
+    sum_out(c, r) = x(c, r) + y(c, y_row);
     s(c, r) = sum_out(c, r);
   } else if (spec.with_add) {
-    s(c, r) = x(c, r) + y(c, r);
+    s(c, r) = x(c, r) + y(c, y_row);
   } else {
     s(c, r) = x(c, r);
   }
@@ -146,6 +149,7 @@ KernelPipeline build_layernorm(const LayerNormKernel& spec, const Halide::Target
   // (this also makes ShiftInwards vector tails below stay inside the row).
   x.dim(0).set_min(0);
   y.dim(0).set_min(0);
+  y.dim(1).set_min(0);
   gamma.dim(0).set_min(0);
   beta.dim(0).set_min(0);
   out.output_buffer().dim(0).set_bounds(0, d32);

@@ -509,7 +509,9 @@ class Lowerer {
           bool with_add = op.kind == OpKind::add_layernorm;
           auto sum = sum_of.find(op.result);
           const bool with_sum = sum != sum_of.end();
-          LayerNormKernel k{type.shape.back().value, op.float_attr("eps"), with_add, with_sum};
+          const bool broadcast_y = with_add && f.type(op.operands[1]).rank() < type.rank();
+          LayerNormKernel k{type.shape.back().value, op.float_attr("eps"), with_add, with_sum,
+                            broadcast_y};
           View out = output_view(op);
           rt::StepDesc s{
               kernel_index(k), fmt::format("{} %{}", ir::op_name(op.kind), op.result), {}};

@@ -108,7 +108,8 @@ enum class OpKind {
   // Fused ops (produced by passes; ordinary ops otherwise).
   linear,         // (x, W[N,K], b[N]) {act}: act(x·Wᵀ + b), act "none" or an activation
                   // op's name (is_linear_activation)
-  add_layernorm,  // (x, y, gamma, beta) {eps}: layernorm(x + y)
+  add_layernorm,  // (x, y, gamma, beta) {eps}: layernorm(x + y); y is x's type or
+                  // broadcasts over x's leading dims (its shape a suffix of x's)
   // (n): the sum x + y that the add_layernorm defining n computes, as its second output
   // (pre-norm blocks, whose residual sum feeds both the norm and the next residual). Its
   // operand must be an add_layernorm's result, and an add_layernorm has at most one

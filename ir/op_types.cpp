@@ -495,7 +495,11 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
       const bool fused = kind == OpKind::add_layernorm;
       KILN_CHECK(want_operands(fused ? 4 : 3, fused ? 4 : 3));
       const TensorType& x = in[0];
-      if (fused && !(in[1] == x))
+      // y is x's type, or broadcasts over x's leading dims (its shape a suffix of x's, e.g.
+      // learned positions [S,D] added to token embeddings [B,S,D]).
+      if (fused && !(in[1] == x) &&
+          !(in[1].dtype == x.dtype && in[1].rank() >= 1 && in[1].rank() < x.rank() &&
+            std::equal(in[1].shape.begin(), in[1].shape.end(), x.shape.end() - in[1].rank())))
         return err("addends differ: {} and {}", to_string(x), to_string(in[1]));
       if (x.dtype != DType::f32 || x.rank() < 1) return err("input must be f32 of rank >= 1");
       const TensorType& g = in[fused ? 2 : 1];

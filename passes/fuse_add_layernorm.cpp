@@ -8,7 +8,9 @@
 // and remove_dead_code drops the adds left unused.
 #include "passes/fuse_add_layernorm.h"
 
+#include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -36,6 +38,22 @@ struct Graph : UseInfo {
   }
 };
 
+// The add's operands as add_layernorm's (x, y): y of x's type, or broadcast over x's
+// leading dims (y's shape a proper suffix of x's, either operand order: float addition
+// commutes); (-1, -1) for any other broadcast.
+std::pair<ValueId, ValueId> addend_order(const Function& f, const Op& add) {
+  const ValueId a = add.operands[0], b = add.operands[1];
+  if (f.type(a) == f.type(b)) return {a, b};
+  const auto suffix = [&](ValueId big, ValueId small) {
+    const ir::TensorType &bt = f.type(big), &st = f.type(small);
+    return bt.dtype == st.dtype && st.rank() >= 1 && st.rank() < bt.rank() &&
+           std::equal(st.shape.begin(), st.shape.end(), bt.shape.end() - st.rank());
+  };
+  if (suffix(a, b)) return {a, b};
+  if (suffix(b, a)) return {b, a};
+  return {-1, -1};
+}
+
 // Whether the layernorm at `pos` can absorb the add defining its input; logs why not.
 // Sets *keep_sum when the sum has other uses, all after the layernorm (pre-norm): the
 // add_layernorm then also gives the sum, as an add_layernorm_sum.
@@ -51,9 +69,10 @@ bool can_fuse_add_layernorm(const Graph& g, int pos, bool* keep_sum) {
     return false;
   }
   const ValueId x = add->operands[0], y = add->operands[1];
-  if (!(f.type(x) == f.type(y))) {
-    debug_log(kPass, "{}: add {} broadcasts {} and {}", value_label(f, norm.result),
-              value_label(f, s), ir::to_string(f.type(x)), ir::to_string(f.type(y)));
+  if (!(f.type(x) == f.type(y)) && addend_order(f, *add).first < 0) {
+    debug_log(kPass, "{}: add {} broadcasts {} and {} other than over leading dims",
+              value_label(f, norm.result), value_label(f, s), ir::to_string(f.type(x)),
+              ir::to_string(f.type(y)));
     return false;
   }
   *keep_sum = g.uses[s] != 1;
@@ -79,9 +98,9 @@ bool fuse_function(Function& f) {
         !can_fuse_add_layernorm(g, static_cast<int>(i), &keep))
       continue;
     const ValueId sum = f.ops[i].operands[0];
-    const Op& add = f.ops[g.defs[sum]];
+    const auto [x, y] = addend_order(f, f.ops[g.defs[sum]]);
     debug_log(kPass, "fused {} = layernorm(add({}, {})){}", value_label(f, f.ops[i].result),
-              value_label(f, add.operands[0]), value_label(f, add.operands[1]),
+              value_label(f, x), value_label(f, y),
               keep ? fmt::format(", and {} = its sum ({} uses)", value_label(f, sum), g.uses[sum])
                    : std::string());
     fused.push_back(static_cast<int>(i));
@@ -103,7 +122,7 @@ bool fuse_function(Function& f) {
     Op& norm = f.ops[fused[k]];
     const ValueId s = norm.operands[0];
     const int add_pos = g.defs[s];
-    const ValueId x = f.ops[add_pos].operands[0], y = f.ops[add_pos].operands[1];
+    const auto [x, y] = addend_order(f, f.ops[add_pos]);
     norm.kind = OpKind::add_layernorm;
     norm.operands = {x, y, norm.operands[1], norm.operands[2]};
     if (!keep) continue;

@@ -10,11 +10,12 @@
 //   %n = layernorm(%s, %g, %b) {eps}        =>   %s = add_layernorm_sum(%n)
 //   %t = add(%s, %z)                             %t = add(%s, %z)
 //
-// Fires only when the add's two operands have the same type (no broadcasting: a bias
-// add of f32[D] to f32[B,S,D] stays an add) and every other use of the sum comes after
-// the layernorm (the sum op is placed right after it; a use before the layernorm leaves
-// both ops as they are, logged). The layernorm keeps its result value (name and uses);
-// the add_layernorm_sum takes the add's name and its other uses (results included); the
+// Fires when the add's two operands have the same type, or one broadcasts over the other's
+// leading dims (its shape a suffix of the other's: learned positions [S,D] added to token
+// embeddings [B,S,D], or a bias [D]; it becomes add_layernorm's y), and every other use of
+// the sum comes after the layernorm (the sum op is placed right after it; a use before the
+// layernorm leaves both ops as they are, logged). The layernorm keeps its result value (name and
+// uses); the add_layernorm_sum takes the add's name and its other uses (results included); the
 // absorbed add is removed. Of several layernorms of one sum, only the first absorbs it;
 // the others read the add_layernorm_sum. Every other op is left as it was, except that
 // ops dead before the pass are removed from a function the pass changed.

@@ -217,6 +217,59 @@ TEST(LayerNormKernelSumTest, WritesTheSumToo) {
   jit::expect_compiles_ahead_of_time(codegen::LayerNormKernel{512, 1e-5, true, true});
 }
 
+// y broadcast over x's leading dims (learned positions [T,d] added to embeddings [B,T,d]):
+// x's row b·T + t adds y's row t; with and without the sum output.
+TEST(LayerNormKernelSumTest, BroadcastY) {
+  const int64_t d = 24, T = 5, B = 3;
+  ir::Module m;
+  m.name = "test";
+  m.symbols = {{"B", 8}, {"T", 8}};
+  ir::Function f;
+  f.name = "f";
+  const ir::Dim cd = ir::Dim::constant(d);
+  const ir::TensorType xt{ir::DType::f32, {ir::Dim::sym("B"), ir::Dim::sym("T"), cd}};
+  const ir::TensorType yt{ir::DType::f32, {ir::Dim::sym("T"), cd}};
+  const ir::TensorType vec{ir::DType::f32, {cd}};
+  std::vector<ir::ValueId> operands{f.add_param("x", xt), f.add_param("y", yt),
+                                    f.add_param("gamma", vec), f.add_param("beta", vec)};
+  const ir::ValueId n = f.add_op(ir::OpKind::add_layernorm, operands, xt, {{"eps", 1e-5}});
+  f.results = {n, f.add_op(ir::OpKind::add_layernorm_sum, {n}, xt)};
+  m.functions.push_back(std::move(f));
+  for (const char* target_name : {"host", kAvx2Target}) {
+    const Halide::Target target = target_named(target_name);
+    for (bool with_sum : {false, true}) {
+      SCOPED_TRACE(testing::Message() << target_name << (with_sum ? " with sum" : ""));
+      const codegen::LayerNormKernel spec{d, 1e-5, true, with_sum, true};
+      const JitKernel kernel(codegen::build_layernorm(spec, target), target);
+      std::mt19937 rng(17);
+      Matrix x = random_matrix(rng, B * T, d, d + 3, -1.0f, 1.0f);
+      Matrix y = random_matrix(rng, T, d, d, -1.0f, 1.0f);
+      Matrix gamma = random_matrix(rng, 1, d, d, 0.5f, 1.5f);
+      Matrix beta = random_matrix(rng, 1, d, d, -0.5f, 0.5f);
+      Halide::Buffer<float> g(gamma.buffer.get()->sliced(1, 0));
+      Halide::Buffer<float> b(beta.buffer.get()->sliced(1, 0));
+      Halide::Buffer<float> out(static_cast<int>(d), static_cast<int>(B * T));
+      Halide::Buffer<float> sum(static_cast<int>(d), static_cast<int>(B * T));
+      std::vector<Halide::Buffer<>> buffers{x.buffer, y.buffer, g, b, out};
+      if (with_sum) buffers.push_back(sum);
+      ASSERT_EQ(kernel.run(buffers), 0);
+      const std::vector<ir::Tensor> want = ir::interpret(
+          m, m.functions[0], {},
+          {ir::Tensor::from_f32({B, T, d}, x.tensor.f), ir::Tensor::from_f32({T, d}, y.tensor.f),
+           ir::Tensor::from_f32({d}, gamma.tensor.f), ir::Tensor::from_f32({d}, beta.tensor.f)});
+      float worst = 0;
+      for (int64_t r = 0; r < B * T; ++r)
+        for (int64_t c = 0; c < d; ++c) {
+          const int ci = static_cast<int>(c), ri = static_cast<int>(r);
+          if (with_sum) ASSERT_EQ(sum(ci, ri), want[1].f[r * d + c]) << "row " << r;
+          const float diff = std::fabs(out(ci, ri) - want[0].f[r * d + c]);
+          if (!(diff <= worst)) worst = diff;
+        }
+      EXPECT_LE(worst, 1e-5f);
+    }
+  }
+}
+
 // The AOT path: the kernel compiles to an object (without the runtime) for both targets.
 TEST(LayerNormKernelAotTest, CompilesToObject) {
   for (bool with_add : {false, true})
