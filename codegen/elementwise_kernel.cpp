@@ -5,7 +5,9 @@
 // to the right, so it aligns Halide dims to the left: an operand of rank m is read at the
 // first m indices of its consumer, whatever their ranks. A dim whose broadcast flag is
 // set has extent 1 and is read at index 0. A gather's ids are its leading IR dims: the
-// gather's Halide dim 0 indexes the table row and the rest index the ids.
+// gather's first Halide dims (one fewer than the table's rank) index the table row and the
+// rest index the ids. A transpose reads its operand at permuted indices (a copy kernel
+// when it is the only op).
 //
 // Numerics follow the interpreter (ir/interpreter.cpp): i64 division truncates toward
 // zero (a zero divisor gives 0 here instead of an error, and x / -1 wraps), f32 -> i64
@@ -58,7 +60,8 @@ bool is_math(const std::string& op) {
          op == "sigmoid" || op == "gelu" || op == "gelu_tanh" || op == "silu";
 }
 bool is_unary(const std::string& op) {
-  return op == "logical_not" || op == "relu" || op == "neg" || op == "cast" || is_math(op);
+  return op == "logical_not" || op == "relu" || op == "neg" || op == "cast" || is_math(op) ||
+         op == "transpose";
 }
 
 // Operand count of a supported op; -1 for an unsupported one.
@@ -130,6 +133,13 @@ class ExprBuilder {
       return Halide::cast(type, idx[node.rank - 1 - axis]);
     }
     if (op == "gather") return emit_gather(node, idx);
+    if (op == "transpose") {
+      // IR dim d of the node is IR dim perm[d] of the operand; Halide dims are reversed.
+      std::vector<Expr> at(idx.size());
+      for (int d = 0; d < node.rank; ++d)
+        at[static_cast<size_t>(node.rank - 1 - node.perm[d])] = idx[node.rank - 1 - d];
+      return emit(node.operands[0], at);
+    }
 
     std::vector<Expr> in;
     for (int o : node.operands) {
@@ -152,6 +162,10 @@ class ExprBuilder {
                 fmt::format("elementwise node {} ({}): rank", n, node.op));
     for (int o : node.operands) {
       KILN_ASSERT(o >= 0 && o < n, fmt::format("elementwise node {}: bad operand {}", n, o));
+      if (node.op == "transpose")
+        KILN_ASSERT(
+            spec_.nodes[o].rank == node.rank && static_cast<int>(node.perm.size()) == node.rank,
+            fmt::format("elementwise node {}: transpose rank", n));
       if (node.op != "gather")
         KILN_ASSERT(spec_.nodes[o].rank <= node.rank,
                     fmt::format("elementwise node {}: operand {} has a higher rank", n, o));
@@ -176,28 +190,33 @@ class ExprBuilder {
     if (node.op == "gather") {
       const Node& table = spec_.nodes[node.operands[0]];
       const Node& ids = spec_.nodes[node.operands[1]];
-      if (table.op != "input" || table.rank != 2)
+      if (table.op != "input" || table.rank < 1)
         fail(
             "elementwise kernel: unsupported gather from a {} of rank {} (needs an input "
-            "table of rank 2)",
+            "table of rank >= 1)",
             table.op, table.rank);
-      KILN_ASSERT(ids.dtype == Dtype::i64 && ids.rank == node.rank - 1 && table.dtype == node.dtype,
+      KILN_ASSERT(ids.dtype == Dtype::i64 && ids.rank == node.rank - (table.rank - 1) &&
+                      table.dtype == node.dtype,
                   fmt::format("elementwise node {}: gather operands", n));
     }
   }
 
-  // out(d, i...) = table(d, clamp(ids(i...), 0, rows - 1)): Halide dim 0 is the table's
-  // feature dim, the others index the ids.
+  // out(d..., i...) = table(d..., clamp(ids(i...), 0, rows - 1)): the first Halide dims
+  // (as many as the table has besides its rows) index the table's row, the others the ids.
   Expr emit_gather(const Node& node, const std::vector<Expr>& idx) {
     const Node& table = spec_.nodes[node.operands[0]];
     const ImageParam& t = params_.at(table.input);
-    const Expr id = emit(node.operands[1], std::vector<Expr>(idx.begin() + 1, idx.end()));
+    const size_t inner = static_cast<size_t>(table.rank - 1);
+    const Expr id = emit(node.operands[1], std::vector<Expr>(idx.begin() + inner, idx.end()));
     // The rows the spec declares; Halide checks that the table buffer has them. Without
     // them, the rows the buffer has.
-    const Expr last = node.table_rows > 0 ? Expr(node.table_rows - 1)
-                                          : Halide::cast(Halide::Int(64), t.dim(1).max());
+    const Expr last = node.table_rows > 0
+                          ? Expr(node.table_rows - 1)
+                          : Halide::cast(Halide::Int(64), t.dim(table.rank - 1).max());
     const Expr row = Halide::cast(Halide::Int(32), Halide::clamp(id, Expr(int64_t{0}), last));
-    return t(idx[0], row);
+    std::vector<Expr> at(idx.begin(), idx.begin() + inner);
+    at.push_back(row);
+    return t(at);
   }
 
   Expr apply(const Node& node, const std::vector<Expr>& in) const {

@@ -26,6 +26,11 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
 KernelPipeline build_step_attention(const StepAttentionKernel& spec, const Halide::Target& target);
 KernelPipeline build_layernorm(const LayerNormKernel& spec, const Halide::Target& target);
 KernelPipeline build_elementwise(const ElementwiseKernel& spec, const Halide::Target& target);
+KernelPipeline build_reduce(const ReduceKernel& spec, const Halide::Target& target);
+KernelPipeline build_softmax(const SoftmaxKernel& spec, const Halide::Target& target);
+KernelPipeline build_matmul(const MatmulKernel& spec, const Halide::Target& target);
+// The builder of `spec`'s kind.
+KernelPipeline build_kernel(const KernelSpec& spec, const Halide::Target& target);
 
 // The host target with only the x86 features this CPU really has: Halide 14 reports
 // avx512_sapphirerapids on AMD Zen 4/5 (it checks BF16 and VNNI only), and LLVM's

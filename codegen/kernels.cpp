@@ -100,6 +100,8 @@ std::string ElementwiseKernel::signature() const {
     if (n.op == "constant") s += fmt::format(":v{}", n.value);
     if (n.op == "iota") s += fmt::format(":a{}", n.axis);
     if (n.op == "gather") s += fmt::format(":t{}", n.table_rows);
+    if (n.op == "transpose")
+      for (int64_t p : n.perm) s += fmt::format(":p{}", p);
   }
   return s;
 }
@@ -138,6 +140,22 @@ std::string kernel_name(const KernelSpec& spec) {
                        : k->with_add ? "add_"
                                      : "",
                        k->broadcast_y ? "_bcast" : "", k->D, scale_tag(k->eps));
+  auto flags = [](const std::vector<bool>& v) {
+    std::string s;
+    for (bool b : v) s += b ? '1' : '0';
+    return s;
+  };
+  if (const auto* k = std::get_if<ReduceKernel>(&spec)) {
+    static const char* const kOps[] = {"sum", "mean", "max", "argmax"};
+    return fmt::format("kiln_reduce_{}_{}_r{}", kOps[static_cast<int>(k->op)],
+                       k->i64 ? "i64" : "f32", flags(k->reduced));
+  }
+  if (const auto* k = std::get_if<SoftmaxKernel>(&spec))
+    return fmt::format("kiln_softmax_r{}_a{}", k->rank, k->axis);
+  if (const auto* k = std::get_if<MatmulKernel>(&spec))
+    return fmt::format("kiln_matmul_a{}_{}_b{}_{}_o{}{}{}{}", k->a_rank, flags(k->a_broadcast),
+                       k->b_rank, flags(k->b_broadcast), k->out_rank, k->transpose_b ? "_bt" : "",
+                       k->has_bias ? "_bias" : "", k->relu ? "_relu" : "");
   const auto& k = std::get<ElementwiseKernel>(spec);
   return fmt::format("kiln_elementwise_{:016x}", fnv1a(k.signature()));
 }
@@ -175,15 +193,19 @@ Halide::Target parse_target(const std::string& target) {
   return Halide::Target(target);
 }
 
-KernelPipeline build(const KernelSpec& spec, const Halide::Target& t) {
+}  // namespace
+
+KernelPipeline build_kernel(const KernelSpec& spec, const Halide::Target& t) {
   if (const auto* k = std::get_if<LinearKernel>(&spec))
     return k->bf16 ? build_linear_bf16(*k, t) : build_linear(*k, t);
   if (const auto* k = std::get_if<AttentionKernel>(&spec)) return build_attention(*k, t);
   if (const auto* k = std::get_if<StepAttentionKernel>(&spec)) return build_step_attention(*k, t);
   if (const auto* k = std::get_if<LayerNormKernel>(&spec)) return build_layernorm(*k, t);
+  if (const auto* k = std::get_if<ReduceKernel>(&spec)) return build_reduce(*k, t);
+  if (const auto* k = std::get_if<SoftmaxKernel>(&spec)) return build_softmax(*k, t);
+  if (const auto* k = std::get_if<MatmulKernel>(&spec)) return build_matmul(*k, t);
   return build_elementwise(std::get<ElementwiseKernel>(spec), t);
 }
-}  // namespace
 
 std::string bf16_target_problem(const std::string& target) {
   Halide::Target t = parse_target(target);
@@ -232,11 +254,11 @@ void compile_kernel(const KernelSpec& spec, const std::string& target,
     if (linear && linear->bf16) {
       const std::string problem = bf16_target_problem(target);
       if (!problem.empty()) fail("{}", problem);
-      compile_bf16_kernel(build(spec, t.with_feature(Halide::Target::AVX512_SapphireRapids)), t,
-                          function_name, object_path);
+      compile_bf16_kernel(build_kernel(spec, t.with_feature(Halide::Target::AVX512_SapphireRapids)),
+                          t, function_name, object_path);
       return;
     }
-    KernelPipeline kp = build(spec, t);
+    KernelPipeline kp = build_kernel(spec, t);
     kp.pipeline.compile_to_object(object_path, kp.args, function_name, t);
   } catch (const Halide::CompileError& e) {
     fail("halide failed to compile kernel {}: {}", function_name, e.what());

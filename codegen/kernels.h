@@ -94,8 +94,9 @@ struct LayerNormKernel {
   bool broadcast_y = false;
 };
 
-// A fused group of elementwise ops (with numpy broadcasting), gathers and iota/table
-// sources, evaluated per output element: a small expression tree.
+// A fused group of elementwise ops (with numpy broadcasting), gathers, transposes and
+// iota/table sources, evaluated per output element: a small expression tree. A single
+// "input" node is a copy (of a strided view into dense memory, of a view into a result).
 struct ElementwiseKernel {
   enum class Dtype { f32, i64, u8 };
   // One node of the expression: op is an ir::OpKind name ("add", "gather", ...), or
@@ -110,14 +111,59 @@ struct ElementwiseKernel {
     double value = 0;             // for "constant"
     int64_t axis = 0;             // for "iota"
     int64_t table_rows = 0;       // for "gather": rows of the table (ids are clamped)
+    // For "transpose": the IR permutation; node(i...) = operand(j...) with j[perm[d]] = i[d].
+    std::vector<int64_t> perm;
   };
   std::vector<Node> nodes;  // the last node is the output
   int out_rank = 0;
   std::string signature() const;  // canonical text: equal kernels share one function
 };
 
+// The general path: kernels for ops that no fused kernel computes (a reduction, softmax,
+// argmax or matmul written on its own, over any axis and layout). Correct for every shape
+// the IR allows; scheduled simply (rows in parallel, the innermost dim in vectors where it
+// is not reduced), not tuned like the fused kernels above.
+//
+// Reductions (the IR's reduce_sum, reduce_mean, reduce_max and argmax) over the IR dims
+// marked in `reduced`:
+//   args: in (rank dims, any strides), out (rank dims, each reduced dim of extent 1)
+//   dense; dtype f32, or i64 when `i64`.
+//   sum, mean: accumulated in double for f32 (as the interpreter does), wrapping for i64;
+//   max: NaN propagates; argmax (exactly one reduced dim): out is i64, the index of the
+//   first maximum, a NaN counting as the maximum (as PyTorch and the interpreter do).
+struct ReduceKernel {
+  enum class Op { sum, mean, max, argmax };
+  Op op = Op::sum;
+  bool i64 = false;
+  std::vector<bool> reduced;  // per IR dim; its size is the rank
+};
+
+// Softmax over IR dim `axis` of a rank-`rank` f32 tensor: max-subtracted, exponentials
+// and their sum in double, each result rounded once (the interpreter's numerics).
+//   args: in (any strides), out dense, both of the same extents.
+struct SoftmaxKernel {
+  int rank = 1;
+  int axis = 0;
+};
+
+// Batched matrix product with broadcasting of the batch dims (the IR's matmul, and a
+// linear whose weight is not a load-time weight):
+//   out(n, m, batch...) = act(Σ_k a(k, m, batch_a...) · b(n, k, batch_b...) [+ bias(n)]),
+//   with b read as b(k, n) (its IR form W[N,K]) when `transpose_b`.
+//   args: a f32 [..., M, K] (any strides), b f32 [..., K, N] or [N, K] (any strides), bias
+//   f32 (n) [N] (when has_bias), out f32 [..., M, N] dense. IR batch dims align to the
+//   right; a batch dim of a or b flagged in a_broadcast / b_broadcast (IR order over its
+//   batch dims) has extent 1 and is read at 0.
+struct MatmulKernel {
+  int a_rank = 2, b_rank = 2, out_rank = 2;
+  std::vector<bool> a_broadcast, b_broadcast;
+  bool transpose_b = false;
+  bool has_bias = false;
+  bool relu = false;
+};
+
 using KernelSpec = std::variant<LinearKernel, AttentionKernel, StepAttentionKernel, LayerNormKernel,
-                                ElementwiseKernel>;
+                                ElementwiseKernel, ReduceKernel, SoftmaxKernel, MatmulKernel>;
 
 // A C identifier naming the kernel, unique per spec (e.g. "linear_k512_n2048_relu").
 std::string kernel_name(const KernelSpec& spec);

@@ -4,10 +4,12 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 
 #include <fmt/format.h>
 
+#include "ir/op_types.h"
 #include "passes/rewrite.h"
 #include "support/error.h"
 
@@ -50,6 +52,33 @@ ElementwiseKernel::Dtype node_dtype(ir::DType d) {
   return ElementwiseKernel::Dtype::f32;
 }
 
+ElementwiseKernel::Dtype node_dtype(ElemType t) {
+  switch (t) {
+    case ElemType::f32:
+      return ElementwiseKernel::Dtype::f32;
+    case ElemType::i64:
+      return ElementwiseKernel::Dtype::i64;
+    case ElemType::u8:
+      return ElementwiseKernel::Dtype::u8;
+  }
+  return ElementwiseKernel::Dtype::f32;
+}
+
+// elem_offset + add as one monomial, when it is one (both with the same symbols, or
+// either zero).
+std::optional<DimExpr> add_offsets(const DimExpr& a, const DimExpr& b) {
+  // A constant is stored without symbol powers (as DimExpr::constant makes it).
+  if (a.is_constant() && b.is_constant()) return DimExpr::constant(a.coeff + b.coeff);
+  if (a.coeff == 0) return b;
+  if (b.coeff == 0) return a;
+  DimExpr unit_a = a, unit_b = b;
+  unit_a.coeff = unit_b.coeff = 1;
+  if (!(unit_a == unit_b)) return std::nullopt;
+  DimExpr sum = a;
+  sum.coeff = a.coeff + b.coeff;
+  return sum;
+}
+
 // Ops that an elementwise kernel evaluates per element.
 bool is_pointwise(OpKind k) {
   return ir::is_elementwise(k) || k == OpKind::gather || k == OpKind::constant || k == OpKind::iota;
@@ -71,6 +100,53 @@ struct View {
       expect = expect * extents[d];
     }
     return true;
+  }
+  // The same memory seen with `extents` (same element count): strides of groups of dims
+  // whose products match, where each group of this view's dims is contiguous within
+  // itself (numpy's reshape without a copy). Dims of extent 1 are dropped first. nullopt
+  // when the sizes cannot be matched as monomials or a group is not contiguous.
+  std::optional<View> reshaped(const std::vector<DimExpr>& to) const {
+    const DimExpr one = DimExpr::constant(1);
+    std::vector<size_t> src, dst;  // dims of extent other than 1
+    for (size_t d = 0; d < extents.size(); ++d)
+      if (!(extents[d] == one)) src.push_back(d);
+    for (size_t d = 0; d < to.size(); ++d)
+      if (!(to[d] == one)) dst.push_back(d);
+    View v = *this;
+    v.extents = to;
+    v.strides.assign(to.size(), one);
+    size_t i = 0, j = 0;
+    while (i < src.size() && j < dst.size()) {
+      size_t i_end = i + 1, j_end = j + 1;
+      DimExpr ps = extents[src[i]], pd = to[dst[j]];
+      while (!(ps == pd)) {
+        // Only constant sizes can be compared: grow the smaller side.
+        if (!ps.is_constant() || !pd.is_constant()) return std::nullopt;
+        if (ps.coeff < pd.coeff) {
+          if (i_end == src.size()) return std::nullopt;
+          ps = ps * extents[src[i_end++]];
+        } else {
+          if (j_end == dst.size()) return std::nullopt;
+          pd = pd * to[dst[j_end++]];
+        }
+      }
+      for (size_t k = i; k + 1 < i_end; ++k)
+        if (!(strides[src[k]] == strides[src[k + 1]] * extents[src[k + 1]])) return std::nullopt;
+      DimExpr stride = strides[src[i_end - 1]];
+      for (size_t k = j_end; k-- > j;) {
+        v.strides[dst[k]] = stride;
+        stride = stride * to[dst[k]];
+      }
+      i = i_end;
+      j = j_end;
+    }
+    if (i != src.size() || j != dst.size()) return std::nullopt;
+    // Dims of extent 1: the stride of the next inner dim times its extent (any would do).
+    for (size_t d = to.size(); d-- > 0;)
+      if (to[d] == one) v.strides[d] = d + 1 < to.size() ? v.strides[d + 1] * to[d + 1] : one;
+    // Kernels read the innermost dim with unit stride.
+    if (!v.strides.empty() && !(v.strides.back() == one)) return std::nullopt;
+    return v;
   }
   // The Halide buffer: dimensions reversed (innermost first).
   rt::BufferDesc halide() const {
@@ -189,26 +265,29 @@ class Lowerer {
     return static_cast<int32_t>(out_.kernels.size() - 1);
   }
 
-  // A view collapsed to 2-D (inner, rows) for row-wise kernels; checks it can be.
-  rt::BufferDesc rows_view(const ir::Function& f, const View& v, const char* what,
-                           const ir::Op& op) const {
+  // A view collapsed to 2-D (inner, rows) for row-wise kernels, or nullopt when its
+  // leading dims (those of extent 1 aside) are not evenly strided.
+  static std::optional<rt::BufferDesc> rows_view(const View& v, const ir::Op& op) {
     const size_t r = v.extents.size();
-    // Row-wise ops take rank >= 1 operands [V8], and every view is dense or a slice of a
-    // dense one, which keeps the unit stride of the last dim.
-    KILN_ASSERT(r > 0 && v.strides[r - 1] == DimExpr::constant(1),
-                fmt::format("lowering: {} operand of {} is not contiguous in its last dim", what,
+    const DimExpr one = DimExpr::constant(1);
+    // Row-wise ops take rank >= 1 operands [V8], and every view keeps the unit stride of
+    // the last dim (View::reshaped and the copies see to it).
+    KILN_ASSERT(r > 0 && v.strides[r - 1] == one,
+                fmt::format("lowering: an operand of {} is not contiguous in its last dim",
                             ir::op_name(op.kind)));
-    DimExpr rows = DimExpr::constant(1);
-    for (size_t d = 0; d + 1 < r; ++d) rows = rows * v.extents[d];
-    for (size_t d = 0; d + 2 < r; ++d)
-      if (!(v.strides[d] == v.strides[d + 1] * v.extents[d + 1]))
-        fail("{}function '{}': {} {}: {} operand's leading dims cannot be collapsed",
-             ir::line_prefix(op.loc), f.name, ir::op_name(op.kind),
-             passes::value_label(f, op.result), what);
-    DimExpr row_stride = r >= 2 ? v.strides[r - 2] : v.extents[0];
+    DimExpr rows = one;
+    std::vector<size_t> lead;  // leading dims of extent other than 1
+    for (size_t d = 0; d + 1 < r; ++d) {
+      rows = rows * v.extents[d];
+      if (!(v.extents[d] == one)) lead.push_back(d);
+    }
+    for (size_t k = 0; k + 1 < lead.size(); ++k)
+      if (!(v.strides[lead[k]] == v.strides[lead[k + 1]] * v.extents[lead[k + 1]]))
+        return std::nullopt;
+    DimExpr row_stride = lead.empty() ? v.extents[r - 1] : v.strides[lead.back()];
     rt::BufferDesc b{v.storage, v.index, v.byte_offset, v.elem_offset, v.type, {}, {}};
     b.extents = {v.extents[r - 1], rows};
-    b.strides = {DimExpr::constant(1), row_stride};
+    b.strides = {one, row_stride};
     return b;
   }
 
@@ -228,10 +307,18 @@ class Lowerer {
       if (f.ops[i].kind == OpKind::add_layernorm_sum)
         sum_of[f.ops[i].operands[0]] = static_cast<int>(i);
     std::map<ir::ValueId, int32_t> result_index, param_index;
+    for (ir::ValueId v : f.params)
+      if (f.type(v).dtype == ir::DType::i32)
+        fail("function '{}': parameter {} is i32; compiled code supports f32, i64 and bool", f.name,
+             passes::value_label(f, v));
+    for (ir::ValueId v : f.results)
+      if (f.type(v).dtype == ir::DType::i32)
+        fail("function '{}': result {} is i32; compiled code supports f32, i64 and bool", f.name,
+             passes::value_label(f, v));
     for (size_t r = 0; r < f.results.size(); ++r) {
       ir::ValueId v = f.results[r];
-      if (result_index.count(v)) fail("function '{}' returns one value twice", f.name);
-      result_index[v] = static_cast<int32_t>(r);
+      // A value returned twice is computed into the first result and copied to the other.
+      if (!result_index.count(v)) result_index[v] = static_cast<int32_t>(r);
       rt::TensorDesc t;
       t.name = f.values[v].name.empty() ? fmt::format("result{}", r) : f.values[v].name;
       t.type = elem_type(f.type(v).dtype);
@@ -245,7 +332,8 @@ class Lowerer {
       t.type = elem_type(f.type(v).dtype);
       for (const ir::Dim& d : f.type(v).shape) t.shape.push_back(dim(d));
       for (const ir::Op& op : f.ops)  // ids are checked against the smallest table they index
-        if (op.kind == OpKind::gather && op.operands[1] == v) {
+        if (op.kind == OpKind::gather && op.operands[1] == v &&
+            !f.type(op.operands[0]).shape[0].is_symbolic()) {
           const int64_t rows = f.type(op.operands[0]).shape[0].value;
           if (t.id_limits.empty())
             t.id_limits.push_back({DimExpr::constant(rows), "token id"});
@@ -290,6 +378,113 @@ class Lowerer {
                               passes::value_label(f, user.result), f.name));
       return it->second;
     };
+    // Scratch memory past the planned arena, for copies that the plan does not know of
+    // (a strided view made dense for a kernel that needs it): each copy gets its own
+    // bytes, never reused, so it overlaps nothing the plan placed.
+    const int64_t scratch_base = (f.arena_bytes + 63) / 64 * 64;
+    int64_t scratch_top = scratch_base;
+    auto scratch = [&](const ir::TensorType& t) {
+      View v = dense_view(t, Storage::arena, 0, scratch_top);
+      scratch_top += (ir::max_numel(m_, t) * ir::dtype_size(t.dtype) + 63) / 64 * 64;
+      return v;
+    };
+    // A copy kernel: `from` into `to` (same extents, any strides).
+    auto copy = [&](const View& from, const View& to, const std::string& what) {
+      const int rank = static_cast<int>(from.extents.size());
+      ElementwiseKernel k;
+      k.out_rank = rank;
+      ElementwiseKernel::Node n;
+      n.op = "input";
+      n.input = 0;
+      n.dtype = node_dtype(from.type);
+      n.rank = rank;
+      n.broadcast.assign(static_cast<size_t>(rank), false);
+      k.nodes.push_back(std::move(n));
+      rt::StepDesc st{kernel_index(k), what, {}};
+      st.args.push_back(from.halide());
+      st.args.push_back(to.halide());
+      fd.steps.push_back(std::move(st));
+    };
+    // `v` (of type `t`) in dense memory: itself, or a copy in scratch memory.
+    auto dense = [&](const View& v, const ir::TensorType& t, const std::string& what) {
+      if (v.dense()) return v;
+      View c = scratch(t);
+      copy(v, c, what);
+      return c;
+    };
+    // Operand `i` of `op` collapsed to rows for a row-wise kernel, copied to dense memory
+    // first when its dims cannot be collapsed as they are.
+    auto rows_arg = [&](const ir::Op& op, size_t i) {
+      const View& v = view_of(op.operands[i], op);
+      if (auto b = rows_view(v, op)) return *b;
+      const View c = dense(
+          v, f.type(op.operands[i]),
+          fmt::format("copy %{} for {} %{}", op.operands[i], ir::op_name(op.kind), op.result));
+      return *rows_view(c, op);
+    };
+    // The output view of `op` seen with the kept shape of a reduction (same bytes: dims
+    // of extent 1 inserted).
+    auto kept_output = [&](const ir::Op& op, const std::vector<bool>& reduced) {
+      View out = output_view(op);
+      const ir::TensorType& in = f.type(op.operands[0]);
+      ir::TensorType kept{f.type(op.result).dtype, {}};
+      for (size_t d = 0; d < reduced.size(); ++d)
+        kept.shape.push_back(reduced[d] ? ir::Dim::constant(1) : in.shape[d]);
+      View v = dense_view(kept, out.storage, out.index, out.byte_offset);
+      v.elem_offset = out.elem_offset;
+      return std::pair<View, View>(out, v);
+    };
+
+    // matmul, or a linear whose weight is computed (transpose_b: W[N,K], bias, act): the
+    // general matmul kernel, on operands of any strides.
+    auto lower_matmul = [&](const ir::Op& op, bool transpose_b) {
+      const ir::TensorType& type = f.type(op.result);
+      View a = view_of(op.operands[0], op);
+      const View& b = view_of(op.operands[1], op);
+      const View out = output_view(op);
+      View o = out;
+      // A rank-1 input of a linear is one row.
+      auto add_row_dim = [](View& v) {
+        v.strides.insert(v.strides.begin(), v.extents[0] * v.strides[0]);
+        v.extents.insert(v.extents.begin(), DimExpr::constant(1));
+      };
+      if (a.extents.size() == 1) {
+        add_row_dim(a);
+        add_row_dim(o);
+      }
+      MatmulKernel k;
+      k.transpose_b = transpose_b;
+      k.a_rank = static_cast<int>(a.extents.size());
+      k.b_rank = static_cast<int>(b.extents.size());
+      k.out_rank = static_cast<int>(o.extents.size());
+      const ir::TensorType& at = f.type(op.operands[0]);
+      const ir::TensorType& bt = f.type(op.operands[1]);
+      auto flags = [&](const ir::TensorType& t, int rank) {
+        std::vector<bool> fl;
+        for (int j = 0; j + 2 < rank; ++j) {
+          const int64_t od = (type.rank() - 2) - (rank - 2) + j;
+          fl.push_back(t.shape[static_cast<size_t>(j)].is_const(1) &&
+                       !type.shape[static_cast<size_t>(od)].is_const(1));
+        }
+        return fl;
+      };
+      if (transpose_b) {
+        k.has_bias = op.operands.size() == 3;
+        k.relu = op.str_attr("act") == "relu";
+        k.a_broadcast.assign(static_cast<size_t>(k.a_rank - 2), false);
+      } else {
+        k.a_broadcast = flags(at, k.a_rank);
+        k.b_broadcast = flags(bt, k.b_rank);
+      }
+      rt::StepDesc st{kernel_index(k), fmt::format("{} %{}", ir::op_name(op.kind), op.result), {}};
+      st.args.push_back(a.halide());
+      st.args.push_back(b.halide());
+      if (k.has_bias) st.args.push_back(view_of(op.operands[2], op).halide());
+      st.args.push_back(o.halide());
+      fd.steps.push_back(std::move(st));
+      views[op.result] = out;
+    };
+
     // Whether each value (defined by a pointwise op, not a result) is folded into its
     // users' kernels: every user is an elementwise op of its shape (or it is a rank-0
     // constant), and it has one user or is a constant or iota (cheap to recompute).
@@ -345,34 +540,60 @@ class Lowerer {
 
     for (const ir::Op& op : f.ops) {
       const ir::TensorType& type = f.type(op.result);
+      bool i32 = type.dtype == ir::DType::i32;
+      for (ir::ValueId v : op.operands) i32 = i32 || f.type(v).dtype == ir::DType::i32;
+      if (i32)
+        fail(
+            "{}function '{}': {} {} takes or makes an i32 tensor; compiled code supports f32, "
+            "i64 and bool",
+            ir::line_prefix(op.loc), f.name, ir::op_name(op.kind),
+            passes::value_label(f, op.result));
       switch (op.kind) {
         case OpKind::weight:
           views[op.result] =
               dense_view(type, Storage::weight, weight_index(op.str_attr("name"), false), 0);
           continue;
         case OpKind::reshape: {
+          // A view of the operand's memory when its strides allow (always when it is
+          // dense), else of a dense copy of it.
           const View& src = view_of(op.operands[0], op);
-          if (!src.dense())
-            fail("{}function '{}': reshape {} of a strided view is not supported",
-                 ir::line_prefix(op.loc), f.name, passes::value_label(f, op.result));
-          View v = dense_view(type, src.storage, src.index, src.byte_offset);
-          v.elem_offset = src.elem_offset;
-          views[op.result] = v;
+          std::vector<DimExpr> to;
+          for (const ir::Dim& d : type.shape) to.push_back(dim(d));
+          std::optional<View> v;
+          if (src.dense()) {
+            v = dense_view(type, src.storage, src.index, src.byte_offset);
+            v->elem_offset = src.elem_offset;
+          } else {
+            v = src.reshaped(to);
+          }
+          if (!v) {
+            const View c =
+                dense(src, f.type(op.operands[0]),
+                      fmt::format("copy %{} for reshape %{}", op.operands[0], op.result));
+            v = dense_view(type, c.storage, c.index, c.byte_offset);
+          }
+          views[op.result] = *v;
           copy_if_result(op);
           continue;
         }
         case OpKind::slice: {
           // A view of the operand: offset += start · stride[axis], extent from the type.
           // Offsets stay monomials, so a nonzero start needs a constant stride and offset.
+          // Where the offset is not one monomial, a view of a dense copy of the operand.
           View v = view_of(op.operands[0], op);
           int64_t axis = op.int_attr("axis");
           if (axis < 0) axis += static_cast<int64_t>(v.extents.size());
           const int64_t start = op.int_attr("start");
           if (start != 0) {
-            if (!v.strides[axis].is_constant() || !v.elem_offset.is_constant())
-              fail("{}function '{}': slice {} at a symbolic stride or offset is not supported",
-                   ir::line_prefix(op.loc), f.name, passes::value_label(f, op.result));
-            v.elem_offset = DimExpr::constant(v.elem_offset.coeff + start * v.strides[axis].coeff);
+            std::optional<DimExpr> offset =
+                add_offsets(v.elem_offset, DimExpr::constant(start) * v.strides[axis]);
+            if (!offset) {
+              v = scratch(f.type(op.operands[0]));
+              copy(view_of(op.operands[0], op), v,
+                   fmt::format("copy %{} for slice %{}", op.operands[0], op.result));
+              offset = DimExpr::constant(start) * v.strides[axis];
+            }
+            v.elem_offset = *offset;
           }
           v.extents[axis] = dim(type.shape[axis]);
           views[op.result] = v;
@@ -409,7 +630,7 @@ class Lowerer {
           View out = output_view(op);
           rt::StepDesc st{
               -1, fmt::format("cache_write %{}", op.result), {}, rt::Builtin::cache_write};
-          st.args.push_back(rows_view(f, x, "input", op));
+          st.args.push_back(rows_arg(op, 1));
           st.args.push_back(view_of(op.operands[2], op).halide());
           st.args.push_back(out.halide());
           fd.steps.push_back(std::move(st));
@@ -437,10 +658,10 @@ class Lowerer {
           View out = output_view(op);
           rt::StepDesc st{
               kernel_index(k), fmt::format("{} %{}", ir::op_name(op.kind), op.result), {}};
-          st.args.push_back(rows_view(f, view_of(op.operands[0], op), "query", op));
+          st.args.push_back(rows_arg(op, 0));
           for (size_t i = 1; i < op.operands.size(); ++i)
             st.args.push_back(view_of(op.operands[i], op).halide());
-          st.args.push_back(rows_view(f, out, "output", op));
+          st.args.push_back(*rows_view(out, op));
           fd.steps.push_back(std::move(st));
           views[op.result] = out;
           continue;
@@ -453,10 +674,11 @@ class Lowerer {
         }
         case OpKind::linear: {
           const ir::Op* w = passes::def_op(f, defs, op.operands[1]);
-          if (!w || w->kind != OpKind::weight)
-            fail("{}function '{}': linear {} takes its weights from {}, not from a weight op",
-                 ir::line_prefix(op.loc), f.name, passes::value_label(f, op.result),
-                 passes::value_label(f, op.operands[1]));
+          if (!w || w->kind != OpKind::weight) {
+            // A weight computed at run time: the general matmul, reading W[N,K] as Wᵀ.
+            lower_matmul(op, /*transpose_b=*/true);
+            continue;
+          }
           const ir::TensorType& wt = f.type(op.operands[1]);
           const int64_t N = wt.shape[0].value, K = wt.shape[1].value;
           LinearKernel k{K, N, op.str_attr("act"), op.operands.size() == 3, linear_panel_for(N)};
@@ -466,7 +688,7 @@ class Lowerer {
           }
           View out = output_view(op);
           rt::StepDesc s{kernel_index(k), fmt::format("linear %{}", op.result), {}};
-          s.args.push_back(rows_view(f, view_of(op.operands[0], op), "input", op));
+          s.args.push_back(rows_arg(op, 0));
           // The weight as stored (weight_index lays it out): [K, N], [N/panel, K, panel] or
           // for bf16 [N/64, K/2, 64, 2].
           const int32_t wi = weight_index(w->str_attr("name"), true, k.panel, k.bf16);
@@ -477,7 +699,7 @@ class Lowerer {
           if (k.bf16) wv.type = ElemType::bf16;
           s.args.push_back(wv.halide());
           if (k.has_bias) s.args.push_back(view_of(op.operands[2], op).halide());
-          s.args.push_back(rows_view(f, out, "output", op));
+          s.args.push_back(*rows_view(out, op));
           fd.steps.push_back(std::move(s));
           views[op.result] = out;
           continue;
@@ -515,18 +737,110 @@ class Lowerer {
           View out = output_view(op);
           rt::StepDesc s{
               kernel_index(k), fmt::format("{} %{}", ir::op_name(op.kind), op.result), {}};
-          s.args.push_back(rows_view(f, view_of(op.operands[0], op), "input", op));
-          if (with_add) s.args.push_back(rows_view(f, view_of(op.operands[1], op), "input", op));
+          s.args.push_back(rows_arg(op, 0));
+          if (with_add) s.args.push_back(rows_arg(op, 1));
           for (size_t i = with_add ? 2 : 1; i < op.operands.size(); ++i)
             s.args.push_back(view_of(op.operands[i], op).halide());
-          s.args.push_back(rows_view(f, out, "output", op));
+          s.args.push_back(*rows_view(out, op));
           if (with_sum) {
             const ir::Op& sum_op = f.ops[static_cast<size_t>(sum->second)];
             View sv = output_view(sum_op);
-            s.args.push_back(rows_view(f, sv, "sum", sum_op));
+            s.args.push_back(*rows_view(sv, sum_op));
             views[sum_op.result] = sv;
           }
           fd.steps.push_back(std::move(s));
+          views[op.result] = out;
+          continue;
+        }
+        case OpKind::matmul:
+          lower_matmul(op, /*transpose_b=*/false);
+          continue;
+        case OpKind::transpose: {
+          // A copy kernel reading the operand at permuted indices.
+          const int rank = static_cast<int>(type.rank());
+          ElementwiseKernel k;
+          k.out_rank = rank;
+          ElementwiseKernel::Node in;
+          in.op = "input";
+          in.input = 0;
+          in.dtype = node_dtype(type.dtype);
+          in.rank = rank;
+          in.broadcast.assign(static_cast<size_t>(rank), false);
+          ElementwiseKernel::Node t = in;
+          t.op = "transpose";
+          t.input = -1;
+          t.broadcast.clear();
+          t.operands = {0};
+          t.perm = op.ints_attr("perm");
+          k.nodes = {in, t};
+          View out = output_view(op);
+          rt::StepDesc st{kernel_index(k), fmt::format("transpose %{}", op.result), {}};
+          st.args.push_back(view_of(op.operands[0], op).halide());
+          st.args.push_back(out.halide());
+          fd.steps.push_back(std::move(st));
+          views[op.result] = out;
+          continue;
+        }
+        case OpKind::concat: {
+          // One copy per operand into its stretch of the output along the axis.
+          View out = output_view(op);
+          const int64_t axis = ir::normalize_axis(op.int_attr("axis"), type.rank());
+          DimExpr start = DimExpr::constant(0);
+          for (ir::ValueId operand : op.operands) {
+            const View& from = view_of(operand, op);
+            View to = out;
+            to.extents[axis] = from.extents[axis];
+            std::optional<DimExpr> offset = add_offsets(out.elem_offset, start * out.strides[axis]);
+            // The output is dense and the axis constant unless there is a single operand,
+            // so every offset is a multiple of the axis's stride.
+            KILN_ASSERT(offset.has_value(), "lowering: concat offset is not a monomial");
+            to.elem_offset = *offset;
+            copy(from, to, fmt::format("concat %{} (operand %{})", op.result, operand));
+            start = DimExpr::constant(start.coeff + from.extents[axis].coeff);
+          }
+          views[op.result] = out;
+          continue;
+        }
+        case OpKind::softmax: {
+          SoftmaxKernel k{static_cast<int>(type.rank()),
+                          static_cast<int>(ir::normalize_axis(op.int_attr("axis"), type.rank()))};
+          View out = output_view(op);
+          rt::StepDesc st{kernel_index(k), fmt::format("softmax %{}", op.result), {}};
+          st.args.push_back(view_of(op.operands[0], op).halide());
+          st.args.push_back(out.halide());
+          fd.steps.push_back(std::move(st));
+          views[op.result] = out;
+          continue;
+        }
+        case OpKind::reduce_sum:
+        case OpKind::reduce_mean:
+        case OpKind::reduce_max:
+        case OpKind::argmax: {
+          const ir::TensorType& in = f.type(op.operands[0]);
+          ReduceKernel k;
+          k.i64 = in.dtype == ir::DType::i64;
+          k.reduced.assign(static_cast<size_t>(in.rank()), false);
+          if (op.kind == OpKind::argmax) {
+            k.op = ReduceKernel::Op::argmax;
+            k.reduced[static_cast<size_t>(ir::normalize_axis(op.int_attr("axis"), in.rank()))] =
+                true;
+          } else {
+            k.op = op.kind == OpKind::reduce_sum    ? ReduceKernel::Op::sum
+                   : op.kind == OpKind::reduce_mean ? ReduceKernel::Op::mean
+                                                    : ReduceKernel::Op::max;
+            for (int64_t a : op.ints_attr("axes"))
+              k.reduced[static_cast<size_t>(ir::normalize_axis(a, in.rank()))] = true;
+          }
+          if (in.dtype != ir::DType::f32 && in.dtype != ir::DType::i64)
+            fail("{}function '{}': {} {} of {} is not supported in compiled code",
+                 ir::line_prefix(op.loc), f.name, ir::op_name(op.kind),
+                 passes::value_label(f, op.result), ir::to_string(in));
+          const auto [out, kept] = kept_output(op, k.reduced);
+          rt::StepDesc st{
+              kernel_index(k), fmt::format("{} %{}", ir::op_name(op.kind), op.result), {}};
+          st.args.push_back(view_of(op.operands[0], op).halide());
+          st.args.push_back(kept.halide());
+          fd.steps.push_back(std::move(st));
           views[op.result] = out;
           continue;
         }
@@ -582,12 +896,23 @@ class Lowerer {
       fd.steps.push_back(std::move(s));
       views[op.result] = out;
     }
-    for (ir::ValueId r : f.results) {
-      const ir::Op* d = passes::def_op(f, defs, r);
-      if (!d || views.count(r) == 0 || views.at(r).storage != Storage::result)
-        fail("{}function '{}': result {} is not computed by a kernel (a parameter or a view)",
-             d ? ir::line_prefix(d->loc) : std::string(), f.name, passes::value_label(f, r));
+    // Results not computed into their own buffer: a parameter, weight or table returned as
+    // is, or a value returned twice. None changes after its definition, so each is copied
+    // into the result's buffer here, after the other steps.
+    for (size_t r = 0; r < f.results.size(); ++r) {
+      const ir::ValueId v = f.results[r];
+      const ir::Op* d = passes::def_op(f, defs, v);
+      auto it = views.find(v);
+      if (it != views.end() && it->second.storage == Storage::result &&
+          it->second.index == static_cast<int32_t>(r))
+        continue;
+      if (it == views.end() || it->second.storage == Storage::arena)
+        fail("{}function '{}': result {} is not computed by a kernel",
+             d ? ir::line_prefix(d->loc) : std::string(), f.name, passes::value_label(f, v));
+      copy(it->second, dense_view(f.type(v), Storage::result, static_cast<int32_t>(r), 0),
+           fmt::format("copy %{} to result {}", v, r));
     }
+    if (scratch_top > scratch_base) fd.arena_bytes = scratch_top;
     out_.plan.functions.push_back(std::move(fd));
   }
 

@@ -1,15 +1,26 @@
 // Lowering of an optimized module to an execution plan: which kernel computes each op,
 // and where every buffer lives. No Halide here: kernels are described by KernelSpecs.
 //
-//  - `linear`, `attention`, `layernorm`, `add_layernorm` each become one kernel call;
+//  - `linear`, `attention`, `layernorm`, `add_layernorm` each become one kernel call (the
+//    fast paths); an operand whose dims cannot be collapsed to rows is copied to dense
+//    memory first, and a linear whose weight is computed at run time takes the general
+//    matmul kernel;
 //  - connected elementwise ops, gathers, constants and iotas become one elementwise
 //    kernel per group (an op is folded into its user when it has that single use and
 //    the same shape; inputs of the group may broadcast);
-//  - `reshape` and `slice` become views (no copy); `weight` ops bind load-time weights
+//  - the general path for ops no fused kernel took: `matmul` (batched, broadcasting),
+//    `softmax`, `reduce_sum/mean/max` and `argmax` over any axes get the kernels of
+//    general_kernel.cpp, `transpose` a copy kernel, `concat` one copy per operand;
+//  - `reshape` and `slice` become views (no copy) where the operand's strides allow it,
+//    else views of a dense copy of the operand; `weight` ops bind load-time weights
 //    (`linear` weights transposed, or packed in 64-column panels, once at load time);
-//    `sinusoid_table` binds a table computed at load time.
+//    `sinusoid_table` binds a table computed at load time;
+//  - a result that is a view, a parameter, a weight or a table, or a value returned
+//    twice, is copied into its result buffer.
+// Copies that the memory plan does not know of (made only for the general path) live in
+// scratch bytes past the planned arena, one region each, never reused.
 // Pre: the module went through the default pipeline (every intermediate has an arena
-// offset). Ops with no kernel (matmul, softmax, transpose, ...) are an error naming them.
+// offset). What cannot be compiled is an error naming the op and its line.
 #pragma once
 
 #include <vector>
