@@ -2,21 +2,27 @@
 // (reductions over any axes, standalone softmax and argmax, transposes, concats, slices
 // and reshapes of strided views, matmuls, results that are views, parameters or weights),
 // compiled in process (tests/jit_model.h: the default pipeline, lowering, Halide JIT, the
-// runtime) and compared with the interpreter: the failing graphs.
+// runtime) and compared with the interpreter. The failing graphs are here, and a
+// property test over random verified graphs.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "ir/interpreter.h"
 #include "ir/parser.h"
+#include "ir/printer.h"
 #include "jit_kernel.h"
 #include "jit_model.h"
 #include "pass_harness.h"
+#include "passes/plan_memory.h"
+#include "random_graph.h"
 
 namespace kiln {
 namespace {
@@ -279,6 +285,83 @@ TEST(GeneralPath, RemainingErrorsNameTheOpAndItsLine) {
   EXPECT_EQ(message,
             "line 4: function 'f': cast %c takes or makes an i32 tensor; compiled code supports "
             "f32, i64 and bool");
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// The number of random graphs the property test compiles, and the number of graphs
+// compiled into one module (their functions side by side: one lowering and one model,
+// kernels shared) to keep the test's time down.
+constexpr uint32_t kPropertyGraphs = 240;
+
+// Random verified graphs (tests/random_graph.h in its general mode) through the default
+// pipeline and codegen, every output against the interpreter at two sizes: the maxima and
+// a smaller one (each symbol from 2 up).
+TEST(GeneralPath, RandomGraphsMatchTheInterpreter) {
+  std::map<std::string, int> kinds;  // op kinds compiled, after the pipeline
+  double worst = 0;
+  int outputs = 0, kernels = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (uint32_t seed = 0; seed < kPropertyGraphs; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    ir::Module m = testing::random_module(seed, /*general=*/true);
+    ir::WeightMap weights = testing::random_weights(m, seed);
+    std::unique_ptr<jit::JitModel> model;
+    try {
+      model = std::make_unique<jit::JitModel>(m, weights, weights_file("random"));
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "does not compile: " << e.what() << "\n" << ir::print_module(m);
+      continue;
+    }
+    kernels += model->kernels();
+    // The memory plan the compiled code runs on is sound for these graphs too.
+    for (const std::string& problem :
+         passes::check_memory_plan(model->module(), model->module().functions[0]))
+      ADD_FAILURE() << problem;
+    for (const ir::Op& op : model->module().functions[0].ops) ++kinds[ir::op_name(op.kind)];
+    const ir::Function& f = m.functions[0];
+    std::mt19937 rng(seed);
+    for (int round = 0; round < 2; ++round) {
+      std::map<std::string, int64_t> sizes;
+      for (const ir::Symbol& s : m.symbols)
+        sizes[s.name] = round == 0 ? s.max : std::uniform_int_distribution<int64_t>(2, s.max)(rng);
+      std::vector<ir::Tensor> inputs = testing::random_inputs(m, f, sizes, seed, round == 1);
+      std::vector<ir::Tensor> want = ir::interpret(m, f, weights, inputs);
+      std::vector<ir::Tensor> got;
+      try {
+        got = model->run(f.name, inputs);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "does not run: " << e.what() << "\n" << ir::print_module(m);
+        break;
+      }
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t r = 0; r < got.size(); ++r) {
+        const double e = relative_error(got[r], want[r]);
+        ++outputs;
+        worst = std::max(worst, e);
+        EXPECT_LE(e, kTolerance) << "result " << r << " (" << want[r].type_string() << ")\n"
+                                 << ir::print_module(m);
+      }
+    }
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::string seen;
+  for (const auto& [kind, count] : kinds) seen += fmt::format(" {}:{}", kind, count);
+  std::printf(
+      "[ general ] %u random graphs, %d outputs compared, %d kernels (summed over graphs), "
+      "%.1f s; "
+      "max relative error %.3g\n[ general ] ops compiled:%s\n",
+      kPropertyGraphs, outputs, kernels, seconds, worst, seen.c_str());
+  // The generator reaches every op kind of the general path.
+  for (const char* kind :
+       {"reduce_sum", "reduce_mean", "reduce_max", "softmax", "argmax", "transpose", "reshape",
+        "slice", "concat", "matmul", "gather", "layernorm", "linear", "select", "cast"})
+    EXPECT_GT(kinds[kind], 0) << kind;
 }
 
 }  // namespace

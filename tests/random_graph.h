@@ -1,5 +1,6 @@
 // A generator of random verified modules (a DAG of the ops schedule and plan-memory must
-// handle) for the tests of schedule and plan-memory.
+// handle) for the tests of schedule and plan-memory, and (with `general`) of every op kind
+// codegen's general path compiles, for the tests that compile random graphs.
 #pragma once
 
 #include <algorithm>
@@ -23,6 +24,14 @@ namespace kiln::testing {
 // batched score-like ones), reshapes, transposes, softmaxes, reductions, add_layernorm and
 // linear ops. Operands favour recent values but reach back anywhere (random fan-out);
 // the function returns one to three values, and some values stay unused.
+//
+// With `general` (the seeds of the other mode give the same graphs as before), also: ids
+// gathered from an embedding table; reductions (sum, mean, max) over random axes with and
+// without keepdims; softmax and argmax over a random axis (argmax of values computed
+// exactly, parameters and their views and copies, so that near-ties cannot flip an index);
+// slices of any axis (strided views), reshapes that insert or drop dims of extent 1, concats,
+// layernorm, linears whose weight is computed, casts of indices; results that are a
+// parameter, a weight, a view or one value twice. Values stay of moderate magnitude.
 class RandomGraph {
   using Dim = ir::Dim;
   using DType = ir::DType;
@@ -30,7 +39,7 @@ class RandomGraph {
   using TensorType = ir::TensorType;
 
  public:
-  explicit RandomGraph(uint32_t seed) : rng_(seed) {}
+  explicit RandomGraph(uint32_t seed, bool general = false) : rng_(seed), general_(general) {}
 
   ir::Module build() {
     m_.name = "random";
@@ -41,7 +50,14 @@ class RandomGraph {
     pool_.push_back(f_->add_param("x", f32({sym("B"), sym("S"), con(d)})));
     if (pick(2)) pool_.push_back(f_->add_param("y", f32({sym("S"), con(d)})));
     if (pick(2)) pool_.push_back(f_->add_param("z", f32({sym("B"), sym("S"), con(d)})));
-    const int ops = 8 + pick(50);
+    for (ir::ValueId p : pool_) exact_.push_back(p);
+    if (general_ && pick(2)) {
+      const ir::ValueId ids = f_->add_param("ids", TensorType{DType::i64, {sym("B"), sym("S")}});
+      exact_.push_back(ids);
+      const ir::ValueId table = weight({7, d});
+      emit(OpKind::gather, {table, ids});
+    }
+    const int ops = general_ ? 4 + pick(16) : 8 + pick(50);
     for (int tries = 0; tries < 20 * ops && static_cast<int>(f_->ops.size()) < ops; ++tries)
       add_random_op();
     // Results: the last value made, and up to two other op results, each named.
@@ -52,8 +68,16 @@ class RandomGraph {
       if (f_->defining_op(v) >= 0 && std::find(results.begin(), results.end(), v) == results.end())
         results.push_back(v);
     }
+    if (general_) {
+      // Any value, a parameter or a weight included, and sometimes one twice.
+      if (pick(3) == 0) results.push_back(pool_[pick(static_cast<int>(pool_.size()))]);
+      if (pick(6) == 0) results.push_back(f_->params[0]);
+      if (pick(8) == 0) results.push_back(weight({3}));
+      if (pick(6) == 0) results.push_back(results[0]);
+    }
     for (size_t i = 0; i < results.size(); ++i)
-      f_->values[results[i]].name = "out" + std::to_string(i);
+      if (f_->defining_op(results[i]) >= 0 && f_->values[results[i]].name.empty())
+        f_->values[results[i]].name = "out" + std::to_string(i);
     f_->results = results;
     return std::move(m_);
   }
@@ -105,8 +129,141 @@ class RandomGraph {
     return constant();
   }
 
+  bool is_exact(ir::ValueId v) const {
+    return std::find(exact_.begin(), exact_.end(), v) != exact_.end();
+  }
+  // Marks `v` (if made) as computed exactly from exact values (data movement only).
+  void exact_if(ir::ValueId v, ir::ValueId from) {
+    if (v >= 0 && is_exact(from)) exact_.push_back(v);
+  }
+
+  // The ops of the general mode; returns false to fall through to the common ones.
+  bool add_general_op(ir::ValueId a) {
+    const TensorType& t = f_->type(a);
+    const int64_t rank = t.rank();
+    auto random_axis = [&] { return static_cast<int64_t>(pick(static_cast<int>(rank))); };
+    switch (pick(16)) {
+      case 0:
+      case 1: {  // a reduction over a random nonempty set of axes
+        if (rank < 1) return false;
+        std::vector<int64_t> axes;
+        for (int64_t i = 0; i < rank; ++i)
+          if (pick(2)) axes.push_back(pick(2) ? i : i - rank);
+        if (axes.empty()) axes.push_back(random_axis());
+        static const OpKind kReduce[] = {OpKind::reduce_mean, OpKind::reduce_max,
+                                         OpKind::reduce_sum};
+        // Sums only of small extents, so values stay of moderate size.
+        const OpKind kind = kReduce[pick(3)];
+        exact_if(emit(kind, {a}, {{"axes", axes}, {"keepdims", int64_t{pick(2)}}}),
+                 kind == OpKind::reduce_max ? a : -1);
+        return true;
+      }
+      case 2:
+        if (rank < 1) return false;
+        emit(OpKind::softmax, {a}, {{"axis", random_axis() - (pick(2) ? rank : 0)}});
+        return true;
+      case 3: {  // argmax of an exact value, used as an index or cast back to f32
+        std::vector<ir::ValueId> exact;
+        for (ir::ValueId v : exact_)
+          if (f_->type(v).rank() >= 1 && f_->type(v).dtype == DType::f32) exact.push_back(v);
+        if (exact.empty()) return false;
+        const ir::ValueId e = exact[pick(static_cast<int>(exact.size()))];
+        const ir::ValueId i = emit(OpKind::argmax, {e},
+                                   {{"axis", int64_t{pick(static_cast<int>(f_->type(e).rank()))}}});
+        if (i >= 0 && pick(2)) {
+          TensorType ft = f_->type(i);
+          ft.dtype = DType::f32;
+          emit(OpKind::cast, {i}, {}, &ft);
+        }
+        return true;
+      }
+      case 4:
+      case 5: {  // a slice of any axis
+        if (rank < 1) return false;
+        const int64_t axis = random_axis();
+        const Dim& d = t.shape[axis];
+        TensorType r = t;
+        int64_t start = 0;
+        if (d.is_symbolic()) {
+          // Every size the tests run is at least 2.
+          start = pick(2);
+          r.shape[axis] = con(1);
+        } else {
+          if (d.value < 2) return false;
+          start = pick(static_cast<int>(d.value - 1));
+          r.shape[axis] = con(1 + pick(static_cast<int>(d.value - start)));
+        }
+        exact_if(
+            emit(OpKind::slice, {a}, {{"axis", axis - (pick(2) ? rank : 0)}, {"start", start}}, &r),
+            a);
+        return true;
+      }
+      case 6: {  // insert or drop a dim of extent 1
+        TensorType r = t;
+        std::vector<int64_t> ones;
+        for (int64_t i = 0; i < rank; ++i)
+          if (t.shape[i].is_const(1)) ones.push_back(i);
+        if (!ones.empty() && pick(2))
+          r.shape.erase(r.shape.begin() + ones[pick(static_cast<int>(ones.size()))]);
+        else if (rank < 5)
+          r.shape.insert(r.shape.begin() + pick(static_cast<int>(rank + 1)), con(1));
+        else
+          return false;
+        exact_if(emit(OpKind::reshape, {a}, {}, &r), a);
+        return true;
+      }
+      case 7: {  // concat with a value of the same type, or alone, along a constant axis
+        if (rank < 1) return false;
+        std::vector<int64_t> axes;
+        for (int64_t i = 0; i < rank; ++i)
+          if (!t.shape[i].is_symbolic()) axes.push_back(i);
+        if (axes.empty()) {
+          exact_if(emit(OpKind::concat, {a}, {{"axis", int64_t{0}}}), a);
+          return true;
+        }
+        ir::ValueId b = a;
+        for (size_t k = pool_.size(); k-- > 0;)
+          if (f_->type(pool_[k]) == t && pick(2)) {
+            b = pool_[k];
+            break;
+          }
+        const ir::ValueId c =
+            emit(OpKind::concat, {a, b}, {{"axis", axes[pick(static_cast<int>(axes.size()))]}});
+        if (is_exact(b)) exact_if(c, a);
+        return true;
+      }
+      case 8: {  // layernorm
+        if (rank < 1 || t.shape.back().is_symbolic() || t.dtype != DType::f32) return false;
+        const ir::ValueId gamma = weight({t.shape.back().value});
+        const ir::ValueId beta = weight({t.shape.back().value});
+        emit(OpKind::layernorm, {a, gamma, beta}, {{"eps", 1e-5}});
+        return true;
+      }
+      case 9: {  // a linear whose weight is computed at run time
+        if (rank < 1 || t.shape.back().is_symbolic()) return false;
+        const ir::ValueId w = weight({4, t.shape.back().value});
+        const ir::ValueId half = f_->add_op(OpKind::constant, {}, f32({}), {{"value", 0.5}});
+        const ir::ValueId wc = emit(OpKind::mul, {w, half}, {}, nullptr, /*to_pool=*/false);
+        if (wc >= 0)
+          emit(OpKind::linear, {a, wc}, {{"act", std::string(pick(2) ? "relu" : "none")}});
+        return true;
+      }
+      case 10: {  // a transpose of an exact value stays exact
+        if (rank < 1) return false;
+        std::vector<int64_t> perm;
+        for (int64_t i = 0; i < rank; ++i) perm.push_back(i);
+        std::shuffle(perm.begin(), perm.end(), rng_);
+        exact_if(emit(OpKind::transpose, {a}, {{"perm", perm}}), a);
+        return true;
+      }
+      default:
+        return false;
+    }
+  }
+
   void add_random_op() {
     const ir::ValueId a = any_value();
+    if (general_ && add_general_op(a)) return;
     const TensorType& t = f_->type(a);
     const int64_t rank = t.rank();
     const Dim last = t.shape.empty() ? con(1) : t.shape.back();
@@ -138,7 +295,14 @@ class RandomGraph {
         for (int64_t i = 0; i < rank; ++i) perm.push_back(i);
         std::swap(perm[rank - 1], perm[rank - 2]);
         const ir::ValueId at = emit(OpKind::transpose, {a}, {{"perm", perm}});
-        if (at >= 0) emit(OpKind::matmul, {a, at});
+        if (at >= 0) {
+          const ir::ValueId s = emit(OpKind::matmul, {a, at});
+          // Scaled like attention's scores in the general mode, to keep values moderate.
+          if (s >= 0 && general_) {
+            const ir::ValueId c = f_->add_op(OpKind::constant, {}, f32({}), {{"value", 0.25}});
+            emit(OpKind::mul, {s, c});
+          }
+        }
         break;
       }
       case 6: {  // split the last dim in two, or merge the last two constant dims
@@ -193,14 +357,16 @@ class RandomGraph {
   }
 
   std::mt19937 rng_;
+  bool general_ = false;
+  std::vector<ir::ValueId> exact_;  // values computed exactly (parameters and their views)
   ir::Module m_;
   ir::Function* f_ = nullptr;
   std::vector<ir::ValueId> pool_;  // parameters and op results other than sources
   int weights_ = 0;
 };
 
-inline ir::Module random_module(uint32_t seed) {
-  ir::Module m = RandomGraph(seed).build();
+inline ir::Module random_module(uint32_t seed, bool general = false) {
+  ir::Module m = RandomGraph(seed, general).build();
   std::vector<ir::Diagnostic> diags = ir::verify(m);
   EXPECT_TRUE(diags.empty()) << "seed " << seed << ": " << ir::format_diagnostic(diags[0]) << "\n"
                              << ir::print_module(m);
