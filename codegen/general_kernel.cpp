@@ -227,7 +227,7 @@ KernelPipeline build_matmul(const MatmulKernel& spec, const Halide::Target& targ
   acc(vars) += a(ai) * b(bi);
   Expr y = acc(vars);
   if (spec.has_bias) y = y + bias(vars[0]);
-  if (spec.relu) y = relu_keeping_nan(y);
+  if (spec.act != "none") y = float_function(spec.act, y);
   out(vars) = y;
   const int lanes = vector_lanes(target);
   bool has_row = false;

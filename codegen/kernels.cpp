@@ -155,7 +155,7 @@ std::string kernel_name(const KernelSpec& spec) {
   if (const auto* k = std::get_if<MatmulKernel>(&spec))
     return fmt::format("kiln_matmul_a{}_{}_b{}_{}_o{}{}{}{}", k->a_rank, flags(k->a_broadcast),
                        k->b_rank, flags(k->b_broadcast), k->out_rank, k->transpose_b ? "_bt" : "",
-                       k->has_bias ? "_bias" : "", k->relu ? "_relu" : "");
+                       k->has_bias ? "_bias" : "", k->act == "none" ? "" : "_" + k->act);
   const auto& k = std::get<ElementwiseKernel>(spec);
   return fmt::format("kiln_elementwise_{:016x}", fnv1a(k.signature()));
 }

@@ -159,7 +159,7 @@ struct MatmulKernel {
   std::vector<bool> a_broadcast, b_broadcast;
   bool transpose_b = false;
   bool has_bias = false;
-  bool relu = false;
+  std::string act = "none";  // as LinearKernel's
 };
 
 using KernelSpec = std::variant<LinearKernel, AttentionKernel, StepAttentionKernel, LayerNormKernel,

@@ -470,7 +470,7 @@ class Lowerer {
       };
       if (transpose_b) {
         k.has_bias = op.operands.size() == 3;
-        k.relu = op.str_attr("act") == "relu";
+        k.act = op.str_attr("act");
         k.a_broadcast.assign(static_cast<size_t>(k.a_rank - 2), false);
       } else {
         k.a_broadcast = flags(at, k.a_rank);

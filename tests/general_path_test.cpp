@@ -320,8 +320,9 @@ TEST(GeneralPath, KernelsCompileAheadOfTime) {
       ReduceKernel{ReduceKernel::Op::argmax, false, {false, false, true}});
   jit::expect_compiles_ahead_of_time(codegen::SoftmaxKernel{3, 1});
   jit::expect_compiles_ahead_of_time(codegen::SoftmaxKernel{2, 1});
-  jit::expect_compiles_ahead_of_time(MatmulKernel{4, 2, 4, {false, true}, {}, false, false, false});
-  jit::expect_compiles_ahead_of_time(MatmulKernel{3, 2, 3, {false}, {}, true, true, true});
+  jit::expect_compiles_ahead_of_time(
+      MatmulKernel{4, 2, 4, {false, true}, {}, false, false, "none"});
+  jit::expect_compiles_ahead_of_time(MatmulKernel{3, 2, 3, {false}, {}, true, true, "gelu"});
 }
 
 // What compiled code still does not take is an error naming the op and its line.
@@ -417,9 +418,9 @@ TEST(GeneralPath, RandomGraphsMatchTheInterpreter) {
       "max relative error %.3g\n[ general ] ops compiled:%s\n",
       kPropertyGraphs, outputs, kernels, seconds, worst, seen.c_str());
   // The generator reaches every op kind of the general path.
-  for (const char* kind :
-       {"reduce_sum", "reduce_mean", "reduce_max", "softmax", "argmax", "transpose", "reshape",
-        "slice", "concat", "matmul", "gather", "layernorm", "linear", "select", "cast"})
+  for (const char* kind : {"reduce_sum", "reduce_mean", "reduce_max", "softmax", "argmax",
+                           "transpose", "reshape", "slice", "concat", "matmul", "gather",
+                           "layernorm", "linear", "select", "cast", "tanh", "gelu"})
     EXPECT_GT(kinds[kind], 0) << kind;
 }
 

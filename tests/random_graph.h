@@ -30,7 +30,8 @@ namespace kiln::testing {
 // without keepdims; softmax and argmax over a random axis (argmax of values computed
 // exactly, parameters and their views and copies, so that near-ties cannot flip an index);
 // slices of any axis (strided views), reshapes that insert or drop dims of extent 1, concats,
-// layernorm, linears whose weight is computed, casts of indices; results that are a
+// layernorm, linears whose weight is computed (with an activation), smooth unary functions
+// (tanh, sigmoid, erf, gelu, silu), casts of indices; results that are a
 // parameter, a weight, a view or one value twice. Values stay of moderate magnitude.
 class RandomGraph {
   using Dim = ir::Dim;
@@ -244,8 +245,14 @@ class RandomGraph {
         const ir::ValueId w = weight({4, t.shape.back().value});
         const ir::ValueId half = f_->add_op(OpKind::constant, {}, f32({}), {{"value", 0.5}});
         const ir::ValueId wc = emit(OpKind::mul, {w, half}, {}, nullptr, /*to_pool=*/false);
-        if (wc >= 0)
-          emit(OpKind::linear, {a, wc}, {{"act", std::string(pick(2) ? "relu" : "none")}});
+        static const char* const kActs[] = {"none", "relu", "gelu", "silu", "tanh"};
+        if (wc >= 0) emit(OpKind::linear, {a, wc}, {{"act", std::string(kActs[pick(5)])}});
+        return true;
+      }
+      case 11: {  // a smooth unary function
+        static const OpKind kSmooth[] = {OpKind::tanh,      OpKind::sigmoid, OpKind::gelu,
+                                         OpKind::gelu_tanh, OpKind::silu,    OpKind::erf};
+        emit(kSmooth[pick(6)], {a});
         return true;
       }
       case 10: {  // a transpose of an exact value stays exact
