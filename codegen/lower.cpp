@@ -40,18 +40,6 @@ ElemType elem_type(ir::DType d) {
   fail("compiled code does not support {} tensors yet", ir::dtype_name(d));
 }
 
-ElementwiseKernel::Dtype node_dtype(ir::DType d) {
-  switch (elem_type(d)) {
-    case ElemType::f32:
-      return ElementwiseKernel::Dtype::f32;
-    case ElemType::i64:
-      return ElementwiseKernel::Dtype::i64;
-    case ElemType::u8:
-      return ElementwiseKernel::Dtype::u8;
-  }
-  return ElementwiseKernel::Dtype::f32;
-}
-
 ElementwiseKernel::Dtype node_dtype(ElemType t) {
   switch (t) {
     case ElemType::f32:
@@ -60,9 +48,13 @@ ElementwiseKernel::Dtype node_dtype(ElemType t) {
       return ElementwiseKernel::Dtype::i64;
     case ElemType::u8:
       return ElementwiseKernel::Dtype::u8;
+    case ElemType::bf16:  // weights only, never an elementwise node
+      break;
   }
   return ElementwiseKernel::Dtype::f32;
 }
+
+ElementwiseKernel::Dtype node_dtype(ir::DType d) { return node_dtype(elem_type(d)); }
 
 // elem_offset + add as one monomial, when it is one (both with the same symbols, or
 // either zero).
