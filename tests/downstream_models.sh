@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds examples/models (three models written outside kiln, kiln_add_model ... SOURCES) as
+# Builds examples/models (four models written outside kiln, kiln_add_model ... SOURCES) as
 # a downstream project against the kiln installed by downstream.sh, and checks each model
 # against its PyTorch golden (max abs error <= 1e-4): through the interpreter (`kiln run`
 # on the .kir the model's generator wrote) and through the compiled library; the GPT model
@@ -7,7 +7,7 @@
 #   downstream_models.sh SOURCE_DIR WORK_DIR PREFIX COMPILED FUSED
 # COMPILED: the models checked compiled too (space-separated); a model kiln does not compile
 # yet is left out of it, and the script says so. FUSED: the models whose fused-op counts
-# are asserted (classifier, gpt); the counts of the others are printed.
+# are asserted (classifier, gpt, transformer); the counts of the others are printed.
 set -uo pipefail
 src="$1"; work="$2"; prefix="$3"; compiled=" ${4:-} "; fused=" ${5:-} "
 models="$src/examples/models"
@@ -19,8 +19,10 @@ fi
 rm -rf "$work" && mkdir -p "$work"
 cmake -S "$models" -B "$work" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null || exit 1
 failed=()
-for m in classifier gpt multilabel; do
-  outputs=$(case $m in classifier) echo "logits probs" ;; gpt) echo logits ;; *) echo scores ;; esac)
+for m in classifier gpt multilabel transformer; do
+  outputs=$(case $m in classifier) echo "logits probs" ;; gpt | transformer) echo logits ;;
+            *) echo scores ;; esac)
+  inputs=$([[ $m == transformer ]] && echo src,tgt || echo ids)
   # The interpreter, on the IR the user's generator program wrote.
   if cmake --build "$work" --target "${m}_kir" >"$work/$m.kir.log" 2>&1; then
     "$prefix/bin/kiln" run "$work/$m.kiln/$m.input.kir" --weights "$golden/$m.weights.safetensors" \
@@ -35,7 +37,7 @@ for m in classifier gpt multilabel; do
     echo "compiled $m: not checked (not in the list of models kiln compiles)"
   elif cmake --build "$work" --target "check_$m" -j 2 >"$work/$m.build.log" 2>&1; then
     (cd "$work" && ./check_$m "$golden/$m.weights.safetensors" "$golden/$m.inputs.safetensors" \
-      "$golden/$m.expected.safetensors" 1e-4 $outputs) || failed+=("$m (compiled)")
+      "$golden/$m.expected.safetensors" 1e-4 "$inputs" $outputs) || failed+=("$m (compiled)")
   else
     grep -E "error|Error" "$work/$m.build.log" | head -20 >&2
     failed+=("$m (kiln compile)")
@@ -60,12 +62,16 @@ else
   echo "misuse: $got"
 fi
 # The fused ops of the default pipeline (`kiln inspect --ops` after `kiln opt`): for the
-# models in FUSED, each attention fused (2 layers: 2 attention ops, no softmax left but
-# the classifier's output), and every LayerNorm fused with the sum before it (5
-# add_layernorm: 2 per layer, layer 0's norm1 on the embeddings' sum of tokens [B,L,D] and
-# positions [L,D] broadcast over the batch included, and the final norm; no plain layernorm).
-declare -A want_softmax=([classifier]=1 [gpt]=0)
-for m in classifier gpt; do
+# models in FUSED, each attention fused (no softmax left but the classifier's output), and
+# every LayerNorm after a residual sum fused with it. The classifier and gpt: 2 layers, 2
+# attention ops, 5 add_layernorm (2 per layer, layer 0's norm1 on the embeddings' sum of
+# tokens [B,L,D] and positions [L,D] broadcast over the batch included, and the final
+# norm), no plain layernorm. The transformer: 2 encoder layers (1 attention and 2 norms
+# each) and 2 decoder layers (2 attention and 3 norms each), and the two stacks' final
+# norms, which follow a norm, not a sum: plain layernorm.
+#              attention softmax add_layernorm layernorm
+declare -A want=([classifier]="2 1 5 0" [gpt]="2 0 5 0" [transformer]="6 0 10 2")
+for m in classifier gpt transformer; do
   kir="$work/$m.kiln/$m.input.kir"
   [[ -f "$kir" ]] || continue
   if ! "$prefix/bin/kiln" opt "$kir" -o "$work/$m.opt.kir" ||
@@ -78,9 +84,9 @@ for m in classifier gpt; do
   line+=" $(count add_layernorm), layernorm $(count layernorm), linear $(count linear)"
   echo "$line"
   if [[ "$fused" == *" $m "* ]]; then
-    if [[ $(count attention) != 2 || $(count softmax) != "${want_softmax[$m]}" ||
-          $(count add_layernorm) != 5 || $(count layernorm) != 0 ]]; then
-      echo "$m: expected attention 2, softmax ${want_softmax[$m]}, add_layernorm 5, layernorm 0" >&2
+    got="$(count attention) $(count softmax) $(count add_layernorm) $(count layernorm)"
+    if [[ "$got" != "${want[$m]}" ]]; then
+      echo "$m: expected attention, softmax, add_layernorm, layernorm ${want[$m]}; got $got" >&2
       failed+=("$m (fusion)")
     fi
   fi
