@@ -168,8 +168,8 @@ Tensor FeedForward::operator()(Tensor x, Loc loc) const {
   check_positive(fb, loc, "d_model", d_model);
   check_positive(fb, loc, "d_ff", d_ff);
   check_last_dim(fb, loc, x, "input", "d_model", d_model);
-  Tensor h = activate(act, Linear{prefix + ".w_1", d_model, d_ff}(x, loc), loc);
-  return Linear{prefix + ".w_2", d_ff, d_model}(h, loc);
+  Tensor h = activate(act, Linear{prefix + "." + w1, d_model, d_ff}(x, loc), loc);
+  return Linear{prefix + "." + w2, d_ff, d_model}(h, loc);
 }
 
 Tensor MultiHeadAttention::operator()(Tensor xq, Tensor xkv, Tensor mask, Loc loc) const {
@@ -187,9 +187,9 @@ Tensor MultiHeadAttention::operator()(Tensor xq, Tensor xkv, Tensor mask, Loc lo
   const int64_t dk = d_model / heads;
   const Dim B = xq.dim(0), Lq = xq.dim(1), Lk = xkv.dim(1);
   const Dim H = Dim::constant(heads), Dk = Dim::constant(dk);
-  Tensor q = Linear{prefix + ".w_q", d_model, d_model}(xq, loc);
-  Tensor k = Linear{prefix + ".w_k", d_model, d_model}(xkv, loc);
-  Tensor v = Linear{prefix + ".w_v", d_model, d_model}(xkv, loc);
+  Tensor q = Linear{prefix + "." + this->q, d_model, d_model, qkv_bias}(xq, loc);
+  Tensor k = Linear{prefix + "." + this->k, d_model, d_model, qkv_bias}(xkv, loc);
+  Tensor v = Linear{prefix + "." + this->v, d_model, d_model, qkv_bias}(xkv, loc);
   // Split heads: [B,L,D] -> [B,H,L,dk]; keys go straight to [B,H,dk,Lk].
   Tensor qh = dsl::transpose(dsl::reshape(q, {B, Lq, H, Dk}, loc), {0, 2, 1, 3}, loc);
   Tensor kt = dsl::transpose(dsl::reshape(k, {B, Lk, H, Dk}, loc), {0, 2, 3, 1}, loc);
@@ -199,7 +199,7 @@ Tensor MultiHeadAttention::operator()(Tensor xq, Tensor xkv, Tensor mask, Loc lo
   if (mask.valid()) scores = dsl::select(mask, dsl::scalar(scores, -1e9), scores, loc);
   Tensor p = dsl::softmax(scores, -1, loc);
   Tensor o = dsl::transpose(dsl::matmul(p, vh, loc), {0, 2, 1, 3}, loc);
-  return Linear{prefix + ".w_o", d_model, d_model}(
+  return Linear{prefix + "." + this->o, d_model, d_model, o_bias}(
       dsl::reshape(o, {B, Lq, Dim::constant(d_model)}, loc), loc);
 }
 

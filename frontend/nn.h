@@ -8,7 +8,10 @@
 //   Embedding              <p>.weight [vocab, dim]                    (nn.Embedding)
 //   PositionEmbedding      <p>.weight [max_len, dim]                  (nn.Embedding over arange(L))
 //   MultiHeadAttention     <p>.w_q, <p>.w_k, <p>.w_v, <p>.w_o          (four Linear [d_model,
-//   d_model]) FeedForward            <p>.w_1 [d_ff, d_model], <p>.w_2 [d_model, d_ff]   (Linear)
+//                          d_model]; other names and no biases: its fields q, k, v, o,
+//                          qkv_bias, o_bias, e.g. W_q ... without bias)
+//   FeedForward            <p>.w_1 [d_ff, d_model], <p>.w_2 [d_model, d_ff]   (Linear; other
+//                          names: its fields w1, w2, e.g. linear1/linear2)
 //   EncoderBlock           <p>.self_attn, <p>.ffn, <p>.norm1, <p>.norm2
 //   DecoderBlock           <p>.self_attn, <p>.cross_attn, <p>.ffn, <p>.norm1..norm3
 // Weight tying (Embedding::tied_projection) stores the shared weight once, under the
@@ -80,6 +83,7 @@ struct FeedForward {
   std::string prefix;
   int64_t d_model = 0, d_ff = 0;
   Activation act = Activation::relu;
+  std::string w1 = "w_1", w2 = "w_2";  // the two Linears' names under prefix
   Tensor operator()(Tensor x, Loc loc = Loc::current()) const;
 };
 
@@ -90,6 +94,9 @@ struct FeedForward {
 struct MultiHeadAttention {
   std::string prefix;
   int64_t d_model = 0, heads = 0;
+  // The projections' names under prefix, and whether they have biases (q, k, v and o).
+  std::string q = "w_q", k = "w_k", v = "w_v", o = "w_o";
+  bool qkv_bias = true, o_bias = true;
   // Queries from `xq` [B,Lq,d_model], keys and values from `xkv` [B,Lk,d_model].
   Tensor operator()(Tensor xq, Tensor xkv, Tensor mask, Loc loc = Loc::current()) const;
 };
