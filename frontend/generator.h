@@ -47,9 +47,21 @@ int run(const models::ModelInfo& model, int argc, const char* const* argv);
 // KILN_MODEL(name, "description", {{"config", {{"key", value}, ...}}, ...}) { body }
 // defines the model `name`: the body builds it from `config` (a kiln::models::Config,
 // the chosen config with --set overrides applied) and returns the kiln::ir::Module.
+// Compiled with KILN_MODEL_REGISTRY defined (kiln's own build of the seed models,
+// frontend/CMakeLists.txt), it defines `kiln::models::ModelInfo kiln_model_info_<name>()`
+// instead, which kiln's registry (models.cpp) lists.
+#ifdef KILN_MODEL_REGISTRY
+#define KILN_MODEL(name, description, ...)                                                      \
+  static ::kiln::ir::Module kiln_build_model_##name(const ::kiln::models::Config& config);      \
+  ::kiln::models::ModelInfo kiln_model_info_##name() {                                          \
+    return {#name, description, ::kiln::models::Configs __VA_ARGS__, &kiln_build_model_##name}; \
+  }                                                                                             \
+  static ::kiln::ir::Module kiln_build_model_##name(const ::kiln::models::Config& config)
+#else
 #define KILN_MODEL(name, description, ...)                                                      \
   static ::kiln::ir::Module kiln_build_model_##name(const ::kiln::models::Config& config);      \
   ::kiln::models::ModelInfo kiln::generator::model() {                                          \
     return {#name, description, ::kiln::models::Configs __VA_ARGS__, &kiln_build_model_##name}; \
   }                                                                                             \
   static ::kiln::ir::Module kiln_build_model_##name(const ::kiln::models::Config& config)
+#endif

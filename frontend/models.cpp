@@ -6,6 +6,13 @@
 #include "frontend/nn.h"
 #include "support/error.h"
 
+// The seed models: the write-ups kiln was started from, written as users write models
+// (examples/seeds/*.cpp, KILN_MODEL) and compiled into kiln_frontend with KILN_MODEL_REGISTRY
+// (frontend/CMakeLists.txt), which makes each define its kiln_model_info_<name>().
+kiln::models::ModelInfo kiln_model_info_seed2_tied_generator();
+kiln::models::ModelInfo kiln_model_info_seed3_query_mask();
+kiln::models::ModelInfo kiln_model_info_seed4_no_final_norm();
+
 namespace kiln::models {
 namespace {
 
@@ -31,7 +38,8 @@ std::vector<ModelInfo> make_registry() {
   ModelInfo transformer;
   transformer.name = "transformer";
   transformer.description =
-      "encoder-decoder Transformer of \"Attention Is All You Need\" (post-norm)";
+      "encoder-decoder Transformer of \"Attention Is All You Need\" (post-norm), kiln's reference: "
+      "kiln's names, final norms, -1e9, untied generator, incremental decoding (decode_step)";
   // The paper's base model; vocabularies of 32000 on both sides.
   transformer.configs["base"] = {{"src_vocab", 32000}, {"tgt_vocab", 32000}, {"d_model", 512},
                                  {"heads", 8},         {"d_ff", 2048},       {"enc_layers", 6},
@@ -57,7 +65,8 @@ std::vector<ModelInfo> make_registry() {
   transformer.build = [](const Config& c) {
     return nn::build_transformer(to_transformer_config(c));
   };
-  return {transformer};
+  return {transformer, kiln_model_info_seed2_tied_generator(), kiln_model_info_seed3_query_mask(),
+          kiln_model_info_seed4_no_final_norm()};
 }
 
 }  // namespace

@@ -38,6 +38,13 @@ for m in $models; do
     failed+=("$m (generator)")
     continue
   fi
+  # The same source is a registered model of the installed kiln: `kiln emit` writes the same IR.
+  if "$prefix/bin/kiln" emit "$m" --config small -o "$work/$m.emitted.kir" &&
+     cmp -s "$work/$m.emitted.kir" "$work/$m.kiln/$m.input.kir"; then
+    echo "registered $m: kiln emit $m writes the generator's IR"
+  else
+    failed+=("$m (kiln emit: not the generator's IR)")
+  fi
   # The compiled library, linked by an application, and greedy generation through it.
   if cmake --build "$work" --target "check_$m" "greedy_$m" -j 2 >"$work/$m.build.log" 2>&1; then
     (cd "$work" && ./check_$m "$w" "$golden/$m.inputs.safetensors" \
