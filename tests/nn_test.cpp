@@ -198,6 +198,31 @@ TEST(Nn, PreNormBlockTiedEmbeddingAndPositionsStateDictNames) {
   EXPECT_EQ(names, want);
 }
 
+// Attention and feed-forward take a write-up's parameter names and bias choices (seed 003:
+// W_q, W_k, W_v without bias, W_o with one; FFN linear1/linear2).
+TEST(Nn, AttentionAndFeedForwardParameterNames) {
+  Fixture t(8);
+  dsl::Tensor h = nn::MultiHeadAttention{"attn",
+                                         8,
+                                         2,
+                                         "W_q",
+                                         "W_k",
+                                         "W_v",
+                                         "W_o",
+                                         /*qkv_bias=*/false,
+                                         /*o_bias=*/true}(t.x, t.x, {});
+  h = nn::FeedForward{"ffn", 8, 12, nn::Activation::relu, "linear1", "linear2"}(h);
+  t.f.output(h, "y");
+  ir::Module m = t.mb.finish();
+  std::vector<std::string> names;
+  for (const auto& w : m.weights) names.push_back(w.name + " " + ir::to_string(w.type));
+  const std::vector<std::string> want = {
+      "attn.W_q.weight f32[8,8]", "attn.W_k.weight f32[8,8]",     "attn.W_v.weight f32[8,8]",
+      "attn.W_o.weight f32[8,8]", "attn.W_o.bias f32[8]",         "ffn.linear1.weight f32[12,8]",
+      "ffn.linear1.bias f32[12]", "ffn.linear2.weight f32[8,12]", "ffn.linear2.bias f32[8]"};
+  EXPECT_EQ(names, want);
+}
+
 // mean_pool averages only the valid positions; first_token takes position 0.
 TEST(Nn, PoolingComputesTheMaskedMeanAndTheFirstToken) {
   Fixture t(2);
