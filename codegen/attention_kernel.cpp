@@ -20,6 +20,14 @@
 // take that average instead. (Without causal every key block is visited, and such rows come
 // out uniform by themselves.)
 //
+// Query padding and -inf. A padded query (query_padding) masks its whole row, so its scores
+// are not masked one by one: its output is replaced at the end by the average of v (-1e9) or
+// NaN (fill_inf). With fill_inf, a row whose keys are all masked (every key padded, or with
+// causal every key j <= i; causal alone always keeps key 0) is NaN, as PyTorch's softmax of a
+// row of -inf: known exactly from the first unpadded key of the batch row, computed once per
+// (batch, head); NaN is written through the bits, as Halide's fast math may drop a NaN
+// constant. Other rows are those of -1e9, whose masked keys weigh exactly 0, like -inf's.
+//
 // Schedule. Parallel over (batch, head). Once per (batch, head), K is transposed into
 // contiguous key blocks (kt) and V copied contiguous (vc). Per row block: the QK product in
 // register tiles of 6 rows × KB keys with the dk reduction innermost (12 vector accumulators),
@@ -86,10 +94,11 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
   const int lanes = vector_lanes(target);
   const int kb = 2 * lanes;  // keys per block
   const bool causal = spec.causal, padded = spec.key_padding;
+  const bool query_padded = spec.query_padding, fill_inf = spec.fill_inf;
 
   ImageParam q(Halide::Float(32), 3, "q"), k(Halide::Float(32), 3, "k");
   ImageParam v(Halide::Float(32), 3, "v");
-  ImageParam mask(Halide::UInt(8), 2, "mask");
+  ImageParam mask(Halide::UInt(8), 2, "mask"), qmask(Halide::UInt(8), 2, "qmask");
   Func out("attention_out");
 
   const Expr lq = q.dim(1).extent(), lk = k.dim(1).extent(), batch = q.dim(2).extent();
@@ -180,14 +189,35 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
   const Expr out_h = c / dv, out_e = c % dv;
   const Expr out_ii = i % kRowBlock, out_io = i / kRowBlock;
   Expr result = pv(out_e, out_ii, out_io, out_h, b) / row_sum(out_ii, out_io, out_h, b);
-  Func mean_v("attention_mean_v");
-  if (causal && padded) {
-    // Rows whose keys are all masked: the uniform average of v over all Lk keys.
-    RDom rk(0, lk, "rk");
-    mean_v(e, h, b) = 0.0f;
-    mean_v(e, h, b) += v(h * dv + e, rk, b);
-    result = Halide::select(row_max(out_ii, out_io, out_h, b) <= 0.5f * kMaskedScore,
-                            mean_v(out_e, out_h, b) / Halide::cast<float>(lk), result);
+  // Rows whose keys are all masked (undefined: no row is): padded queries, and rows of padded
+  // keys as the paragraphs above say.
+  Expr all_masked;
+  auto either = [&](const Expr& m) { all_masked = all_masked.defined() ? all_masked || m : m; };
+  if (query_padded) either(qmask(i, b) != 0);
+  Func mean_v("attention_mean_v"), first_key("attention_first_key");
+  if (fill_inf) {
+    if (padded) {  // the first key that is not padding, Lk if none
+      RDom rf(0, lk, "rf");
+      first_key(b) = lk;
+      first_key(b) = Halide::min(first_key(b), Halide::select(mask(rf, b) != 0, lk, rf));
+      either(first_key(b) > (causal ? Halide::min(i, lk - 1) : lk - 1));
+    }
+    if (all_masked.defined()) {  // NaN: exponent all ones and the quiet bit
+      const Expr bits = Halide::reinterpret(Halide::UInt(32), result);
+      result = Halide::reinterpret(
+          Halide::Float(32),
+          bits | Halide::select(all_masked, Expr(uint32_t{0x7fc00000}), Expr(uint32_t{0})));
+    }
+  } else {
+    if (causal && padded) either(row_max(out_ii, out_io, out_h, b) <= 0.5f * kMaskedScore);
+    if (all_masked.defined()) {
+      // The uniform average of v over all Lk keys.
+      RDom rk(0, lk, "rk");
+      mean_v(e, h, b) = 0.0f;
+      mean_v(e, h, b) += v(h * dv + e, rk, b);
+      result =
+          Halide::select(all_masked, mean_v(out_e, out_h, b) / Halide::cast<float>(lk), result);
+    }
   }
   out(c, i, b) = result;
 
@@ -203,6 +233,8 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
   v.dim(2).set_bounds(0, batch);
   mask.dim(0).set_bounds(0, lk);
   mask.dim(1).set_bounds(0, batch);
+  qmask.dim(0).set_bounds(0, lq);
+  qmask.dim(1).set_bounds(0, batch);
   out.output_buffer().dim(0).set_bounds(0, heads * dv);
   out.output_buffer().dim(1).set_bounds(0, lq);
   out.output_buffer().dim(2).set_bounds(0, batch);
@@ -222,10 +254,11 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
 
   kt.compute_at(out, hb).vectorize(jj, lanes);
   vc.compute_at(out, hb).vectorize(e, ve);
-  if (causal && padded) {
+  if (mean_v.defined()) {
     mean_v.compute_at(out, hb).vectorize(e, ve);
     mean_v.update().vectorize(e, ve);
   }
+  if (first_key.defined()) first_key.compute_at(out, hb);
 
   // Per row block (loop io of out). bound_extent(io, 1): one block per computation, so that the
   // small buffers have constant sizes (on the stack, in registers after unrolling); the score
@@ -269,6 +302,7 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
 
   std::vector<Halide::Argument> args = {q, k, v};
   if (padded) args.push_back(mask);
+  if (query_padded) args.push_back(qmask);
   return {Halide::Pipeline(out), args};
 }
 

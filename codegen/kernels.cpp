@@ -128,8 +128,9 @@ std::string kernel_name(const KernelSpec& spec) {
                        k->act == "none" ? "" : "_" + k->act,
                        k->panel ? fmt::format("_p{}", k->panel) : "", k->bf16 ? "_bf16" : "");
   if (const auto* k = std::get_if<AttentionKernel>(&spec))
-    return fmt::format("kiln_attention_h{}_dk{}_dv{}{}{}_s{}", k->heads, k->dk, k->dv,
+    return fmt::format("kiln_attention_h{}_dk{}_dv{}{}{}{}{}_s{}", k->heads, k->dk, k->dv,
                        k->causal ? "_causal" : "", k->key_padding ? "_kpad" : "",
+                       k->query_padding ? "_qpad" : "", k->fill_inf ? "_inf" : "",
                        scale_tag(k->scale));
   if (const auto* k = std::get_if<StepAttentionKernel>(&spec))
     return fmt::format("kiln_{}_attention_h{}_dk{}_dv{}_s{}", k->memory ? "memory" : "cache",

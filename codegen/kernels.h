@@ -48,17 +48,23 @@ inline int64_t linear_panel_for(int64_t N) { return N % kLinearPanel == 0 ? kLin
 
 // Scaled dot-product attention, heads merged in the feature dim (the IR `attention` op):
 //   for batch b, head h, query i: s_j = (Σ_d q(h·dk+d, i, b) · k(h·dk+d, j, b)) · scale,
-//   s_j = -1e9 where (causal and j > i) or (key_padding and mask(j, b) != 0),
+//   s_j = fill where (causal and j > i) or (key_padding and mask(j, b) != 0) or
+//   (query_padding and qmask(i, b) != 0), fill = -inf when fill_inf, else -1e9,
 //   out(h·dv+e, i, b) = Σ_j softmax(s)_j · v(h·dv+e, j, b).
+//   So a row whose keys are all masked is the mean of v over all Lk keys (-1e9), or NaN
+//   (fill_inf, as PyTorch's softmax of a row of -inf).
 //   args: q f32 (c, i, b) [heads·dk × Lq × B], k f32 (c, j, b) [heads·dk × Lk × B],
 //   v f32 (c, j, b) [heads·dv × Lk × B], mask uint8 (j, b) [Lk × B] (when key_padding),
-//   out f32 (c, i, b) [heads·dv × Lq × B] dense.
+//   qmask uint8 (i, b) [Lq × B] (when query_padding), out f32 (c, i, b) [heads·dv × Lq × B]
+//   dense.
 // The score matrix is never stored: online softmax over blocks of keys.
 struct AttentionKernel {
   int64_t heads = 0, dk = 0, dv = 0;
   bool causal = false;
   bool key_padding = false;
   double scale = 1.0;
+  bool fill_inf = false;
+  bool query_padding = false;
 };
 
 // Single-query attention of incremental decoding (the IR's cache_attention and

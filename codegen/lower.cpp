@@ -700,12 +700,16 @@ class Lowerer {
           const ir::TensorType& q = f.type(op.operands[0]);
           const ir::TensorType& v = f.type(op.operands[2]);
           int64_t heads = op.int_attr("heads");
+          auto flag = [&](const char* name) { return op.has_attr(name) && op.int_attr(name) == 1; };
+          const bool query_pad = flag("query_pad");
           AttentionKernel k{heads,
                             q.shape[2].value / heads,
                             v.shape[2].value / heads,
-                            op.has_attr("causal") && op.int_attr("causal") == 1,
-                            op.operands.size() == 4,
-                            op.float_attr("scale")};
+                            flag("causal"),
+                            op.operands.size() == (query_pad ? 5u : 4u),
+                            op.float_attr("scale"),
+                            flag("fill_inf"),
+                            query_pad};
           View out = output_view(op);
           rt::StepDesc s{kernel_index(k), fmt::format("attention %{}", op.result), {}};
           for (ir::ValueId operand : op.operands) s.args.push_back(view_of(operand, op).halide());

@@ -196,7 +196,7 @@ Tensor MultiHeadAttention::operator()(Tensor xq, Tensor xkv, Tensor mask, Loc lo
   Tensor vh = dsl::transpose(dsl::reshape(v, {B, Lk, H, Dk}, loc), {0, 2, 1, 3}, loc);
   Tensor qk = dsl::matmul(qh, kt, loc);
   Tensor scores = dsl::div(qk, dsl::scalar(qk, std::sqrt(static_cast<double>(dk))), loc);
-  if (mask.valid()) scores = dsl::select(mask, dsl::scalar(scores, -1e9), scores, loc);
+  if (mask.valid()) scores = dsl::select(mask, dsl::scalar(scores, fill), scores, loc);
   Tensor p = dsl::softmax(scores, -1, loc);
   Tensor o = dsl::transpose(dsl::matmul(p, vh, loc), {0, 2, 1, 3}, loc);
   return Linear{prefix + "." + this->o, d_model, d_model, o_bias}(

@@ -89,8 +89,9 @@ struct FeedForward {
 
 // A key mask for attention: bool, true where the score must be masked. Its shape
 // broadcasts against the scores [B, heads, Lq, Lk] (e.g. [B,1,1,Lk], [1,1,Lq,Lk] or
-// [B,1,Lq,Lk]). An invalid Tensor means no mask. Masked scores are -1e9 before the softmax
-// (PyTorch: scores.masked_fill(mask, -1e9)); scores are q·kᵀ / sqrt(d_model / heads).
+// [B,1,Lq,Lk]). An invalid Tensor means no mask. Masked scores are `fill` before the
+// softmax (PyTorch: scores.masked_fill(mask, fill)); scores are q·kᵀ / sqrt(d_model / heads).
+// With fill = -inf a query whose keys are all masked gives NaN, as in PyTorch.
 struct MultiHeadAttention {
   std::string prefix;
   int64_t d_model = 0, heads = 0;
@@ -99,6 +100,7 @@ struct MultiHeadAttention {
   bool qkv_bias = true, o_bias = true;
   // Queries from `xq` [B,Lq,d_model], keys and values from `xkv` [B,Lk,d_model].
   Tensor operator()(Tensor xq, Tensor xkv, Tensor mask, Loc loc = Loc::current()) const;
+  double fill = -1e9;  // the masked_fill value: -1e9 or -std::numeric_limits<double>::infinity()
 };
 
 // One encoder block: self-attention and a feed-forward network, each with a residual

@@ -24,7 +24,7 @@
 //    nothing in the interpreter, except attention's scale (see attention()):
 //      linear = float(dot in double) + bias in float, then the activation as its op;
 //      add_layernorm = layernorm(float(x + y));
-//      attention = matmul, scale, masked_fill(-1e9), softmax, matmul.
+//      attention = matmul, scale, masked_fill(-1e9 or -inf), softmax, matmul.
 #include "ir/interpreter.h"
 
 #include <algorithm>
@@ -784,15 +784,20 @@ Tensor eval_linear(const Op& op, const Tensor& x, const Tensor& w, const Tensor*
   return r;
 }
 
-// attention(q[B,Lq,H*Dk], k[B,Lk,H*Dk], v[B,Lk,H*Dv] [, key_pad bool[B,Lk]]) {heads, scale,
-// causal}. Per batch b, head h and query i: s_j = float(q·k in double) * float(scale) (in
-// float), replaced by -1e9 where masked (causal and j > i, or key_pad[b,j]); p = softmax(s);
-// out[b,i,h*Dv+e] = float(sum_j p_j v[b,j,h*Dv+e] in double).
+// attention(q[B,Lq,H*Dk], k[B,Lk,H*Dk], v[B,Lk,H*Dv] [, key_pad bool[B,Lk]] [, query_pad
+// bool[B,Lq]]) {heads, scale, causal, fill_inf, query_pad}. Per batch b, head h and query i:
+// s_j = float(q·k in double) * float(scale) (in float), replaced by the fill (-1e9, or -inf
+// with fill_inf) where masked (causal and j > i, or key_pad[b,j], or query_pad[b,i]);
+// p = softmax(s) (NaN for a row of -inf); out[b,i,h*Dv+e] = float(sum_j p_j v[b,j,h*Dv+e] in
+// double).
 Tensor eval_attention(const Op& op, const Tensor& q, const Tensor& k, const Tensor& v,
-                      const Tensor* key_pad, const Shape& shape) {
+                      const Tensor* key_pad, const Tensor* query_pad, const Shape& shape) {
   const int64_t heads = op.int_attr("heads");
   const float scale = static_cast<float>(op.float_attr("scale"));
   const bool causal = op.has_attr("causal") && op.int_attr("causal") != 0;
+  const float fill = op.has_attr("fill_inf") && op.int_attr("fill_inf") != 0
+                         ? -std::numeric_limits<float>::infinity()
+                         : -1e9f;
   KILN_ASSERT(rank_of(q) == 3 && rank_of(k) == 3 && rank_of(v) == 3 && heads >= 1,
               "attention operand ranks");
   const int64_t batch = q.shape[0], lq = q.shape[1], lk = k.shape[1];
@@ -800,6 +805,7 @@ Tensor eval_attention(const Op& op, const Tensor& q, const Tensor& k, const Tens
                   k.shape[2] == q.shape[2] && q.shape[2] % heads == 0 && v.shape[2] % heads == 0,
               "attention operand shapes");
   KILN_ASSERT(!key_pad || key_pad->shape == (Shape{batch, lk}), "attention key_pad shape");
+  KILN_ASSERT(!query_pad || query_pad->shape == (Shape{batch, lq}), "attention query_pad shape");
   const int64_t dk = q.shape[2] / heads, dv = v.shape[2] / heads;
   KILN_ASSERT(shape == (Shape{batch, lq, heads * dv}), "attention result shape");
   Tensor r = Tensor::zeros(DType::f32, shape);
@@ -807,13 +813,15 @@ Tensor eval_attention(const Op& op, const Tensor& q, const Tensor& k, const Tens
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t h = 0; h < heads; ++h) {
       for (int64_t i = 0; i < lq; ++i) {
+        const bool row_masked = query_pad && query_pad->ints[b * lq + i] != 0;
         for (int64_t j = 0; j < lk; ++j) {
           double dot = 0;
           for (int64_t d = 0; d < dk; ++d)
             dot += static_cast<double>(q.f[(b * lq + i) * heads * dk + h * dk + d]) *
                    static_cast<double>(k.f[(b * lk + j) * heads * dk + h * dk + d]);
-          const bool masked = (causal && j > i) || (key_pad && key_pad->ints[b * lk + j] != 0);
-          scores[j] = masked ? -1e9f : static_cast<float>(dot) * scale;
+          const bool masked =
+              row_masked || (causal && j > i) || (key_pad && key_pad->ints[b * lk + j] != 0);
+          scores[j] = masked ? fill : static_cast<float>(dot) * scale;
         }
         const std::vector<float> p = softmax_of(scores);
         for (int64_t e = 0; e < dv; ++e) {
@@ -1187,10 +1195,15 @@ class Interpreter {
                         op.operands.size() == 3 ? &operand(op, 2) : nullptr, shape,
                         options_.bf16_linear);
         break;
-      case OpKind::attention:
+      case OpKind::attention: {
+        // Operands 3 and 4: key_pad, then query_pad (with query_pad = 1), each optional.
+        const bool query_pad = op.has_attr("query_pad") && op.int_attr("query_pad") != 0;
+        const size_t pads = op.operands.size() - 3;
         r = eval_attention(op, operand(op, 0), operand(op, 1), operand(op, 2),
-                           op.operands.size() == 4 ? &operand(op, 3) : nullptr, shape);
+                           pads > (query_pad ? 1u : 0u) ? &operand(op, 3) : nullptr,
+                           query_pad ? &operand(op, op.operands.size() - 1) : nullptr, shape);
         break;
+      }
       case OpKind::cache_write:
         r = eval_cache_write(operand(op, 0), operand(op, 1), operand(op, 2), shape,
                              label(op.operands[2]));

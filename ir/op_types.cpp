@@ -97,8 +97,11 @@ std::vector<AttrSpec> attr_specs(OpKind kind) {
     case OpKind::linear:
       return {{"act", T::string, true}};
     case OpKind::attention:
-      return {
-          {"heads", T::integer, true}, {"scale", T::number, true}, {"causal", T::integer, false}};
+      return {{"heads", T::integer, true},
+              {"scale", T::number, true},
+              {"causal", T::integer, false},
+              {"fill_inf", T::integer, false},
+              {"query_pad", T::integer, false}};
     case OpKind::cache_attention:
     case OpKind::memory_attention:
       return {{"heads", T::integer, true}, {"scale", T::number, true}};
@@ -203,7 +206,9 @@ std::string check_attrs(OpKind kind, const Attrs& attrs) {
         return fmt::format("attribute 'heads' must be >= 1, got {}", integer("heads"));
       if (!std::isfinite(number("scale")))
         return fmt::format("attribute 'scale' must be finite, got {}", number("scale"));
-      return flag("causal");
+      for (const char* name : {"causal", "fill_inf", "query_pad"})
+        if (std::string e = flag(name); !e.empty()) return e;
+      break;
     case OpKind::cache_attention:
     case OpKind::memory_attention:
       if (integer("heads") < 1)
@@ -565,9 +570,11 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
       return ok(t);
     }
     case OpKind::attention: {
-      // attention(q[B,Lq,H*Dk], k[B,Lk,H*Dk], v[B,Lk,H*Dv] [, key_pad bool[B,Lk]])
-      //   {heads, scale, causal}
-      KILN_CHECK(want_operands(3, 4));
+      // attention(q[B,Lq,H*Dk], k[B,Lk,H*Dk], v[B,Lk,H*Dv] [, key_pad bool[B,Lk]]
+      //           [, query_pad bool[B,Lq] (with query_pad = 1)])
+      //   {heads, scale, causal, fill_inf, query_pad}
+      const bool query_pad = attrs.count("query_pad") && int_at(attrs, "query_pad") == 1;
+      KILN_CHECK(want_operands(query_pad ? 4 : 3, query_pad ? 5 : 4));
       const int64_t heads = int_at(attrs, "heads");
       const TensorType &q = in[0], &k = in[1], &v = in[2];
       for (const TensorType* t : {&q, &k, &v})
@@ -579,10 +586,15 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
       for (const TensorType* t : {&q, &v})
         if (t->shape[2].is_symbolic() || t->shape[2].value % heads != 0)
           return err("feature size of {} is not divisible by {} heads", to_string(*t), heads);
-      if (n == 4) {
+      if (n == (query_pad ? 5u : 4u)) {
         TensorType want{DType::boolean, {k.shape[0], k.shape[1]}};
         if (!(in[3] == want))
           return err("key padding mask {} must be {}", to_string(in[3]), to_string(want));
+      }
+      if (query_pad) {
+        TensorType want{DType::boolean, {q.shape[0], q.shape[1]}};
+        if (!(in[n - 1] == want))
+          return err("query padding mask {} must be {}", to_string(in[n - 1]), to_string(want));
       }
       return ok(TensorType{DType::f32, {q.shape[0], q.shape[1], v.shape[2]}});
     }

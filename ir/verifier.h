@@ -24,7 +24,8 @@
 //        layernorm, add_layernorm {eps: number, positive and finite}
 //        reduce_* {axes: int list, keepdims?: 0 or 1}
 //        linear {act: "none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid" or "tanh"}
-//        attention {heads: int >= 1, scale: finite number, causal?: 0 or 1}
+//        attention {heads: int >= 1, scale: finite number, causal?, fill_inf?,
+//                   query_pad?: 0 or 1}
 //        every other op: none.
 //      The ranges that depend on operands (an axis within the rank, perm a permutation,
 //      a slice within its operand, heads dividing the feature size) are part of V8.

@@ -57,14 +57,19 @@ struct Graph : UseInfo {
   std::string label(ValueId v) const { return value_label(f, v); }
 };
 
+// One padding term of a mask: `value`, a bool [B,L] value, or [B,1,1,L] / [B,1,L,1]
+// (reshape: a reshape to [B,L] is inserted), true where the key or query is padding (or
+// false, negate: a keep mask; a logical_not is inserted). value -1: none.
+struct PadTerm {
+  ValueId value = -1;
+  bool reshape = false, negate = false;
+};
+
 // What a mask means to the attention op: query i of batch b does not see key j where
-// (causal and j > i) or padding[b, j]. Padding comes from `pad`, a bool [B,Lk] value, or
-// [B,1,1,Lk] (pad_reshape: a reshape to [B,Lk] is inserted), true where the key is padding
-// (or false, pad_negate: a keep mask; a logical_not is inserted).
+// (causal and j > i) or key padding[b, j] or query padding[b, i].
 struct MaskTerms {
   bool causal = false;
-  ValueId pad = -1;
-  bool pad_reshape = false, pad_negate = false;
+  PadTerm key, query;
 };
 
 // What a match of the pattern becomes.
@@ -72,7 +77,10 @@ struct AttentionMatch {
   int output_op = -1;  // the head-merging reshape, replaced by the attention op
   ValueId q = -1, k = -1, v = -1;
   bool causal = false;
-  MaskTerms mask;  // its key padding (mask.pad, -1: none) becomes the key_pad operand
+  // Its key and query padding (-1: none) become the key_pad and query_pad operands.
+  MaskTerms mask;
+  // The fill is -inf and some row may have every key masked (padding): fill_inf = 1.
+  bool fill_inf = false;
   int64_t heads = 0;
   double scale = 0;
 };
@@ -90,6 +98,14 @@ bool is_perm(const Op& op, const std::vector<int64_t>& perm) {
 
 TensorType bool_type(std::vector<Dim> shape) {
   return TensorType{DType::boolean, std::move(shape)};
+}
+
+// Sets *value to the value of `v` if it is a rank-0 constant (of any dtype); false otherwise.
+bool scalar_constant(const Graph& g, ValueId v, double* value) {
+  const Op* op = g.def(v, OpKind::constant);
+  if (!op || g.type(v).rank() != 0) return false;
+  *value = op->float_attr("value");
+  return true;
 }
 
 // Sets *value to the value of `v` if it is a rank-0 f32 constant; false otherwise.
@@ -205,41 +221,95 @@ OpKind negated(OpKind k) {  // !(a < b)  <=>  a >= b
   }
 }
 
+// A value that takes one of two values, as a bool mask is true or false.
+struct BoolImage {
+  ValueId mask = -1;
+  double if_true = 1, if_false = 0;
+};
+
+// Whether `x` is a function of one bool mask (itself, a cast of it, or a select of it between
+// rank-0 constants, through leading-1 reshapes); fills *image.
+bool bool_image(const Graph& g, ValueId x, BoolImage* image) {
+  if (g.type(x).dtype == DType::boolean) {
+    *image = BoolImage{x, 1, 0};
+    return true;
+  }
+  while (const Op* rs = unit_reshape(g, x)) x = rs->operands[0];
+  if (const Op* cast = g.def(x, OpKind::cast)) {
+    if (g.type(cast->operands[0]).dtype != DType::boolean) return false;
+    *image = BoolImage{cast->operands[0], 1, 0};
+    return true;
+  }
+  const Op* select = g.def(x, OpKind::select);
+  double a = 0, z = 0;
+  if (!select || !scalar_constant(g, select->operands[1], &a) ||
+      !scalar_constant(g, select->operands[2], &z))
+    return false;
+  *image = BoolImage{select->operands[0], a, z};
+  return true;
+}
+
 // Adds the terms of mask `m` (masked where m is true; where it is false when !polarity) to
 // *terms: logical_or of terms (and, by De Morgan, logical_and of negated ones), logical_not,
-// leading-1 reshapes, key padding [B,1,1,Lk] (a reshape of [B,Lk] or any such value), and
-// the causal comparison of the key and query indices (iotas) that masks exactly j > i.
+// eq/ne of a bool mask (or a cast or select of one) and a constant, leading-1 reshapes, key
+// padding [B,1,1,Lk] and query padding [B,1,Lq,1] (a reshape of [B,L] or any such value),
+// and the causal comparison of the key and query indices (iotas) that masks exactly j > i.
 // Sets *why when `m` is anything else.
 bool collect_mask_terms(const Graph& g, ValueId m, bool polarity, const ScoreDims& dims,
                         MaskTerms* terms, std::string* why) {
   const TensorType& t = g.type(m);
   const Op* op = def_op(g.f, g.defs, m);
-  if (t.dtype == DType::boolean &&
-      t == bool_type({dims.batch, Dim::constant(1), Dim::constant(1), dims.lk})) {
-    if (terms->pad >= 0) {
-      *why = fmt::format("mask {} has two key padding terms", g.label(m));
+  const Dim one = Dim::constant(1);
+  const bool key_pad = t == bool_type({dims.batch, one, one, dims.lk});
+  if (key_pad || t == bool_type({dims.batch, one, dims.lq, one})) {
+    PadTerm& pad = key_pad ? terms->key : terms->query;
+    if (pad.value >= 0) {
+      *why = fmt::format("mask {} has two {} padding terms", g.label(m), key_pad ? "key" : "query");
       return false;
     }
     const Op* rs = g.def(m, OpKind::reshape);
-    if (rs && g.type(rs->operands[0]) == bool_type({dims.batch, dims.lk})) {
-      terms->pad = rs->operands[0];
+    if (rs && g.type(rs->operands[0]) == bool_type({dims.batch, key_pad ? dims.lk : dims.lq})) {
+      pad.value = rs->operands[0];
     } else {
-      terms->pad = m;
-      terms->pad_reshape = true;
+      pad.value = m;
+      pad.reshape = true;
     }
-    terms->pad_negate = !polarity;
+    pad.negate = !polarity;
     return true;
   }
   if (!op) {
     *why = fmt::format(
-        "mask {} : {} is a parameter, neither key padding bool[{},1,1,{}] nor "
-        "computed from iotas",
-        g.label(m), ir::to_string(t), ir::to_string(dims.batch), ir::to_string(dims.lk));
+        "mask {} : {} is a parameter, neither key padding bool[{},1,1,{}], query padding "
+        "bool[{},1,{},1] nor computed from iotas",
+        g.label(m), ir::to_string(t), ir::to_string(dims.batch), ir::to_string(dims.lk),
+        ir::to_string(dims.batch), ir::to_string(dims.lq));
     return false;
   }
   switch (op->kind) {
     case OpKind::logical_not:
       return collect_mask_terms(g, op->operands[0], !polarity, dims, terms, why);
+    case OpKind::eq:
+    case OpKind::ne: {
+      // x == c or x != c (PyTorch's `mask == 0`) with c a rank-0 constant and x a function of
+      // one bool mask m: m itself, a cast of m (a 0/1 mask of another dtype) or select(m, a,
+      // z) of constants, through leading-1 reshapes. Masks where m is, or where m is not.
+      double c = 0;
+      const int side = scalar_constant(g, op->operands[1], &c)   ? 0
+                       : scalar_constant(g, op->operands[0], &c) ? 1
+                                                                 : -1;
+      BoolImage x;
+      if (side >= 0 && bool_image(g, op->operands[static_cast<size_t>(side)], &x)) {
+        auto holds = [&](double value) { return (value == c) == (op->kind == OpKind::eq); };
+        if (holds(x.if_true) != holds(x.if_false))
+          return collect_mask_terms(g, x.mask, holds(x.if_true) ? polarity : !polarity, dims, terms,
+                                    why);
+      }
+      *why = fmt::format(
+          "mask {} compares {} and {}, not a bool mask (or a cast or select of one) and a "
+          "constant that tells its two values apart",
+          g.label(m), g.label(op->operands[0]), g.label(op->operands[1]));
+      return false;
+    }
     case OpKind::logical_or:
     case OpKind::logical_and:
       // A union of masked sets: or of masks, or and of keep masks.
@@ -283,16 +353,17 @@ bool collect_mask_terms(const Graph& g, ValueId m, bool polarity, const ScoreDim
       break;
   }
   *why = fmt::format(
-      "mask {} : {} ({}) is not key padding bool[{},1,1,{}], a causal comparison (key > "
-      "query) or their logical_or",
+      "mask {} : {} ({}) is not key padding bool[{},1,1,{}], query padding bool[{},1,{},1], "
+      "a causal comparison (key > query) or their logical_or",
       g.label(m), ir::to_string(t), ir::op_name(op->kind), ir::to_string(dims.batch),
-      ir::to_string(dims.lk));
+      ir::to_string(dims.lk), ir::to_string(dims.batch), ir::to_string(dims.lq));
   return false;
 }
 
 // The select's condition (masked where it is true, or where it is false when !polarity):
-// key padding, causal, or both, in any layout that broadcasts to the scores ([L,L],
-// [1,1,L,L], [B,1,1,Lk], [B,1,L,L], ...). The mask may have other uses (layers share it).
+// key padding, query padding, causal, or any union of them, in any layout that broadcasts to
+// the scores ([L,L], [1,L,L], [1,1,L,L], [B,1,1,Lk], [B,1,Lq,1], [B,1,L,L], ...). The mask may
+// have other uses (layers share it).
 bool match_mask(const Graph& g, ValueId m, bool polarity, const ScoreDims& dims,
                 AttentionMatch* match, std::string* why) {
   MaskTerms terms;
@@ -305,6 +376,14 @@ bool match_mask(const Graph& g, ValueId m, bool polarity, const ScoreDims& dims,
   match->causal = terms.causal;
   match->mask = terms;
   return true;
+}
+
+// The attention op's attributes for `m` (fill_inf and query_pad only when set).
+ir::Attrs attention_attrs(const AttentionMatch& m) {
+  ir::Attrs attrs = {{"heads", m.heads}, {"scale", m.scale}, {"causal", int64_t{m.causal ? 1 : 0}}};
+  if (m.fill_inf) attrs["fill_inf"] = int64_t{1};
+  if (m.mask.query.value >= 0) attrs["query_pad"] = int64_t{1};
+  return attrs;
 }
 
 // Whether the softmax at `softmax_index` is the anchor of a fusable attention pattern;
@@ -346,10 +425,10 @@ bool can_fuse_attention(const Graph& g, int softmax_index, AttentionMatch* match
     polarity = fill_side == 1;
     scaled = select->operands[3 - fill_side];
     // -inf masks as -1e9 does where a row keeps one key (a causal mask keeps the diagonal);
-    // checked below, once the mask is known.
+    // rows that padding may mask whole need fill_inf (NaN), decided once the mask is known.
     infinite_fill = std::isinf(fill) && fill < 0;
     if (fill != kMaskFill && !infinite_fill)
-      return reject(fmt::format("select fill {} is {}, not -1e9 (or -inf with a causal mask)",
+      return reject(fmt::format("select fill {} is {}, not -1e9 or -inf",
                                 g.label(select->operands[fill_side]), fill));
     if (g.uses[scaled] != 1)
       return reject(fmt::format("scaled scores {} have {} uses", g.label(scaled), g.uses[scaled]));
@@ -412,10 +491,7 @@ bool can_fuse_attention(const Graph& g, int softmax_index, AttentionMatch* match
   if (mask >= 0 &&
       !match_mask(g, mask, polarity, ScoreDims{qs.batch, qs.length, ks.length}, match, &why))
     return reject(why);
-  if (infinite_fill && (!match->causal || match->mask.pad >= 0))
-    return reject(
-        fmt::format("select fill is -inf, which masks as -1e9 only with a causal mask "
-                    "alone (a padded row of keys has no key left)"));
+  match->fill_inf = infinite_fill && (match->mask.key.value >= 0 || match->mask.query.value >= 0);
 
   match->output_op = g.defs[merge->result];
   match->q = qs.input;
@@ -425,10 +501,10 @@ bool can_fuse_attention(const Graph& g, int softmax_index, AttentionMatch* match
 
   // The attention op must type as the reshape it replaces.
   std::vector<TensorType> in = {g.type(match->q), g.type(match->k), g.type(match->v)};
-  if (match->mask.pad >= 0) in.push_back(bool_type({qs.batch, ks.length}));
-  ir::Attrs attrs = {
-      {"heads", match->heads}, {"scale", match->scale}, {"causal", int64_t{match->causal ? 1 : 0}}};
-  ir::TypeResult t = ir::infer_type(g.module, OpKind::attention, in, attrs, nullptr);
+  if (match->mask.key.value >= 0) in.push_back(bool_type({qs.batch, ks.length}));
+  if (match->mask.query.value >= 0) in.push_back(bool_type({qs.batch, qs.length}));
+  ir::TypeResult t =
+      ir::infer_type(g.module, OpKind::attention, in, attention_attrs(*match), nullptr);
   if (!t.ok()) return reject("attention op would not type: " + t.error);
   if (!(t.type == g.type(merge->result)))
     return reject(fmt::format("attention result {} differs from the merged heads {}",
@@ -446,29 +522,39 @@ void fuse_attention_at(Function& f, const Graph& g, int softmax_index) {
   KILN_ASSERT(can_fuse_attention(g, softmax_index, &m), "fuse_attention_at needs a match");
   const std::string softmax_label = g.label(f.ops[softmax_index].result);
   size_t pos = static_cast<size_t>(m.output_op);
-  ValueId key_pad = m.mask.pad;
-  std::string pad_label = key_pad >= 0 ? g.label(key_pad) : std::string();
-  if (key_pad >= 0) {
-    const TensorType pad_type = bool_type({f.type(m.q).shape[0], f.type(m.k).shape[1]});
-    if (m.mask.pad_reshape) {
-      key_pad = insert_op(f, pos, pos, OpKind::reshape, {key_pad}, pad_type);
+  // A padding term as a bool [B,L] value, true at padding: inserts its reshape and
+  // logical_not before the head merge; describes it in *log.
+  auto pad_operand = [&](const PadTerm& pad, const Dim& length, const char* what,
+                         std::string* log) {
+    ValueId value = pad.value;
+    std::string label = g.label(value);
+    const TensorType pad_type = bool_type({f.type(m.q).shape[0], length});
+    if (pad.reshape) {
+      value = insert_op(f, pos, pos, OpKind::reshape, {value}, pad_type);
       ++pos;
-      pad_label = "reshape(" + pad_label + ")";
+      label = "reshape(" + label + ")";
     }
-    if (m.mask.pad_negate) {
-      key_pad = insert_op(f, pos, pos, OpKind::logical_not, {key_pad}, pad_type);
+    if (pad.negate) {
+      value = insert_op(f, pos, pos, OpKind::logical_not, {value}, pad_type);
       ++pos;
-      pad_label = "logical_not(" + pad_label + ")";
+      label = "logical_not(" + label + ")";
     }
-  }
+    *log += fmt::format(", {} padding {}", what, label);
+    return value;
+  };
+  std::vector<ValueId> operands = {m.q, m.k, m.v};
+  std::string log;
+  if (m.mask.key.value >= 0)
+    operands.push_back(pad_operand(m.mask.key, f.type(m.k).shape[1], "key", &log));
+  if (m.mask.query.value >= 0)
+    operands.push_back(pad_operand(m.mask.query, f.type(m.q).shape[1], "query", &log));
   Op& out = f.ops[pos];
   out.kind = OpKind::attention;
-  out.operands = {m.q, m.k, m.v};
-  if (key_pad >= 0) out.operands.push_back(key_pad);
-  out.attrs = {{"heads", m.heads}, {"scale", m.scale}, {"causal", int64_t{m.causal ? 1 : 0}}};
-  debug_log(kPass, "fused softmax {} into attention {} (heads {}, scale {}, causal {}{})",
-            softmax_label, value_label(f, out.result), m.heads, m.scale, m.causal ? 1 : 0,
-            key_pad >= 0 ? ", key padding " + pad_label : "");
+  out.operands = std::move(operands);
+  out.attrs = attention_attrs(m);
+  debug_log(kPass, "fused softmax {} into attention {} (heads {}, scale {}, causal {}{}{})",
+            softmax_label, value_label(f, out.result), m.heads, m.scale, m.causal ? 1 : 0, log,
+            m.fill_inf ? ", fill -inf" : "");
 }
 
 bool fuse_function(const ir::Module& module, Function& f) {

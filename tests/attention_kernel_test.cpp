@@ -9,6 +9,7 @@
 // adding a relative error of about one float epsilon (1.2e-7), and its exponential is within
 // 2.2e-7 relative. An output is a convex combination of v (|v| ≤ 2), so its error stays far
 // below 1e-5, while a wrong mask, block or weight moves it by ~1e-2; observed: ≤ 1.3e-6.
+// Rows whose keys are all masked must be NaN in both (fill_inf) or the mean of v in both.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -86,12 +87,14 @@ ir::Tensor interpret_attention(const AttentionKernel& spec, const std::vector<ir
   m.name = "attention_test";
   ir::Function f;
   f.name = "f";
-  const char* names[] = {"q", "k", "v", "mask"};
+  const char* names[] = {"q", "k", "v", "mask", "qmask"};
   std::vector<ir::ValueId> params;
   for (size_t i = 0; i < in.size(); ++i)
     params.push_back(f.add_param(names[i], type_of(in[i].dtype, in[i].shape)));
-  const ir::Attrs attrs{
+  ir::Attrs attrs{
       {"heads", spec.heads}, {"scale", spec.scale}, {"causal", int64_t{spec.causal ? 1 : 0}}};
+  if (spec.fill_inf) attrs["fill_inf"] = int64_t{1};
+  if (spec.query_padding) attrs["query_pad"] = int64_t{1};
   const ir::TensorType result =
       type_of(ir::DType::f32, {in[0].shape[0], in[0].shape[1], spec.heads * spec.dv});
   f.results.push_back(f.add_op(ir::OpKind::attention, params, result, attrs));
@@ -153,14 +156,28 @@ float check_case(const JitKernel& kernel, const AttentionKernel& spec, int64_t b
     mask_bytes.assign(mask.begin(), mask.end());
     in.push_back(ir::Tensor::from_ints(ir::DType::boolean, {batch, lk}, std::move(mask)));
   }
+  // Query padding: odd batch rows pad a random suffix of the queries, even ones random
+  // queries (about a quarter).
+  std::vector<uint8_t> qmask_bytes;
+  if (spec.query_padding) {
+    std::vector<int64_t> qmask(batch * lq, 0);
+    for (int64_t b = 0; b < batch; ++b) {
+      const int64_t len = std::uniform_int_distribution<int64_t>(0, lq)(rng);
+      for (int64_t i = 0; i < lq; ++i) qmask[b * lq + i] = b % 2 == 1 ? i >= len : rng() % 4 == 0;
+    }
+    qmask_bytes.assign(qmask.begin(), qmask.end());
+    in.push_back(ir::Tensor::from_ints(ir::DType::boolean, {batch, lq}, std::move(qmask)));
+  }
   const ir::Tensor want = interpret_attention(spec, in);
 
   Halide::Buffer<float> q = q_src->view(q_off, qd), k = kv.view(kk_off, qd);
   Halide::Buffer<float> v = kv.view(vv_off, vd);
   Halide::Buffer<uint8_t> mask(mask_bytes.data(), static_cast<int>(lk), static_cast<int>(batch));
+  Halide::Buffer<uint8_t> qmask(qmask_bytes.data(), static_cast<int>(lq), static_cast<int>(batch));
   Halide::Buffer<float> out(static_cast<int>(vd), static_cast<int>(lq), static_cast<int>(batch));
   std::vector<halide_buffer_t*> args = {q.raw_buffer(), k.raw_buffer(), v.raw_buffer()};
   if (spec.key_padding) args.push_back(mask.raw_buffer());
+  if (spec.query_padding) args.push_back(qmask.raw_buffer());
   args.push_back(out.raw_buffer());
   const int status = kernel(args);
   EXPECT_EQ(status, 0);
@@ -171,6 +188,7 @@ float check_case(const JitKernel& kernel, const AttentionKernel& spec, int64_t b
     for (int64_t i = 0; i < lq; ++i)
       for (int64_t c = 0; c < vd; ++c) {
         const float got = out(c, i, b), expect = want.f[(b * lq + i) * vd + c];
+        if (std::isnan(expect) && std::isnan(got)) continue;  // a fully masked row, -inf
         const float err = std::fabs(got - expect);
         if (!(err <= kTolerance)) {  // also catches NaN
           ADD_FAILURE() << "out[" << b << "," << i << "," << c << "] = " << got << ", interpreter "
@@ -185,6 +203,7 @@ float check_case(const JitKernel& kernel, const AttentionKernel& spec, int64_t b
 struct SpecCase {
   int64_t heads, dk, dv;
   bool causal, key_padding;
+  bool fill_inf = false, query_padding = false;
 };
 
 class AttentionKernelTest : public testing::TestWithParam<std::tuple<SpecCase, std::string>> {};
@@ -196,7 +215,8 @@ class AttentionKernelTest : public testing::TestWithParam<std::tuple<SpecCase, s
 TEST_P(AttentionKernelTest, MatchesInterpreter) {
   const auto& [c, target] = GetParam();
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.dk));
-  const AttentionKernel spec{c.heads, c.dk, c.dv, c.causal, c.key_padding, scale};
+  const AttentionKernel spec{c.heads,       c.dk,  c.dv,       c.causal,
+                             c.key_padding, scale, c.fill_inf, c.query_padding};
   const JitKernel kernel(build_attention(spec, target_named(target)), target_named(target));
   uint32_t seed = 1;
   float max_err = 0;
@@ -217,15 +237,29 @@ std::string case_name(const testing::TestParamInfo<AttentionKernelTest::ParamTyp
   const auto& [c, target] = info.param;
   return "h" + std::to_string(c.heads) + "_dk" + std::to_string(c.dk) + "_dv" +
          std::to_string(c.dv) + (c.causal ? "_causal" : "") + (c.key_padding ? "_pad" : "") +
+         (c.query_padding ? "_qpad" : "") + (c.fill_inf ? "_inf" : "") +
          (target == "host" ? "_host" : "_avx2");
 }
 
 // Heads 1..4 with dk, dv 4..16 (odd, unequal), and the base model's head size 64, whose V
-// product takes two passes of two vectors with AVX-512.
+// product takes two passes of two vectors with AVX-512. Then the -inf fill (fully masked rows
+// are NaN) and query padding (padded queries: the mean of v, or NaN), each with and without
+// causal and key padding.
 const SpecCase kSpecs[] = {
-    {1, 4, 4, false, false},  {2, 8, 8, false, true}, {3, 5, 7, false, true},
-    {4, 16, 16, true, false}, {2, 12, 6, true, true}, {4, 16, 16, true, true},
+    {1, 4, 4, false, false},
+    {2, 8, 8, false, true},
+    {3, 5, 7, false, true},
+    {4, 16, 16, true, false},
+    {2, 12, 6, true, true},
+    {4, 16, 16, true, true},
     {2, 64, 64, true, true},
+    {3, 5, 7, false, true, /*fill_inf=*/true},
+    {2, 12, 6, true, true, /*fill_inf=*/true},
+    {2, 8, 8, false, false, /*fill_inf=*/false, /*query_padding=*/true},
+    {2, 12, 6, true, false, /*fill_inf=*/false, /*query_padding=*/true},
+    {4, 16, 16, true, true, /*fill_inf=*/false, /*query_padding=*/true},
+    {3, 5, 7, false, false, /*fill_inf=*/true, /*query_padding=*/true},
+    {2, 12, 6, true, true, /*fill_inf=*/true, /*query_padding=*/true},
 };
 
 INSTANTIATE_TEST_SUITE_P(Specs, AttentionKernelTest,
@@ -267,6 +301,21 @@ TEST(AttentionKernelErrors, MismatchedShapesFail) {
 // The kernel compiles ahead of time, without the runtime, for both targets.
 TEST(AttentionKernelAot, CompilesToObject) {
   jit::expect_compiles_ahead_of_time(AttentionKernel{8, 64, 64, true, true, 0.125});
+  jit::expect_compiles_ahead_of_time(AttentionKernel{8, 64, 64, true, true, 0.125, true, true});
+}
+
+// Each variant has its own kernel name; the default ones keep theirs.
+TEST(AttentionKernelNames, VariantsDiffer) {
+  const AttentionKernel plain{8, 64, 64, true, true, 0.125};
+  EXPECT_EQ(kernel_name(plain), "kiln_attention_h8_dk64_dv64_causal_kpad_s3fc0000000000000");
+  AttentionKernel inf = plain, qpad = plain, both = plain;
+  inf.fill_inf = true;
+  qpad.query_padding = true;
+  both.fill_inf = both.query_padding = true;
+  EXPECT_EQ(kernel_name(inf), "kiln_attention_h8_dk64_dv64_causal_kpad_inf_s3fc0000000000000");
+  EXPECT_EQ(kernel_name(qpad), "kiln_attention_h8_dk64_dv64_causal_kpad_qpad_s3fc0000000000000");
+  EXPECT_EQ(kernel_name(both),
+            "kiln_attention_h8_dk64_dv64_causal_kpad_qpad_inf_s3fc0000000000000");
 }
 
 }  // namespace

@@ -830,6 +830,42 @@ TEST(InterpreterTest, AttentionMaskedKeysGetZeroWeight) {
               0.1);
 }
 
+// fill_inf: a row whose keys are all masked is NaN (PyTorch's softmax of a row of -inf),
+// other rows are as with -1e9; query_pad (the last operand) masks whole rows: the mean of v
+// over all keys with -1e9, NaN with fill_inf.
+TEST(InterpreterTest, AttentionInfiniteFillAndQueryPadding) {
+  Tensor q = F({2, 2, 2}, {1, 2, 3, 4, 1, 2, 3, 4});
+  Tensor k = F({2, 3, 2}, {1, 0, 0, 1, 1, 1, 1, 0, 0, 1, 1, 1});
+  Tensor v = F({2, 3, 1}, {1, 5, 3, 1, 5, 3});
+  Tensor pad = B({2, 3}, {0, 1, 0, 1, 1, 1});  // batch 1: every key is padding
+  Tensor qpad = B({2, 2}, {0, 1, 0, 0});       // query 1 of batch 0 is padding
+  const TensorType t = F32({C(2), C(2), C(1)});
+  const Attrs base{{"heads", int64_t{1}}, {"scale", 1.0}};
+  Attrs inf = base;
+  inf["fill_inf"] = int64_t{1};
+  Tensor r = run_op(OpKind::attention, {q, k, v, pad}, t, base);
+  Tensor ri = run_op(OpKind::attention, {q, k, v, pad}, t, inf);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(ri.f[i], r.f[i]) << i;       // batch 0 keeps keys 0 and 2
+    EXPECT_NEAR(r.f[2 + i], 3.0f, 1e-6);   // batch 1, -1e9: the mean of v
+    EXPECT_TRUE(std::isnan(ri.f[2 + i]));  // batch 1, -inf: NaN
+  }
+  Attrs with_query = base;
+  with_query["query_pad"] = int64_t{1};
+  Tensor rq = run_op(OpKind::attention, {q, k, v, qpad}, t, with_query);
+  Tensor rk = run_op(OpKind::attention, {q, k, v}, t, base);
+  EXPECT_EQ(rq.f[0], rk.f[0]);
+  EXPECT_NEAR(rq.f[1], 3.0f, 1e-6);  // padded query
+  EXPECT_EQ(rq.f[2], rk.f[2]);
+  EXPECT_EQ(rq.f[3], rk.f[3]);
+  with_query["fill_inf"] = int64_t{1};
+  Tensor rqi = run_op(OpKind::attention, {q, k, v, pad, qpad}, t, with_query);
+  EXPECT_EQ(rqi.f[0], r.f[0]);
+  EXPECT_TRUE(std::isnan(rqi.f[1]));  // padded query
+  EXPECT_TRUE(std::isnan(rqi.f[2]));  // padded keys
+  EXPECT_TRUE(std::isnan(rqi.f[3]));
+}
+
 // The graph the DSL emits for attention, next to the fused op; d_k = 4, so the scale
 // 1/sqrt(4) = 0.5 multiplies exactly as the division by 2 does, and the two agree bit for bit.
 TEST(InterpreterTest, AttentionEqualsUnfusedGraph) {
