@@ -9,6 +9,7 @@
 // The seed models: the write-ups kiln was started from, written as users write models
 // (examples/seeds/*.cpp, KILN_MODEL) and compiled into kiln_frontend with KILN_MODEL_REGISTRY
 // (frontend/CMakeLists.txt), which makes each define its kiln_model_info_<name>().
+kiln::models::ModelInfo kiln_model_info_seed0_neginf_fill();
 kiln::models::ModelInfo kiln_model_info_seed2_tied_generator();
 kiln::models::ModelInfo kiln_model_info_seed3_query_mask();
 kiln::models::ModelInfo kiln_model_info_seed4_no_final_norm();
@@ -65,8 +66,8 @@ std::vector<ModelInfo> make_registry() {
   transformer.build = [](const Config& c) {
     return nn::build_transformer(to_transformer_config(c));
   };
-  return {transformer, kiln_model_info_seed2_tied_generator(), kiln_model_info_seed3_query_mask(),
-          kiln_model_info_seed4_no_final_norm()};
+  return {transformer, kiln_model_info_seed0_neginf_fill(), kiln_model_info_seed2_tied_generator(),
+          kiln_model_info_seed3_query_mask(), kiln_model_info_seed4_no_final_norm()};
 }
 
 }  // namespace
