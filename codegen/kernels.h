@@ -84,7 +84,8 @@ struct StepAttentionKernel {
 };
 
 // out(c, r) = layernorm over c of (x(c, r) [+ y(c, r)]) · gamma(c) + beta(c), biased
-// variance, eps inside the square root; with_sum (with_add only) also writes the sum
+// variance (divided by D - 1 when `unbiased`, D >= 2), eps inside the square root (added to
+// it when `eps_outside`: the IR op's attributes); with_sum (with_add only) also writes the sum
 // sum(c, r) = x(c, r) + y(c, r) (an add_layernorm with its add_layernorm_sum).
 //   args: x f32 (c, r) [D × R], y f32 (c, r) (when with_add), gamma f32 (c) [D],
 //   beta f32 (c) [D], out f32 (c, r) [D × R] dense, sum f32 (c, r) [D × R] dense (when
@@ -98,6 +99,8 @@ struct LayerNormKernel {
   // y broadcast over x's leading dims: y f32 (c, t) [D × T] with R a multiple of T, row r
   // of x adding row r mod T of y (y's IR shape a suffix of x's).
   bool broadcast_y = false;
+  bool unbiased = false;
+  bool eps_outside = false;
 };
 
 // A fused group of elementwise ops (with numpy broadcasting), gathers, transposes and

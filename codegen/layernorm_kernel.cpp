@@ -1,5 +1,7 @@
 // The LayerNorm kernel (kernels.h): for each row, the mean and the biased variance of
-// x [+ y] over the feature dim, then (s - mean) / sqrt(var + eps) * gamma + beta.
+// x [+ y] over the feature dim, then (s - mean) / sqrt(var + eps) * gamma + beta. The
+// variants divide the sum of squares by D - 1 (unbiased) and take 1 / (sqrt(var) + eps)
+// (eps_outside); the default variant's pipeline has neither change.
 //
 // Numerics: float throughout, in two passes over the row shifted by its first value
 // (t = s - s[0], exact where the values are close): the mean of t, then the variance of
@@ -99,6 +101,7 @@ KernelPipeline build_layernorm(const LayerNormKernel& spec, const Halide::Target
   KILN_ASSERT(spec.D >= 1 && spec.D <= std::numeric_limits<int32_t>::max() / 2,
               "layernorm kernel: bad feature dim");
   KILN_ASSERT(spec.eps > 0, "layernorm kernel: eps must be positive");
+  KILN_ASSERT(!spec.unbiased || spec.D >= 2, "layernorm kernel: unbiased variance needs D >= 2");
   const int64_t D = spec.D;
   const int d32 = static_cast<int>(D);
   const int lanes = vector_lanes(target);
@@ -141,7 +144,9 @@ KernelPipeline build_layernorm(const LayerNormKernel& spec, const Halide::Target
   sq(c, r) = centered * centered;
   Func sumsq = row_sum(sq, D, lanes, "sumsq", out, ri);
   Func inv_std("inv_std");
-  inv_std(r) = 1.0f / Halide::sqrt(sumsq(r) / static_cast<float>(D) + static_cast<float>(spec.eps));
+  const float eps = static_cast<float>(spec.eps);
+  const Expr var = sumsq(r) / static_cast<float>(spec.unbiased ? D - 1 : D);
+  inv_std(r) = spec.eps_outside ? 1.0f / (Halide::sqrt(var) + eps) : 1.0f / Halide::sqrt(var + eps);
 
   out(c, r) = (t(c, r) - mean(r)) * inv_std(r) * gamma(c) + beta(c);
 

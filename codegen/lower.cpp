@@ -730,6 +730,8 @@ class Lowerer {
           const bool broadcast_y = with_add && f.type(op.operands[1]).rank() < type.rank();
           LayerNormKernel k{type.shape.back().value, op.float_attr("eps"), with_add, with_sum,
                             broadcast_y};
+          k.unbiased = op.has_attr("unbiased") && op.int_attr("unbiased") == 1;
+          k.eps_outside = op.has_attr("eps_outside") && op.int_attr("eps_outside") == 1;
           View out = output_view(op);
           rt::StepDesc s{
               kernel_index(k), fmt::format("{} %{}", ir::op_name(op.kind), op.result), {}};

@@ -273,6 +273,13 @@ Tensor softmax(Tensor x, int64_t axis, Loc loc) {
 Tensor layernorm(Tensor x, Tensor gamma, Tensor beta, double eps, Loc loc) {
   return emit(OpKind::layernorm, {x, gamma, beta}, {{"eps", eps}}, loc);
 }
+Tensor layernorm(Tensor x, Tensor gamma, Tensor beta, const LayerNormOptions& options, Loc loc) {
+  // Only the variant's flags become attributes: the default stays the plain op.
+  ir::Attrs attrs{{"eps", options.eps}};
+  if (options.unbiased) attrs["unbiased"] = int64_t{1};
+  if (options.eps_outside) attrs["eps_outside"] = int64_t{1};
+  return emit(OpKind::layernorm, {x, gamma, beta}, std::move(attrs), loc);
+}
 Tensor cache_write(Tensor cache, Tensor x, Tensor pos, Loc loc) {
   return emit(OpKind::cache_write, {cache, x, pos}, {}, loc);
 }

@@ -184,6 +184,16 @@ Tensor concat(const std::vector<Tensor>& xs, int64_t axis, Loc loc = Loc::curren
 Tensor matmul(Tensor a, Tensor b, Loc loc = Loc::current());
 Tensor softmax(Tensor x, int64_t axis, Loc loc = Loc::current());
 Tensor layernorm(Tensor x, Tensor gamma, Tensor beta, double eps, Loc loc = Loc::current());
+// The variants of layernorm (ir.h): `unbiased` divides the variance by D - 1 (torch's
+// x.std(-1); a last dim of 1 is an error), `eps_outside` normalizes by sqrt(var) + eps
+// instead of sqrt(var + eps). The defaults are nn.LayerNorm's, the op without attributes.
+struct LayerNormOptions {
+  double eps = 1e-5;
+  bool unbiased = false;
+  bool eps_outside = false;
+};
+Tensor layernorm(Tensor x, Tensor gamma, Tensor beta, const LayerNormOptions& options,
+                 Loc loc = Loc::current());
 Tensor reduce_sum(Tensor x, std::vector<int64_t> axes, bool keepdims = false,
                   Loc loc = Loc::current());
 Tensor reduce_max(Tensor x, std::vector<int64_t> axes, bool keepdims = false,

@@ -117,10 +117,14 @@ Tensor LayerNorm::operator()(Tensor x, Loc loc) const {
   PathScope scope(fb, prefix);
   check_positive(fb, loc, "dim", dim);
   check(eps > 0, fb, loc, "eps = {}, expected a positive number", eps);
+  check(!unbiased || dim >= 2, fb, loc,
+        "dim = {} with unbiased variance divides by dim - 1 = 0, expected dim >= 2", dim);
+  check(!weight.empty() && !bias.empty() && weight != bias, fb, loc,
+        "parameter names '{}' and '{}' must be distinct and non-empty", weight, bias);
   check_last_dim(fb, loc, x, "input", "dim", dim);
-  Tensor gamma = fb.weight(prefix + ".weight", {dim}, loc);  // declared in state_dict order
-  Tensor beta = fb.weight(prefix + ".bias", {dim}, loc);
-  return dsl::layernorm(x, gamma, beta, eps, loc);
+  Tensor gamma = fb.weight(prefix + "." + weight, {dim}, loc);  // declared in state_dict order
+  Tensor beta = fb.weight(prefix + "." + bias, {dim}, loc);
+  return dsl::layernorm(x, gamma, beta, dsl::LayerNormOptions{eps, unbiased, eps_outside}, loc);
 }
 
 Tensor Embedding::operator()(Tensor ids, Loc loc) const {

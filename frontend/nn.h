@@ -5,6 +5,8 @@
 // The state_dict naming convention (a PyTorch twin uses these attribute names):
 //   Linear                 <p>.weight [out, in], <p>.bias [out]      (nn.Linear)
 //   LayerNorm              <p>.weight [dim], <p>.bias [dim]          (nn.LayerNorm)
+//                          or the names its `weight` and `bias` fields give, e.g.
+//                          <p>.alpha, <p>.beta (the Annotated Transformer's LayerNorm)
 //   Embedding              <p>.weight [vocab, dim]                    (nn.Embedding)
 //   PositionEmbedding      <p>.weight [max_len, dim]                  (nn.Embedding over arange(L))
 //   MultiHeadAttention     <p>.w_q, <p>.w_k, <p>.w_v, <p>.w_o          (four Linear [d_model,
@@ -50,11 +52,20 @@ struct Linear {
   Tensor operator()(Tensor x, Loc loc = Loc::current()) const;
 };
 
-// LayerNorm over the last axis, biased variance; `prefix.{weight,bias}` [dim].
+// LayerNorm over the last axis: `prefix.<weight>` [dim] · (x - mean) / sqrt(var + eps) +
+// `prefix.<bias>` [dim] with the biased variance (PyTorch's nn.LayerNorm), or a variant
+// (dsl::LayerNormOptions): `unbiased` divides the variance by dim - 1 (x.std(-1); dim must
+// then be at least 2), `eps_outside` divides by sqrt(var) + eps. The Annotated
+// Transformer's `alpha * (x - mean) / (x.std(-1) + eps) + beta` with parameters
+// `norm.alpha`, `norm.beta` is
+//   nn::LayerNorm{"norm", 512, 1e-6, /*unbiased=*/true, /*eps_outside=*/true, "alpha", "beta"}
 struct LayerNorm {
   std::string prefix;
   int64_t dim = 0;
   double eps = 1e-5;
+  bool unbiased = false;
+  bool eps_outside = false;
+  std::string weight = "weight", bias = "bias";  // the parameters' names under the prefix
   Tensor operator()(Tensor x, Loc loc = Loc::current()) const;
 };
 

@@ -174,10 +174,13 @@ std::vector<float> softmax_of(const std::vector<float>& x) {
   return y;
 }
 
-// Layer normalization of one row: mean and biased variance in double,
-// y = (x - mean) / sqrt(var + eps) * gamma + beta in double, rounded once.
+// Layer normalization of one row: mean and variance in double (biased, or divided by
+// n - 1 when `unbiased`: a row of one value then gives NaN, as torch.std does),
+// y = (x - mean) / sqrt(var + eps) * gamma + beta (or / (sqrt(var) + eps) when
+// `eps_outside`) in double, rounded once.
 std::vector<float> layernorm_of(const std::vector<float>& x, const std::vector<float>& gamma,
-                                const std::vector<float>& beta, double eps) {
+                                const std::vector<float>& beta, double eps, bool unbiased,
+                                bool eps_outside) {
   KILN_ASSERT(gamma.size() == x.size() && beta.size() == x.size(), "layernorm parameter size");
   std::vector<float> y(x.size());
   if (x.empty()) return y;
@@ -187,8 +190,8 @@ std::vector<float> layernorm_of(const std::vector<float>& x, const std::vector<f
   mean /= n;
   double var = 0;
   for (float v : x) var += (v - mean) * (v - mean);
-  var /= n;
-  const double inv = 1.0 / std::sqrt(var + eps);
+  var /= unbiased ? n - 1 : n;
+  const double inv = eps_outside ? 1.0 / (std::sqrt(var) + eps) : 1.0 / std::sqrt(var + eps);
   for (size_t i = 0; i < x.size(); ++i)
     y[i] = static_cast<float>((x[i] - mean) * inv * static_cast<double>(gamma[i]) +
                               static_cast<double>(beta[i]));
@@ -640,18 +643,22 @@ Tensor eval_softmax(const Op& op, const Tensor& x, const Shape& shape) {
   return r;
 }
 
-// layernorm over the last axis; `x` is the (already summed, for add_layernorm) input.
-Tensor eval_layernorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps,
+// layernorm over the last axis; `x` is the (already summed, for add_layernorm) input and
+// `op` the layernorm or add_layernorm (its eps, unbiased and eps_outside).
+Tensor eval_layernorm(const Op& op, const Tensor& x, const Tensor& gamma, const Tensor& beta,
                       const Shape& shape) {
   KILN_ASSERT(x.dtype == DType::f32 && x.shape == shape && !shape.empty(), "layernorm operand");
   const int64_t d = shape.back();
   KILN_ASSERT(gamma.shape == Shape{d} && beta.shape == Shape{d}, "layernorm gamma/beta shape");
+  const double eps = op.float_attr("eps");
+  const bool unbiased = op.has_attr("unbiased") && op.int_attr("unbiased") == 1;
+  const bool eps_outside = op.has_attr("eps_outside") && op.int_attr("eps_outside") == 1;
   Tensor r = Tensor::zeros(DType::f32, shape);
   const int64_t rows = d == 0 ? 0 : x.numel() / d;
   std::vector<float> row(d);
   for (int64_t i = 0; i < rows; ++i) {
     std::copy(x.f.begin() + i * d, x.f.begin() + (i + 1) * d, row.begin());
-    const std::vector<float> y = layernorm_of(row, gamma.f, beta.f, eps);
+    const std::vector<float> y = layernorm_of(row, gamma.f, beta.f, eps, unbiased, eps_outside);
     std::copy(y.begin(), y.end(), r.f.begin() + i * d);
   }
   return r;
@@ -1163,14 +1170,13 @@ class Interpreter {
         r = eval_softmax(op, operand(op, 0), shape);
         break;
       case OpKind::layernorm:
-        r = eval_layernorm(operand(op, 0), operand(op, 1), operand(op, 2), op.float_attr("eps"),
-                           shape);
+        r = eval_layernorm(op, operand(op, 0), operand(op, 1), operand(op, 2), shape);
         break;
       case OpKind::add_layernorm: {
         // The sum is rounded to float first, exactly as a separate add would.
         const Tensor sum =
             eval_binary(OpKind::add, operand(op, 0), operand(op, 1), DType::f32, shape, at);
-        r = eval_layernorm(sum, operand(op, 2), operand(op, 3), op.float_attr("eps"), shape);
+        r = eval_layernorm(op, sum, operand(op, 2), operand(op, 3), shape);
         break;
       }
       case OpKind::add_layernorm_sum: {

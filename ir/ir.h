@@ -100,7 +100,13 @@ enum class OpKind {
   // Reductions and normalization.
   matmul,     // batched [..., M, K] x [..., K, N] -> [..., M, N]; a rank-2 rhs broadcasts
   softmax,    // {axis}
-  layernorm,  // (x, gamma, beta) {eps}: over the last axis, biased variance
+  // (x, gamma, beta) {eps, unbiased?, eps_outside?}: over the last axis D,
+  // gamma·(x - mean) / denom + beta with var = Σ(x - mean)² / n and
+  //   n = D (unbiased absent or 0: biased, PyTorch's nn.LayerNorm) or D - 1 (unbiased = 1:
+  //       x.std(-1)'s Bessel correction; D must not be 1),
+  //   denom = sqrt(var + eps) (eps_outside absent or 0) or sqrt(var) + eps (eps_outside = 1,
+  //       the Annotated Transformer's `a·(x - mean) / (std + eps) + b`).
+  layernorm,
   reduce_sum,
   reduce_max,
   reduce_mean,  // {axes, keepdims}
@@ -108,8 +114,9 @@ enum class OpKind {
   // Fused ops (produced by passes; ordinary ops otherwise).
   linear,         // (x, W[N,K], b[N]) {act}: act(x·Wᵀ + b), act "none" or an activation
                   // op's name (is_linear_activation)
-  add_layernorm,  // (x, y, gamma, beta) {eps}: layernorm(x + y); y is x's type or
-                  // broadcasts over x's leading dims (its shape a suffix of x's)
+  add_layernorm,  // (x, y, gamma, beta) {eps, unbiased?, eps_outside?}: layernorm(x + y)
+                  // with layernorm's attributes; y is x's type or broadcasts over x's
+                  // leading dims (its shape a suffix of x's)
   // (n): the sum x + y that the add_layernorm defining n computes, as its second output
   // (pre-norm blocks, whose residual sum feeds both the norm and the next residual). Its
   // operand must be an add_layernorm's result, and an add_layernorm has at most one

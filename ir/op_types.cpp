@@ -89,7 +89,9 @@ std::vector<AttrSpec> attr_specs(OpKind kind) {
       return {{"perm", T::ints, true}};
     case OpKind::layernorm:
     case OpKind::add_layernorm:
-      return {{"eps", T::number, true}};
+      return {{"eps", T::number, true},
+              {"unbiased", T::integer, false},
+              {"eps_outside", T::integer, false}};
     case OpKind::reduce_sum:
     case OpKind::reduce_max:
     case OpKind::reduce_mean:
@@ -187,7 +189,8 @@ std::string check_attrs(OpKind kind, const Attrs& attrs) {
     case OpKind::add_layernorm:
       if (!(number("eps") > 0) || !std::isfinite(number("eps")))
         return fmt::format("attribute 'eps' must be positive and finite, got {}", number("eps"));
-      break;
+      if (std::string e = flag("unbiased"); !e.empty()) return e;
+      return flag("eps_outside");
     case OpKind::reduce_sum:
     case OpKind::reduce_max:
     case OpKind::reduce_mean:
@@ -513,6 +516,9 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
       if (!(g == want) || !(bta == want))
         return err("gamma {} and beta {} must be {}", to_string(g), to_string(bta),
                    to_string(want));
+      // The unbiased variance of one value divides by D - 1 = 0.
+      if (attrs.count("unbiased") && int_at(attrs, "unbiased") == 1 && x.shape.back().is_const(1))
+        return err("unbiased variance over a last dim of 1 divides by zero (D - 1 = 0)");
       return ok(x);
     }
     case OpKind::add_layernorm_sum:

@@ -27,8 +27,9 @@ TypeResult infer_type(const Module& module, OpKind kind,
 // Checks an op's attributes against those its kind takes (verifier invariant V10): no
 // unknown key, every required one present, each of its type (integer, number, string,
 // integer list), and each in the range that does not depend on the operands: slice start
-// >= 0, eps positive and finite, keepdims, causal, fill_inf and query_pad 0 or 1, act
-// "none" or "relu", heads >= 1, scale finite. Returns the first problem, e.g.
+// >= 0, eps positive and finite, keepdims, causal, fill_inf, query_pad, unbiased and
+// eps_outside 0 or 1, act "none" or "relu", heads >= 1, scale finite. Returns the first
+// problem, e.g.
 //   attribute 'causal' must be an integer, got string "yes"
 // or "" when there is none. infer_type starts with it, so a type rule never reads an
 // attribute of the wrong type. Never throws.

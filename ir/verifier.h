@@ -21,14 +21,16 @@
 //        weight {name: string}              constant {value: number}
 //        iota, concat, softmax, argmax {axis: int}
 //        slice {axis: int, start: int >= 0}  transpose {perm: int list}
-//        layernorm, add_layernorm {eps: number, positive and finite}
+//        layernorm, add_layernorm {eps: number, positive and finite, unbiased?: 0 or 1,
+//                                  eps_outside?: 0 or 1}
 //        reduce_* {axes: int list, keepdims?: 0 or 1}
 //        linear {act: "none", "relu", "gelu", "gelu_tanh", "silu", "sigmoid" or "tanh"}
 //        attention {heads: int >= 1, scale: finite number, causal?, fill_inf?,
 //                   query_pad?: 0 or 1}
 //        every other op: none.
 //      The ranges that depend on operands (an axis within the rank, perm a permutation,
-//      a slice within its operand, heads dividing the feature size) are part of V8.
+//      a slice within its operand, heads dividing the feature size, a last dim other
+//      than 1 for an unbiased layernorm) are part of V8.
 //      So the interpreter, passes and codegen may read attributes with Op::int_attr etc.
 // V11. An add_layernorm_sum's operand is the result of an add_layernorm op, and no
 //      add_layernorm has more than one add_layernorm_sum.

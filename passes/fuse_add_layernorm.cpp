@@ -3,7 +3,8 @@
 // Algorithm: every layernorm is an anchor. can_fuse_add_layernorm() checks that its input
 // is an add of two same-typed operands whose other uses, if any, all come after the
 // layernorm; the rewrite turns the layernorm into add_layernorm in place (same result
-// value, and the addends are defined before the add, hence before it), inserts an
+// value and attributes, so eps and the variant flags carry over; the addends are defined
+// before the add, hence before it), inserts an
 // add_layernorm_sum right after it for a sum with other uses and moves those uses to it,
 // and remove_dead_code drops the adds left unused.
 #include "passes/fuse_add_layernorm.h"

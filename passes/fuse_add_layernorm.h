@@ -3,6 +3,10 @@
 //   %s = add(%x, %y) : f32[B,S,D]
 //   %n = layernorm(%s, %g, %b) {eps}      =>   %n = add_layernorm(%x, %y, %g, %b) {eps}
 //
+// The add_layernorm keeps every attribute of the layernorm (eps, and the variant's
+// unbiased and eps_outside, e.g. {eps = 1e-06, eps_outside = 1, unbiased = 1}): each variant
+// fuses alike.
+//
 // Pre-norm blocks (`h = x + attn(ln1(x)); y = h + ffn(ln2(h))`) use the sum again as the
 // next residual; then the add_layernorm gives it too, as its second output:
 //

@@ -2,12 +2,13 @@
 // (reductions over any axes, standalone softmax and argmax, transposes, concats, slices
 // and reshapes of strided views, matmuls, results that are views, parameters or weights),
 // compiled in process (tests/jit_model.h: the default pipeline, lowering, Halide JIT, the
-// runtime) and compared with the interpreter. The failing graphs are here, and a
-// property test over random verified graphs.
+// runtime) and compared with the interpreter. The failing graphs are here, a
+// property test over random verified graphs, and the layernorm variants end to end.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "jit_kernel.h"
 #include "jit_model.h"
 #include "pass_harness.h"
+#include "passes/pipeline.h"
 #include "passes/plan_memory.h"
 #include "random_graph.h"
 
@@ -304,6 +306,54 @@ TEST(GeneralPath, ModelsWrittenWithNnBlocks) {
         }
       }
   std::printf("[ general ] nn-block models: max relative error %.3g\n", worst);
+}
+
+// The layernorm variants (ir.h: unbiased, eps_outside) through the whole compiler: per
+// variant a layernorm of the input, a post-norm residual (fused to add_layernorm) and a
+// pre-norm one whose sum is read again (add_layernorm with its sum), all with one D and
+// eps, so that a variant lowered as another, or sharing another's kernel by name, shows
+// (eps = 0.1 makes each flag change the outputs by percents).
+TEST(GeneralPath, LayerNormVariants) {
+  std::string weights, body, results, types;
+  for (int v = 0; v < 4; ++v) {
+    std::string attrs = "eps = 0.1";
+    if (v & 2) attrs += ", eps_outside = 1";
+    if (v & 1) attrs += ", unbiased = 1";
+    weights += fmt::format("  weight @n{0}.alpha : f32[8]\n  weight @n{0}.beta : f32[8]\n", v);
+    body += fmt::format(
+        "    %g{0} = weight() {{name = \"n{0}.alpha\"}} : f32[8]\n"
+        "    %b{0} = weight() {{name = \"n{0}.beta\"}} : f32[8]\n"
+        "    %l{0} = layernorm(%x, %g{0}, %b{0}) {{{1}}} : f32[B,S,8]\n"
+        "    %h{0} = add(%x, %y) : f32[B,S,8]\n"
+        "    %n{0} = layernorm(%h{0}, %g{0}, %b{0}) {{{1}}} : f32[B,S,8]\n"
+        "    %p{0} = add(%y, %l{0}) : f32[B,S,8]\n"
+        "    %q{0} = layernorm(%p{0}, %g{0}, %b{0}) {{{1}}} : f32[B,S,8]\n"
+        "    %r{0} = mul(%p{0}, %q{0}) : f32[B,S,8]\n",
+        v, attrs);
+    results += fmt::format("{}%l{1}, %n{1}, %r{1}", v ? ", " : "", v);
+    types += std::string(v ? ", " : "") + "f32[B,S,8], f32[B,S,8], f32[B,S,8]";
+  }
+  const std::string text = "module @norm_variants {\n  symbol B max 3\n  symbol S max 9\n" +
+                           weights + "  func @forward(%x: f32[B,S,8], %y: f32[B,S,8]) -> (" +
+                           types + ") {\n" + body + "    return " + results + "\n  }\n}\n";
+  // The pipeline fuses every residual norm, each keeping its variant.
+  ir::Module m = ir::parse_module(text);
+  passes::run_passes(m, passes::default_pipeline(), {});
+  std::map<std::string, int> kinds;
+  for (const ir::Op& op : m.functions[0].ops) {
+    ++kinds[ir::op_name(op.kind)];
+    if (op.kind == ir::OpKind::layernorm || op.kind == ir::OpKind::add_layernorm)
+      ++kinds[fmt::format("unbiased={} eps_outside={}", op.has_attr("unbiased"),
+                          op.has_attr("eps_outside"))];
+  }
+  EXPECT_EQ(kinds["layernorm"], 4);
+  EXPECT_EQ(kinds["add_layernorm"], 8);
+  EXPECT_EQ(kinds["add_layernorm_sum"], 4);
+  for (const char* variant : {"unbiased=false eps_outside=false", "unbiased=true eps_outside=false",
+                              "unbiased=false eps_outside=true", "unbiased=true eps_outside=true"})
+    EXPECT_EQ(kinds[variant], 3) << variant;
+  const double e = compile_and_compare(text, kSizes);
+  std::printf("[ general ] layernorm variants: max relative error %.3g\n", e);
 }
 
 // The general kernels compile ahead of time, as kiln compile builds them, for the host

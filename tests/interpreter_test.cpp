@@ -1,5 +1,6 @@
 // Tests for the reference interpreter (ir/interpreter.h): small hand-computed cases per
 // op kind, fused ops against their unfused graphs, and the text of every input error.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -610,6 +611,84 @@ TEST(InterpreterTest, Layernorm) {
   EXPECT_EQ(g.f[1], static_cast<float>(t * 3 - 1));
   EXPECT_EQ(g.f[2], 0.5f);
   EXPECT_EQ(g.f[3], -1.0f);
+}
+
+// The PyTorch LayerNorm of the Annotated Transformer and its relatives, in double:
+//   alpha * (x - mean) / (x.std(-1) + eps) + beta      (unbiased, eps_outside)
+// with torch.std unbiased (Σ(x - mean)² / (D - 1)); `unbiased` false divides by D
+// (torch.var(unbiased=False), nn.LayerNorm's), `eps_outside` false takes
+// sqrt(var + eps) for std + eps (nn.LayerNorm's).
+std::vector<double> torch_layernorm(const std::vector<float>& x, const std::vector<float>& alpha,
+                                    const std::vector<float>& beta, int64_t d, double eps,
+                                    bool unbiased, bool eps_outside) {
+  std::vector<double> y(x.size());
+  for (size_t row = 0; row < x.size() / d; ++row) {
+    const float* xr = &x[row * d];
+    double mean = 0;
+    for (int64_t i = 0; i < d; ++i) mean += xr[i];
+    mean /= static_cast<double>(d);
+    double ss = 0;
+    for (int64_t i = 0; i < d; ++i) ss += (xr[i] - mean) * (xr[i] - mean);
+    const double var = ss / static_cast<double>(unbiased ? d - 1 : d);
+    const double denom = eps_outside ? std::sqrt(var) + eps : std::sqrt(var + eps);
+    for (int64_t i = 0; i < d; ++i) y[row * d + i] = alpha[i] * (xr[i] - mean) / denom + beta[i];
+  }
+  return y;
+}
+
+// Every variant of layernorm and add_layernorm ({unbiased, eps_outside} absent, 0 or 1)
+// matches the double reference above to float rounding, on unit-scale rows with a large
+// eps (where each flag changes the result by 3-10%) and on nearly constant rows with
+// eps = 1e-6 (var ~1e-11: sqrt(var + eps) ~1e-3 against sqrt(var) + eps ~1e-5).
+TEST(InterpreterTest, LayernormVariantsMatchTorchFormula) {
+  const int64_t rows = 3, d = 8;
+  const std::vector<float> alpha = noise(d, 21), beta = noise(d, 22);
+  std::vector<float> flat = noise(rows * d, 23);
+  for (float& v : flat) v = 5.0f + 1e-5f * v;
+  struct Data {
+    std::vector<float> x;
+    double eps;
+  };
+  for (const Data& data : {Data{noise(rows * d, 20), 0.25}, Data{flat, 1e-6}}) {
+    // add_layernorm's addends: x = (x - 1) + 1, its sum rounded to float as the op does.
+    std::vector<float> shifted = data.x, ones(data.x.size(), 1.0f), sum(data.x.size());
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] = (shifted[i] -= 1.0f) + 1.0f;
+    std::vector<std::vector<double>> refs;
+    for (int variant = 0; variant < 4; ++variant) {
+      const bool unbiased = variant & 1, eps_outside = variant & 2;
+      SCOPED_TRACE(::testing::Message() << "eps " << data.eps << " unbiased " << unbiased
+                                        << " eps_outside " << eps_outside);
+      const std::vector<double> want =
+          torch_layernorm(data.x, alpha, beta, d, data.eps, unbiased, eps_outside);
+      const std::vector<double> want_sum =
+          torch_layernorm(sum, alpha, beta, d, data.eps, unbiased, eps_outside);
+      if (data.eps == 0.25) {  // the reference itself tells the variants apart
+        for (const std::vector<double>& other : refs) {
+          double diff = 0;
+          for (size_t i = 0; i < want.size(); ++i)
+            diff = std::max(diff, std::abs(want[i] - other[i]));
+          EXPECT_GT(diff, 1e-2);
+        }
+        refs.push_back(want);
+      }
+      // The flags written when set; the default variant with an explicit 0 once.
+      Attrs attrs{{"eps", data.eps}};
+      if (unbiased) attrs["unbiased"] = int64_t{1};
+      if (eps_outside) attrs["eps_outside"] = int64_t{1};
+      if (variant == 0) attrs["eps_outside"] = int64_t{0};
+      const Tensor ln = run_op(OpKind::layernorm, {F({rows, d}, data.x), F({d}, alpha), F({d}, beta)},
+                               F32({C(rows), C(d)}), attrs);
+      const Tensor fused = run_op(
+          OpKind::add_layernorm,
+          {F({rows, d}, shifted), F({rows, d}, ones), F({d}, alpha), F({d}, beta)},
+          F32({C(rows), C(d)}), attrs);
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_NEAR(ln.f[i], want[i], 2e-7 * std::max(1.0, std::abs(want[i]))) << "layernorm " << i;
+        EXPECT_NEAR(fused.f[i], want_sum[i], 2e-7 * std::max(1.0, std::abs(want_sum[i])))
+            << "add_layernorm " << i;
+      }
+    }
+  }
 }
 
 TEST(InterpreterTest, Reduce) {

@@ -4,9 +4,11 @@
 //
 // Tolerance: the interpreter works in double and rounds once; the kernel sums in float.
 // On unit-scale data the error must stay within 1e-5 (absolute) per output value.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -52,8 +54,10 @@ Matrix random_matrix(std::mt19937& rng, int64_t rows, int64_t d, int64_t stride,
 }
 
 // A module whose function applies `layernorm` (x, gamma, beta) or `add_layernorm`
-// (x, y, gamma, beta) to rows of length d.
-ir::Module layernorm_module(int64_t d, bool with_add, double eps) {
+// (x, y, gamma, beta) to rows of length d, with the variant's attributes when set, and
+// for add_layernorm also returns its add_layernorm_sum.
+ir::Module layernorm_module(int64_t d, bool with_add, double eps, bool unbiased = false,
+                            bool eps_outside = false) {
   ir::Module m;
   m.name = "test";
   m.symbols.push_back({"R", 4096});
@@ -65,8 +69,13 @@ ir::Module layernorm_module(int64_t d, bool with_add, double eps) {
   if (with_add) operands.push_back(f.add_param("y", rows));
   operands.push_back(f.add_param("gamma", vec));
   operands.push_back(f.add_param("beta", vec));
-  f.results.push_back(f.add_op(with_add ? ir::OpKind::add_layernorm : ir::OpKind::layernorm,
-                               operands, rows, {{"eps", eps}}));
+  ir::Attrs attrs{{"eps", eps}};
+  if (unbiased) attrs["unbiased"] = int64_t{1};
+  if (eps_outside) attrs["eps_outside"] = int64_t{1};
+  const ir::ValueId n = f.add_op(with_add ? ir::OpKind::add_layernorm : ir::OpKind::layernorm,
+                                 operands, rows, attrs);
+  f.results.push_back(n);
+  if (with_add) f.results.push_back(f.add_op(ir::OpKind::add_layernorm_sum, {n}, rows));
   m.functions.push_back(std::move(f));
   return m;
 }
@@ -270,10 +279,114 @@ TEST(LayerNormKernelSumTest, BroadcastY) {
   }
 }
 
+// The variants (kernels.h: unbiased variance, eps outside the square root, and both, the
+// Annotated Transformer's `alpha * (x - mean) / (x.std(-1) + eps) + beta`), as layernorm,
+// add_layernorm and add_layernorm with its sum, against the interpreter with the same
+// attributes (interpreter_test checks that against the PyTorch formula in double). With
+// eps = 0.25 each flag changes the output by several percent, so the kernel must honour it:
+// it is also compared with the default variant's reference, which it must miss. D = 2 is
+// the smallest unbiased row (divides by 1).
+struct VariantParams {
+  std::string target;
+  int64_t d;
+  bool unbiased, eps_outside;
+};
+
+class LayerNormVariantTest : public ::testing::TestWithParam<VariantParams> {};
+
+TEST_P(LayerNormVariantTest, MatchesInterpreter) {
+  const VariantParams& p = GetParam();
+  const Halide::Target target = target_named(p.target);
+  const int64_t d = p.d;
+  for (double eps : {1e-6, 0.25}) {
+    for (int kind = 0; kind < 3; ++kind) {  // layernorm, add_layernorm, with the sum
+      const bool with_add = kind > 0, with_sum = kind == 2;
+      SCOPED_TRACE(testing::Message() << "eps " << eps << " kind " << kind);
+      codegen::LayerNormKernel spec{d, eps, with_add, with_sum};
+      spec.unbiased = p.unbiased;
+      spec.eps_outside = p.eps_outside;
+      const JitKernel kernel(codegen::build_layernorm(spec, target), target);
+      const ir::Module m = layernorm_module(d, with_add, eps, p.unbiased, p.eps_outside);
+      const ir::Module plain = layernorm_module(d, with_add, eps);
+      for (int64_t rows : {1, 7, 33}) {
+        std::mt19937 rng(static_cast<uint32_t>(31 + rows + d + kind));
+        Matrix x = random_matrix(rng, rows, d, d + 3, -1.0f, 1.0f);
+        Matrix y = random_matrix(rng, rows, d, d + 5, 0.0f, 2.0f);
+        Matrix gamma = random_matrix(rng, 1, d, d, 0.5f, 1.5f);
+        Matrix beta = random_matrix(rng, 1, d, d, -0.5f, 0.5f);
+        Halide::Buffer<float> g(gamma.buffer.get()->sliced(1, 0));
+        Halide::Buffer<float> b(beta.buffer.get()->sliced(1, 0));
+        Halide::Buffer<float> out(static_cast<int>(d), static_cast<int>(rows));
+        Halide::Buffer<float> sum(static_cast<int>(d), static_cast<int>(rows));
+        std::vector<Halide::Buffer<>> buffers{x.buffer};
+        if (with_add) buffers.push_back(y.buffer);
+        buffers.insert(buffers.end(), {g, b, out});
+        if (with_sum) buffers.push_back(sum);
+        ASSERT_EQ(kernel.run(buffers), 0);
+        std::vector<ir::Tensor> inputs{x.tensor};
+        if (with_add) inputs.push_back(y.tensor);
+        inputs.push_back(ir::Tensor::from_f32({d}, gamma.tensor.f));
+        inputs.push_back(ir::Tensor::from_f32({d}, beta.tensor.f));
+        const std::vector<ir::Tensor> want = ir::interpret(m, m.functions[0], {}, inputs);
+        const ir::Tensor other = ir::interpret(plain, plain.functions[0], {}, inputs).at(0);
+        float worst = 0, from_default = 0;
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < d; ++c) {
+            const int ci = static_cast<int>(c), ri = static_cast<int>(r);
+            if (with_sum) ASSERT_EQ(sum(ci, ri), want[1].f[r * d + c]) << "row " << r;
+            const float diff = std::fabs(out(ci, ri) - want[0].f[r * d + c]);
+            if (!(diff <= worst)) worst = diff;  // NaN sticks
+            from_default = std::max(from_default, std::fabs(out(ci, ri) - other.f[r * d + c]));
+          }
+        EXPECT_LE(worst, 1e-5f) << "rows " << rows;
+        if (eps == 0.25 && d > 2) EXPECT_GT(from_default, 1e-3f) << "rows " << rows;
+      }
+    }
+  }
+}
+
+std::vector<VariantParams> variant_params() {
+  std::vector<VariantParams> params;
+  for (const char* target : {"host", kAvx2Target})
+    for (int64_t d : {2, 7, 512})
+      for (int v = 1; v < 4; ++v) params.push_back({target, d, (v & 1) != 0, (v & 2) != 0});
+  return params;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, LayerNormVariantTest, ::testing::ValuesIn(variant_params()),
+                         [](const ::testing::TestParamInfo<VariantParams>& param_info) {
+                           const VariantParams& p = param_info.param;
+                           return std::string(p.target == "host" ? "host" : "avx2") + "_d" +
+                                  std::to_string(p.d) + (p.unbiased ? "_unbiased" : "") +
+                                  (p.eps_outside ? "_epsout" : "");
+                         });
+
+// Each variant is its own kernel: names differ wherever a flag does, and the default
+// variant keeps the name it always had (equal kernels share one function by name).
+TEST(LayerNormKernelNames, EncodeTheVariant) {
+  std::set<std::string> names;
+  for (bool with_add : {false, true})
+    for (int v = 0; v < 4; ++v) {
+      codegen::LayerNormKernel k{512, 1e-6, with_add, with_add};
+      k.unbiased = (v & 1) != 0;
+      k.eps_outside = (v & 2) != 0;
+      EXPECT_TRUE(names.insert(codegen::kernel_name(k)).second) << codegen::kernel_name(k);
+    }
+  EXPECT_EQ(codegen::kernel_name(codegen::LayerNormKernel{512, 1e-5, true}),
+            "kiln_add_layernorm_d512_e3ee4f8b588e368f1");
+  codegen::LayerNormKernel annotated{512, 1e-6, true, false, true};
+  annotated.unbiased = annotated.eps_outside = true;
+  EXPECT_EQ(codegen::kernel_name(annotated),
+            "kiln_add_layernorm_bcast_unbiased_epsout_d512_e3eb0c6f7a0b5ed8d");
+}
+
 // The AOT path: the kernel compiles to an object (without the runtime) for both targets.
 TEST(LayerNormKernelAotTest, CompilesToObject) {
   for (bool with_add : {false, true})
     jit::expect_compiles_ahead_of_time(codegen::LayerNormKernel{512, 1e-5, with_add});
+  codegen::LayerNormKernel annotated{512, 1e-6, true, true};
+  annotated.unbiased = annotated.eps_outside = true;
+  jit::expect_compiles_ahead_of_time(annotated);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // nn building blocks: misuse reported up front at the user's line with the module path,
 // the state_dict names of the new blocks, and what the blocks compute (interpreter).
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -162,6 +163,94 @@ TEST(NnMisuse, OperatorsReportTheUserLine) {
   });
   EXPECT_EQ(msg, "dsl error at nn_test.cpp:" + std::to_string(line) +
                      ": neg: operand is an empty tensor");
+}
+
+// The unbiased variance of one feature divides by D - 1 = 0: an error at the user's line,
+// from nn::LayerNorm (its configuration) and from dsl::layernorm (the op's type rule), never
+// a model that computes NaN.
+TEST(NnMisuse, UnbiasedLayerNormOfOneFeature) {
+  int line = 0;
+  std::string msg = error_of([&] {
+    Fixture t(1);
+    line = __LINE__ + 1;
+    nn::LayerNorm{"norm", 1, 1e-6, /*unbiased=*/true, /*eps_outside=*/true, "alpha", "beta"}(t.x);
+  });
+  EXPECT_EQ(msg, at(line, "norm") + "dim = 1 with unbiased variance divides by dim - 1 = 0, "
+                                    "expected dim >= 2");
+  msg = error_of([&] {
+    Fixture t(1);
+    dsl::Tensor g = t.f.weight("g", {1}), b = t.f.weight("b", {1});
+    line = __LINE__ + 1;
+    dsl::layernorm(t.x, g, b, dsl::LayerNormOptions{1e-6, /*unbiased=*/true});
+  });
+  EXPECT_EQ(msg, "dsl error at nn_test.cpp:" + std::to_string(line) +
+                     " (function 'forward'): layernorm(f32[B,S,1], f32[1], f32[1]): unbiased "
+                     "variance over a last dim of 1 divides by zero (D - 1 = 0)");
+  // Biased, one feature is fine (every output is beta).
+  Fixture t(1);
+  EXPECT_NO_THROW(nn::LayerNorm({"norm", 1})(t.x));
+  msg = error_of([&] {
+    Fixture u(4);
+    line = __LINE__ + 1;
+    nn::LayerNorm{"norm", 4, 1e-6, false, false, "scale", "scale"}(u.x);
+  });
+  EXPECT_EQ(msg, at(line, "norm") +
+                     "parameter names 'scale' and 'scale' must be distinct and non-empty");
+}
+
+// The Annotated Transformer's LayerNorm: parameters `<prefix>.alpha` and `<prefix>.beta`,
+//   alpha * (x - mean) / (x.std(-1) + eps) + beta   (torch.std: unbiased)
+// computed as written, in double, against the interpreter; the aggregate forms without the
+// new fields still give nn.LayerNorm (weight/bias, no attributes).
+TEST(Nn, AnnotatedTransformerLayerNorm) {
+  Fixture t(4);
+  t.f.output(nn::LayerNorm{"norm", 4, 1e-6, true, true, "alpha", "beta"}(t.x), "y");
+  t.f.output(nn::LayerNorm{"ln", 4}(t.x), "plain");
+  t.f.output(nn::LayerNorm{"ln2", 4, 1e-6}(t.x), "plain_eps");
+  ir::Module m = t.mb.finish();
+  std::vector<std::string> names;
+  for (const auto& w : m.weights) names.push_back(w.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"norm.alpha", "norm.beta", "ln.weight", "ln.bias",
+                                             "ln2.weight", "ln2.bias"}));
+  int variants = 0, plain = 0;
+  for (const ir::Op& op : m.functions[0].ops) {
+    if (op.kind != ir::OpKind::layernorm) continue;
+    if (op.attrs.size() == 1) {
+      ++plain;  // {eps} only: the IR of every existing model is unchanged
+    } else {
+      ++variants;
+      EXPECT_EQ(op.int_attr("unbiased"), 1);
+      EXPECT_EQ(op.int_attr("eps_outside"), 1);
+      EXPECT_EQ(op.float_attr("eps"), 1e-6);
+    }
+  }
+  EXPECT_EQ(variants, 1);
+  EXPECT_EQ(plain, 2);
+
+  const std::vector<float> xs = {1, 2, 4, 8, -3, 0.5f, 0.25f, 7};
+  const std::vector<float> alpha = {1.5f, -1, 0.5f, 2}, beta = {0.25f, 0, -1, 3};
+  ir::WeightMap weights{{"norm.alpha", ir::Tensor::from_f32({4}, alpha)},
+                        {"norm.beta", ir::Tensor::from_f32({4}, beta)}};
+  for (const char* p : {"ln", "ln2"}) {
+    weights[std::string(p) + ".weight"] = ir::Tensor::from_f32({4}, {1, 1, 1, 1});
+    weights[std::string(p) + ".bias"] = ir::Tensor::from_f32({4}, {0, 0, 0, 0});
+  }
+  ir::Tensor ids = ir::Tensor::from_ints(DType::i64, {1, 2}, {1, 1});
+  std::vector<ir::Tensor> out = ir::interpret(m, m.functions.at(0), weights,
+                                              {ids, ir::Tensor::from_f32({1, 2, 4}, xs)});
+  for (int row = 0; row < 2; ++row) {
+    double mean = 0, ss = 0;
+    for (int i = 0; i < 4; ++i) mean += xs[row * 4 + i] / 4.0;
+    for (int i = 0; i < 4; ++i) ss += (xs[row * 4 + i] - mean) * (xs[row * 4 + i] - mean);
+    const double std_unbiased = std::sqrt(ss / 3);  // x.std(-1)
+    for (int i = 0; i < 4; ++i) {
+      const double want = alpha[i] * (xs[row * 4 + i] - mean) / (std_unbiased + 1e-6) + beta[i];
+      EXPECT_NEAR(out[0].f[row * 4 + i], want, 1e-6 * std::max(1.0, std::abs(want)));
+      // nn.LayerNorm: biased variance inside the root.
+      const double plain_want = (xs[row * 4 + i] - mean) / std::sqrt(ss / 4 + 1e-5);
+      EXPECT_NEAR(out[1].f[row * 4 + i], plain_want, 1e-6 * std::max(1.0, std::abs(plain_want)));
+    }
+  }
 }
 
 // The names a PyTorch twin with the documented attribute names has.

@@ -221,6 +221,20 @@ const RoundTripCase kRoundTrips[] = {
   }
 }
 )kir"},
+    // The layernorm variants' attributes (ir.h): each flag alone, both (the Annotated
+    // Transformer's LayerNorm), and an explicit 0, printed in key order.
+    {"LayerNormVariants", R"kir(module @variants {
+  symbol B max 2
+  func @f(%x: f32[B,4], %y: f32[B,4], %g: f32[4], %b: f32[4]) -> (f32[B,4], f32[B,4], f32[B,4], f32[B,4]) {
+    %0 = layernorm(%x, %g, %b) {eps = 1e-06, unbiased = 1} : f32[B,4]
+    %1 = layernorm(%x, %g, %b) {eps = 1e-06, eps_outside = 1} : f32[B,4]
+    %2 = layernorm(%x, %g, %b) {eps = 1e-06, eps_outside = 0, unbiased = 0} : f32[B,4]
+    %n = add_layernorm(%x, %y, %g, %b) {eps = 1e-06, eps_outside = 1, unbiased = 1} : f32[B,4]
+    %h = add_layernorm_sum(%n) : f32[B,4]
+    return %0, %1, %n, %h
+  }
+}
+)kir"},
 };
 
 class RoundTripTest : public testing::TestWithParam<RoundTripCase> {};

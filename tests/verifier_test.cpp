@@ -306,6 +306,16 @@ TEST(VerifierInvariants, V10AttributeTypesAndRanges) {
        "layernorm: attribute 'eps' must be positive and finite, got -1"},
       {norm, "%y = add_layernorm(%x, %x, %g, %g) {eps = \"small\"} : f32[2,4]",
        "add_layernorm: attribute 'eps' must be a number, got string \"small\""},
+      {norm, "%y = layernorm(%x, %g, %g) {eps = 1e-06, unbiased = 2} : f32[2,4]",
+       "layernorm: attribute 'unbiased' must be 0 or 1, got 2"},
+      {norm, "%y = add_layernorm(%x, %x, %g, %g) {eps = 1e-06, unbiased = -1} : f32[2,4]",
+       "add_layernorm: attribute 'unbiased' must be 0 or 1, got -1"},
+      {norm, "%y = layernorm(%x, %g, %g) {eps = 1e-06, unbiased = 1.0} : f32[2,4]",
+       "layernorm: attribute 'unbiased' must be an integer, got number 1"},
+      {norm, "%y = layernorm(%x, %g, %g) {eps = 1e-06, eps_outside = 2} : f32[2,4]",
+       "layernorm: attribute 'eps_outside' must be 0 or 1, got 2"},
+      {norm, "%y = add_layernorm(%x, %x, %g, %g) {eps = 1e-06, eps_outside = \"yes\"} : f32[2,4]",
+       "add_layernorm: attribute 'eps_outside' must be an integer, got string \"yes\""},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.op);
@@ -323,6 +333,10 @@ TEST(VerifierInvariants, V10AttributeTypesAndRanges) {
                            "{act = \"relu\"} : f32[2,2]"),
             valid);
   EXPECT_EQ(one_op_message(norm, "%y = layernorm(%x, %g, %g) {eps = 1e-05} : f32[2,4]"), valid);
+  EXPECT_EQ(one_op_message(norm,
+                           "%y = add_layernorm(%x, %x, %g, %g) {eps = 1e-06, eps_outside = 1, "
+                           "unbiased = 1} : f32[2,4]"),
+            valid);
 }
 
 // An i32 constant's value must fit i32 (the interpreter and the kernels store it as one).
@@ -427,6 +441,29 @@ TEST(VerifierTypeRules, LayernormGammaShape) {
                                            "    return %y\n")),
               AllOf(HasSubstr("[V10] layernorm"),
                     HasSubstr("attribute 'eps' must be positive and finite, got 0")));
+}
+
+// The unbiased variance of a row of one value divides by D - 1 = 0: a type error naming the
+// op (V8), where the biased one is fine.
+TEST(VerifierTypeRules, LayernormUnbiasedNeedsTwoFeatures) {
+  EXPECT_THAT(
+      only_message(function_module("(%x: f32[B,1], %g: f32[1]) -> (f32[B,1])",
+                                   "    %y = layernorm(%x, %g, %g) {eps = 1e-06, unbiased = 1} : "
+                                   "f32[B,1]\n"
+                                   "    return %y\n")),
+      AllOf(HasSubstr("[V8] layernorm"),
+            HasSubstr("unbiased variance over a last dim of 1 divides by zero (D - 1 = 0)")));
+  EXPECT_THAT(
+      only_message(function_module("(%x: f32[B,1], %g: f32[1]) -> (f32[B,1])",
+                                   "    %y = add_layernorm(%x, %x, %g, %g) {eps = 1e-06, "
+                                   "unbiased = 1} : f32[B,1]\n"
+                                   "    return %y\n")),
+      AllOf(HasSubstr("[V8] add_layernorm"), HasSubstr("divides by zero")));
+  EXPECT_EQ(only_message(function_module("(%x: f32[B,1], %g: f32[1]) -> (f32[B,1])",
+                                         "    %y = layernorm(%x, %g, %g) {eps = 1e-06, "
+                                         "eps_outside = 1} : f32[B,1]\n"
+                                         "    return %y\n")),
+            "expected exactly one diagnostic, got 0:\n");
 }
 
 TEST(VerifierTypeRules, AttentionMaskShape) {
