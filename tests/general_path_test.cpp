@@ -324,13 +324,13 @@ TEST(GeneralPath, LayerNormVariants) {
         "    %g{0} = weight() {{name = \"n{0}.alpha\"}} : f32[8]\n"
         "    %b{0} = weight() {{name = \"n{0}.beta\"}} : f32[8]\n"
         "    %l{0} = layernorm(%x, %g{0}, %b{0}) {{{1}}} : f32[B,S,8]\n"
-        "    %h{0} = add(%x, %y) : f32[B,S,8]\n"
+        "    %h{0} = add(%x, %l{0}) : f32[B,S,8]\n"
         "    %n{0} = layernorm(%h{0}, %g{0}, %b{0}) {{{1}}} : f32[B,S,8]\n"
         "    %p{0} = add(%y, %l{0}) : f32[B,S,8]\n"
         "    %q{0} = layernorm(%p{0}, %g{0}, %b{0}) {{{1}}} : f32[B,S,8]\n"
         "    %r{0} = mul(%p{0}, %q{0}) : f32[B,S,8]\n",
         v, attrs);
-    results += fmt::format("{}%l{1}, %n{1}, %r{1}", v ? ", " : "", v);
+    results += fmt::format("{0}%l{1}, %n{1}, %r{1}", v ? ", " : "", v);
     types += std::string(v ? ", " : "") + "f32[B,S,8], f32[B,S,8], f32[B,S,8]";
   }
   const std::string text = "module @norm_variants {\n  symbol B max 3\n  symbol S max 9\n" +

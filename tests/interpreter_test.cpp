@@ -27,6 +27,7 @@ using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
 using kiln::testing::error_of;
+using kiln::testing::noise;
 
 Dim C(int64_t v) { return Dim::constant(v); }
 Dim Sym(const char* name) { return Dim::sym(name); }
@@ -767,7 +768,6 @@ TEST(InterpreterTest, LinearAndRelu) {
               ElementsAre(1, 2, 3, 3, 4, 7));
 }
 
-using kiln::testing::noise;
 
 TEST(InterpreterTest, LinearEqualsUnfusedGraph) {
   Module m;

@@ -285,7 +285,7 @@ TEST(LayerNormKernelSumTest, BroadcastY) {
 // attributes (interpreter_test checks that against the PyTorch formula in double). With
 // eps = 0.25 each flag changes the output by several percent, so the kernel must honour it:
 // it is also compared with the default variant's reference, which it must miss. D = 2 is
-// the smallest unbiased row (divides by 1).
+// the smallest unbiased row (divides by 1); AVX2 runs the vector and tail shapes only.
 struct VariantParams {
   std::string target;
   int64_t d;
@@ -298,9 +298,11 @@ TEST_P(LayerNormVariantTest, MatchesInterpreter) {
   const VariantParams& p = GetParam();
   const Halide::Target target = target_named(p.target);
   const int64_t d = p.d;
-  for (double eps : {1e-6, 0.25}) {
-    for (int kind = 0; kind < 3; ++kind) {  // layernorm, add_layernorm, with the sum
-      const bool with_add = kind > 0, with_sum = kind == 2;
+  for (int kind = 0; kind < 3; ++kind) {  // layernorm, add_layernorm, with the sum
+    const bool with_add = kind > 0, with_sum = kind == 2;
+    // A kernel per case (eps is compiled in): a large eps on the plain and fused kernels, a
+    // model's eps on the kernel with the sum.
+    for (double eps : {with_sum ? 1e-6 : 0.25}) {
       SCOPED_TRACE(testing::Message() << "eps " << eps << " kind " << kind);
       codegen::LayerNormKernel spec{d, eps, with_add, with_sum};
       spec.unbiased = p.unbiased;
@@ -349,7 +351,9 @@ std::vector<VariantParams> variant_params() {
   std::vector<VariantParams> params;
   for (const char* target : {"host", kAvx2Target})
     for (int64_t d : {2, 7, 512})
-      for (int v = 1; v < 4; ++v) params.push_back({target, d, (v & 1) != 0, (v & 2) != 0});
+      for (int v = 1; v < 4; ++v)
+        if (d > 2 || target == std::string("host"))
+          params.push_back({target, d, (v & 1) != 0, (v & 2) != 0});
   return params;
 }
 
