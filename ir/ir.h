@@ -100,13 +100,12 @@ enum class OpKind {
   // Reductions and normalization.
   matmul,     // batched [..., M, K] x [..., K, N] -> [..., M, N]; a rank-2 rhs broadcasts
   softmax,    // {axis}
-  // (x, gamma, beta) {eps, unbiased?, eps_outside?}: over the last axis D,
-  // gamma·(x - mean) / denom + beta with var = Σ(x - mean)² / n and
-  //   n = D (unbiased absent or 0: biased, PyTorch's nn.LayerNorm) or D - 1 (unbiased = 1:
-  //       x.std(-1)'s Bessel correction; D must not be 1),
-  //   denom = sqrt(var + eps) (eps_outside absent or 0) or sqrt(var) + eps (eps_outside = 1,
-  //       the Annotated Transformer's `a·(x - mean) / (std + eps) + b`).
-  layernorm,
+  layernorm,  // (x, gamma, beta) {eps, unbiased?, eps_outside?}: over the last axis D,
+              // gamma·(x - mean) / denom + beta with var = Σ(x - mean)² / n, where
+              // n = D (unbiased absent or 0: PyTorch's nn.LayerNorm) or D - 1 (unbiased
+              // = 1: x.std(-1)'s correction; then D must not be 1), and denom =
+              // sqrt(var + eps) (eps_outside absent or 0) or sqrt(var) + eps
+              // (eps_outside = 1: the Annotated Transformer's a·(x - mean)/(std + eps) + b)
   reduce_sum,
   reduce_max,
   reduce_mean,  // {axes, keepdims}

@@ -64,8 +64,8 @@ ir::Module variant_block(bool pre_norm) {
   dsl::FunctionBuilder& f = mb.function("encode");
   dsl::Tensor x = f.input("x", dsl::DType::f32, {B, S, dsl::Dim::constant(16)});
   auto norm = [](const std::string& prefix) {
-    return nn::LayerNorm{prefix, 16, 1e-6, /*unbiased=*/true, /*eps_outside=*/true, "alpha",
-                         "beta"};
+    return nn::LayerNorm{prefix,  16,    1e-6, /*unbiased=*/true, /*eps_outside=*/true,
+                         "alpha", "beta"};
   };
   nn::MultiHeadAttention attn{"layers.0.self_attn", 16, 2};
   nn::FeedForward ffn{"layers.0.feed_forward", 16, 32};

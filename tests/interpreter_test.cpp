@@ -677,12 +677,13 @@ TEST(InterpreterTest, LayernormVariantsMatchTorchFormula) {
       if (unbiased) attrs["unbiased"] = int64_t{1};
       if (eps_outside) attrs["eps_outside"] = int64_t{1};
       if (variant == 0) attrs["eps_outside"] = int64_t{0};
-      const Tensor ln = run_op(OpKind::layernorm, {F({rows, d}, data.x), F({d}, alpha), F({d}, beta)},
-                               F32({C(rows), C(d)}), attrs);
-      const Tensor fused = run_op(
-          OpKind::add_layernorm,
-          {F({rows, d}, shifted), F({rows, d}, ones), F({d}, alpha), F({d}, beta)},
-          F32({C(rows), C(d)}), attrs);
+      const Tensor ln =
+          run_op(OpKind::layernorm, {F({rows, d}, data.x), F({d}, alpha), F({d}, beta)},
+                 F32({C(rows), C(d)}), attrs);
+      const Tensor fused =
+          run_op(OpKind::add_layernorm,
+                 {F({rows, d}, shifted), F({rows, d}, ones), F({d}, alpha), F({d}, beta)},
+                 F32({C(rows), C(d)}), attrs);
       for (size_t i = 0; i < want.size(); ++i) {
         EXPECT_NEAR(ln.f[i], want[i], 2e-7 * std::max(1.0, std::abs(want[i]))) << "layernorm " << i;
         EXPECT_NEAR(fused.f[i], want_sum[i], 2e-7 * std::max(1.0, std::abs(want_sum[i])))
@@ -767,7 +768,6 @@ TEST(InterpreterTest, LinearAndRelu) {
                   .f,
               ElementsAre(1, 2, 3, 3, 4, 7));
 }
-
 
 TEST(InterpreterTest, LinearEqualsUnfusedGraph) {
   Module m;

@@ -72,8 +72,8 @@ ir::Module layernorm_module(int64_t d, bool with_add, double eps, bool unbiased 
   ir::Attrs attrs{{"eps", eps}};
   if (unbiased) attrs["unbiased"] = int64_t{1};
   if (eps_outside) attrs["eps_outside"] = int64_t{1};
-  const ir::ValueId n = f.add_op(with_add ? ir::OpKind::add_layernorm : ir::OpKind::layernorm,
-                                 operands, rows, attrs);
+  const ir::ValueId n =
+      f.add_op(with_add ? ir::OpKind::add_layernorm : ir::OpKind::layernorm, operands, rows, attrs);
   f.results.push_back(n);
   if (with_add) f.results.push_back(f.add_op(ir::OpKind::add_layernorm_sum, {n}, rows));
   m.functions.push_back(std::move(f));

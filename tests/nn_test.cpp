@@ -175,8 +175,9 @@ TEST(NnMisuse, UnbiasedLayerNormOfOneFeature) {
     line = __LINE__ + 1;
     nn::LayerNorm{"norm", 1, 1e-6, /*unbiased=*/true, /*eps_outside=*/true, "alpha", "beta"}(t.x);
   });
-  EXPECT_EQ(msg, at(line, "norm") + "dim = 1 with unbiased variance divides by dim - 1 = 0, "
-                                    "expected dim >= 2");
+  EXPECT_EQ(msg, at(line, "norm") +
+                     "dim = 1 with unbiased variance divides by dim - 1 = 0, "
+                     "expected dim >= 2");
   msg = error_of([&] {
     Fixture t(1);
     dsl::Tensor g = t.f.weight("g", {1}), b = t.f.weight("b", {1});
@@ -194,8 +195,8 @@ TEST(NnMisuse, UnbiasedLayerNormOfOneFeature) {
     line = __LINE__ + 1;
     nn::LayerNorm{"norm", 4, 1e-6, false, false, "scale", "scale"}(u.x);
   });
-  EXPECT_EQ(msg, at(line, "norm") +
-                     "parameter names 'scale' and 'scale' must be distinct and non-empty");
+  EXPECT_EQ(
+      msg, at(line, "norm") + "parameter names 'scale' and 'scale' must be distinct and non-empty");
 }
 
 // The Annotated Transformer's LayerNorm: parameters `<prefix>.alpha` and `<prefix>.beta`,
@@ -236,8 +237,8 @@ TEST(Nn, AnnotatedTransformerLayerNorm) {
     weights[std::string(p) + ".bias"] = ir::Tensor::from_f32({4}, {0, 0, 0, 0});
   }
   ir::Tensor ids = ir::Tensor::from_ints(DType::i64, {1, 2}, {1, 1});
-  std::vector<ir::Tensor> out = ir::interpret(m, m.functions.at(0), weights,
-                                              {ids, ir::Tensor::from_f32({1, 2, 4}, xs)});
+  std::vector<ir::Tensor> out =
+      ir::interpret(m, m.functions.at(0), weights, {ids, ir::Tensor::from_f32({1, 2, 4}, xs)});
   for (int row = 0; row < 2; ++row) {
     double mean = 0, ss = 0;
     for (int i = 0; i < 4; ++i) mean += xs[row * 4 + i] / 4.0;
