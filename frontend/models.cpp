@@ -10,6 +10,7 @@
 // (examples/seeds/*.cpp, KILN_MODEL) and compiled into kiln_frontend with KILN_MODEL_REGISTRY
 // (frontend/CMakeLists.txt), which makes each define its kiln_model_info_<name>().
 kiln::models::ModelInfo kiln_model_info_seed0_neginf_fill();
+kiln::models::ModelInfo kiln_model_info_seed1_custom_layernorm();
 kiln::models::ModelInfo kiln_model_info_seed2_tied_generator();
 kiln::models::ModelInfo kiln_model_info_seed3_query_mask();
 kiln::models::ModelInfo kiln_model_info_seed4_no_final_norm();
@@ -66,8 +67,12 @@ std::vector<ModelInfo> make_registry() {
   transformer.build = [](const Config& c) {
     return nn::build_transformer(to_transformer_config(c));
   };
-  return {transformer, kiln_model_info_seed0_neginf_fill(), kiln_model_info_seed2_tied_generator(),
-          kiln_model_info_seed3_query_mask(), kiln_model_info_seed4_no_final_norm()};
+  return {transformer,
+          kiln_model_info_seed0_neginf_fill(),
+          kiln_model_info_seed1_custom_layernorm(),
+          kiln_model_info_seed2_tied_generator(),
+          kiln_model_info_seed3_query_mask(),
+          kiln_model_info_seed4_no_final_norm()};
 }
 
 }  // namespace

@@ -9,7 +9,8 @@
 # the models in FUSED. Every model is tried; the status is 1 if any check failed.
 #   downstream_seeds.sh SOURCE_DIR WORK_DIR PREFIX MODELS FUSED
 set -uo pipefail
-src="$1"; work="$2"; prefix="$3"; models="${4:-}"; fused=" ${5:-} "
+src="$1"; work="$2"; prefix="$3"; models="${4:-}"
+fused=" $(tr -s '[:space:]' ' ' <<<"${5:-}") "  # lists may span lines
 seeds="$src/examples/seeds"
 golden="$seeds/golden"
 if [[ ! -x "$prefix/bin/kiln" ]]; then

@@ -158,10 +158,10 @@ TEST(Models, ConfigErrorsNameTheKey) {
   EXPECT_THAT(
       error_of([] { models::build_model("transformer", "huge"); }),
       HasSubstr("model 'transformer' has no config 'huge' (known: base, numbers, small, tiny)"));
-  EXPECT_THAT(
-      error_of([] { models::build_model("gpt", "base"); }),
-      HasSubstr("unknown model 'gpt' (known: transformer, seed0_neginf_fill, seed2_tied_generator, "
-                "seed3_query_mask, seed4_no_final_norm)"));
+  EXPECT_THAT(error_of([] { models::build_model("gpt", "base"); }),
+              HasSubstr("unknown model 'gpt' (known: transformer, seed0_neginf_fill, "
+                        "seed1_custom_layernorm, seed2_tied_generator, "
+                        "seed3_query_mask, seed4_no_final_norm)"));
   EXPECT_THAT(error_of([] { models::build_model("transformer", "tiny", {"pad_id=41"}); }),
               HasSubstr("config 'pad_id' = 41 is outside the vocabularies"));
 }
