@@ -111,14 +111,7 @@ def lower_triangle(length):
     return torch.tril(torch.ones(length, length)).bool()[None, None]
 
 
-# --- seed 000 (000_e19cebd730983f9d.txt) -------------------------------------------------------
-# Post-norm layers with nn.LayerNorm (eps 1e-5), a final LayerNorm after each stack
-# (encoder.norm, decoder.norm), masked_fill(mask == 0, -inf), one sinusoid buffer
-# `pos_encoding.pe` shared by both sides, embeddings scaled by sqrt(d_model), an untied
-# `output_layer` (the prose mentions sharing; the code does not share). FFN linear1/linear2.
-# The write-up leaves the masks to the caller and shows no mask function: this twin uses the
-# usual ones, src_mask = (src != pad)[:, None, None, :] for encoder self-attention and as
-# memory_mask, tgt_mask = (tgt != pad)[:, None, None, :] & tril for decoder self-attention.
+# --- seed 000 (000_e19cebd730983f9d.txt) -----------------------------------------------------
 
 
 class Seed0Layer(nn.Module):
@@ -153,6 +146,17 @@ class Seed0Stack(nn.Module):
 
 
 class Seed0(nn.Module):
+    """The twin of write-up 000_e19cebd730983f9d.txt.
+
+    Post-norm layers with nn.LayerNorm (eps 1e-5), a final LayerNorm after each stack
+    (encoder.norm, decoder.norm), masked_fill(mask == 0, -inf), one sinusoid buffer
+    `pos_encoding.pe` shared by both sides, embeddings scaled by sqrt(d_model), an untied
+    `output_layer` (the prose mentions sharing; the code does not share). FFN linear1/linear2.
+    The write-up leaves the masks to the caller and shows no mask function: this twin uses the
+    usual ones, src_mask = (src != pad)[:, None, None, :] for encoder self-attention and as
+    memory_mask, tgt_mask = (tgt != pad)[:, None, None, :] & tril for decoder self-attention.
+    """
+
     def __init__(self, c):
         super().__init__()
         self.c = c
@@ -173,17 +177,7 @@ class Seed0(nn.Module):
         return self.output_layer(y)
 
 
-# --- seed 001 (001_81f6dddc71a43d39.txt) -------------------------------------------------------
-# Its own LayerNorm: alpha * (x - mean) / (std + eps) + beta with the unbiased std and eps 1e-6
-# outside the square root (parameters alpha, beta), inside ResidualConnection modules
-# (norm(x + sublayer(x)), post-norm), no final norm on either stack, attention projections
-# W_q, W_k, W_v, W_o without biases, fill -1e9 where mask == 0, FFN linear_1/linear_2,
-# Embedding modules holding `embedding` (scaled by sqrt(d_model)), a sinusoid buffer per side
-# (source_pe.pe, target_pe.pe), the output Linear inside linear_projection.linear.
-# The write-up leaves the masks to the caller (source_mask for encoder self-attention and
-# cross-attention, a triangular target_mask for decoder self-attention) and shows no mask
-# function: this twin uses (src != pad)[:, None, None, :] and
-# (tgt != pad)[:, None, None, :] & tril.
+# --- seed 001 (001_81f6dddc71a43d39.txt) -----------------------------------------------------
 
 
 class Seed1Norm(nn.Module):
@@ -239,6 +233,20 @@ class Seed1Block(nn.Module):
 
 
 class Seed1(nn.Module):
+    """The twin of write-up 001_81f6dddc71a43d39.txt.
+
+    Its own LayerNorm: alpha * (x - mean) / (std + eps) + beta with the unbiased std and eps 1e-6
+    outside the square root (parameters alpha, beta), inside ResidualConnection modules
+    (norm(x + sublayer(x)), post-norm), no final norm on either stack, attention projections
+    W_q, W_k, W_v, W_o without biases, fill -1e9 where mask == 0, FFN linear_1/linear_2,
+    Embedding modules holding `embedding` (scaled by sqrt(d_model)), a sinusoid buffer per side
+    (source_pe.pe, target_pe.pe), the output Linear inside linear_projection.linear.
+    The write-up leaves the masks to the caller (source_mask for encoder self-attention and
+    cross-attention, a triangular target_mask for decoder self-attention) and shows no mask
+    function: this twin uses (src != pad)[:, None, None, :] and
+    (tgt != pad)[:, None, None, :] & tril.
+    """
+
     def __init__(self, c):
         super().__init__()
         self.c = c
@@ -265,14 +273,7 @@ class Seed1(nn.Module):
         return self.linear_projection.linear(y)
 
 
-# --- seed 002 (002_1941aeb8be709000.txt) -------------------------------------------------------
-# Post-norm layers with nn.LayerNorm (eps 1e-5), final norms (encoder.norm, decoder.norm), the
-# embeddings and sinusoid buffers inside the stacks (encoder.embedding, encoder.pos_encoder.pe,
-# decoder.embedding, decoder.pos_encoder.pe), fill -1e9 where mask == 0, masks built by the
-# model: src_mask (src != pad)[:, None, None, :] (encoder and cross-attention), tgt_mask
-# (tgt != pad)[:, None, None, :] & tril; the generator's weight is the decoder embedding
-# (decoder.embedding.weight = generator.weight: stored once, as decoder.embedding.weight),
-# with a bias of its own (generator.bias). FFN w_1/w_2.
+# --- seed 002 (002_1941aeb8be709000.txt) -----------------------------------------------------
 
 
 class Seed2Layer(nn.Module):
@@ -311,6 +312,17 @@ class Seed2Stack(nn.Module):
 
 
 class Seed2(nn.Module):
+    """The twin of write-up 002_1941aeb8be709000.txt.
+
+    Post-norm layers with nn.LayerNorm (eps 1e-5), final norms (encoder.norm, decoder.norm), the
+    embeddings and sinusoid buffers inside the stacks (encoder.embedding, encoder.pos_encoder.pe,
+    decoder.embedding, decoder.pos_encoder.pe), fill -1e9 where mask == 0, masks built by the
+    model: src_mask (src != pad)[:, None, None, :] (encoder and cross-attention), tgt_mask
+    (tgt != pad)[:, None, None, :] & tril; the generator's weight is the decoder embedding
+    (decoder.embedding.weight = generator.weight: stored once, as decoder.embedding.weight),
+    with a bias of its own (generator.bias). FFN w_1/w_2.
+    """
+
     def __init__(self, c):
         super().__init__()
         self.c = c
@@ -327,14 +339,7 @@ class Seed2(nn.Module):
         return self.generator(self.decoder(tgt, tgt_mask, memory, src_mask))
 
 
-# --- seed 003 (003_2c60c57d5bb3dc01.txt) -------------------------------------------------------
-# Post-norm layers with nn.LayerNorm (eps 1e-5), a final norm after the encoder only
-# (encoder.norm; the decoder has none), W_q, W_k, W_v without biases and W_o with one, fill
-# -1e9 where mask == 0, FFN linear1/linear2, one sinusoid buffer positional_encoding.pe, the
-# output Linear fc_out. Masks from its create_padding_mask: src_mask (src != pad)[:, None,
-# None, :] for the encoder; tgt_mask (tgt != pad)[:, None, :, None] & tril: padding of the
-# QUERY (rows), so a padded target position attends to nothing but gets a uniform softmax
-# over -1e9; the decoder is called without memory_mask, so cross-attention is unmasked.
+# --- seed 003 (003_2c60c57d5bb3dc01.txt) -----------------------------------------------------
 
 
 class Seed3Layer(nn.Module):
@@ -358,6 +363,17 @@ class Seed3Layer(nn.Module):
 
 
 class Seed3(nn.Module):
+    """The twin of write-up 003_2c60c57d5bb3dc01.txt.
+
+    Post-norm layers with nn.LayerNorm (eps 1e-5), a final norm after the encoder only
+    (encoder.norm; the decoder has none), W_q, W_k, W_v without biases and W_o with one, fill
+    -1e9 where mask == 0, FFN linear1/linear2, one sinusoid buffer positional_encoding.pe, the
+    output Linear fc_out. Masks from its create_padding_mask: src_mask (src != pad)[:, None,
+    None, :] for the encoder; tgt_mask (tgt != pad)[:, None, :, None] & tril: padding of the
+    QUERY (rows), so a padded target position attends to nothing but gets a uniform softmax
+    over -1e9; the decoder is called without memory_mask, so cross-attention is unmasked.
+    """
+
     def __init__(self, c):
         super().__init__()
         self.c = c
@@ -390,14 +406,7 @@ class Seed3(nn.Module):
         return self.fc_out(y)
 
 
-# --- seed 004 (004_026ae558ff9b0225.txt) -------------------------------------------------------
-# Post-norm layers with nn.LayerNorm (eps 1e-5), NO final norm on either stack, the embeddings
-# and sinusoid buffers inside the stacks (encoder.embedding, encoder.pos_encoder.pe, ...), the
-# attention output projection named fc_out (w_q, w_k, w_v, fc_out, all with biases), FFN
-# w_1/w_2, fill -1e9 where mask == 0, the vocabulary projection inside the decoder
-# (decoder.fc_out). Masks from its make_pad_mask ((k != pad)[:, None, None, :], bool) and
-# make_subsequent_mask (tril, uint8 [1, L, L]): src_mask for the encoder and cross-attention,
-# tgt_mask = pad mask & subsequent mask (uint8 after the &).
+# --- seed 004 (004_026ae558ff9b0225.txt) -----------------------------------------------------
 
 
 class Seed4Layer(nn.Module):
@@ -445,6 +454,17 @@ def make_subsequent_mask(length):
 
 
 class Seed4(nn.Module):
+    """The twin of write-up 004_026ae558ff9b0225.txt.
+
+    Post-norm layers with nn.LayerNorm (eps 1e-5), NO final norm on either stack, the embeddings
+    and sinusoid buffers inside the stacks (encoder.embedding, encoder.pos_encoder.pe, ...), the
+    attention output projection named fc_out (w_q, w_k, w_v, fc_out, all with biases), FFN
+    w_1/w_2, fill -1e9 where mask == 0, the vocabulary projection inside the decoder
+    (decoder.fc_out). Masks from its make_pad_mask ((k != pad)[:, None, None, :], bool) and
+    make_subsequent_mask (tril, uint8 [1, L, L]): src_mask for the encoder and cross-attention,
+    tgt_mask = pad mask & subsequent mask (uint8 after the &).
+    """
+
     def __init__(self, c):
         super().__init__()
         self.c = c
