@@ -11,8 +11,8 @@
 #            generator program <target>_generator (linked with kiln::generator_main) that
 #            writes the IR;
 #   KIR      an IR file.
-# CONFIG and SET pick the config and override its keys (MODEL and SOURCES; MODEL's default
-# config is base, a generator's its only config or base). The .kir that is compiled is
+# CONFIG and SET pick the config and override its keys (MODEL and SOURCES; the default
+# config is the model's only config, or base). The .kir that is compiled is
 # the target's property KILN_KIR (e.g. for `kiln run` with the interpreter); the target
 # <target>_kir writes it without compiling.
 #
@@ -64,9 +64,6 @@ function(kiln_add_model target)
   else()
     set(kir ${out}/${ARG_NAME}.input.kir)
     if(ARG_MODEL)
-      if(NOT ARG_CONFIG)
-        list(APPEND options --config base)
-      endif()
       set(emit_command COMMAND kiln::kiln emit ${ARG_MODEL} ${options} -o ${kir})
       set(depends kiln::kiln)
     else()

@@ -25,16 +25,6 @@ options:
   --list            print the model's name, description and configs
 )";
 
-// The config used when --config is not given: the only one, or "base".
-std::string default_config(const models::ModelInfo& model) {
-  if (model.configs.size() == 1) return model.configs.begin()->first;
-  if (model.configs.count("base")) return "base";
-  std::string known;
-  for (const auto& [k, v] : model.configs) known += (known.empty() ? "" : ", ") + k;
-  fail("model '{}' has {} configs and none is 'base': choose one with --config (known: {})",
-       model.name, model.configs.size(), known);
-}
-
 }  // namespace
 
 int run(const models::ModelInfo& model, int argc, const char* const* argv) {
@@ -76,7 +66,7 @@ int run(const models::ModelInfo& model, int argc, const char* const* argv) {
       return 0;
     }
     models::Config c =
-        models::resolve_config(model, config ? *config : default_config(model), sets);
+        models::resolve_config(model, config ? *config : models::default_config(model), sets);
     ir::Module m = model.build(c);
     const std::string text = ir::print_module(m);
     if (!out || *out == "-")

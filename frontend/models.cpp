@@ -136,6 +136,15 @@ std::string describe(const ModelInfo& model) {
   return out;
 }
 
+std::string default_config(const ModelInfo& model) {
+  if (model.configs.size() == 1) return model.configs.begin()->first;
+  if (model.configs.count("base")) return "base";
+  std::string known;
+  for (const auto& [k, v] : model.configs) known += (known.empty() ? "" : ", ") + k;
+  fail("model '{}' has {} configs and none is 'base': choose one with --config (known: {})",
+       model.name, model.configs.size(), known);
+}
+
 ir::Module build_model(const std::string& model, const std::string& config_name,
                        const std::vector<std::string>& overrides) {
   const ModelInfo& info = find_model(model);

@@ -39,6 +39,10 @@ int64_t config_value(const Config& config, const std::string& key);
 // The model's name, description and configs, as `kiln models` prints them.
 std::string describe(const ModelInfo& model);
 
+// The config used when none is named: the model's only config, or "base"; throws
+// kiln::Error listing the configs when it has several and none is "base".
+std::string default_config(const ModelInfo& model);
+
 // find_model + resolve_config + build.
 ir::Module build_model(const std::string& model, const std::string& config_name,
                        const std::vector<std::string>& overrides = {});

@@ -148,6 +148,16 @@ TEST(Dsl, MathFunctionOfIntegersIsAnError) {
               HasSubstr("gelu(i64[2]): operand must be f32"));
 }
 
+// Without --config: the model's only config, or base (kiln emit, generators).
+TEST(Models, DefaultConfigIsTheOnlyOneOrBase) {
+  EXPECT_EQ(models::default_config(models::find_model("transformer")), "base");
+  EXPECT_EQ(models::default_config(models::find_model("seed2_tied_generator")), "small");
+  models::ModelInfo two{"two", "", {{"a", {}}, {"b", {}}}, nullptr};
+  EXPECT_THAT(error_of([&] { models::default_config(two); }),
+              HasSubstr("model 'two' has 2 configs and none is 'base': choose one with --config "
+                        "(known: a, b)"));
+}
+
 TEST(Models, ConfigErrorsNameTheKey) {
   EXPECT_THAT(error_of([] { models::build_model("transformer", "base", {"d_model=500"}); }),
               HasSubstr("config 'd_model' = 500 is not divisible by 'heads' = 8"));

@@ -57,7 +57,7 @@ constexpr const char* kEmitHelp =
 Writes the IR text of a registered model (see 'kiln models').
 
 options:
-  --config NAME     config to start from (default: base)
+  --config NAME     config to start from (default: the only config, or base)
   --set key=value   override one config key (repeatable), e.g. --set d_model=256
   -o FILE           output file; '-' or none: standard output
 )";
@@ -266,7 +266,9 @@ int cmd_emit(const std::vector<std::string>& argv) {
   std::string model = one_positional(a, "emit", "MODEL");
   std::vector<std::string> sets;
   if (a.options.count("--set")) sets = a.options.at("--set");
-  ir::Module m = models::build_model(model, a.get("--config").value_or("base"), sets);
+  const std::string config =
+      a.get("--config").value_or(models::default_config(models::find_model(model)));
+  ir::Module m = models::build_model(model, config, sets);
   write_output(a.get("-o").value_or("-"), ir::print_module(m));
   return 0;
 }
