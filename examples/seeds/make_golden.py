@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch twins of the five seed write-ups (/work/shared/seeds/, see seeds/README.md in the
+"""PyTorch twins of the five seed write-ups (../shared/seeds/, see seeds/README.md in the
 kiln docs) and their golden data. Regenerate with:   /usr/bin/python3 examples/seeds/make_golden.py
 
 Each twin is written here from what its write-up specifies (module tree and parameter names,

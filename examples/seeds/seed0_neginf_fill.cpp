@@ -1,4 +1,4 @@
-// Seed write-up 000 (/work/shared/seeds/000_e19cebd730983f9d.txt): the encoder-decoder
+// Seed write-up 000 (../shared/seeds/000_e19cebd730983f9d.txt): the encoder-decoder
 // Transformer that masks with -inf. What distinguishes it: masked_fill(mask == 0, -inf)
 // instead of -1e9 (a query whose keys are all masked would give NaN, as in PyTorch; these
 // masks always keep key 0); one sinusoid buffer pos_encoding.pe for both sides; post-norm

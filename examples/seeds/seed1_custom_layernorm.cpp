@@ -1,4 +1,4 @@
-// Seed write-up 001 (/work/shared/seeds/001_81f6dddc71a43d39.txt): the encoder-decoder
+// Seed write-up 001 (../shared/seeds/001_81f6dddc71a43d39.txt): the encoder-decoder
 // Transformer with its own LayerNorm. What distinguishes it: the norm is
 // alpha * (x - mean) / (x.std(-1) + eps) + beta (unbiased standard deviation, eps 1e-6 added
 // outside the square root, parameters alpha and beta), inside ResidualConnection modules

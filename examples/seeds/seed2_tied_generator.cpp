@@ -1,4 +1,4 @@
-// Seed write-up 002 (/work/shared/seeds/002_1941aeb8be709000.txt): the encoder-decoder
+// Seed write-up 002 (../shared/seeds/002_1941aeb8be709000.txt): the encoder-decoder
 // Transformer with the output projection tied to the target embedding. What distinguishes
 // it: `generator.weight` is `decoder.embedding.weight` (stored once, under the embedding's
 // name) with a bias of its own (`generator.bias`); the embeddings and sinusoid buffers live

@@ -1,4 +1,4 @@
-// Seed write-up 003 (/work/shared/seeds/003_2c60c57d5bb3dc01.txt): the encoder-decoder
+// Seed write-up 003 (../shared/seeds/003_2c60c57d5bb3dc01.txt): the encoder-decoder
 // Transformer whose target mask pads queries, not keys. What distinguishes it: its
 // create_padding_mask makes the target mask (tgt != pad)[:, None, :, None] & tril, so a padded
 // target position (a row of the scores) is masked whole and gets a uniform softmax over -1e9;

@@ -1,4 +1,4 @@
-// Seed write-up 004 (/work/shared/seeds/004_026ae558ff9b0225.txt): the encoder-decoder
+// Seed write-up 004 (../shared/seeds/004_026ae558ff9b0225.txt): the encoder-decoder
 // Transformer without final norms. What distinguishes it: neither stack ends with a
 // LayerNorm (the last layer's norm3 feeds the vocabulary projection, decoder.fc_out, inside
 // the decoder); the attention output projection is named fc_out (w_q, w_k, w_v, fc_out);
