@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian packages kiln needs to build and test, skipping those present.
+# OpenCL on pocl (ocl-icd-opencl-dev, pocl-opencl-icd, clinfo) runs the GPU kernels' tests on
+# the CPU: `clinfo -l` should list a pocl device.
 set -euo pipefail
 
 packages=(cmake ninja-build g++ ccache pkg-config llvm-14 llvm-14-tools
           libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
-          libhalide14-0-dev llvm-14-dev clang-format-14)
+          libhalide14-0-dev llvm-14-dev clang-format-14
+          ocl-icd-opencl-dev pocl-opencl-icd clinfo)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
