@@ -109,15 +109,20 @@ KernelPipeline build_linear_bf16(const LinearKernel& spec, const Halide::Target&
   schedule_out(out, (M + tiles_m - 1) / tiles_m, rows);
 
   Var jv("jv"), ju("ju");
+  Halide::RVar ko("ko"), ki("ki");
+  int k_unroll = 4;  // pairs of K per iteration, as the f32 kernel unrolls its reduction
+  while (k_unroll > 1 && (Kp / 2) % k_unroll != 0) k_unroll /= 2;
   acc.compute_at(out, mb).vectorize(j, lanes).unroll(j).unroll(m);
   acc.update()
       .split(j, ju, jv, lanes)
-      .reorder(r.x, jv, ju, m, r.y, p)
+      .split(r.y, ko, ki, k_unroll)
+      .reorder(r.x, jv, ju, m, ki, ko, p)
       .atomic()
       .vectorize(r.x)
       .vectorize(jv)
       .unroll(ju)
-      .unroll(m);
+      .unroll(m)
+      .unroll(ki);
   // x is rounded once for the whole call (M × Kp bf16, half x's bytes), not per register
   // block of every panel: for the output projection (500 panels) that was one rounding per
   // 64 products, about 12% of the instructions of the products themselves.
