@@ -14,7 +14,8 @@
 // casts truncate, casts to bool test for nonzero, and f32 maximum and relu propagate NaN.
 //
 // Schedule: the innermost dim in vectors (guarded tails, so any extent works), the other
-// dims fused and run in parallel blocks of about 4096 elements.
+// dims fused and run in parallel blocks of about 4096 elements. On a GPU target: a thread
+// per output element, all dims fused, blocks of 256 threads.
 #include <cstdint>
 #include <map>
 #include <string>
@@ -296,6 +297,26 @@ KernelPipeline build_elementwise(const ElementwiseKernel& spec, const Halide::Ta
   out(vars) = builder.emit(static_cast<int>(spec.nodes.size()) - 1,
                            std::vector<Expr>(vars.begin(), vars.begin() + last.rank));
 
+  KernelPipeline kp{Halide::Pipeline(out), builder.arguments()};
+  if (target.has_gpu_feature()) {
+    // One GPU thread per output element, blocks of 256 over all dims fused (any extents:
+    // a broadcast or a dim of 1 costs no idle threads), innermost dim fastest.
+    if (rank == 0) {
+      out.gpu_single_thread();
+      kp.gpu_threads = 1;
+      return kp;
+    }
+    Halide::Var all = vars[0];
+    for (int i = 1; i < rank; ++i) {
+      Halide::Var fused(fmt::format("all{}", i));
+      out.fuse(all, vars[i], fused);
+      all = fused;
+    }
+    Halide::Var block("block"), thread("thread");
+    out.gpu_tile(all, block, thread, 256, Halide::TailStrategy::GuardWithIf);
+    kp.gpu_threads = 256;
+    return kp;
+  }
   if (rank >= 1) out.vectorize(vars[0], vector_lanes(target), Halide::TailStrategy::GuardWithIf);
   if (rank >= 2) {
     Halide::Var rows = vars[1];
@@ -309,7 +330,7 @@ KernelPipeline build_elementwise(const ElementwiseKernel& spec, const Halide::Ta
     const Expr task_rows = Halide::max(1, 4096 / Halide::max(row_len, 1));
     out.parallel(rows, task_rows, Halide::TailStrategy::GuardWithIf);
   }
-  return KernelPipeline{Halide::Pipeline(out), builder.arguments()};
+  return kp;
 }
 
 }  // namespace kiln::codegen

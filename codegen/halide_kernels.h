@@ -15,9 +15,15 @@ namespace kiln::codegen {
 struct KernelPipeline {
   Halide::Pipeline pipeline;
   std::vector<Halide::Argument> args;  // inputs only, in order
+  // With a GPU schedule (the target has a GPU feature): the most threads and the most
+  // shared-memory bytes any of its GPU kernels uses per block, checked by compile_kernel
+  // against kGpuMaxThreadsPerBlock and kGpuMaxSharedBytesPerBlock. 0 threads: no GPU schedule.
+  int gpu_threads = 0;
+  int64_t gpu_shared_bytes = 0;
 };
 
-// Each builder schedules for `target` (vector width from its features: 16 lanes of f32
+// Each builder schedules for `target` (for the GPU when it has a GPU feature and the kind
+// has a GPU schedule: layernorm and elementwise; vector width from its features: 16 lanes of f32
 // with avx512, 8 with avx2, 4 otherwise) and works for any runtime extent.
 KernelPipeline build_linear(const LinearKernel& spec, const Halide::Target& target);
 // spec.bf16: `target` must have avx512_sapphirerapids (see bf16_target).

@@ -178,24 +178,63 @@ Halide::Target host_target() {
   return t;
 }
 
+namespace {
+// "host" and "host-<features>" (e.g. host-opencl) start from host_target(), not from
+// Halide's own host detection (see host_target).
+Halide::Target parse_target(const std::string& target) {
+  if (target == "host") return host_target();
+  std::string full = target;
+  if (target.rfind("host-", 0) == 0) full = host_target().to_string() + target.substr(4);
+  if (!Halide::Target::validate_target_string(full))
+    fail("invalid target '{}' (Halide target strings look like x86-64-linux-avx2-fma)", target);
+  return Halide::Target(full);
+}
+
+}  // namespace
+
 std::string resolve_target(const std::string& target) {
   try {
-    Halide::Target t = target == "host" ? host_target() : Halide::Target(target);
-    return t.to_string();
+    return parse_target(target).to_string();
+  } catch (const kiln::Error&) {
+    throw;
   } catch (const std::exception& e) {
     fail("invalid target '{}': {}", target, e.what());
   }
 }
 
-namespace {
-Halide::Target parse_target(const std::string& target) {
-  if (target == "host") return host_target();
-  if (!Halide::Target::validate_target_string(target))
-    fail("invalid target '{}' (Halide target strings look like x86-64-linux-avx2-fma)", target);
-  return Halide::Target(target);
+std::string gpu_api(const std::string& target) {
+  const Halide::Target t = parse_target(target);
+  if (!t.has_gpu_feature()) return "";
+  const bool opencl = t.has_feature(Halide::Target::OpenCL);
+  const bool cuda = t.has_feature(Halide::Target::CUDA);
+  if (opencl && !cuda) return "opencl";
+  if (cuda && !opencl) return "cuda";
+  fail(
+      "target '{}': kiln runs kernels on one GPU API, opencl or cuda (it has no schedules for "
+      "the others)",
+      target);
 }
 
-}  // namespace
+int kernel_num_outputs(const KernelSpec& spec) {
+  const auto* k = std::get_if<LayerNormKernel>(&spec);
+  return k && k->with_sum ? 2 : 1;
+}
+
+std::string kind_without_gpu_schedule(const KernelSpec& spec) {
+  struct Kind {
+    std::string operator()(const LinearKernel&) const { return "linear"; }
+    std::string operator()(const AttentionKernel&) const { return "attention"; }
+    std::string operator()(const StepAttentionKernel& k) const {
+      return k.memory ? "memory_attention" : "cache_attention";
+    }
+    std::string operator()(const LayerNormKernel&) const { return ""; }
+    std::string operator()(const ElementwiseKernel&) const { return ""; }
+    std::string operator()(const ReduceKernel&) const { return "reduction"; }
+    std::string operator()(const SoftmaxKernel&) const { return "softmax"; }
+    std::string operator()(const MatmulKernel&) const { return "matmul"; }
+  };
+  return std::visit(Kind{}, spec);
+}
 
 KernelPipeline build_kernel(const KernelSpec& spec, const Halide::Target& t) {
   if (const auto* k = std::get_if<LinearKernel>(&spec))
@@ -261,6 +300,20 @@ void compile_kernel(const KernelSpec& spec, const std::string& target,
       return;
     }
     KernelPipeline kp = build_kernel(spec, t);
+    if (t.has_gpu_feature()) {
+      const std::string kind = kind_without_gpu_schedule(spec);
+      if (!kind.empty())
+        fail("kernel {}: {} kernels have no GPU schedule yet (target {})", function_name, kind,
+             t.to_string());
+      KILN_ASSERT(kp.gpu_threads > 0, "kernel " + function_name + ": no GPU schedule");
+      if (kp.gpu_threads > kGpuMaxThreadsPerBlock ||
+          kp.gpu_shared_bytes > kGpuMaxSharedBytesPerBlock)
+        fail(
+            "kernel {}: its GPU schedule uses {} threads and {} bytes of shared memory per block, "
+            "more than the {} and {} a GPU allows",
+            function_name, kp.gpu_threads, kp.gpu_shared_bytes, kGpuMaxThreadsPerBlock,
+            kGpuMaxSharedBytesPerBlock);
+    }
     kp.pipeline.compile_to_object(object_path, kp.args, function_name, t);
   } catch (const Halide::CompileError& e) {
     fail("halide failed to compile kernel {}: {}", function_name, e.what());

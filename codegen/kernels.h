@@ -177,6 +177,25 @@ using KernelSpec = std::variant<LinearKernel, AttentionKernel, StepAttentionKern
 // A C identifier naming the kernel, unique per spec (e.g. "linear_k512_n2048_relu").
 std::string kernel_name(const KernelSpec& spec);
 
+// Outputs of the kernel (the last arguments of its call): 2 for a layernorm with its sum,
+// else 1.
+int kernel_num_outputs(const KernelSpec& spec);
+
+// GPU targets (a Halide target string with a GPU feature, e.g. host-opencl or
+// host-cuda-cuda_capability_86): the kernels run on the device through Halide's OpenCL or
+// CUDA back end, one set of GPU schedules for both.
+// The device API of `target`: "opencl", "cuda", or "" for a CPU target; kiln::Error for
+// another GPU API (kiln has schedules for none of them).
+std::string gpu_api(const std::string& target);
+// The kernel kind of `spec` as messages name it ("linear", "attention", ...) when it has no
+// GPU schedule yet, or "" when it has one (layernorm, add_layernorm, elementwise kernels
+// with their gathers, transposes and copies).
+std::string kind_without_gpu_schedule(const KernelSpec& spec);
+// What a GPU schedule may use per block (checked when a kernel is compiled for a GPU): CUDA's
+// limits, which Halide 14 never raises (pocl allows more, so its tests would not notice).
+constexpr int kGpuMaxThreadsPerBlock = 1024;
+constexpr int64_t kGpuMaxSharedBytesPerBlock = 48 * 1024;
+
 // Compiles `spec` for `target` (a Halide target string; "host" = this machine) into an
 // object file at `object_path` defining `function_name` (and `function_name_argv`),
 // without the Halide runtime (see compile_runtime). Throws kiln::Error on failure.
@@ -186,7 +205,8 @@ void compile_kernel(const KernelSpec& spec, const std::string& target,
 // Compiles Halide's runtime for `target` into one object shared by all kernels.
 void compile_runtime(const std::string& target, const std::string& object_path);
 
-// The canonical form of a target string ("host" resolved to this machine's features).
+// The canonical form of a target string ("host" resolved to this machine's features, as is
+// the "host" of "host-opencl").
 std::string resolve_target(const std::string& target);
 
 // The x86 feature a library with bf16 kernels requires besides its target's: kiln's name

@@ -14,6 +14,10 @@
 // Schedule: rows in blocks, the blocks in parallel; per row, the partial sums and the
 // statistics are computed once and the output row is written in vectors. D is a
 // compile-time constant, so every per-row loop has a constant trip count.
+// On a GPU target: a block per row with up to 256 threads across it; each sum is taken in
+// shared memory (every thread adds a strided part of the row, then one thread adds the
+// parts), the same two passes and shift as on the CPU; the sum output (with_sum) is a
+// kernel of its own before the normalization.
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -95,6 +99,33 @@ Func row_sum(const Func& f, int64_t d, int lanes, const std::string& name, const
   return total;
 }
 
+// The GPU form of row_sum: per row of `out` (one GPU block, `block` its Var), `threads`
+// threads each add every threads-th value of the row (thread u: f(u, r), f(u + threads, r),
+// ...; neighbouring threads read neighbouring values) into a partial sum in shared memory
+// (Halide's rfactor), then one thread adds the partials in order.
+Func row_sum_gpu(const Func& f, int64_t d, int threads, const std::string& name, const Func& out,
+                 const Var& block) {
+  Var r("r"), u("u");
+  Halide::RVar ko("ko"), ki("ki");
+  RDom k(0, static_cast<int>(d), name + "_k");
+  Func total(name);
+  total(r) = 0.0f;
+  total(r) += f(k, r);
+  Func partial =
+      total.update(0).split(k, ko, ki, threads, TailStrategy::GuardWithIf).rfactor(ki, u);
+  partial.compute_at(out, block).store_in(Halide::MemoryType::GPUShared).gpu_threads(u);
+  partial.update(0).gpu_threads(u);
+  total.compute_at(out, block);
+  return total;
+}
+
+// The smallest power of two at least `d`, at most `cap`.
+int threads_for(int64_t d, int cap) {
+  int t = 1;
+  while (t < cap && t < d) t *= 2;
+  return t;
+}
+
 }  // namespace
 
 KernelPipeline build_layernorm(const LayerNormKernel& spec, const Halide::Target& target) {
@@ -135,14 +166,18 @@ KernelPipeline build_layernorm(const LayerNormKernel& spec, const Halide::Target
 
   Func out("layernorm");
   Var ro("ro"), ri("ri");
-  Func sum = row_sum(t, D, lanes, "sum", out, ri);
+  // GPU: a block per row, its threads across the row (up to 256, fewer for a short row).
+  const bool gpu = target.has_gpu_feature();
+  const int threads = threads_for(D, 256);
+  Func sum = gpu ? row_sum_gpu(t, D, threads, "sum", out, r) : row_sum(t, D, lanes, "sum", out, ri);
   Func mean("mean");  // of t
   mean(r) = sum(r) / static_cast<float>(D);
 
   Func sq("sq");
   Expr centered = t(c, r) - mean(r);
   sq(c, r) = centered * centered;
-  Func sumsq = row_sum(sq, D, lanes, "sumsq", out, ri);
+  Func sumsq =
+      gpu ? row_sum_gpu(sq, D, threads, "sumsq", out, r) : row_sum(sq, D, lanes, "sumsq", out, ri);
   Func inv_std("inv_std");
   const float eps = static_cast<float>(spec.eps);
   const Expr var = sumsq(r) / static_cast<float>(spec.unbiased ? D - 1 : D);
@@ -160,6 +195,36 @@ KernelPipeline build_layernorm(const LayerNormKernel& spec, const Halide::Target
   out.output_buffer().dim(0).set_bounds(0, d32);
   if (spec.with_sum) {
     sum_out.output_buffer().dim(0).set_bounds(0, d32);
+  }
+
+  KernelPipeline kp{spec.with_sum ? Halide::Pipeline({out, sum_out}) : Halide::Pipeline(out), {}};
+  kp.args.push_back(x);
+  if (spec.with_add) kp.args.push_back(y);
+  kp.args.push_back(gamma);
+  kp.args.push_back(beta);
+
+  if (gpu) {
+    // The row's statistics are computed once per block (by one thread, from the partial
+    // sums), then its threads write the row, `threads` values at a time. t is recomputed
+    // where it is read (a row may be longer than shared memory holds).
+    Var co("co"), ci("ci");
+    out.split(c, co, ci, threads, TailStrategy::GuardWithIf)
+        .reorder(ci, co, r)
+        .gpu_blocks(r)
+        .gpu_threads(ci);
+    shift.compute_at(out, r);
+    mean.compute_at(out, r);
+    inv_std.compute_at(out, r);
+    kp.gpu_threads = threads;
+    // The partial sums (two rows of `threads` floats) and the row's scalars.
+    kp.gpu_shared_bytes = 2 * threads * 4 + 4 * 4;
+    if (spec.with_sum) {
+      // The sum first, over all rows (out may overwrite x or y, whose sum it reads).
+      Var e("e"), eo("eo"), ei("ei");
+      sum_out.compute_root().fuse(c, r, e).gpu_tile(e, eo, ei, 256, TailStrategy::GuardWithIf);
+      kp.gpu_threads = std::max(kp.gpu_threads, 256);
+    }
+    return kp;
   }
 
   // Schedule. About 4096 values per parallel task.
@@ -183,11 +248,6 @@ KernelPipeline build_layernorm(const LayerNormKernel& spec, const Halide::Target
         .parallel(so)
         .vectorize(c, vw, TailStrategy::ShiftInwards);
   }
-  KernelPipeline kp{spec.with_sum ? Halide::Pipeline({out, sum_out}) : Halide::Pipeline(out), {}};
-  kp.args.push_back(x);
-  if (spec.with_add) kp.args.push_back(y);
-  kp.args.push_back(gamma);
-  kp.args.push_back(beta);
   return kp;
 }
 

@@ -654,7 +654,12 @@ kiln_model* kiln_model_create(const uint8_t* plan, size_t plan_size, const kiln_
   }
 }
 
-void kiln_model_destroy(kiln_model* model) { delete model; }
+void kiln_model_destroy(kiln_model* model) {
+  // A GPU library: its device allocations are freed after each kernel call (the glue's
+  // kernel wrappers), so what is left to give back is the context.
+  if (model && model->hooks.release_device) model->hooks.release_device();
+  delete model;
+}
 void kiln_free_error(char* error) { std::free(error); }
 
 int kiln_model_num_inputs(const kiln_model* model, const char* function) {

@@ -73,7 +73,8 @@ int64_t elem_size(ElemType type) {
 
 namespace {
 
-constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', '5'};
+// Version 6: kiln_hooks gained release_device (a library built for 5 passes a shorter struct).
+constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', '6'};
 
 class Writer {
  public:

@@ -40,11 +40,14 @@ typedef struct kiln_tensor {
 /* Bytes per element of a dtype (KILN_BOOL: 1), or 0 for an unknown one. */
 size_t kiln_dtype_size(int32_t dtype);
 
-/* Hooks into the Halide runtime compiled into the model library. */
+/* Hooks into the Halide runtime compiled into the model library. release_device (NULL for
+ * a CPU library) gives back the GPU context that a library for a GPU target created; the
+ * runtime calls it when the model is destroyed. */
 typedef void (*kiln_halide_error_handler)(void* user_context, const char* message);
 typedef struct kiln_hooks {
   int (*set_num_threads)(int);
   kiln_halide_error_handler (*set_error_handler)(kiln_halide_error_handler);
+  void (*release_device)(void);
 } kiln_hooks;
 
 typedef int (*kiln_kernel_fn)(void** args);
