@@ -138,17 +138,14 @@ std::string gpu_glue(const std::string& api, const rt::Plan& plan, const std::ve
                      const std::vector<int>& num_outputs) {
   const std::string lib = api == "cuda" ? "libcuda.so" : "libOpenCL.so";
   std::string out = fmt::format(
-      "// The device driver: symbols already in the process, else {1}.1 (what the driver\n"
-      "// package installs) or {1} (Halide's runtime asks only for the latter).\n"
-      "extern \"C\" void* halide_{0}_get_symbol(void* user_context, const char* name) {{\n"
-      "  (void)user_context;\n"
-      "  if (void* s = dlsym(RTLD_DEFAULT, name)) return s;\n"
-      "  static void* const lib = [] {{\n"
-      "    void* h = dlopen(\"{1}.1\", RTLD_LAZY | RTLD_LOCAL);\n"
-      "    return h ? h : dlopen(\"{1}\", RTLD_LAZY | RTLD_LOCAL);\n"
-      "  }}();\n"
-      "  return lib ? dlsym(lib, name) : nullptr;\n}}\n\n"
       "namespace {{\n\n"
+      "// The device driver: Halide's runtime takes its symbols from the process when they are\n"
+      "// there, else it opens {1}, which only the development package installs; so the\n"
+      "// driver package's {1}.1 is loaded first, its symbols global (several models in one\n"
+      "// application each do this, harmlessly). Where it is missing, the first kernel call\n"
+      "// returns Halide's error.\n"
+      "void load_driver() {{ static void* const lib = dlopen(\"{1}.1\", RTLD_LAZY | RTLD_GLOBAL); "
+      "(void)lib; }}\n\n"
       "void release_device() {{ halide_device_release(nullptr, halide_{0}_device_interface()); "
       "}}\n\n"
       "// Each kernel call copies its inputs to the device, runs, copies its outputs back and\n"
@@ -212,12 +209,13 @@ std::string glue_source(const std::string& name, const rt::Plan& plan, const std
   out += "};\n}  // namespace\n\n";
   out += fmt::format(
       "extern \"C\" kiln_model* {0}_create(const char* weights_path, char** error) {{\n"
+      "{2}"
       "  static const kiln_hooks hooks = {{halide_set_num_threads, halide_set_error_handler, "
       "{1}}};\n"
       "  return kiln_model_create(kPlan, sizeof kPlan, kKernels, sizeof kKernels / sizeof "
       "kKernels[0],\n"
       "                           &hooks, weights_path, error);\n}}\n",
-      name, gpu.empty() ? "nullptr" : "release_device");
+      name, gpu.empty() ? "nullptr" : "release_device", gpu.empty() ? "" : "  load_driver();\n");
   return out;
 }
 
@@ -448,8 +446,8 @@ CompileResult compile_model(ir::Module module, const CompileOptions& options) {
         if (!kind.empty())
           fail(
               "target '{}' runs kernels on the GPU, but {} kernels have no GPU schedule yet "
-              "(entry point '{}', {}); GPU targets compile graphs of layernorm, add_layernorm "
-              "and elementwise kernels only",
+              "(entry point '{}', {}); GPU targets compile graphs of linear, layernorm, "
+              "add_layernorm and elementwise kernels only",
               options.target, kind, f.name, st.op);
       }
   }

@@ -91,6 +91,67 @@ GemmParams fit_to_shape(GemmParams p, int64_t K, int64_t N, int64_t panel) {
   return p;
 }
 
+// The GPU schedule (apps/cuda_mat_mul's shape in Halide's repository): blocks of 64 (n) ×
+// 16 (m) outputs, 16 × 4 threads each computing a 4 × 4 register block over the whole
+// reduction, the bias and activation fused into the store. Rows past M and columns past N
+// of a block are computed from clamped reads (the last row of x, the last column of W)
+// and never stored, so any M and N work.
+KernelPipeline build_linear_gpu(const LinearKernel& spec) {
+  const int K = static_cast<int>(spec.K), N = static_cast<int>(spec.N);
+  const int P = static_cast<int>(spec.panel);
+  Halide::ImageParam x(Halide::Float(32), 2, "x");
+  Halide::ImageParam wt(Halide::Float(32), P ? 3 : 2, "wt");
+  Halide::ImageParam bias(Halide::Float(32), 1, "bias");
+  Var n("n"), m("m"), k("k");
+  RDom r(0, K, "r");
+  Func w("w");  // W[n, k], clamped to the last column
+  const Expr nc = Halide::min(n, N - 1);
+  if (P)
+    w(n, k) = wt(nc % P, k, nc / P);
+  else
+    w(n, k) = wt(nc, k);
+  Func acc("acc");
+  acc(n, m) = 0.0f;
+  acc(n, m) += x(r, Halide::clamp(m, 0, x.dim(1).max())) * w(n, r);
+  // As the CPU kernel and the interpreter round: the dot product, + bias, the activation.
+  Expr y = acc(n, m);
+  if (spec.has_bias) y += bias(n);
+  if (spec.act != "none") y = float_function(spec.act, y);
+  Func out("out");
+  out(n, m) = y;
+
+  x.dim(0).set_bounds(0, K);
+  x.dim(1).set_min(0);
+  if (P) {
+    wt.dim(0).set_bounds(0, P);
+    wt.dim(1).set_bounds(0, K).set_stride(P);
+    wt.dim(2).set_bounds(0, N / P).set_stride(P * K);
+  } else {
+    wt.dim(0).set_bounds(0, N);
+    wt.dim(1).set_bounds(0, K).set_stride(N);
+  }
+  bias.dim(0).set_bounds(0, N);
+  Halide::OutputImageParam ob = out.output_buffer();
+  ob.dim(0).set_bounds(0, N);
+  ob.dim(1).set_min(0).set_stride(N);
+
+  Var ni("ni"), mi("mi"), nr("nr"), mr("mr");
+  out.tile(n, m, ni, mi, 64, 16, TailStrategy::GuardWithIf)
+      .tile(ni, mi, nr, mr, 4, 4, TailStrategy::GuardWithIf)
+      .gpu_blocks(n, m)
+      .gpu_threads(ni, mi)
+      .unroll(nr)
+      .unroll(mr);
+  acc.compute_at(out, ni).unroll(n).unroll(m);
+  acc.update(0).reorder(n, m, r).unroll(n).unroll(m);
+
+  std::vector<Halide::Argument> args = {x, wt};
+  if (spec.has_bias) args.push_back(bias);
+  KernelPipeline kp{Halide::Pipeline(out), args};
+  kp.gpu_threads = 16 * 4;
+  return kp;
+}
+
 }  // namespace
 
 KernelPipeline build_linear(const LinearKernel& spec, const Halide::Target& target) {
@@ -100,6 +161,7 @@ KernelPipeline build_linear(const LinearKernel& spec, const Halide::Target& targ
   const int K = static_cast<int>(spec.K), N = static_cast<int>(spec.N);
   KILN_ASSERT(spec.panel >= 0 && spec.panel <= spec.N, "linear kernel: bad panel width");
   const int P = static_cast<int>(spec.panel);
+  if (target.has_gpu_feature()) return build_linear_gpu(spec);
   const GemmParams p = fit_to_shape(params_for(target), K, N, P);
   const int block_n = p.lanes * p.vectors;
 

@@ -1,7 +1,7 @@
 // GPU kernels through OpenCL on pocl: tests/gpu/norms.kir compiled for host-opencl
-// (kiln_add_model ... TARGET host-opencl) runs each entry point on the OpenCL device and
-// matches the reference interpreter on random inputs of odd sizes. This binary links no
-// Halide (libHalide's LLVM 14 and pocl's LLVM 15 in one process crash). Without an OpenCL
+// and tests/gpu/linears.kir (kiln_add_model ... TARGET host-opencl) run each entry point on the
+// OpenCL device and matches the reference interpreter on random inputs of odd sizes. This binary
+// links no Halide (libHalide's LLVM 14 and pocl's LLVM 15 in one process crash). Without an OpenCL
 // device every test skips, saying so (ctest reports it as skipped, not passed). The test
 // NoDevice.IsAnErrorNotACrash runs on its own with no OpenCL platform visible.
 #include <dlfcn.h>
@@ -20,9 +20,11 @@
 
 #include <gtest/gtest.h>
 
+#include "gpu_linears.h"
 #include "gpu_norms.h"
 #include "ir/interpreter.h"
 #include "ir/parser.h"
+#include "runtime/safetensors.h"
 
 namespace kiln {
 namespace {
@@ -53,20 +55,22 @@ bool opencl_device_present() {
     if (!opencl_device_present()) GTEST_SKIP() << "no OpenCL device"; \
   } while (0)
 
+ir::Module read_module(const std::string& file) {
+  std::ifstream in(std::string(KILN_TEST_DATA_DIR) + "/gpu/" + file);
+  std::stringstream text;
+  text << in.rdbuf();
+  return ir::parse_and_verify(text.str(), file);
+}
+
 const ir::Module& reference_module() {
-  static const ir::Module m = [] {
-    std::ifstream in(std::string(KILN_TEST_DATA_DIR) + "/gpu/norms.kir");
-    std::stringstream text;
-    text << in.rdbuf();
-    return ir::parse_and_verify(text.str(), "norms.kir");
-  }();
+  static const ir::Module m = read_module("norms.kir");
   return m;
 }
 
 // Random inputs for `function`, its symbols bound to `sizes` (by name); ids in [0, V).
 std::vector<ir::Tensor> random_inputs(const std::string& function,
-                                      const std::map<std::string, int64_t>& sizes, uint32_t seed) {
-  const ir::Module& m = reference_module();
+                                      const std::map<std::string, int64_t>& sizes, uint32_t seed,
+                                      const ir::Module& m = reference_module()) {
   const ir::Function& f = *m.find_function(function);
   std::mt19937 rng(seed);
   std::vector<ir::Tensor> inputs;
@@ -95,9 +99,10 @@ std::vector<ir::Tensor> random_inputs(const std::string& function,
 // Runs `function` of the compiled model and the interpreter on the same inputs; the
 // largest difference relative to max(1, |reference|) over all outputs.
 double max_error(kiln_model* model, const std::string& function,
-                 const std::vector<ir::Tensor>& inputs) {
-  const ir::Module& m = reference_module();
-  const std::vector<ir::Tensor> want = ir::interpret(m, *m.find_function(function), {}, inputs);
+                 const std::vector<ir::Tensor>& inputs, const ir::Module& m = reference_module(),
+                 const ir::WeightMap& weights = {}) {
+  const std::vector<ir::Tensor> want =
+      ir::interpret(m, *m.find_function(function), weights, inputs);
   std::vector<kiln_tensor> in(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
     const ir::Tensor& t = inputs[i];
@@ -192,6 +197,36 @@ TEST(GpuOpenCL, ElementwiseAndGather) {
         max_error(m.get(), "lookup", random_inputs("lookup", {{"B", b}, {"S", s}, {"V", v}}, 13)),
         0.0)
         << "B=" << b << " S=" << s << " V=" << v;
+}
+
+// Linear kernels (register-tiled GEMM with the bias and activation fused) on weights
+// written to a safetensors file, N packed in panels (64, 128) or not, odd K and N.
+TEST(GpuOpenCL, Linear) {
+  SKIP_WITHOUT_OPENCL();
+  const ir::Module m = read_module("linears.kir");
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  ir::WeightMap weights;
+  std::vector<rt::TensorData> tensors;
+  for (const ir::Weight& w : m.weights) {
+    std::vector<int64_t> shape;
+    for (const ir::Dim& d : w.type.shape) shape.push_back(d.value);
+    std::vector<float> v(static_cast<size_t>(ir::static_numel(w.type)));
+    for (float& x : v) x = u(rng);
+    weights[w.name] = ir::Tensor::from_f32(shape, v);
+    tensors.push_back(rt::make_f32(w.name, shape, v));
+  }
+  const std::string path = std::string(KILN_GPU_TEST_DIR) + "/gpu_linears.weights.safetensors";
+  rt::write_safetensors(path, tensors);
+  char* error = nullptr;
+  ModelPtr model(gpu_linears_create(path.c_str(), &error));
+  ASSERT_NE(model, nullptr) << (error ? error : "");
+  for (int64_t rows : {1, 7, 33, 129})
+    for (const char* f : {"k7_n5", "k33_n70_relu", "k64_n64_gelu", "k129_n128"})
+      EXPECT_LE(
+          max_error(model.get(), f, random_inputs(f, {{"M", rows}}, 21 + rows, m), m, weights),
+          kTolerance)
+          << f << " with " << rows << " rows";
 }
 
 // Run by ctest with OCL_ICD_VENDORS naming an empty folder: no platform, so the call
