@@ -606,6 +606,12 @@ struct kiln_model {
 };
 
 namespace {
+// The GPU context of the Halide runtime is one per process, shared by every model of a GPU
+// library: it is given back when the last such model is destroyed, not while another may be
+// running on it.
+std::mutex gpu_models_mutex;
+int gpu_models = 0;
+
 char* copy_error(const std::string& s) {
   char* out = static_cast<char*>(std::malloc(s.size() + 1));
   if (out) std::memcpy(out, s.c_str(), s.size() + 1);
@@ -646,6 +652,10 @@ kiln_model* kiln_model_create(const uint8_t* plan, size_t plan_size, const kiln_
     m->idle_arenas.emplace_back().allocate(m->arena_bytes);
     for (const auto& f : m->plan.functions) m->function_names.push_back(f.name.c_str());
     m->function_names.push_back(nullptr);
+    if (m->hooks.release_device) {
+      std::lock_guard<std::mutex> lock(gpu_models_mutex);
+      ++gpu_models;
+    }
     if (error) *error = nullptr;
     return m.release();
   } catch (const std::exception& e) {
@@ -656,8 +666,11 @@ kiln_model* kiln_model_create(const uint8_t* plan, size_t plan_size, const kiln_
 
 void kiln_model_destroy(kiln_model* model) {
   // A GPU library: its device allocations are freed after each kernel call (the glue's
-  // kernel wrappers), so what is left to give back is the context.
-  if (model && model->hooks.release_device) model->hooks.release_device();
+  // kernel wrappers), so what is left to give back is the context, once no GPU model is left.
+  if (model && model->hooks.release_device) {
+    std::lock_guard<std::mutex> lock(gpu_models_mutex);
+    if (--gpu_models == 0) model->hooks.release_device();
+  }
   delete model;
 }
 void kiln_free_error(char* error) { std::free(error); }

@@ -229,6 +229,24 @@ TEST(GpuOpenCL, Linear) {
           << f << " with " << rows << " rows";
 }
 
+// Two models of GPU libraries in one process share the runtime's device context: destroying
+// one leaves the other running (the context is given back with the last GPU model).
+TEST(GpuOpenCL, DestroyingOneModelLeavesAnotherRunning) {
+  SKIP_WITHOUT_OPENCL();
+  ModelPtr first = create_model();
+  ModelPtr second = create_model();
+  ASSERT_NE(first, nullptr);
+  ASSERT_NE(second, nullptr);
+  EXPECT_LE(max_error(first.get(), "norm7", random_inputs("norm7", {{"R", 7}}, 31)), kTolerance);
+  first.reset();
+  EXPECT_LE(max_error(second.get(), "norm129", random_inputs("norm129", {{"R", 33}}, 37)),
+            kTolerance);
+  second.reset();
+  ModelPtr third = create_model();  // a fresh context after the last one was given back
+  ASSERT_NE(third, nullptr);
+  EXPECT_LE(max_error(third.get(), "norm7", random_inputs("norm7", {{"R", 1}}, 41)), kTolerance);
+}
+
 // Run by ctest with OCL_ICD_VENDORS naming an empty folder: no platform, so the call
 // fails with the OpenCL runtime's message and leaves the model usable for the next call.
 TEST(NoDevice, IsAnErrorNotACrash) {

@@ -42,7 +42,7 @@ size_t kiln_dtype_size(int32_t dtype);
 
 /* Hooks into the Halide runtime compiled into the model library. release_device (NULL for
  * a CPU library) gives back the GPU context that a library for a GPU target created; the
- * runtime calls it when the model is destroyed. */
+ * context is one per process, so the runtime calls it when the last GPU model is destroyed. */
 typedef void (*kiln_halide_error_handler)(void* user_context, const char* message);
 typedef struct kiln_hooks {
   int (*set_num_threads)(int);
