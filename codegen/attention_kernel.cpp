@@ -36,6 +36,8 @@
 // product in register tiles of 12 rows × EB channels (2 vectors with AVX-512: 24
 // accumulators; 1 with AVX2), the keys outermost, one broadcast probability per (key, row).
 #include <algorithm>
+#include <string>
+#include <vector>
 
 #include "codegen/halide_kernels.h"
 #include "support/error.h"
@@ -83,12 +85,144 @@ int lanes_dividing(int n, int lanes) {
   return lanes;
 }
 
+// The GPU form (the target has a GPU feature), correct rather than fast: the natural row and key
+// coordinates, no key blocks and no causal skipping (every key of every row is visited, so rows
+// whose keys are all masked come out uniform by themselves, as in the interpreter). One GPU block
+// per (block of query rows, head, batch), a thread per (query row, value channel). Per row, the
+// maximum and the sum of the (base-2) scores are serial loops over all keys by one thread each
+// (into shared memory); then each thread sums its channel over all keys, recomputing each score
+// (its dk-long dot product). Masked keys and padded queries score -1e9 as on the CPU; with
+// fill_inf, rows whose keys are all masked (padded queries, every key padded, or with causal every
+// key j <= i padded) are NaN, from the first unpadded key of the batch row as on the CPU.
+KernelPipeline build_attention_gpu(const AttentionKernel& spec) {
+  const int heads = static_cast<int>(spec.heads);
+  const int dk = static_cast<int>(spec.dk), dv = static_cast<int>(spec.dv);
+  const bool causal = spec.causal, padded = spec.key_padding;
+  const bool query_padded = spec.query_padding, fill_inf = spec.fill_inf;
+
+  ImageParam q(Halide::Float(32), 3, "q"), k(Halide::Float(32), 3, "k");
+  ImageParam v(Halide::Float(32), 3, "v");
+  ImageParam mask(Halide::UInt(8), 2, "mask"), qmask(Halide::UInt(8), 2, "qmask");
+  Func out("attention_out");
+
+  const Expr lq = q.dim(1).extent(), lk = k.dim(1).extent();
+  Var j("j"), i("i"), h("h"), b("b"), c("c");
+  // Rows past Lq (the last row block's guard) read row Lq - 1 and are never stored.
+  const Expr qi = Halide::min(i, lq - 1);
+  Expr is_masked;
+  auto either_mask = [&](const Expr& m) { is_masked = is_masked.defined() ? is_masked || m : m; };
+  if (causal) either_mask(j > i);
+  if (padded) either_mask(mask(j, b) != 0);
+  if (query_padded) either_mask(qmask(qi, b) != 0);
+  const double log2e = 1.44269504088896340736;
+  const float scale2 = static_cast<float>(spec.scale * log2e);
+  // A score Func of its own per consumer, each with its own dot product computed per key.
+  std::vector<Func> dots;
+  auto make_score = [&](const std::string& name) {
+    RDom rd(0, dk, name + "_rd");
+    Func dot(name + "_dot");
+    dot(j, i, h, b) = 0.0f;
+    dot(j, i, h, b) += q(h * dk + rd, qi, b) * k(h * dk + rd, j, b);
+    dots.push_back(dot);
+    Func score(name);
+    const Expr scaled = dot(j, i, h, b) * scale2;
+    score(j, i, h, b) =
+        is_masked.defined() ? Halide::select(is_masked, kMaskedScore, scaled) : scaled;
+    return score;
+  };
+  Func score_max = make_score("attention_score_max");
+  Func score_sum = make_score("attention_score_sum");
+  Func score_pv = make_score("attention_score_pv");
+
+  RDom rm(0, lk, "rm");
+  Func row_max("attention_row_max");
+  row_max(i, h, b) = kLowest;
+  row_max(i, h, b) = Halide::max(row_max(i, h, b), score_max(rm, i, h, b));
+  RDom rs(0, lk, "rs");
+  Func row_sum("attention_row_sum");
+  row_sum(i, h, b) = 0.0f;
+  row_sum(i, h, b) += exp2_nonpositive(score_sum(rs, i, h, b) - row_max(i, h, b));
+  RDom rv(0, lk, "rv");
+  Func pv("attention_pv");
+  pv(c, i, b) = 0.0f;
+  pv(c, i, b) += exp2_nonpositive(score_pv(rv, i, c / dv, b) - row_max(i, c / dv, b)) * v(c, rv, b);
+
+  Expr result = pv(c, i, b) / row_sum(i, c / dv, b);
+  Func first_key("attention_first_key");
+  if (fill_inf) {
+    Expr all_masked;
+    auto either = [&](const Expr& m) { all_masked = all_masked.defined() ? all_masked || m : m; };
+    if (query_padded) either(qmask(qi, b) != 0);
+    if (padded) {  // the first key that is not padding, Lk if none
+      RDom rf(0, lk, "rf");
+      first_key(b) = lk;
+      first_key(b) = Halide::min(first_key(b), Halide::select(mask(rf, b) != 0, lk, rf));
+      either(first_key(b) > (causal ? Halide::min(i, lk - 1) : lk - 1));
+    }
+    if (all_masked.defined()) {  // NaN through the bits (exponent all ones, quiet bit)
+      const Expr bits = Halide::reinterpret(Halide::UInt(32), result);
+      result = Halide::reinterpret(
+          Halide::Float(32),
+          bits | Halide::select(all_masked, Expr(uint32_t{0x7fc00000}), Expr(uint32_t{0})));
+    }
+  }
+  out(c, i, b) = result;
+
+  q.dim(0).set_bounds(0, heads * dk);
+  q.dim(1).set_min(0);
+  q.dim(2).set_min(0);
+  const Expr batch = q.dim(2).extent();
+  k.dim(0).set_bounds(0, heads * dk);
+  k.dim(1).set_min(0);
+  k.dim(2).set_bounds(0, batch);
+  v.dim(0).set_bounds(0, heads * dv);
+  v.dim(1).set_bounds(0, lk);
+  v.dim(2).set_bounds(0, batch);
+  mask.dim(0).set_bounds(0, lk);
+  mask.dim(1).set_bounds(0, batch);
+  qmask.dim(0).set_bounds(0, lq);
+  qmask.dim(1).set_bounds(0, batch);
+  out.output_buffer().dim(0).set_bounds(0, heads * dv);
+  out.output_buffer().dim(1).set_bounds(0, lq);
+  out.output_buffer().dim(2).set_bounds(0, batch);
+
+  // Schedule: threads over up to 64 channels of one head (te) and rows (rb), at most 256 per
+  // block; blocks over (row block, head, batch); more channels than 64 in serial passes.
+  const int te = std::min(dv, 64);
+  const int rb = std::clamp(256 / te, 1, 32);
+  Var ch("ch"), ce("ce"), eo("eo"), ei("ei"), io("io"), ii("ii");
+  out.split(c, ch, ce, dv)
+      .split(ce, eo, ei, te, TailStrategy::GuardWithIf)
+      .split(i, io, ii, rb, TailStrategy::GuardWithIf)
+      .reorder(ei, ii, eo, io, ch, b)
+      .gpu_blocks(io, ch, b)
+      .gpu_threads(ei, ii);
+  pv.compute_at(out, ei);
+  for (Func f : {row_max, row_sum}) {
+    f.compute_at(out, io).store_in(Halide::MemoryType::GPUShared).gpu_threads(i);
+    f.update().gpu_threads(i);
+  }
+  dots[0].compute_at(row_max, rm);
+  dots[1].compute_at(row_sum, rs);
+  dots[2].compute_at(pv, rv);
+  if (first_key.defined()) first_key.compute_at(out, io);
+
+  std::vector<Halide::Argument> args = {q, k, v};
+  if (padded) args.push_back(mask);
+  if (query_padded) args.push_back(qmask);
+  KernelPipeline kp{Halide::Pipeline(out), args};
+  kp.gpu_threads = te * rb;
+  kp.gpu_shared_bytes = 2 * rb * 4 + (first_key.defined() ? 4 : 0);
+  return kp;
+}
+
 }  // namespace
 
 KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target& target) {
   KILN_ASSERT(spec.heads >= 1 && spec.dk >= 1 && spec.dv >= 1, "attention kernel spec");
   KILN_ASSERT(spec.heads * std::max(spec.dk, spec.dv) < (int64_t{1} << 24),
               "attention kernel feature size");
+  if (target.has_gpu_feature()) return build_attention_gpu(spec);
   const int heads = static_cast<int>(spec.heads);
   const int dk = static_cast<int>(spec.dk), dv = static_cast<int>(spec.dv);
   const int lanes = vector_lanes(target);

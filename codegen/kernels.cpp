@@ -223,7 +223,7 @@ int kernel_num_outputs(const KernelSpec& spec) {
 std::string kind_without_gpu_schedule(const KernelSpec& spec) {
   struct Kind {
     std::string operator()(const LinearKernel& k) const { return k.bf16 ? "bf16 linear" : ""; }
-    std::string operator()(const AttentionKernel&) const { return "attention"; }
+    std::string operator()(const AttentionKernel&) const { return ""; }
     std::string operator()(const StepAttentionKernel& k) const {
       return k.memory ? "memory_attention" : "cache_attention";
     }
