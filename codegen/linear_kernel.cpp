@@ -96,6 +96,28 @@ GemmParams fit_to_shape(GemmParams p, int64_t K, int64_t N, int64_t panel) {
 // reduction, the bias and activation fused into the store. Rows past M and columns past N
 // of a block are computed from clamped reads (the last row of x, the last column of W)
 // and never stored, so any M and N work.
+// Shapes: K and N are constants, M is the only run-time extent. Every buffer starts at 0;
+// wt (packed in panels of P columns, or [K, N] when P is 0) and out are dense, x may have
+// any row stride. Returns out's M.
+Expr constrain_buffers(Halide::ImageParam& x, Halide::ImageParam& wt, Halide::ImageParam& bias,
+                       Func& out, int K, int N, int P) {
+  x.dim(0).set_bounds(0, K);
+  x.dim(1).set_min(0);
+  if (P) {
+    wt.dim(0).set_bounds(0, P);
+    wt.dim(1).set_bounds(0, K).set_stride(P);
+    wt.dim(2).set_bounds(0, N / P).set_stride(P * K);
+  } else {
+    wt.dim(0).set_bounds(0, N);
+    wt.dim(1).set_bounds(0, K).set_stride(N);
+  }
+  bias.dim(0).set_bounds(0, N);
+  Halide::OutputImageParam ob = out.output_buffer();
+  ob.dim(0).set_bounds(0, N);
+  ob.dim(1).set_min(0).set_stride(N);
+  return ob.dim(1).extent();
+}
+
 KernelPipeline build_linear_gpu(const LinearKernel& spec) {
   const int K = static_cast<int>(spec.K), N = static_cast<int>(spec.N);
   const int P = static_cast<int>(spec.panel);
@@ -120,20 +142,7 @@ KernelPipeline build_linear_gpu(const LinearKernel& spec) {
   Func out("out");
   out(n, m) = y;
 
-  x.dim(0).set_bounds(0, K);
-  x.dim(1).set_min(0);
-  if (P) {
-    wt.dim(0).set_bounds(0, P);
-    wt.dim(1).set_bounds(0, K).set_stride(P);
-    wt.dim(2).set_bounds(0, N / P).set_stride(P * K);
-  } else {
-    wt.dim(0).set_bounds(0, N);
-    wt.dim(1).set_bounds(0, K).set_stride(N);
-  }
-  bias.dim(0).set_bounds(0, N);
-  Halide::OutputImageParam ob = out.output_buffer();
-  ob.dim(0).set_bounds(0, N);
-  ob.dim(1).set_min(0).set_stride(N);
+  constrain_buffers(x, wt, bias, out, K, N, P);
 
   Var ni("ni"), mi("mi"), nr("nr"), mr("mr");
   out.tile(n, m, ni, mi, 64, 16, TailStrategy::GuardWithIf)
@@ -190,23 +199,7 @@ KernelPipeline build_linear(const LinearKernel& spec, const Halide::Target& targ
   Func out("out");
   out(n, m) = y;
 
-  // Shapes: K and N are constants, M is the only run-time extent. Every buffer starts at
-  // 0; wt and out are dense, x may have any row stride.
-  x.dim(0).set_bounds(0, K);
-  x.dim(1).set_min(0);
-  if (P) {
-    wt.dim(0).set_bounds(0, P);
-    wt.dim(1).set_bounds(0, K).set_stride(P);
-    wt.dim(2).set_bounds(0, N / P).set_stride(P * K);
-  } else {
-    wt.dim(0).set_bounds(0, N);
-    wt.dim(1).set_bounds(0, K).set_stride(N);
-  }
-  bias.dim(0).set_bounds(0, N);
-  Halide::OutputImageParam ob = out.output_buffer();
-  ob.dim(0).set_bounds(0, N);
-  ob.dim(1).set_min(0).set_stride(N);
-  const Expr M = ob.dim(1).extent();
+  const Expr M = constrain_buffers(x, wt, bias, out, K, N, P);
   x.set_estimates({{0, K}, {0, 2048}});
   if (P)
     wt.set_estimates({{0, P}, {0, K}, {0, N / P}});
