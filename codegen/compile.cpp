@@ -142,16 +142,31 @@ std::string gpu_glue(const std::string& api, const rt::Plan& plan, const std::ve
       "// The device driver: Halide's runtime takes its symbols from the process when they are\n"
       "// there, else it opens {1}, which only the development package installs; so the\n"
       "// driver package's {1}.1 is loaded first, its symbols global (several models in one\n"
-      "// application each do this, harmlessly). Where it is missing, the first kernel call\n"
-      "// returns Halide's error.\n"
-      "void load_driver() {{ static void* const lib = dlopen(\"{1}.1\", RTLD_LAZY | RTLD_GLOBAL); "
-      "(void)lib; }}\n\n"
+      "// application each do this, harmlessly), else {1}. Where neither exists, every kernel\n"
+      "// call fails with a message naming the missing driver (Halide's own says only that\n"
+      "// it found no system libraries).\n"
+      "const char* driver_error() {{\n"
+      "  static const char* const error = []() -> const char* {{\n"
+      "    if (dlopen(\"{1}.1\", RTLD_LAZY | RTLD_GLOBAL)) return nullptr;\n"
+      "    static char message[512];  // written before dlerror's text is overwritten\n"
+      "    const char* why = dlerror();\n"
+      "    snprintf(message, sizeof message, \"no {2} driver ({1}.1 not found: %s)\",\n"
+      "             why ? why : \"dlopen failed\");\n"
+      "    if (dlopen(\"{1}\", RTLD_LAZY | RTLD_GLOBAL)) return nullptr;\n"
+      "    return message;\n"
+      "  }}();\n"
+      "  return error;\n}}\n\n"
+      "void load_driver() {{ (void)driver_error(); }}\n\n"
       "void release_device() {{ halide_device_release(nullptr, halide_{0}_device_interface()); "
       "}}\n\n"
       "// Each kernel call copies its inputs to the device, runs, copies its outputs back and\n"
       "// frees its device buffers: host tensors in, host tensors out (correct, and slow).\n"
       "// A device-resident arena and weights, copied once, are later work (issue 14).\n"
       "int on_device(int (*kernel)(void**), void** args, int num_args, int num_outputs) {{\n"
+      "  if (const char* error = driver_error()) {{\n"
+      "    halide_error(nullptr, error);\n"
+      "    return -1;\n"
+      "  }}\n"
       "  halide_buffer_t** b = reinterpret_cast<halide_buffer_t**>(args);\n"
       "  for (int i = 0; i < num_args - num_outputs; ++i) b[i]->set_host_dirty(true);\n"
       "  int status = kernel(args);\n"
@@ -162,7 +177,7 @@ std::string gpu_glue(const std::string& api, const rt::Plan& plan, const std::ve
       "    if (status == 0) status = freed;\n"
       "  }}\n"
       "  return status;\n}}\n\n",
-      api, lib);
+      api, lib, api == "cuda" ? "CUDA" : "OpenCL");
   for (size_t k = 0; k < plan.kernel_names.size(); ++k)
     out += fmt::format(
         "int {0}_device(void** args) {{ return on_device({0}_argv, args, {1}, {2}); }}\n",
@@ -181,8 +196,9 @@ std::string glue_source(const std::string& name, const rt::Plan& plan, const std
       "compile\n",
       name);
   if (!gpu.empty())
-    out += fmt::format("#include <dlfcn.h>\n\n#include \"HalideRuntime.h\"\n#include \"{}\"\n",
-                       gpu == "cuda" ? "HalideRuntimeCuda.h" : "HalideRuntimeOpenCL.h");
+    out += fmt::format(
+        "#include <dlfcn.h>\n#include <cstdio>\n\n#include \"HalideRuntime.h\"\n#include \"{}\"\n",
+        gpu == "cuda" ? "HalideRuntimeCuda.h" : "HalideRuntimeOpenCL.h");
   out += "\nextern \"C\" {\n";
   for (const std::string& k : plan.kernel_names)
     out += fmt::format("int {}_argv(void** args);\n", k);

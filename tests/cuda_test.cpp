@@ -1,0 +1,394 @@
+// The CUDA build: tests/gpu/norms.kir, linears.kir and attention.kir compiled for
+// host-cuda-cuda_capability_86 (kiln_add_model ... TARGET host-cuda-cuda_capability_86, the
+// highest capability Halide 14 accepts; the driver JIT-compiles its PTX for newer GPUs).
+// This binary links no Halide, as gpu_tests. It checks
+//   - that every kernel's object in each static library carries PTX for sm_86;
+//   - without a CUDA driver (no libcuda.so.1 / libcuda.so): a call is a non-zero status and
+//     a message naming the missing driver, through the C ABI and the C++ API, and the model
+//     stays usable (never a crash or an abort);
+//   - with a CUDA device: every entry point against the reference interpreter, on random
+//     inputs of odd sizes. Without a driver (or device) these report "skipped: no CUDA
+//     driver" (GTEST_SKIP; ctest counts them as skipped, not passed).
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "cuda_attention.h"
+#include "cuda_linears.h"
+#include "cuda_norms.h"
+#include "ir/interpreter.h"
+#include "ir/parser.h"
+#include "runtime/safetensors.h"
+
+namespace kiln {
+namespace {
+
+// Why CUDA cannot run here ("" where a device is usable): the driver library is loaded as
+// the generated glue loads it, then asked for devices (cuInit, cuDeviceGetCount).
+std::string cuda_unavailable() {
+  void* lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (!lib) lib = dlopen("libcuda.so", RTLD_LAZY | RTLD_LOCAL);
+  if (!lib) return "no CUDA driver";
+  using Init = int (*)(unsigned);
+  using Count = int (*)(int*);
+  auto init = reinterpret_cast<Init>(dlsym(lib, "cuInit"));
+  auto count = reinterpret_cast<Count>(dlsym(lib, "cuDeviceGetCount"));
+  int n = 0;
+  if (!init || !count || init(0) != 0 || count(&n) != 0 || n < 1) return "no CUDA device";
+  return "";
+}
+
+bool cuda_driver_present() {
+  for (const char* name : {"libcuda.so.1", "libcuda.so"})
+    if (void* lib = dlopen(name, RTLD_LAZY | RTLD_LOCAL)) {
+      dlclose(lib);
+      return true;
+    }
+  return false;
+}
+
+#define SKIP_WITHOUT_CUDA()                                                    \
+  do {                                                                         \
+    if (const std::string why = cuda_unavailable(); !why.empty())              \
+      GTEST_SKIP() << "skipped: " << why << " (the CUDA build runs on a GPU)"; \
+  } while (0)
+
+// The members of a static library (the System V / GNU `ar` format, with its table of long
+// names), by name.
+std::vector<std::pair<std::string, std::string>> archive_members(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream all;
+  all << in.rdbuf();
+  const std::string data = all.str();
+  if (data.compare(0, 8, "!<arch>\n") != 0) throw std::runtime_error(path + " is not an archive");
+  std::vector<std::pair<std::string, std::string>> members;
+  std::string long_names;
+  for (size_t pos = 8; pos + 60 <= data.size();) {
+    const std::string header = data.substr(pos, 60);
+    std::string name = header.substr(0, 16);
+    const size_t size = std::stoull(header.substr(48, 10));
+    if (pos + 60 + size > data.size()) throw std::runtime_error(path + ": a truncated member");
+    std::string body = data.substr(pos + 60, size);
+    pos += 60 + size + (size % 2);
+    name.erase(name.find_last_not_of(' ') + 1);
+    if (name == "/" || name == "/SYM64/") continue;  // the symbol table
+    if (name == "//") {
+      long_names = body;
+      continue;
+    }
+    if (name.size() > 1 && name[0] == '/') {  // "/offset" into the long names
+      const size_t offset = std::stoull(name.substr(1));
+      name = long_names.substr(offset, long_names.find('\n', offset) - offset);
+    }
+    if (!name.empty() && name.back() == '/') name.pop_back();
+    members.emplace_back(name, std::move(body));
+  }
+  return members;
+}
+
+size_t count(const std::string& haystack, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = haystack.find(needle); at != std::string::npos;
+       at = haystack.find(needle, at + 1))
+    ++n;
+  return n;
+}
+
+// Each kernel's object (<model>_kiln_*.o: one Halide pipeline per kernel) embeds one PTX
+// module for sm_86 with at least one entry; the glue and Halide's runtime none.
+TEST(CudaBuild, EveryKernelObjectCarriesPtxForSm86) {
+  for (const std::string model : {"cuda_norms", "cuda_linears", "cuda_attention"}) {
+    const std::string path =
+        std::string(KILN_CUDA_TEST_DIR) + "/" + model + ".kiln/lib" + model + ".a";
+    const auto members = archive_members(path);
+    int kernels = 0;
+    bool runtime = false, glue = false;
+    for (const auto& [name, body] : members) {
+      if (name.rfind(model + "_kiln_", 0) == 0) {
+        ++kernels;
+        EXPECT_EQ(count(body, ".target sm_86"), 1u) << path << ": " << name;
+        EXPECT_GE(count(body, ".entry "), 1u) << path << ": " << name;
+        EXPECT_EQ(count(body, ".target sm_"), 1u) << path << ": " << name << ": another target";
+      } else {
+        runtime |= name == "halide_runtime.o";
+        glue |= name == model + "_glue.o";
+        EXPECT_EQ(count(body, ".target sm_"), 0u) << path << ": " << name;
+      }
+    }
+    EXPECT_GE(kernels, 4) << path;
+    EXPECT_TRUE(runtime) << path << ": no halide_runtime.o";
+    EXPECT_TRUE(glue) << path << ": no glue";
+  }
+}
+
+ir::Module read_module(const std::string& file) {
+  std::ifstream in(std::string(KILN_TEST_DATA_DIR) + "/gpu/" + file);
+  std::stringstream text;
+  text << in.rdbuf();
+  return ir::parse_and_verify(text.str(), file);
+}
+
+// Random inputs for `function` of `m`, its symbols bound to `sizes`; ids in [0, V).
+std::vector<ir::Tensor> random_inputs(const ir::Module& m, const std::string& function,
+                                      const std::map<std::string, int64_t>& sizes, uint32_t seed) {
+  const ir::Function& f = *m.find_function(function);
+  std::mt19937 rng(seed);
+  std::vector<ir::Tensor> inputs;
+  for (ir::ValueId p : f.params) {
+    const ir::TensorType& type = f.type(p);
+    std::vector<int64_t> shape;
+    for (const ir::Dim& d : type.shape)
+      shape.push_back(d.is_symbolic() ? sizes.at(d.symbol) : d.value);
+    int64_t n = 1;
+    for (int64_t s : shape) n *= s;
+    if (type.dtype == ir::DType::f32) {
+      std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+      std::vector<float> v(static_cast<size_t>(n));
+      for (float& x : v) x = u(rng);
+      inputs.push_back(ir::Tensor::from_f32(shape, v));
+    } else {
+      std::uniform_int_distribution<int64_t> u(0, sizes.at("V") - 1);
+      std::vector<int64_t> v(static_cast<size_t>(n));
+      for (int64_t& x : v) x = u(rng);
+      inputs.push_back(ir::Tensor::from_ints(type.dtype, shape, v));
+    }
+  }
+  return inputs;
+}
+
+// The C ABI's view of `inputs` (bool inputs as a byte each, kept in `bytes`).
+std::vector<kiln_tensor> views(const std::vector<ir::Tensor>& inputs,
+                               std::vector<std::vector<uint8_t>>* bytes) {
+  std::vector<kiln_tensor> in(inputs.size());
+  bytes->assign(inputs.size(), {});
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const ir::Tensor& t = inputs[i];
+    in[i] = kiln_tensor{};
+    in[i].rank = static_cast<int32_t>(t.shape.size());
+    for (size_t d = 0; d < t.shape.size(); ++d) in[i].shape[d] = t.shape[d];
+    if (t.dtype == ir::DType::f32) {
+      in[i].dtype = KILN_F32;
+      in[i].data = const_cast<float*>(t.f.data());
+      in[i].capacity = static_cast<size_t>(t.numel()) * 4;
+    } else if (t.dtype == ir::DType::boolean) {
+      in[i].dtype = KILN_BOOL;
+      for (int64_t x : t.ints) (*bytes)[i].push_back(x != 0 ? 1 : 0);
+      in[i].data = (*bytes)[i].data();
+      in[i].capacity = (*bytes)[i].size();
+    } else {
+      in[i].dtype = KILN_I64;
+      in[i].data = const_cast<int64_t*>(t.ints.data());
+      in[i].capacity = static_cast<size_t>(t.numel()) * 8;
+    }
+  }
+  return in;
+}
+
+// Runs `function` of the compiled model and the interpreter on the same inputs; the
+// largest difference relative to max(1, |reference|) over all outputs (NaN where the
+// reference has NaN is a match).
+double max_error(kiln_model* model, const ir::Module& m, const std::string& function,
+                 const std::vector<ir::Tensor>& inputs, const ir::WeightMap& weights = {}) {
+  const std::vector<ir::Tensor> want =
+      ir::interpret(m, *m.find_function(function), weights, inputs);
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<kiln_tensor> in = views(inputs, &bytes);
+  std::vector<kiln_tensor> out(want.size());
+  EXPECT_EQ(kiln_model_output_shapes(model, function.c_str(), in.data(), in.size(), out.data(),
+                                     out.size()),
+            0)
+      << kiln_model_error(model);
+  std::vector<std::vector<float>> data(out.size());
+  for (size_t r = 0; r < out.size(); ++r) {
+    int64_t n = 1;
+    for (int32_t d = 0; d < out[r].rank; ++d) n *= out[r].shape[d];
+    data[r].assign(static_cast<size_t>(n), 1e30f);  // unwritten: a large error, not NaN
+    out[r].data = data[r].data();
+    out[r].capacity = data[r].size() * sizeof(float);
+  }
+  const int status =
+      kiln_model_run(model, function.c_str(), in.data(), in.size(), out.data(), out.size());
+  EXPECT_EQ(status, 0) << kiln_model_error(model);
+  if (status != 0) return INFINITY;
+  double worst = 0;
+  for (size_t r = 0; r < out.size(); ++r) {
+    EXPECT_EQ(data[r].size(), want[r].f.size());
+    for (size_t e = 0; e < data[r].size() && e < want[r].f.size(); ++e) {
+      const double ref = want[r].f[e];
+      if (std::isnan(ref) && std::isnan(data[r][e])) continue;
+      const double err = std::fabs(data[r][e] - ref) / std::max(1.0, std::fabs(ref));
+      if (!(err <= worst)) worst = std::isnan(err) ? INFINITY : err;
+    }
+  }
+  return worst;
+}
+
+struct ModelDeleter {
+  void operator()(kiln_model* m) const { kiln_model_destroy(m); }
+};
+using ModelPtr = std::unique_ptr<kiln_model, ModelDeleter>;
+
+template <typename Create>
+ModelPtr create(Create create_fn, const char* weights = nullptr) {
+  char* error = nullptr;
+  ModelPtr m(create_fn(weights, &error));
+  EXPECT_NE(m, nullptr) << (error ? error : "");
+  kiln_free_error(error);
+  return m;
+}
+
+// Within the CPU kernels' tolerance (1e-5 on unit-scale data).
+constexpr double kTolerance = 1e-5;
+
+// Without a driver: creating the model succeeds (nothing touches the device before a kernel
+// runs), and every call returns a non-zero status with a message naming the missing driver;
+// a second call says the same (the model stays usable).
+TEST(CudaNoDriver, RunIsAnErrorNamingTheDriver) {
+  if (cuda_driver_present()) GTEST_SKIP() << "a CUDA driver is present";
+  const ir::Module m = read_module("norms.kir");
+  ModelPtr model = create(cuda_norms_create);
+  ASSERT_NE(model, nullptr);
+  const std::vector<ir::Tensor> inputs = random_inputs(m, "norm7", {{"R", 2}}, 1);
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<kiln_tensor> in = views(inputs, &bytes);
+  std::vector<float> out(14, 0.5f);
+  kiln_tensor o{};
+  o.dtype = KILN_F32;
+  o.rank = 2;
+  o.shape[0] = 2;
+  o.shape[1] = 7;
+  o.data = out.data();
+  o.capacity = out.size() * 4;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    EXPECT_NE(kiln_model_run(model.get(), "norm7", in.data(), in.size(), &o, 1), 0);
+    const std::string error = kiln_model_error(model.get());
+    EXPECT_NE(error.find("no CUDA driver (libcuda.so.1 not found: libcuda.so.1"), std::string::npos)
+        << error;  // dlerror's text after it
+    EXPECT_NE(error.find("failed with status"), std::string::npos) << error;
+  }
+  // The other libraries (and entry points with several kernels) say the same.
+  ModelPtr attention = create(cuda_attention_create);
+  ASSERT_NE(attention, nullptr);
+  const ir::Module am = read_module("attention.kir");
+  const std::vector<ir::Tensor> ain =
+      random_inputs(am, "causal", {{"B", 1}, {"S", 3}, {"T", 3}, {"V", 2}}, 2);
+  std::vector<kiln_tensor> av = views(ain, &bytes);
+  kiln_tensor ao[1] = {};
+  ASSERT_EQ(kiln_model_output_shapes(attention.get(), "causal", av.data(), av.size(), ao, 1), 0)
+      << kiln_model_error(attention.get());
+  std::vector<float> aout(static_cast<size_t>(ao[0].shape[0] * ao[0].shape[1] * ao[0].shape[2]));
+  ao[0].data = aout.data();
+  ao[0].capacity = aout.size() * 4;
+  EXPECT_NE(kiln_model_run(attention.get(), "causal", av.data(), av.size(), ao, 1), 0);
+  EXPECT_NE(std::string(kiln_model_error(attention.get())).find("no CUDA driver"),
+            std::string::npos)
+      << kiln_model_error(attention.get());
+}
+
+// The generated C++ class: the call throws std::runtime_error with the same message.
+TEST(CudaNoDriver, CppApiThrowsNamingTheDriver) {
+  if (cuda_driver_present()) GTEST_SKIP() << "a CUDA driver is present";
+  kiln_models::cuda_norms model(nullptr);
+  kiln::Tensor<float> x{{3, 7}, std::vector<float>(21, 0.25f)};
+  kiln::Tensor<float> g{{7}, std::vector<float>(7, 1.0f)};
+  kiln::Tensor<float> b{{7}, std::vector<float>(7, 0.0f)};
+  std::string message;
+  try {
+    model.norm7(x, g, b);
+  } catch (const std::runtime_error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("no CUDA driver (libcuda.so.1 not found"), std::string::npos)
+      << "message: '" << message << "'";
+}
+
+TEST(CudaRun, NormsElementwiseAndGather) {
+  SKIP_WITHOUT_CUDA();
+  const ir::Module m = read_module("norms.kir");
+  ModelPtr model = create(cuda_norms_create);
+  ASSERT_NE(model, nullptr);
+  for (int64_t rows : {1, 7, 33, 129})
+    for (const char* f : {"norm7", "norm129", "chain"})
+      EXPECT_LE(max_error(model.get(), m, f, random_inputs(m, f, {{"R", rows}}, 3 + rows)),
+                kTolerance)
+          << f << " with " << rows << " rows";
+  for (auto [b, s] : {std::pair<int64_t, int64_t>{1, 1}, {1, 7}, {3, 33}, {2, 5}}) {
+    for (const char* f : {"residual", "positions"})
+      EXPECT_LE(max_error(model.get(), m, f, random_inputs(m, f, {{"B", b}, {"S", s}}, 5 + b * s)),
+                kTolerance)
+          << f << " with B=" << b << " S=" << s;
+    EXPECT_LE(max_error(model.get(), m, "lookup",
+                        random_inputs(m, "lookup", {{"B", b}, {"S", s}, {"V", 9}}, 13)),
+              0.0)
+        << "lookup with B=" << b << " S=" << s;
+  }
+}
+
+TEST(CudaRun, Linear) {
+  SKIP_WITHOUT_CUDA();
+  const ir::Module m = read_module("linears.kir");
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  ir::WeightMap weights;
+  std::vector<rt::TensorData> tensors;
+  for (const ir::Weight& w : m.weights) {
+    std::vector<int64_t> shape;
+    for (const ir::Dim& d : w.type.shape) shape.push_back(d.value);
+    std::vector<float> v(static_cast<size_t>(ir::static_numel(w.type)));
+    for (float& x : v) x = u(rng);
+    weights[w.name] = ir::Tensor::from_f32(shape, v);
+    tensors.push_back(rt::make_f32(w.name, shape, v));
+  }
+  const std::string path = std::string(KILN_CUDA_TEST_DIR) + "/cuda_linears.weights.safetensors";
+  rt::write_safetensors(path, tensors);
+  ModelPtr model = create(cuda_linears_create, path.c_str());
+  ASSERT_NE(model, nullptr);
+  for (int64_t rows : {1, 7, 33, 129})
+    for (const char* f : {"k7_n5", "k33_n70_relu", "k64_n64_gelu", "k129_n128"})
+      EXPECT_LE(
+          max_error(model.get(), m, f, random_inputs(m, f, {{"M", rows}}, 21 + rows), weights),
+          kTolerance)
+          << f << " with " << rows << " rows";
+}
+
+// Every attention variant at lengths 1, 7 and 33, batches 1 and 3, random padding; batch
+// row 0's keys all padded in the fill_inf cases (NaN rows, as the interpreter's).
+TEST(CudaRun, Attention) {
+  SKIP_WITHOUT_CUDA();
+  const ir::Module m = read_module("attention.kir");
+  ModelPtr model = create(cuda_attention_create);
+  ASSERT_NE(model, nullptr);
+  uint32_t seed = 31;
+  for (const std::string f :
+       {"self_kpad", "causal_kpad", "causal", "qpad", "fill_inf", "fill_inf_kpad", "cross"}) {
+    const bool fill_inf = f.rfind("fill_inf", 0) == 0;
+    for (int64_t b : {1, 3})
+      for (int64_t s : {1, 7, 33})
+        for (int64_t t : {1, 7, 33}) {
+          if (t != s && f != "qpad" && f != "cross") continue;
+          std::vector<ir::Tensor> inputs =
+              random_inputs(m, f, {{"B", b}, {"S", s}, {"T", t}, {"V", 2}}, ++seed);
+          if (fill_inf)
+            for (int64_t j = 0; j < s; ++j) inputs[3].ints[static_cast<size_t>(j)] = 1;
+          EXPECT_LE(max_error(model.get(), m, f, inputs), kTolerance)
+              << f << " with B=" << b << " S=" << s << " T=" << t;
+        }
+  }
+}
+
+}  // namespace
+}  // namespace kiln
