@@ -34,6 +34,12 @@
 // interleaved with the workloads; W1's rows carry the bytes (floor_weight_MB: f32, or
 // bf16 linear weights with f32 biases, norms and embedding rows) and report.py divides.
 //
+// GPU (issue 14): built as model_bench_cuda (bench/CMakeLists.txt, KILN_BENCH_GPU=ON) the same
+// workloads run the model compiled for host-cuda-cuda_capability_86 (bench_base_cuda; no
+// bf16, no peak or bandwidth): host ids in, host logits out, as an application calls it.
+// Without a CUDA driver every workload is skipped with the runtime's message (bench/run_gpu.sh
+// stops before that with "no CUDA driver/device").
+//
 // Timing: one call per iteration through the C ABI (kiln_model_run) into output buffers
 // allocated before the timed loop: the model's time, not the C++ wrapper's allocation
 // and zero-fill of a fresh result (forward() allocates 16·128·32000 floats = 262 MB for
@@ -56,7 +62,11 @@
 #include <utility>
 #include <vector>
 
+#ifdef KILN_BENCH_CUDA
+#include "bench_base_cuda.h"
+#else
 #include "bench_base.h"
+#endif
 #ifdef KILN_BENCH_BF16
 #include "bench_base_bf16.h"
 #endif
@@ -208,7 +218,12 @@ Loaded<Model>& loaded(int which) {  // which: 0 f32, 1 bf16 (g_load's index)
   return l;
 }
 
-Loaded<kiln_models::bench_base>& loaded_f32() { return loaded<kiln_models::bench_base>(0); }
+#ifdef KILN_BENCH_CUDA
+using BaseModel = kiln_models::bench_base_cuda;
+#else
+using BaseModel = kiln_models::bench_base;
+#endif
+Loaded<BaseModel>& loaded_f32() { return loaded<BaseModel>(0); }
 
 // Model figures in the JSON: load_ms and rss_after_load_mib of the f32 model, bf16_load_ms and
 // bf16_rss_after_load_mib of the bf16 one (those that were loaded), and the process's peak.

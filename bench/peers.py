@@ -50,6 +50,11 @@ What it does:
      =PASSIVE); their best is "best_bf16"/"best_generation_bf16", never mixed into the f32
      "best". Its probe is a bf16 matmul: below --slow-gflops, W1 only (and W3).
 
+  5. --device cuda (bench/run_gpu.sh): instead of the BLAS settings, PyTorch eager FP32 and
+     torch.compile on the GPU, each in its own subprocess, on the forward workloads (W1, W2,
+     W4); TF32 off; every timed call ends with torch.cuda.synchronize(); torch.compile's
+     compiles happen in its untimed warm-up calls (at least 3).
+
 Ids are drawn from torch's seeded generator, uniform in [1, vocab) (no padding): the
 shapes match the other engines', the ids themselves do not (the cost does not depend on
 them).
@@ -727,7 +732,105 @@ def worker(args):
     json.dump(out, sys.stdout)
 
 
-def run_setting(args, name, env_changes, bf16=False):
+def on_device(model, device):
+    """The model on `device`, its causal mask built there: make_golden's _tgt_mask makes
+    it on the CPU (same values; the reference module is not changed)."""
+    model = model.to(device)
+    pad_id = model.cfg["pad_id"]
+
+    def tgt_mask(tgt):
+        T = tgt.shape[1]
+        key = (tgt != pad_id).unsqueeze(1).unsqueeze(2)  # [B,1,1,T]
+        causal = torch.tril(torch.ones(T, T, dtype=torch.bool, device=tgt.device))
+        return key & causal.unsqueeze(0).unsqueeze(0)  # [B,1,T,T]
+    model._tgt_mask = tgt_mask
+    return model
+
+
+def gpu_worker(args):
+    """One GPU setting (--device cuda): PyTorch eager FP32, or with --torch-compile the
+    model under torch.compile (default mode, dynamic=False: one graph per workload shape,
+    compiled during the warm-up calls, which are not timed). FP32 throughout: TF32 off
+    (torch.set_float32_matmul_precision("highest")), as kiln's FP32 kernels use no tensor
+    cores. Each timed call ends with torch.cuda.synchronize()."""
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        json.dump({"error": "no CUDA device visible to PyTorch (torch.cuda.is_available() is False)"},
+                  sys.stdout)
+        return 0
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cudnn.allow_tf32 = False
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    model = on_device(load_model(args.weights), device)
+    sync()
+    load_ms = (time.perf_counter() - t0) * 1e3
+    out = {"device": str(device), "torch_compile": args.torch_compile, "load_ms": round(load_ms, 1),
+           "workloads": {}}
+    if device.type == "cuda":
+        out["device_name"] = torch.cuda.get_device_name(device)
+    warmup = max(args.warmup, 3) if args.torch_compile else args.warmup
+    for w in load_workloads():
+        key = w["key"]
+        g = torch.Generator().manual_seed(IDS_SEED + int(key[1:]))
+        src = random_ids(g, w["batch"], w["src_len"], BASE["src_vocab"], BASE["pad_id"]).to(device)
+        tgt = random_ids(g, w["batch"], w["tgt_len"], BASE["tgt_vocab"], BASE["pad_id"]).to(device) \
+            if w["function"] == "forward" else None
+        fn = model if w["function"] == "forward" else model.encode
+        if args.torch_compile:
+            fn = torch.compile(fn, dynamic=False)
+        call = (lambda: fn(src, tgt)) if w["function"] == "forward" else (lambda: fn(src))
+        times = []
+        with torch.inference_mode():
+            t0 = time.perf_counter()
+            for _ in range(warmup):
+                y = call()
+            sync()
+            warm_ms = (time.perf_counter() - t0) * 1e3
+            assert torch.isfinite(y).all()
+            del y
+            start = time.perf_counter()
+            for _ in range(args.runs):
+                if len(times) >= 2 and time.perf_counter() - start > args.max_seconds:
+                    break
+                t0 = time.perf_counter()
+                y = call()
+                sync()
+                times.append((time.perf_counter() - t0) * 1e3)
+                del y
+        out["workloads"][key] = {"median_ms": statistics.median(times), "min_ms": min(times),
+                                 "runs_ms": [round(t, 3) for t in times], "runs": len(times),
+                                 "warmup": warmup, "warmup_ms": round(warm_ms, 1)}
+        print("peers.py:   %s %.2f ms (median of %d)" % (key, statistics.median(times), len(times)),
+              file=sys.stderr)
+    if device.type == "cuda":
+        out["peak_device_mib"] = round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    json.dump(out, sys.stdout)
+
+
+def bench_gpu(args):
+    """--device cuda: PyTorch eager FP32 and torch.compile on that device, one subprocess
+    each; "best" is, per workload, the faster of the two (named)."""
+    settings = []
+    for name, compiled in (("eager FP32", False), ("torch.compile", True)):
+        settings.append(run_setting(args, "%s, %s" % (name, args.device), {}, torch_compile=compiled))
+    keys = [w["key"] for w in load_workloads()]
+    best = {}
+    for key in keys:
+        cands = [(s["workloads"][key]["median_ms"], s["name"]) for s in settings
+                 if "median_ms" in s.get("workloads", {}).get(key, {})]
+        if cands:
+            ms, name = min(cands)
+            best[key] = {"median_ms": ms, "setting": name}
+    return {"engine": "pytorch", "torch_version": torch.__version__, "device": args.device,
+            "runs": args.runs, "warmup": args.warmup, "settings": settings, "best": best,
+            "ids": "torch.Generator seeded, uniform in [1, vocab): same shapes as kiln's, not the same ids"}
+
+
+def run_setting(args, name, env_changes, bf16=False, torch_compile=False):
     env = dict(os.environ)
     env.pop("OPENBLAS_CORETYPE", None)
     env.pop("OMP_WAIT_POLICY", None)
@@ -743,11 +846,17 @@ def run_setting(args, name, env_changes, bf16=False):
         cmd.append("--generation-only")
     if bf16:
         cmd.append("--bf16")
+    if args.device != "cpu":
+        cmd += ["--device", args.device]
+    if torch_compile:
+        cmd.append("--torch-compile")
     print("peers.py: PyTorch with %s" % name, file=sys.stderr)
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
     if p.returncode != 0:
         return {"name": name, "env": env_changes, "error": "worker exited with %d" % p.returncode}
     res = json.loads(p.stdout)
+    if res.get("error"):
+        print("peers.py: %s: %s" % (name, res["error"]), file=sys.stderr)
     res["name"] = name
     res["env"] = env_changes
     res["bf16_autocast"] = bf16
@@ -846,10 +955,14 @@ def main():
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--bf16", action="store_true", help=argparse.SUPPRESS)  # worker: bf16 autocast
     ap.add_argument("--no-bf16", action="store_true", help="skip the bf16 autocast settings")
+    ap.add_argument("--device", default="cpu",
+                    help="cpu (the BLAS settings above), or cuda: PyTorch eager FP32 and torch.compile "
+                         "on the GPU, forward workloads only (bench/run_gpu.sh)")
+    ap.add_argument("--torch-compile", action="store_true", help=argparse.SUPPRESS)  # GPU worker
     args = ap.parse_args()
     args.weights = args.weights or args.weights_out
     if args.worker:
-        return worker(args)
+        return gpu_worker(args) if args.device != "cpu" else worker(args)
     if not args.weights:
         ap.error("give --weights-out (or --weights)")
     if args.weights_out and (args.force or not os.path.exists(args.weights_out)):
@@ -881,7 +994,7 @@ def main():
                 json.dump(gen_result, f, indent=1)
         onnx_result = dict(onnx_result, generation=gen_result)
     if args.json_out:
-        result = bench(args, onnx_result)
+        result = bench_gpu(args) if args.device != "cpu" else bench(args, onnx_result)
         with open(args.json_out, "w") as f:
             json.dump(result, f, indent=1)
         print("peers.py: wrote %s" % args.json_out, file=sys.stderr)

@@ -3,6 +3,8 @@
 
   bench/report.py RESULTS_DIR    # round*/{kiln,pytorch,ort,peak-*}.json, gemm.json,
                                  # machine.log, status.log (bench/run.sh writes them)
+  bench/report.py --gpu RESULTS_DIR  # bench/run_gpu.sh's: kiln's CUDA build vs PyTorch eager
+                                     # and torch.compile on the GPU (round*/{kiln,pytorch}.json)
 Prints Markdown: per workload kiln / PyTorch / ONNX Runtime ms, ratios (peer ms / kiln
 ms: above 1 = kiln is faster; each engine's best round), kiln's GFLOP/s and its share of
 the highest FMA peak measured in the run, the issue's acceptance checks (met or MISSED),
@@ -1043,5 +1045,118 @@ def machine_and_problems(p, res):
             p("")
 
 
+def gpu_main(res):
+    """bench/run_gpu.sh's table: kiln's CUDA build against PyTorch eager FP32 and
+    torch.compile on the same GPU (round*/kiln.json, round*/pytorch.json)."""
+    with open(os.path.join(HERE, "workloads.json")) as f:
+        workloads = json.load(f)["workloads"]
+    dirs = sorted((os.path.join(res, d) for d in os.listdir(res) if d.startswith("round")),
+                  key=lambda d: int(os.path.basename(d)[5:] or 0))
+    rounds = []
+    for d in dirs or [res]:
+        doc = load(os.path.join(d, "kiln.json"))
+        rounds.append({"dir": d, "kiln": gbench_entries(doc), "kiln_doc": doc,
+                       "pt": load(os.path.join(d, "pytorch.json")) or {}})
+    lines = []
+    p = lines.append
+    notes = []
+
+    def peer_ms(rd, key, compiled):
+        for s in rd["pt"].get("settings", []):
+            if bool(s.get("torch_compile")) == compiled and not s.get("error"):
+                return (s.get("workloads") or {}).get(key, {}).get("median_ms")
+        return None
+
+    device = next((s.get("device_name") for rd in rounds for s in rd["pt"].get("settings", [])
+                   if s.get("device_name")), None)
+    p("## kiln (CUDA build) vs PyTorch eager FP32 vs torch.compile on %s (best of %d round%s)" % (
+        device or "the GPU", len(rounds), "s" if len(rounds) > 1 else ""))
+    p("")
+    p("| workload | GFLOP | kiln ms | PyTorch eager ms | torch.compile ms | eager/kiln | compile/kiln "
+      "| kiln GFLOP/s |")
+    p("|---|---:|---:|---:|---:|---:|---:|---:|")
+    rows = {}
+    per_round = {}
+    for w in workloads:
+        key = w["key"]
+        times = []
+        for rd in rounds:
+            e = find(rd["kiln"], w["kiln_name"])
+            tag = os.path.basename(rd["dir"])
+            k_ms = gflop = None
+            if e is None:
+                notes.append("%s kiln %s: no result" % (tag, key))
+            elif e.get("error_occurred"):
+                notes.append("%s kiln %s: skipped: %s" % (tag, key, e.get("error_message")))
+            else:
+                k_ms, gflop = to_ms(e), e.get("GFLOP")
+            times.append((k_ms, gflop, peer_ms(rd, key, False), peer_ms(rd, key, True)))
+        per_round[key] = times
+        k_ms = best_of(t[0] for t in times)
+        gflop = next((t[1] for t in times if t[1]), None)
+        e_ms = best_of(t[2] for t in times)
+        c_ms = best_of(t[3] for t in times)
+        re = e_ms / k_ms if e_ms and k_ms else None
+        rc = c_ms / k_ms if c_ms and k_ms else None
+        rows[key] = dict(re=re, rc=rc)
+        shape = "%s B=%d S=%d" % (w["function"], w["batch"], w["src_len"]) + \
+            (" T=%d" % w["tgt_len"] if w["function"] == "forward" else "")
+        p("| %s %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            key, shape, fmt(gflop, 2), fmt(k_ms, 2), fmt(e_ms, 2), fmt(c_ms, 2),
+            fmt(re, 2) + ("×" if re else ""), fmt(rc, 2) + ("×" if rc else ""),
+            fmt(gflop / (k_ms / 1e3) if gflop and k_ms else None)))
+    p("")
+    p("ms: each engine's median per round, best round shown; ratios are peer ms / kiln ms (above 1: "
+      "kiln is faster). kiln: host ids in, host logits out through kiln_model_run, as an application "
+      "calls it; PyTorch: ids and logits on the device, each call ended by torch.cuda.synchronize(); "
+      "FP32 everywhere (TF32 off in PyTorch; kiln's kernels use no tensor cores).")
+    p("")
+
+    def check(cond, text):
+        return "- n/a: %s (missing numbers)" % text if cond is None else "- %s: %s" % (
+            "met" if cond else "MISSED", text)
+    p("### Acceptance (issue 14; on the medians above)")
+    for key in ("W2", "W4"):
+        r = rows.get(key, {}).get("re")
+        p(check(None if r is None else r > 1.0, "%s kiln faster than PyTorch eager (ratio %s)" % (key, fmt(r, 2))))
+    p("")
+    p("### Every round (median ms: kiln / eager / torch.compile)")
+    p("")
+    p("| round | " + " | ".join(w["key"] for w in workloads) + " |")
+    p("|---|" + "---|" * len(workloads))
+    for i, rd in enumerate(rounds):
+        p("| %s | %s |" % (os.path.basename(rd["dir"]), " | ".join(
+            "%s / %s / %s" % tuple(fmt(x, 2) for x in per_round[w["key"]][i][0:1] + per_round[w["key"]][i][2:4])
+            for w in workloads)))
+    p("")
+    p("### Same ids, W1 shape: logits against PyTorch (CPU reference)")
+    ce = find(rounds[0]["kiln"], "check_vs_pytorch")
+    if ce and not ce.get("error_occurred"):
+        p("- kiln (CUDA): max |Δ| vs PyTorch f32 %.3g, vs f64 %.3g (max |logit| %.3g)" % (
+            ce["max_abs_err"], ce["max_abs_err_f64"], ce["max_abs_logit"]))
+    else:
+        p("- kiln (CUDA): not checked: %s" % (ce.get("error_message") if ce else "no result"))
+    p("")
+    for rd in rounds[:1]:
+        for s in rd["pt"].get("settings", []):
+            if s.get("error"):
+                notes.append("PyTorch %s: %s" % (s.get("name"), s["error"]))
+            elif s.get("torch_compile"):
+                p("torch.compile warm-up (compiles included), round 1: " + ", ".join(
+                    "%s %s ms" % (k, fmt(v.get("warmup_ms"), 0)) for k, v in s.get("workloads", {}).items()))
+                p("")
+    if notes:
+        p("### Notes")
+        p("")
+        for n in notes:
+            p("- " + n)
+        p("")
+    machine_and_problems(p, res)
+    print("\n".join(lines))
+    return 0
+
+
 if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--gpu":
+        sys.exit(gpu_main(sys.argv[2]))
     sys.exit(main())
