@@ -8,7 +8,6 @@
 #include <sstream>
 
 #include "support/error.h"
-#include "support/read_file.h"
 
 namespace kiln::tools {
 
@@ -94,18 +93,6 @@ std::vector<rt::TensorData> to_tensor_data(const ir::Function& function,
     }
   }
   return out;
-}
-
-std::vector<uint8_t> read_bytes(const std::string& path) { return read_input_file(path); }
-
-std::string read_text(const std::string& path) {
-  std::vector<uint8_t> b = read_bytes(path);
-  return std::string(b.begin(), b.end());
-}
-
-rt::SafeTensors load_safetensors(const std::string& path) {
-  if (path == "-") return rt::SafeTensors::from_bytes(read_bytes(path), "<stdin>");
-  return rt::SafeTensors::load(path);
 }
 
 }  // namespace kiln::tools

@@ -28,10 +28,4 @@ std::vector<ir::Tensor> load_inputs(const ir::Function& function, const rt::Safe
 std::vector<rt::TensorData> to_tensor_data(const ir::Function& function,
                                            const std::vector<ir::Tensor>& results);
 
-// Reads a whole file, "-" meaning standard input; throws kiln::Error naming the path.
-std::string read_text(const std::string& path);
-std::vector<uint8_t> read_bytes(const std::string& path);
-// SafeTensors from a path or "-".
-rt::SafeTensors load_safetensors(const std::string& path);
-
 }  // namespace kiln::tools

@@ -73,15 +73,6 @@ Loaded open_compiled(const std::string& dir, const std::string& weights_path,
   l.name = libs[0].filename().string().substr(3, libs[0].filename().string().size() - 6);
   void* handle = dlopen(fs::absolute(libs[0]).c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle) fail("{} --compiled: cannot load '{}': {}", command, lib, dlerror());
-  // An OpenCL driver such as pocl loads its own LLVM, which crashes next to the LLVM that
-  // this process links through Halide: such a library runs in an application, not here.
-  if (dlsym(handle, "halide_opencl_device_interface")) {
-    dlclose(handle);
-    fail(
-        "{} --compiled: '{}' was compiled for an OpenCL target, which kiln cannot run in its own "
-        "process (its LLVM and the OpenCL driver's clash); link the library into an application",
-        command, lib);
-  }
   Api& api = l.api;
   resolve(handle, lib, l.name + "_create", &api.create);
   resolve(handle, lib, "kiln_model_destroy", &api.destroy);

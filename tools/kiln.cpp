@@ -1,15 +1,15 @@
 // The `kiln` command-line tool: emit, inspect and run models.
+#include <unistd.h>
+
 #include <algorithm>
-#include <charconv>
-#include <cmath>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
-#include <iostream>
 #include <map>
 #include <optional>
 #include <set>
-#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -22,14 +22,13 @@
 #include "ir/interpreter.h"
 #include "ir/parser.h"
 #include "ir/printer.h"
-#include "kiln/vocab.h"
 #include "passes/pipeline.h"
 #include "passes/plan_memory.h"
 #include "passes/rewrite.h"
 #include "support/error.h"
 #include "support/file_io.h"
 #include "tools/bridge.h"
-#include "tools/compiled.h"
+#include "tools/cli.h"
 #include "tools/dot.h"
 
 namespace kiln::tools {
@@ -180,69 +179,6 @@ search options:
   --scores             with text, print each translation's score too
 )";
 
-// A minimal option parser: positional arguments and --name value / --name=value.
-struct Args {
-  std::vector<std::string> positional;
-  std::map<std::string, std::vector<std::string>> options;
-  std::set<std::string> flags;
-
-  static Args parse(const std::vector<std::string>& argv, const std::set<std::string>& with_value,
-                    const std::set<std::string>& flag_names, const std::string& command) {
-    Args a;
-    for (size_t i = 0; i < argv.size(); ++i) {
-      const std::string& s = argv[i];
-      if (s.size() > 1 && s[0] == '-' && s != "-") {
-        std::string name = s, value;
-        bool has_value = false;
-        if (size_t eq = s.find('='); eq != std::string::npos) {
-          name = s.substr(0, eq);
-          value = s.substr(eq + 1);
-          has_value = true;
-        }
-        if (flag_names.count(name)) {
-          if (has_value) fail("{}: option '{}' takes no value", command, name);
-          a.flags.insert(name);
-        } else if (with_value.count(name)) {
-          if (!has_value) {
-            if (i + 1 >= argv.size()) fail("{}: option '{}' needs a value", command, name);
-            value = argv[++i];
-          }
-          a.options[name].push_back(value);
-        } else {
-          fail("{}: unknown option '{}' (see 'kiln {} --help')", command, name, command);
-        }
-      } else {
-        a.positional.push_back(s);
-      }
-    }
-    return a;
-  }
-  std::optional<std::string> get(const std::string& name) const {
-    auto it = options.find(name);
-    if (it == options.end()) return std::nullopt;
-    return it->second.back();
-  }
-  std::string require(const std::string& name, const std::string& command) const {
-    auto v = get(name);
-    if (!v) fail("{}: missing required option '{}' (see 'kiln {} --help')", command, name, command);
-    return *v;
-  }
-};
-
-bool wants_help(const std::vector<std::string>& argv) {
-  for (const auto& a : argv)
-    if (a == "--help" || a == "-h") return true;
-  return false;
-}
-
-// Standard output for "-", else the file, written whole or not at all (file_io.h).
-void write_output(const std::string& path, const std::string& text) {
-  if (path.empty() || path == "-")
-    write_stdout(text);
-  else
-    write_file_atomically(path, text);
-}
-
 std::string one_positional(const Args& a, const std::string& command, const char* what) {
   if (a.positional.size() != 1)
     fail("{}: expected one {} argument, got {} (see 'kiln {} --help')", command, what,
@@ -383,12 +319,6 @@ std::vector<std::string> split_input(const std::string& text) {
   return parts;
 }
 
-// Prints `e` as the `kiln: error: ...` line, after whatever standard output holds.
-void print_error(const Error& e) {
-  std::fflush(stdout);
-  fmt::print(stderr, "kiln: error: {}\n", e.what());
-}
-
 int cmd_opt(const std::vector<std::string>& argv) {
   if (wants_help(argv)) {
     fmt::print("{}", kOptHelp);
@@ -454,137 +384,54 @@ int cmd_opt(const std::vector<std::string>& argv) {
   return failed ? 1 : 0;
 }
 
-// The value of option `name` as an integer >= 1.
-int positive_int(const std::string& value, const char* name) {
-  int v = 0;
-  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
-  if (ec != std::errc() || end != value.data() + value.size() || v < 1)
-    fail("run: {} must be a whole number >= 1, got '{}'", name, value);
-  return v;
+// Compiled libraries run in kiln-run (tools/kiln_run.cpp), an executable beside this one
+// that links kiln's runtime but not the compiler: an OpenCL driver such as pocl loads its
+// own LLVM, which crashes next to the LLVM that libHalide brings into this process. Replaces
+// this process with `kiln-run COMMAND ARGV...`, which takes the same arguments and prints
+// the same output and errors; its exit status is kiln's.
+[[noreturn]] void exec_runner(const std::string& command, const std::vector<std::string>& argv) {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) fail("{}: cannot find the kiln executable (/proc/self/exe): {}", command, ec.message());
+  const std::string runner = (self.parent_path() / "kiln-run").string();
+  std::vector<std::string> args = {runner, command};
+  args.insert(args.end(), argv.begin(), argv.end());
+  std::vector<char*> c_args;
+  for (std::string& s : args) c_args.push_back(s.data());
+  c_args.push_back(nullptr);
+  std::fflush(stdout);
+  ::execv(runner.c_str(), c_args.data());
+  fail("{}: cannot run '{}', which runs compiled libraries for kiln (installed next to it): {}",
+       command, runner, std::strerror(errno));
 }
 
 int cmd_run(const std::vector<std::string>& argv) {
   if (wants_help(argv)) return fmt::print("{}", kRunHelp), 0;
-  Args a = Args::parse(argv,
-                       {"--weights", "--inputs", "--function", "-o", "--expect", "--atol",
-                        "--compiled", "--threads", "--repeat"},
-                       {"--profile", "--bf16-linear"}, "run");
+  Args a = Args::parse(argv, kRunOptions, kRunFlags, "run");
+  if (a.get("--compiled")) exec_runner("run", argv);
   std::string weights_path = a.require("--weights", "run");
   std::string inputs_path = a.require("--inputs", "run");
   std::string fname = a.get("--function").value_or("forward");
-  std::vector<rt::TensorData> data;
-  if (auto dir = a.get("--compiled")) {
-    if (a.positional.size() > 1 || (a.positional.size() == 1 && a.positional[0] != "-"))
-      fail("run: with --compiled, FILE is not used (got '{}')", a.positional[0]);
-    rt::SafeTensors ifile = load_safetensors(inputs_path);
-    CompiledRunOptions options;
-    if (auto t = a.get("--threads")) options.threads = positive_int(*t, "--threads");
-    if (auto r = a.get("--repeat")) options.repeat = positive_int(*r, "--repeat");
-    options.profile = a.flags.count("--profile") > 0;
-    data = run_compiled(*dir, fname, weights_path, ifile, options);
-  } else {
-    for (const char* only : {"--threads", "--repeat", "--profile"})
-      if (a.get(only) || a.flags.count(only)) fail("run: {} needs --compiled DIR", only);
-    ir::InterpretOptions interpret_options;
-    interpret_options.bf16_linear = a.flags.count("--bf16-linear") > 0;
-    std::string file = one_positional(a, "run", "FILE");
-    int stdin_uses = (file == "-") + (weights_path == "-") + (inputs_path == "-");
-    if (stdin_uses > 1) fail("run: only one of FILE, --weights and --inputs can be '-'");
-    ir::Module m = read_module(file);
-    const ir::Function* f = m.find_function(fname);
-    if (!f) {
-      std::string known;
-      for (const auto& fn : m.functions) known += (known.empty() ? "" : ", ") + fn.name;
-      fail("run: module has no function '{}' (functions: {})", fname, known);
-    }
-    rt::SafeTensors wfile = load_safetensors(weights_path);
-    ir::WeightMap weights = load_weight_map(m, wfile);
-    rt::SafeTensors ifile = load_safetensors(inputs_path);
-    data = to_tensor_data(*f,
-                          ir::interpret(m, *f, weights, load_inputs(*f, ifile), interpret_options));
+  for (const char* only : {"--threads", "--repeat", "--profile"})
+    if (a.get(only) || a.flags.count(only)) fail("run: {} needs --compiled DIR", only);
+  ir::InterpretOptions interpret_options;
+  interpret_options.bf16_linear = a.flags.count("--bf16-linear") > 0;
+  std::string file = one_positional(a, "run", "FILE");
+  int stdin_uses = (file == "-") + (weights_path == "-") + (inputs_path == "-");
+  if (stdin_uses > 1) fail("run: only one of FILE, --weights and --inputs can be '-'");
+  ir::Module m = read_module(file);
+  const ir::Function* f = m.find_function(fname);
+  if (!f) {
+    std::string known;
+    for (const auto& fn : m.functions) known += (known.empty() ? "" : ", ") + fn.name;
+    fail("run: module has no function '{}' (functions: {})", fname, known);
   }
-  // Outputs as f32 for summaries and comparisons (integer outputs are summarized by shape).
-  auto floats = [](const rt::TensorData& t) {
-    std::vector<float> v(t.data.size() / 4);
-    std::memcpy(v.data(), t.data.data(), v.size() * 4);
-    return v;
-  };
-
-  if (auto out = a.get("-o")) {
-    rt::write_safetensors(*out, data);
-    fmt::print(stderr, "wrote {} output(s) to {}\n", data.size(), *out);
-  } else if (!a.get("--expect")) {
-    for (const rt::TensorData& t : data) {
-      if (t.dtype != rt::DType::f32) {
-        fmt::print("{}: {} {}\n", t.name, rt::dtype_name(t.dtype), rt::shape_string(t.shape));
-        continue;
-      }
-      std::vector<float> v = floats(t);
-      double lo = INFINITY, hi = -INFINITY, sum = 0;
-      for (float x : v) lo = std::min<double>(lo, x), hi = std::max<double>(hi, x), sum += x;
-      fmt::print("{}: f32{} min {:.6g} max {:.6g} mean {:.6g}\n", t.name, rt::shape_string(t.shape),
-                 lo, hi, v.empty() ? 0.0 : sum / v.size());
-    }
-  }
-  if (auto expect_path = a.get("--expect")) {
-    double atol = 1e-4;
-    if (auto s = a.get("--atol")) {
-      try {
-        atol = std::stod(*s);
-      } catch (...) {
-        fail("run: --atol needs a number, got '{}'", *s);
-      }
-    }
-    rt::SafeTensors expected = load_safetensors(*expect_path);
-    bool ok = true;
-    for (const rt::TensorData& t : data) {
-      const rt::TensorInfo& e = expected.at(t.name);
-      if (e.shape != t.shape)
-        fail("run: output '{}' has shape {}, expected {}", t.name, rt::shape_string(t.shape),
-             rt::shape_string(e.shape));
-      if (t.dtype != rt::DType::f32) {
-        // Ids and masks: exact. The expected tensor may be I64 or I32 for ids.
-        std::vector<int64_t> got(t.data.size() / rt::dtype_size(t.dtype));
-        for (size_t j = 0; j < got.size(); ++j)
-          got[j] = t.dtype == rt::DType::i64 ? reinterpret_cast<const int64_t*>(t.data.data())[j]
-                                             : t.data[j];
-        std::vector<int64_t> want;
-        if (e.dtype == rt::DType::boolean || e.dtype == rt::DType::u8) {
-          std::span<const uint8_t> b = expected.bytes(e);
-          want.assign(b.begin(), b.end());
-        } else {
-          want = expected.to_i64(e);
-        }
-        int64_t differ = 0;
-        for (size_t j = 0; j < got.size(); ++j) differ += got[j] != want[j];
-        ok &= differ == 0;
-        fmt::print("{}: {} of {} elements differ vs {} ({})\n", t.name, differ, got.size(),
-                   *expect_path, differ == 0 ? "match" : "MISMATCH");
-        continue;
-      }
-      // NaN or an infinity matches only the same value in the expected tensor.
-      std::vector<float> want = expected.to_f32(e), got = floats(t);
-      double err = 0;
-      int64_t non_finite = 0;
-      for (size_t j = 0; j < want.size() && j < got.size(); ++j) {
-        if (!std::isfinite(got[j]) || !std::isfinite(want[j])) {
-          const bool same = (std::isnan(got[j]) && std::isnan(want[j])) || got[j] == want[j];
-          non_finite += !same;
-          continue;
-        }
-        err = std::max(err, std::abs(static_cast<double>(got[j]) - want[j]));
-      }
-      bool pass = err <= atol && non_finite == 0;
-      ok &= pass;
-      if (non_finite)
-        fmt::print("{}: {} NaN or infinite element(s) where {} has another value (MISMATCH)\n",
-                   t.name, non_finite, *expect_path);
-      fmt::print("{}: max abs error {:.3g} vs {} ({} <= {:g})\n", t.name, err, *expect_path,
-                 pass ? "match" : "MISMATCH", atol);
-    }
-    return ok ? 0 : 1;
-  }
-  return 0;
+  rt::SafeTensors wfile = load_safetensors(weights_path);
+  ir::WeightMap weights = load_weight_map(m, wfile);
+  rt::SafeTensors ifile = load_safetensors(inputs_path);
+  const std::vector<rt::TensorData> data =
+      to_tensor_data(*f, ir::interpret(m, *f, weights, load_inputs(*f, ifile), interpret_options));
+  return report_outputs(a, data);
 }
 
 int cmd_compile(const std::vector<std::string>& argv) {
@@ -622,146 +469,9 @@ int cmd_compile(const std::vector<std::string>& argv) {
   return 0;
 }
 
-// The value of option `name` as an integer in [lo, hi].
-int64_t int_option(const std::string& value, const char* name, int64_t lo, int64_t hi) {
-  int64_t v = 0;
-  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
-  if (ec != std::errc() || end != value.data() + value.size() || v < lo || v > hi)
-    fail("translate: {} must be a whole number in [{}, {}], got '{}'", name, lo, hi, value);
-  return v;
-}
-
-double float_option(const std::string& value, const char* name) {
-  double v = 0;
-  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
-  if (ec != std::errc() || end != value.data() + value.size() || !std::isfinite(v))
-    fail("translate: {} must be a number, got '{}'", name, value);
-  return v;
-}
-
-kiln::Vocabulary load_vocab(const std::string& path) {
-  try {
-    return kiln::Vocabulary::load(path);
-  } catch (const std::runtime_error& e) {
-    fail("translate: {}", e.what());
-  }
-}
-
 int cmd_translate(const std::vector<std::string>& argv) {
   if (wants_help(argv)) return fmt::print("{}", kTranslateHelp), 0;
-  Args a = Args::parse(
-      argv,
-      {"--compiled", "--weights", "--inputs", "--src-vocab", "--tgt-vocab", "-o", "--beam",
-       "--num-hypotheses", "--max-len", "--min-len", "--length-penalty", "--start-id", "--end-id",
-       "--sampling-topk", "--temperature", "--seed", "--threads"},
-      {"--scores"}, "translate");
-  const std::string dir = a.require("--compiled", "translate");
-  const std::string weights = a.require("--weights", "translate");
-  GenerateOptions o;
-  constexpr int64_t kMaxInt = INT32_MAX;
-  if (auto v = a.get("--beam"))
-    o.beam_size = static_cast<int32_t>(int_option(*v, "--beam", 0, kMaxInt));
-  if (auto v = a.get("--num-hypotheses"))
-    o.num_hypotheses = static_cast<int32_t>(int_option(*v, "--num-hypotheses", 0, kMaxInt));
-  if (auto v = a.get("--max-len"))
-    o.max_decoding_length = static_cast<int32_t>(int_option(*v, "--max-len", 1, kMaxInt));
-  if (auto v = a.get("--min-len"))
-    o.min_decoding_length = static_cast<int32_t>(int_option(*v, "--min-len", 0, kMaxInt));
-  if (auto v = a.get("--length-penalty"))
-    o.length_penalty = static_cast<float>(float_option(*v, "--length-penalty"));
-  if (auto v = a.get("--start-id")) o.start_id = int_option(*v, "--start-id", 0, INT64_MAX);
-  if (auto v = a.get("--end-id")) o.end_id = int_option(*v, "--end-id", 0, INT64_MAX);
-  if (auto v = a.get("--sampling-topk"))
-    o.sampling_top_k = static_cast<int32_t>(int_option(*v, "--sampling-topk", 0, kMaxInt));
-  if (auto v = a.get("--temperature"))
-    o.sampling_temperature = static_cast<float>(float_option(*v, "--temperature"));
-  if (auto v = a.get("--seed"))
-    o.seed = static_cast<uint64_t>(int_option(*v, "--seed", 0, INT64_MAX));
-  if (auto v = a.get("--threads"))
-    o.threads = static_cast<int>(int_option(*v, "--threads", 1, 1024));
-
-  const bool text = a.get("--src-vocab") || a.get("--tgt-vocab");
-  if (text && !(a.get("--src-vocab") && a.get("--tgt-vocab")))
-    fail("translate: --src-vocab and --tgt-vocab go together");
-  if (text == a.get("--inputs").has_value())
-    fail("translate: give either --inputs IN.safetensors or --src-vocab and --tgt-vocab");
-  if (!text && !a.positional.empty())
-    fail("translate: TEXT arguments need --src-vocab and --tgt-vocab (got '{}')", a.positional[0]);
-
-  std::vector<std::vector<int64_t>> sentences;
-  std::vector<std::string> lines;
-  std::optional<kiln::Vocabulary> src_vocab, tgt_vocab;
-  std::vector<int64_t> src;
-  int64_t batch = 0, length = 0;
-  if (text) {
-    src_vocab = load_vocab(*a.get("--src-vocab"));
-    tgt_vocab = load_vocab(*a.get("--tgt-vocab"));
-    lines = a.positional;
-    if (lines.empty()) {
-      std::string line;
-      while (std::getline(std::cin, line)) {
-        if (!line.empty() && line.back() == '\r') line.pop_back();
-        lines.push_back(line);
-      }
-    }
-    const int64_t pad = src_vocab->id("<pad>");
-    if (pad < 0) fail("translate: the source vocabulary has no <pad> token");
-    for (size_t i = 0; i < lines.size(); ++i) {
-      try {
-        sentences.push_back(src_vocab->encode(lines[i]));
-      } catch (const std::runtime_error& e) {
-        fail("translate: sentence {}: {}", i + 1, e.what());
-      }
-      if (sentences.back().empty()) fail("translate: sentence {} is empty", i + 1);
-      length = std::max<int64_t>(length, static_cast<int64_t>(sentences.back().size()));
-    }
-    batch = static_cast<int64_t>(sentences.size());
-    src.assign(static_cast<size_t>(batch * length), pad);
-    for (int64_t b = 0; b < batch; ++b)
-      std::copy(sentences[b].begin(), sentences[b].end(), src.begin() + b * length);
-  } else {
-    rt::SafeTensors ifile = load_safetensors(*a.get("--inputs"));
-    const rt::TensorInfo* t = ifile.find("src");
-    if (!t) fail("translate: inputs '{}' have no tensor 'src'", ifile.label());
-    if (t->shape.size() != 2)
-      fail("translate: 'src' must be [batch, length], got rank {}", t->shape.size());
-    batch = t->shape[0];
-    length = t->shape[1];
-    src = ifile.to_i64(*t);
-  }
-  Generated g = generate_compiled(dir, weights, src, batch, length, o);
-  if (auto out = a.get("-o")) {
-    std::vector<rt::TensorData> data;
-    data.push_back(rt::make_i64("ids", {g.batch, g.hypotheses, g.max_length}, g.ids));
-    data.push_back(rt::make_i64("lengths", {g.batch, g.hypotheses}, g.lengths));
-    data.push_back(rt::make_f32("scores", {g.batch, g.hypotheses}, g.scores));
-    rt::write_safetensors(*out, data);
-    return 0;
-  }
-  std::string printed;
-  for (int64_t b = 0; b < g.batch; ++b)
-    for (int64_t h = 0; h < g.hypotheses; ++h) {
-      const int64_t at = b * g.hypotheses + h;
-      std::vector<int64_t> ids(g.ids.begin() + at * g.max_length,
-                               g.ids.begin() + at * g.max_length + g.lengths[at]);
-      if (text) {
-        std::string translation;
-        try {
-          translation = tgt_vocab->decode(ids);
-        } catch (const std::runtime_error& e) {
-          fail("translate: the model generated {}", e.what());
-        }
-        printed += fmt::format("{}{} -> {}", h ? "  " : "", h ? "" : lines[b], translation);
-        if (a.flags.count("--scores") || g.hypotheses > 1)
-          printed += fmt::format("  (score {:.4f})", g.scores[at]);
-        printed += "\n";
-      } else {
-        printed += fmt::format("sentence {} hypothesis {}: score {:.6f} ids [{}]\n", b, h,
-                               g.scores[at], fmt::join(ids, ", "));
-      }
-    }
-  write_output("-", printed);
-  return 0;
+  exec_runner("translate", argv);
 }
 
 int dispatch(const std::vector<std::string>& args) {
@@ -786,18 +496,4 @@ int dispatch(const std::vector<std::string>& args) {
 }  // namespace
 }  // namespace kiln::tools
 
-int main(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
-  try {
-    const int status = kiln::tools::dispatch(args);
-    kiln::write_stdout("");  // what was printed reached its destination, or exit 1
-    return status;
-  } catch (const kiln::Error& e) {
-    kiln::tools::print_error(e);
-    return 1;
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    fmt::print(stderr, "kiln: internal error: {}\n", e.what());
-    return 70;
-  }
-}
+int main(int argc, char** argv) { return kiln::tools::run_main(argc, argv, kiln::tools::dispatch); }
