@@ -4,8 +4,6 @@
 // odd sizes. This binary links no Halide (libHalide's LLVM 14 and pocl's LLVM 15 in one process
 // crash). Without an OpenCL device every test skips, saying so (ctest reports it as skipped, not
 // passed). The test NoDevice.IsAnErrorNotACrash runs on its own with no OpenCL platform visible.
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -25,31 +23,13 @@
 #include "gpu_norms.h"
 #include "ir/interpreter.h"
 #include "ir/parser.h"
+#include "opencl_device.h"
 #include "runtime/safetensors.h"
 
 namespace kiln {
 namespace {
 
-// Whether the OpenCL ICD loader finds a platform with a device (asked through the loader
-// directly, as Halide's runtime will).
-bool opencl_device_present() {
-  void* lib = dlopen("libOpenCL.so.1", RTLD_LAZY | RTLD_LOCAL);
-  if (!lib) return false;
-  using GetPlatforms = int32_t (*)(uint32_t, void**, uint32_t*);
-  using GetDevices = int32_t (*)(void*, uint64_t, uint32_t, void**, uint32_t*);
-  auto platforms = reinterpret_cast<GetPlatforms>(dlsym(lib, "clGetPlatformIDs"));
-  auto devices = reinterpret_cast<GetDevices>(dlsym(lib, "clGetDeviceIDs"));
-  if (!platforms || !devices) return false;
-  void* ids[16];
-  uint32_t n = 0;
-  if (platforms(16, ids, &n) != 0) return false;
-  for (uint32_t i = 0; i < n && i < 16; ++i) {
-    uint32_t d = 0;
-    if (devices(ids[i], 0xFFFFFFFF /* CL_DEVICE_TYPE_ALL */, 0, nullptr, &d) == 0 && d > 0)
-      return true;
-  }
-  return false;
-}
+using testing::opencl_device_present;
 
 #define SKIP_WITHOUT_OPENCL()                                         \
   do {                                                                \
