@@ -85,20 +85,50 @@ int lanes_dividing(int n, int lanes) {
   return lanes;
 }
 
-// The GPU form (the target has a GPU feature), correct rather than fast: the natural row and key
-// coordinates, no key blocks and no causal skipping (every key of every row is visited, so rows
-// whose keys are all masked come out uniform by themselves, as in the interpreter). One GPU block
-// per (block of query rows, head, batch), a thread per (query row, value channel). Per row, the
-// maximum and the sum of the (base-2) scores are serial loops over all keys by one thread each
-// (into shared memory); then each thread sums its channel over all keys, recomputing each score
-// (its dk-long dot product). Masked keys and padded queries score -1e9 as on the CPU; with
-// fill_inf, rows whose keys are all masked (padded queries, every key padded, or with causal every
-// key j <= i padded) are NaN, from the first unpadded key of the batch row as on the CPU.
+// Tile sizes of the GPU form: qt query rows per block, kt keys per tile.
+struct GpuAttentionTiles {
+  int qt, kt;
+  int64_t shared_bytes;
+};
+
+// Shared memory of the GPU form per block: a key tile (kt × dk), a value tile (kt × dv), the
+// tile's scores and probabilities (2 × kt × qt), their row maxima and sums (2 × qt) and the
+// running state (maximum, sum and accumulator per row and channel: 3 × qt × dv). The largest
+// tiles (16 rows, 32 keys) that fit in a GPU's 48 KiB. (The queries are read from global memory,
+// where a GPU's caches keep them: Halide 14 pools a block's shared allocations and lets one that
+// is used only inside the key-tile loop reuse the space of one live across it, which staging
+// the queries there broke.)
+GpuAttentionTiles gpu_attention_tiles(int dk, int dv) {
+  auto bytes = [&](int qt, int kt) {
+    return int64_t{4} * (int64_t{kt} * dk + int64_t{kt} * dv + 2 * int64_t{kt} * qt + 2 * qt +
+                         3 * int64_t{qt} * dv);
+  };
+  int qt = 16, kt = 32;
+  while (bytes(qt, kt) > kGpuMaxSharedBytesPerBlock && (qt > 1 || kt > 4)) {
+    if (kt > qt && kt > 4)
+      kt /= 2;
+    else
+      qt /= 2;
+  }
+  return {qt, kt, bytes(qt, kt)};
+}
+
+// The GPU form (the target has a GPU feature): flash attention. One GPU block per (block of qt
+// query rows, head, batch); the keys are visited in tiles of kt: each tile's keys and values are
+// staged in shared memory, the tile's scores computed by the block's threads (a dk-long dot product
+// each), and folded into a running softmax per row (online softmax): with the tile's row maximum
+// mt, its sum l_t = Σ 2^(s - mt) and its weighted values a_t = Σ 2^(s - mt)·v, the state (m, l, a)
+// becomes m' = max(m, mt), l' = l·2^(m - m') + l_t·2^(mt - m'), a' = a·2^(m - m') + a_t·2^(mt -
+// m'); the output is a / l. The [Lq, Lk] score matrix is never stored, each score is computed once.
+// Causal: a block of rows needs only the key tiles up to its last row; the others are skipped.
+// Masks and rows whose keys are all masked are as in the CPU form (see the top of this file).
 KernelPipeline build_attention_gpu(const AttentionKernel& spec) {
   const int heads = static_cast<int>(spec.heads);
   const int dk = static_cast<int>(spec.dk), dv = static_cast<int>(spec.dv);
   const bool causal = spec.causal, padded = spec.key_padding;
   const bool query_padded = spec.query_padding, fill_inf = spec.fill_inf;
+  const GpuAttentionTiles tiles = gpu_attention_tiles(dk, dv);
+  const int qt = tiles.qt, kt = tiles.kt;
 
   ImageParam q(Halide::Float(32), 3, "q"), k(Halide::Float(32), 3, "k");
   ImageParam v(Halide::Float(32), 3, "v");
@@ -106,53 +136,78 @@ KernelPipeline build_attention_gpu(const AttentionKernel& spec) {
   Func out("attention_out");
 
   const Expr lq = q.dim(1).extent(), lk = k.dim(1).extent();
-  Var j("j"), i("i"), h("h"), b("b"), c("c");
-  // Rows past Lq (the last row block's guard) read row Lq - 1 and are never stored.
-  const Expr qi = Halide::min(i, lq - 1);
+  Var d("d"), e("e"), jj("jj"), ii("ii"), io("io"), t("t"), h("h"), b("b"), c("c"), i("i");
+  // Row io·qt + ii and key t·kt + jj; rows and keys past the ends read the last ones.
+  const Expr row = io * qt + ii, key = t * kt + jj;
+  const Expr qrow = Halide::min(row, lq - 1), kkey = Halide::min(key, lk - 1);
+
+  Func qs("attention_qs"), ks("attention_ks"), vs("attention_vs");
+  qs(d, ii, io, h, b) = q(h * dk + d, qrow, b);
+  ks(d, jj, t, h, b) = k(h * dk + d, kkey, b);
+  vs(e, jj, t, h, b) = v(h * dv + e, kkey, b);
+
+  RDom rd(0, dk, "rd");
+  Func dot("attention_dot");
+  dot(jj, ii, t, io, h, b) = 0.0f;
+  dot(jj, ii, t, io, h, b) += qs(rd, ii, io, h, b) * ks(rd, jj, t, h, b);
   Expr is_masked;
   auto either_mask = [&](const Expr& m) { is_masked = is_masked.defined() ? is_masked || m : m; };
-  if (causal) either_mask(j > i);
-  if (padded) either_mask(mask(j, b) != 0);
-  if (query_padded) either_mask(qmask(qi, b) != 0);
+  if (causal) either_mask(key > row);
+  if (padded) either_mask(mask(kkey, b) != 0);
+  if (query_padded) either_mask(qmask(qrow, b) != 0);
+  // Scores in base 2 (log2 e folded into the scale); keys past Lk weigh exactly 0.
   const double log2e = 1.44269504088896340736;
-  const float scale2 = static_cast<float>(spec.scale * log2e);
-  // A score Func of its own per consumer, each with its own dot product computed per key.
-  std::vector<Func> dots;
-  auto make_score = [&](const std::string& name) {
-    RDom rd(0, dk, name + "_rd");
-    Func dot(name + "_dot");
-    dot(j, i, h, b) = 0.0f;
-    dot(j, i, h, b) += q(h * dk + rd, qi, b) * k(h * dk + rd, j, b);
-    dots.push_back(dot);
-    Func score(name);
-    const Expr scaled = dot(j, i, h, b) * scale2;
-    score(j, i, h, b) =
-        is_masked.defined() ? Halide::select(is_masked, kMaskedScore, scaled) : scaled;
-    return score;
-  };
-  Func score_max = make_score("attention_score_max");
-  Func score_sum = make_score("attention_score_sum");
-  Func score_pv = make_score("attention_score_pv");
+  const Expr scaled = dot(jj, ii, t, io, h, b) * static_cast<float>(spec.scale * log2e);
+  Func score("attention_score");
+  score(jj, ii, t, io, h, b) =
+      is_masked.defined() ? Halide::select(key >= lk, kNoKey, is_masked, kMaskedScore, scaled)
+                          : Halide::select(key >= lk, kNoKey, scaled);
 
-  RDom rm(0, lk, "rm");
-  Func row_max("attention_row_max");
-  row_max(i, h, b) = kLowest;
-  row_max(i, h, b) = Halide::max(row_max(i, h, b), score_max(rm, i, h, b));
-  RDom rs(0, lk, "rs");
-  Func row_sum("attention_row_sum");
-  row_sum(i, h, b) = 0.0f;
-  row_sum(i, h, b) += exp2_nonpositive(score_sum(rs, i, h, b) - row_max(i, h, b));
-  RDom rv(0, lk, "rv");
-  Func pv("attention_pv");
-  pv(c, i, b) = 0.0f;
-  pv(c, i, b) += exp2_nonpositive(score_pv(rv, i, c / dv, b) - row_max(i, c / dv, b)) * v(c, rv, b);
+  // Per tile: the row maxima, the probabilities against them, their sums.
+  RDom rm(0, kt, "rm");
+  Func tile_max("attention_tile_max");
+  tile_max(ii, t, io, h, b) = kLowest;
+  tile_max(ii, t, io, h, b) = Halide::max(tile_max(ii, t, io, h, b), score(rm, ii, t, io, h, b));
+  Func prob("attention_prob");
+  prob(jj, ii, t, io, h, b) =
+      exp2_nonpositive(score(jj, ii, t, io, h, b) - tile_max(ii, t, io, h, b));
+  RDom rs(0, kt, "rs");
+  Func tile_sum("attention_tile_sum");
+  tile_sum(ii, t, io, h, b) = 0.0f;
+  tile_sum(ii, t, io, h, b) += prob(rs, ii, t, io, h, b);
+  RDom rv(0, kt, "rv");
+  Func tile_pv("attention_tile_pv");
+  tile_pv(e, ii, t, io, h, b) = 0.0f;
+  tile_pv(e, ii, t, io, h, b) += prob(rv, ii, t, io, h, b) * vs(e, rv, t, h, b);
 
-  Expr result = pv(c, i, b) / row_sum(i, c / dv, b);
-  Func first_key("attention_first_key");
+  // The running softmax over the key tiles the block needs (causal: up to its last row).
+  const Expr key_tiles = (lk + kt - 1) / kt;
+  const Expr tiles_io =
+      causal ? Halide::min(key_tiles, (Halide::min(lk, (io + 1) * qt) + kt - 1) / kt) : key_tiles;
+  RDom rt(0, key_tiles, "rt");
+  if (causal) rt.where(rt < tiles_io);
+  const Expr tt = causal ? Halide::min(rt.x, tiles_io - 1) : Expr(rt.x);
+  Func state("attention_state");
+  state(e, ii, io, h, b) = {kLowest, 0.0f, 0.0f};
+  {
+    const Expr m = state(e, ii, io, h, b)[0], l = state(e, ii, io, h, b)[1];
+    const Expr a = state(e, ii, io, h, b)[2];
+    const Expr mt = tile_max(ii, tt, io, h, b);
+    const Expr m2 = Halide::max(m, mt);
+    const Expr alpha = exp2_nonpositive(m - m2), beta = exp2_nonpositive(mt - m2);
+    state(e, ii, io, h, b) = {m2, l * alpha + tile_sum(ii, tt, io, h, b) * beta,
+                              a * alpha + tile_pv(e, ii, tt, io, h, b) * beta};
+  }
+
+  const Expr out_h = c / dv, out_e = c % dv, out_ii = i % qt, out_io = i / qt;
+  const Expr final_m = state(out_e, out_ii, out_io, out_h, b)[0];
+  Expr result =
+      state(out_e, out_ii, out_io, out_h, b)[2] / state(out_e, out_ii, out_io, out_h, b)[1];
+  Expr all_masked;
+  auto either = [&](const Expr& m) { all_masked = all_masked.defined() ? all_masked || m : m; };
+  if (query_padded) either(qmask(Halide::min(i, lq - 1), b) != 0);
+  Func mean_v("attention_mean_v"), first_key("attention_first_key");
   if (fill_inf) {
-    Expr all_masked;
-    auto either = [&](const Expr& m) { all_masked = all_masked.defined() ? all_masked || m : m; };
-    if (query_padded) either(qmask(qi, b) != 0);
     if (padded) {  // the first key that is not padding, Lk if none
       RDom rf(0, lk, "rf");
       first_key(b) = lk;
@@ -164,6 +219,16 @@ KernelPipeline build_attention_gpu(const AttentionKernel& spec) {
       result = Halide::reinterpret(
           Halide::Float(32),
           bits | Halide::select(all_masked, Expr(uint32_t{0x7fc00000}), Expr(uint32_t{0})));
+    }
+  } else {
+    // Causal skipping leaves out keys that a row whose keys are all masked must average over.
+    if (causal && padded) either(final_m <= 0.5f * kMaskedScore);
+    if (all_masked.defined()) {  // the uniform average of v over all Lk keys
+      RDom rk(0, lk, "rk");
+      mean_v(e, h, b) = 0.0f;
+      mean_v(e, h, b) += v(h * dv + e, rk, b);
+      result =
+          Halide::select(all_masked, mean_v(out_e, out_h, b) / Halide::cast<float>(lk), result);
     }
   }
   out(c, i, b) = result;
@@ -186,33 +251,52 @@ KernelPipeline build_attention_gpu(const AttentionKernel& spec) {
   out.output_buffer().dim(1).set_bounds(0, lq);
   out.output_buffer().dim(2).set_bounds(0, batch);
 
-  // Schedule: threads over up to 64 channels of one head (te) and rows (rb), at most 256 per
-  // block; blocks over (row block, head, batch); more channels than 64 in serial passes.
-  const int te = std::min(dv, 64);
-  const int rb = std::clamp(256 / te, 1, 32);
-  Var ch("ch"), ce("ce"), eo("eo"), ei("ei"), io("io"), ii("ii");
+  // Schedule. Threads: x over up to 16 channels (or head dims, or keys), y over up to 16 rows
+  // (or keys); every stage of a block uses at most tx × ty of them.
+  const int te = std::min(dv, 16), td = std::min(dk, 16), tj = std::min(kt, 16);
+  const int tx = std::max({te, td, tj, qt}), ty = std::max(qt, tj);
+  const auto G = TailStrategy::GuardWithIf;
+  Var ch("ch"), ce("ce"), eo("eo"), ei("ei"), o("o"), p("p"), x("x"), y("y");
   out.split(c, ch, ce, dv)
-      .split(ce, eo, ei, te, TailStrategy::GuardWithIf)
-      .split(i, io, ii, rb, TailStrategy::GuardWithIf)
+      .split(ce, eo, ei, te, G)
+      .split(i, io, ii, qt, G)
       .reorder(ei, ii, eo, io, ch, b)
       .gpu_blocks(io, ch, b)
       .gpu_threads(ei, ii);
-  pv.compute_at(out, ei);
-  for (Func f : {row_max, row_sum}) {
-    f.compute_at(out, io).store_in(Halide::MemoryType::GPUShared).gpu_threads(i);
-    f.update().gpu_threads(i);
+  const auto shared = Halide::MemoryType::GPUShared;
+  // Once per block: the running state (in shared memory) over the key tiles, the key tile loop
+  // outermost so that the block's threads stage and score each tile together.
+  state.compute_at(out, io).store_in(shared);
+  state.split(e, eo, ei, te, G).reorder(ei, ii, eo).gpu_threads(ei, ii);
+  state.update().split(e, eo, ei, te, G).reorder(ei, ii, eo, rt).gpu_threads(ei, ii);
+  if (mean_v.defined()) {
+    mean_v.compute_at(out, io).split(e, o, x, te, G).gpu_threads(x);
+    mean_v.update().split(e, o, x, te, G).gpu_threads(x);
   }
-  dots[0].compute_at(row_max, rm);
-  dots[1].compute_at(row_sum, rs);
-  dots[2].compute_at(pv, rv);
   if (first_key.defined()) first_key.compute_at(out, io);
+  // Per key tile (the loop rt of the state's update, stage 1).
+  const Halide::LoopLevel per_tile(state, rt.x), per_thread(state, ei);
+  ks.compute_at(per_tile).store_in(shared);
+  ks.split(d, o, x, td, G).split(jj, p, y, tj, G).reorder(x, y, o, p).gpu_threads(x, y);
+  vs.compute_at(per_tile).store_in(shared);
+  vs.split(e, o, x, te, G).split(jj, p, y, tj, G).reorder(x, y, o, p).gpu_threads(x, y);
+  for (Func f : {score, prob}) {
+    f.compute_at(per_tile).store_in(shared);
+    f.split(jj, o, x, tj, G).reorder(x, ii, o).gpu_threads(x, ii);
+  }
+  dot.compute_at(score, x);
+  for (Func f : {tile_max, tile_sum}) {
+    f.compute_at(per_tile).store_in(shared).gpu_threads(ii);
+    f.update().gpu_threads(ii);
+  }
+  tile_pv.compute_at(per_thread);  // per thread: its row and channel over the tile's keys
 
   std::vector<Halide::Argument> args = {q, k, v};
   if (padded) args.push_back(mask);
   if (query_padded) args.push_back(qmask);
   KernelPipeline kp{Halide::Pipeline(out), args};
-  kp.gpu_threads = te * rb;
-  kp.gpu_shared_bytes = 2 * rb * 4 + (first_key.defined() ? 4 : 0);
+  kp.gpu_threads = tx * ty;
+  kp.gpu_shared_bytes = tiles.shared_bytes + (first_key.defined() ? 4 : 0);
   return kp;
 }
 

@@ -240,8 +240,8 @@ TEST(GpuOpenCL, DestroyingOneModelLeavesAnotherRunning) {
   EXPECT_LE(max_error(third.get(), "norm7", random_inputs("norm7", {{"R", 1}}, 41)), kTolerance);
 }
 
-// Fused attention, every variant (tests/gpu/attention.kir), at lengths 1, 7 and 33 and batches of
-// 1 and 3, with random key and query padding (each position padded with probability 1/2, so rows
+// Fused attention, every variant (tests/gpu/attention.kir), at lengths 1, 7, 33 and 129 and batches
+// of 1 and 3, with random key and query padding (each position padded with probability 1/2, so rows
 // whose keys are all masked are common); batch row 0's keys all padded in the fill_inf cases.
 TEST(GpuOpenCL, Attention) {
   SKIP_WITHOUT_OPENCL();
@@ -250,10 +250,10 @@ TEST(GpuOpenCL, Attention) {
   ModelPtr model(gpu_attention_create(nullptr, &error));
   ASSERT_NE(model, nullptr) << (error ? error : "");
   kiln_free_error(error);
-  const int64_t lengths[] = {1, 7, 33};
+  const int64_t lengths[] = {1, 7, 33, 129};
   uint32_t seed = 31;
-  for (const char* f :
-       {"self_kpad", "causal_kpad", "causal", "qpad", "fill_inf", "fill_inf_kpad", "cross"}) {
+  for (const char* f : {"self_kpad", "causal_kpad", "causal", "qpad", "fill_inf", "fill_inf_kpad",
+                        "cross", "wide"}) {
     const bool fill_inf = std::string(f).rfind("fill_inf", 0) == 0;
     int nan_values = 0;
     for (int64_t b : {1, 3})
