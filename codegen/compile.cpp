@@ -131,20 +131,20 @@ const char* cxx_element(rt::ElemType type) {
 }
 
 // The glue's part for a GPU library (`api` "opencl" or "cuda"): the driver library found
-// by its versioned name too, and a wrapper per kernel that makes each call host tensors in,
-// host tensors out. `num_args[k]` and `num_outputs[k]` are kernel k's buffer arguments and
-// how many of them (the last) it writes.
-std::string gpu_glue(const std::string& api, const rt::Plan& plan, const std::vector<int>& num_args,
-                     const std::vector<int>& num_outputs) {
+// by its versioned name too, and the device memory operations the runtime keeps weights,
+// tables and arenas on the device with (kiln_device_ops in kiln/runtime.h). The kernels
+// are called directly: their buffers arrive as views of device memory. `num_outputs[k]`:
+// how many of kernel k's buffers (the last) it writes.
+std::string gpu_glue(const std::string& api, const std::vector<int>& num_outputs) {
   const std::string lib = api == "cuda" ? "libcuda.so" : "libOpenCL.so";
   std::string out = fmt::format(
       "namespace {{\n\n"
       "// The device driver: Halide's runtime takes its symbols from the process when they are\n"
       "// there, else it opens {1}, which only the development package installs; so the\n"
       "// driver package's {1}.1 is loaded first, its symbols global (several models in one\n"
-      "// application each do this, harmlessly), else {1}. Where neither exists, every kernel\n"
-      "// call fails with a message naming the missing driver (Halide's own says only that\n"
-      "// it found no system libraries).\n"
+      "// application each do this, harmlessly), else {1}. Where neither exists, every device\n"
+      "// allocation fails with a message naming the missing driver (Halide's own says only\n"
+      "// that it found no system libraries); every run starts with one.\n"
       "const char* driver_error() {{\n"
       "  static const char* const error = []() -> const char* {{\n"
       "    if (dlopen(\"{1}.1\", RTLD_LAZY | RTLD_GLOBAL)) return nullptr;\n"
@@ -159,30 +159,66 @@ std::string gpu_glue(const std::string& api, const rt::Plan& plan, const std::ve
       "void load_driver() {{ (void)driver_error(); }}\n\n"
       "void release_device() {{ halide_device_release(nullptr, halide_{0}_device_interface()); "
       "}}\n\n"
-      "// Each kernel call copies its inputs to the device, runs, copies its outputs back and\n"
-      "// frees its device buffers: host tensors in, host tensors out (correct, and slow).\n"
-      "// A device-resident arena and weights, copied once, are later work (issue 14).\n"
-      "int on_device(int (*kernel)(void**), void** args, int num_args, int num_outputs) {{\n"
+      "int device_malloc(void* user_context, halide_buffer_t* buf,\n"
+      "                  const halide_device_interface_t* device_interface) {{\n"
       "  if (const char* error = driver_error()) {{\n"
-      "    halide_error(nullptr, error);\n"
+      "    halide_error(user_context, error);\n"
       "    return -1;\n"
       "  }}\n"
-      "  halide_buffer_t** b = reinterpret_cast<halide_buffer_t**>(args);\n"
-      "  for (int i = 0; i < num_args - num_outputs; ++i) b[i]->set_host_dirty(true);\n"
-      "  int status = kernel(args);\n"
-      "  for (int i = num_args - num_outputs; i < num_args && status == 0; ++i)\n"
-      "    status = halide_copy_to_host(nullptr, b[i]);\n"
-      "  for (int i = 0; i < num_args; ++i) {{\n"
-      "    const int freed = halide_device_free(nullptr, b[i]);\n"
-      "    if (status == 0) status = freed;\n"
-      "  }}\n"
-      "  return status;\n}}\n\n",
+      "  return halide_device_malloc(user_context, buf, device_interface);\n}}\n\n"
+      "const halide_device_interface_t* device_interface() {{ return "
+      "halide_{0}_device_interface(); }}\n\n",
       api, lib, api == "cuda" ? "CUDA" : "OpenCL");
-  for (size_t k = 0; k < plan.kernel_names.size(); ++k)
-    out += fmt::format(
-        "int {0}_device(void** args) {{ return on_device({0}_argv, args, {1}, {2}); }}\n",
-        plan.kernel_names[k], num_args[k], num_outputs[k]);
-  out += "\n}  // namespace\n\n";
+  if (api == "cuda") {
+    out +=
+        "// CUDA views are device pointers plus an offset: any element offset will do.\n"
+        "int64_t view_alignment() { return 1; }\n\n";
+  } else {
+    out +=
+        "// Halide passes an OpenCL view at an offset as a sub-buffer, whose origin must be a\n"
+        "// multiple of CL_DEVICE_MEM_BASE_ADDR_ALIGN (bits): the largest over every device,\n"
+        "// 0 when no device answers.\n"
+        "int64_t view_alignment() {\n"
+        "  if (driver_error()) return 0;\n"
+        "  using GetPlatforms = int32_t (*)(uint32_t, void**, uint32_t*);\n"
+        "  using GetDevices = int32_t (*)(void*, uint64_t, uint32_t, void**, uint32_t*);\n"
+        "  using GetInfo = int32_t (*)(void*, uint32_t, size_t, void*, size_t*);\n"
+        "  auto platforms = reinterpret_cast<GetPlatforms>(dlsym(RTLD_DEFAULT, "
+        "\"clGetPlatformIDs\"));\n"
+        "  auto devices = reinterpret_cast<GetDevices>(dlsym(RTLD_DEFAULT, \"clGetDeviceIDs\"));\n"
+        "  auto info = reinterpret_cast<GetInfo>(dlsym(RTLD_DEFAULT, \"clGetDeviceInfo\"));\n"
+        "  if (!platforms || !devices || !info) return 0;\n"
+        "  void* platform[16];\n"
+        "  uint32_t num_platforms = 0;\n"
+        "  if (platforms(16, platform, &num_platforms) != 0) return 0;\n"
+        "  int64_t bits = 0;\n"
+        "  for (uint32_t p = 0; p < num_platforms && p < 16; ++p) {\n"
+        "    void* device[16];\n"
+        "    uint32_t num_devices = 0;\n"
+        "    if (devices(platform[p], 0xFFFFFFFF /* CL_DEVICE_TYPE_ALL */, 16, device, "
+        "&num_devices) != 0)\n"
+        "      continue;\n"
+        "    for (uint32_t d = 0; d < num_devices && d < 16; ++d) {\n"
+        "      uint32_t align = 0;\n"
+        "      if (info(device[d], 0x1019 /* CL_DEVICE_MEM_BASE_ADDR_ALIGN */, sizeof align, "
+        "&align, nullptr) == 0 && align > bits)\n"
+        "        bits = align;\n"
+        "    }\n"
+        "  }\n"
+        "  return bits / 8;\n}\n\n";
+  }
+  out += "const int32_t kKernelOutputs[] = {";
+  for (size_t k = 0; k < num_outputs.size(); ++k)
+    out += fmt::format("{}{}", k ? ", " : "", num_outputs[k]);
+  if (num_outputs.empty()) out += "0";
+  out +=
+      "};\n\n"
+      "const kiln_device_ops kDevice = {device_interface,   device_malloc,\n"
+      "                                 halide_device_free, halide_copy_to_device,\n"
+      "                                 halide_copy_to_host, halide_device_crop,\n"
+      "                                 halide_device_release_crop, halide_buffer_copy,\n"
+      "                                 view_alignment,     kKernelOutputs};\n\n"
+      "}  // namespace\n\n";
   return out;
 }
 
@@ -206,32 +242,24 @@ std::string glue_source(const std::string& name, const rt::Plan& plan, const std
       "int halide_set_num_threads(int n);\n"
       "kiln_halide_error_handler halide_set_error_handler(kiln_halide_error_handler handler);\n"
       "}\n\n";
-  if (!gpu.empty()) {
-    // Every call of a kernel passes it the same number of buffers.
-    std::vector<int> num_args(plan.kernel_names.size(), 0);
-    for (const rt::FunctionDesc& f : plan.functions)
-      for (const rt::StepDesc& st : f.steps)
-        if (st.kernel >= 0)
-          num_args[static_cast<size_t>(st.kernel)] = static_cast<int>(st.args.size());
-    out += gpu_glue(gpu, plan, num_args, num_outputs);
-  }
+  if (!gpu.empty()) out += gpu_glue(gpu, num_outputs);
   out += "namespace {\n";
   out += fmt::format("const uint8_t kPlan[{}] = {{", blob.size());
   for (size_t i = 0; i < blob.size(); ++i)
     out += fmt::format("{}{}{}", i ? "," : "", i % 24 ? "" : "\n    ", blob[i]);
   out += "};\n\nconst kiln_kernel_fn kKernels[] = {\n";
-  for (const std::string& k : plan.kernel_names)
-    out += fmt::format("    {}_{},\n", k, gpu.empty() ? "argv" : "device");
+  for (const std::string& k : plan.kernel_names) out += fmt::format("    {}_argv,\n", k);
   out += "};\n}  // namespace\n\n";
   out += fmt::format(
       "extern \"C\" kiln_model* {0}_create(const char* weights_path, char** error) {{\n"
       "{2}"
       "  static const kiln_hooks hooks = {{halide_set_num_threads, halide_set_error_handler, "
-      "{1}}};\n"
+      "{1}, {3}}};\n"
       "  return kiln_model_create(kPlan, sizeof kPlan, kKernels, sizeof kKernels / sizeof "
       "kKernels[0],\n"
       "                           &hooks, weights_path, error);\n}}\n",
-      name, gpu.empty() ? "nullptr" : "release_device", gpu.empty() ? "" : "  load_driver();\n");
+      name, gpu.empty() ? "nullptr" : "release_device", gpu.empty() ? "" : "  load_driver();\n",
+      gpu.empty() ? "nullptr" : "&kDevice");
   return out;
 }
 

@@ -6,9 +6,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -35,14 +37,162 @@ using kiln::rt::Storage;
 
 namespace {
 
-// 64-byte aligned storage (large buffers on huge pages; see rt::allocate_aligned).
+// Kernel errors reported by the Halide runtime, per thread, until taken.
+thread_local std::string g_kernel_error;
+void record_kernel_error(void*, const char* message) { g_kernel_error = message ? message : ""; }
+
+// Throws "<what> failed with status <status>: <Halide's message>" for a failed device call.
+void check_device(int status, const std::string& what) {
+  if (status != 0)
+    fail("{} failed with status {}{}{}", what, status, g_kernel_error.empty() ? "" : ": ",
+         g_kernel_error);
+}
+
+// Device memory of a GPU library mirroring `bytes` of host memory, as a one-dimensional
+// byte buffer: kernels get views of it (device crops), and it is copied as a whole between
+// host and device only when asked (upload, download). Frees the device memory when
+// destroyed.
+class DeviceMirror {
+ public:
+  DeviceMirror(const kiln_device_ops& ops, uint8_t* host, int64_t bytes, const std::string& what)
+      : ops_(ops) {
+    if (bytes > INT32_MAX)
+      fail("{} has {} bytes, more than a device buffer of this runtime holds ({})", what, bytes,
+           INT32_MAX);
+    dim_ = halide_dimension_t(0, static_cast<int32_t>(std::max<int64_t>(bytes, 1)), 1);
+    buf_.host = host;
+    buf_.type = halide_type_t(halide_type_uint, 8);
+    buf_.dimensions = 1;
+    buf_.dim = &dim_;
+    g_kernel_error.clear();
+    check_device(ops_.device_malloc(nullptr, &buf_, ops_.interface()),
+                 "allocating device memory for " + what);
+  }
+  ~DeviceMirror() {
+    if (buf_.device) ops_.device_free(nullptr, &buf_);
+  }
+  DeviceMirror(const DeviceMirror&) = delete;
+  DeviceMirror& operator=(const DeviceMirror&) = delete;
+
+  void upload(const std::string& what) {
+    buf_.set_device_dirty(false);
+    buf_.set_host_dirty(true);
+    g_kernel_error.clear();
+    check_device(ops_.copy_to_device(nullptr, &buf_, ops_.interface()),
+                 "copying " + what + " to the device");
+  }
+  void download(const std::string& what) {
+    buf_.set_host_dirty(false);
+    buf_.set_device_dirty(true);
+    g_kernel_error.clear();
+    check_device(ops_.copy_to_host(nullptr, &buf_), "copying " + what + " from the device");
+  }
+  halide_buffer_t* buffer() { return &buf_; }
+
+ private:
+  const kiln_device_ops& ops_;
+  halide_buffer_t buf_{};
+  halide_dimension_t dim_{};
+};
+
+// 64-byte aligned storage (large buffers on huge pages; see rt::allocate_aligned), and in a
+// GPU library its device mirror.
 struct AlignedBytes {
   kiln::rt::AlignedStorage data;
   int64_t size = 0;
+  std::unique_ptr<DeviceMirror> device;
   void allocate(int64_t bytes) {
     size = bytes;
     data = kiln::rt::allocate_aligned(bytes);
   }
+};
+
+// A kernel call's buffers on the device: each view of a mirror becomes a device crop at its
+// byte offset, or, where that offset is off the device's view alignment (OpenCL
+// sub-buffers), a dense temporary that inputs are copied into and outputs out of (device to
+// device). Releases the crops and frees the temporaries when destroyed.
+class DeviceViews {
+ public:
+  DeviceViews(const kiln_device_ops& ops, int64_t alignment) : ops_(ops), alignment_(alignment) {}
+  ~DeviceViews() {
+    for (Temp& t : temps_)
+      if (t.buf.device) ops_.device_free(nullptr, &t.buf);
+    for (halide_buffer_t* view : crops_)
+      if (view->device) ops_.device_release_crop(nullptr, view);
+  }
+  DeviceViews(const DeviceViews&) = delete;
+  DeviceViews& operator=(const DeviceViews&) = delete;
+
+  // Points `view` (host pointer and dims set, `offset` bytes into `mirror`'s host memory) at
+  // the device; returns the buffer to pass the kernel (`view` or a temporary). `host_current`:
+  // the mirror's host memory holds what its device memory does (inputs, weights, tables),
+  // else (the arena, outputs) a kernel part that runs on the host must copy from the device.
+  halide_buffer_t* attach(DeviceMirror& mirror, int64_t offset, halide_buffer_t* view, bool output,
+                          bool host_current, const std::string& what) {
+    halide_dimension_t at(static_cast<int32_t>(offset), 1, 1);
+    halide_buffer_t one{};
+    one.host = view->host;
+    one.type = halide_type_t(halide_type_uint, 8);
+    one.dimensions = 1;
+    one.dim = &at;
+    g_kernel_error.clear();
+    check_device(ops_.device_crop(nullptr, mirror.buffer(), &one),
+                 "making a device view of " + what);
+    view->device = one.device;
+    view->device_interface = one.device_interface;
+    crops_.push_back(view);
+    view->set_device_dirty(!output && !host_current);
+    if (offset % alignment_ == 0) return view;
+    Temp& t = temps_.emplace_back();
+    t.dims.assign(view->dim, view->dim + view->dimensions);
+    int32_t stride = 1;
+    for (halide_dimension_t& d : t.dims) {
+      d.min = 0;
+      d.stride = stride;
+      stride *= d.extent;
+    }
+    t.buf.type = view->type;
+    t.buf.dimensions = view->dimensions;
+    t.buf.dim = t.dims.data();
+    g_kernel_error.clear();
+    check_device(ops_.device_malloc(nullptr, &t.buf, ops_.interface()),
+                 "allocating device memory for " + what);
+    if (output) {
+      t.view = view;
+    } else {
+      check_device(ops_.buffer_copy(nullptr, view, ops_.interface(), &t.buf),
+                   "copying " + what + " into a device buffer");
+    }
+    return &t.buf;
+  }
+
+  // After the kernel: outputs written to temporaries go to their views, and outputs a kernel
+  // part wrote on the host go to the device.
+  void finish(const std::vector<halide_buffer_t*>& outputs, const std::string& what) {
+    for (Temp& t : temps_)
+      if (t.view) {
+        g_kernel_error.clear();
+        check_device(ops_.buffer_copy(nullptr, &t.buf, ops_.interface(), t.view),
+                     "copying the output of " + what + " to its place");
+      }
+    for (halide_buffer_t* b : outputs)
+      if (b->host && b->host_dirty()) {
+        g_kernel_error.clear();
+        check_device(ops_.copy_to_device(nullptr, b, ops_.interface()),
+                     "copying the output of " + what + " to the device");
+      }
+  }
+
+ private:
+  struct Temp {
+    halide_buffer_t buf{};
+    std::vector<halide_dimension_t> dims;
+    halide_buffer_t* view = nullptr;  // an output's place
+  };
+  const kiln_device_ops& ops_;
+  int64_t alignment_;
+  std::deque<Temp> temps_;  // stable addresses
+  std::vector<halide_buffer_t*> crops_;
 };
 
 std::string shape_str(const std::vector<int64_t>& s) {
@@ -99,10 +249,6 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
   return n;
 }
 
-// Kernel errors reported by the Halide runtime, per thread, until taken.
-thread_local std::string g_kernel_error;
-void record_kernel_error(void*, const char* message) { g_kernel_error = message ? message : ""; }
-
 }  // namespace
 
 // Concurrency: one model may run from any number of threads at once. What a call reads
@@ -119,6 +265,39 @@ struct kiln_model {
   std::vector<AlignedBytes> tables;
   int64_t arena_bytes = 0;  // the largest entry point's arena
   std::vector<const char*> function_names;
+
+  // A GPU library (hooks.device set): weights and tables live on the device too, copied
+  // there once, by kiln_model_create or, where the device failed it, by the next run; each
+  // arena gets its device memory with its first run, and keeps it.
+  std::mutex device_mutex;
+  bool resident = false;       // guarded by device_mutex
+  int64_t view_alignment = 1;  // kiln_device_ops::view_alignment, set with `resident`
+
+  void make_resident() {
+    std::lock_guard<std::mutex> lock(device_mutex);
+    if (resident) return;
+    const kiln_device_ops& ops = *hooks.device;
+    auto mirror = [&](AlignedBytes& bytes, const std::string& what) {
+      if (bytes.device) return;
+      auto d = std::make_unique<DeviceMirror>(ops, bytes.data.get(), bytes.size, what);
+      d->upload(what);
+      bytes.device = std::move(d);
+    };
+    for (size_t i = 0; i < weights.size(); ++i)
+      mirror(weights[i], fmt::format("weight '{}'", plan.weights[i].name));
+    for (size_t i = 0; i < tables.size(); ++i) mirror(tables[i], fmt::format("table {}", i));
+    const int64_t alignment = ops.view_alignment();
+    view_alignment = alignment >= 1 ? alignment : 4096;  // 4096: no device said
+    resident = true;
+  }
+
+  // Frees every device allocation (before the device context is given back).
+  void drop_device() {
+    for (AlignedBytes& w : weights) w.device.reset();
+    for (AlignedBytes& t : tables) t.device.reset();
+    std::lock_guard<std::mutex> lock(arena_mutex);
+    for (AlignedBytes& a : idle_arenas) a.device.reset();
+  }
 
   // Arenas not in use by a call; one is allocated at create, so a model used from one
   // thread allocates no arena per call.
@@ -146,6 +325,7 @@ struct kiln_model {
     ArenaLease(const ArenaLease&) = delete;
     ArenaLease& operator=(const ArenaLease&) = delete;
     uint8_t* data() { return arena_.data.get(); }
+    AlignedBytes& bytes() { return arena_; }
 
    private:
     kiln_model& model_;
@@ -520,14 +700,58 @@ struct kiln_model {
     }
 
     ArenaLease arena(*this);  // after the checks: a refused call takes no arena
+    // A GPU library: the inputs are copied to the device once, the outputs get device memory
+    // (a cache output its input's), and the arena its own with its first run.
+    const kiln_device_ops* device = hooks.device;
+    std::vector<std::unique_ptr<DeviceMirror>> param_device(device ? n_in : 0),
+        result_device(device ? n_out : 0);
+    std::vector<DeviceMirror*> result_mirror(device ? n_out : 0);
+    auto input_what = [&](size_t p) { return fmt::format("input '{}'", f.params[p].name); };
+    auto output_what = [&](size_t r) { return fmt::format("output '{}'", f.results[r].name); };
+    if (device) try {
+        make_resident();
+        if (!arena.bytes().device)
+          arena.bytes().device = std::make_unique<DeviceMirror>(*device, arena.data(),
+                                                                arena.bytes().size, "the arena");
+        for (size_t p = 0; p < n_in; ++p) {
+          param_device[p] = std::make_unique<DeviceMirror>(
+              *device, const_cast<uint8_t*>(param_data[p]), param_bytes[p], input_what(p));
+          param_device[p]->upload(input_what(p));
+        }
+        for (size_t r = 0; r < n_out; ++r) {
+          if (const int32_t p = f.results[r].updates_param; p >= 0) {
+            result_mirror[r] = param_device[static_cast<size_t>(p)].get();
+            continue;
+          }
+          result_device[r] = std::make_unique<DeviceMirror>(*device, result_data[r],
+                                                            result_bytes[r], output_what(r));
+          result_mirror[r] = result_device[r].get();
+        }
+      } catch (const std::exception& e) {
+        fail("entry point '{}' cannot run on the device: {}", f.name, e.what());
+      }
     std::vector<halide_buffer_t> bufs;
     std::vector<std::vector<halide_dimension_t>> dims;
     std::vector<void*> args;
     for (const auto& step : f.steps) {
       if (step.builtin == kiln::rt::Builtin::cache_write) {
+        if (!device) {
+          cache_write(step, param_data, arena.data(), result_data, result_bytes, syms);
+          continue;
+        }
+        // On the host, between kernels: its source row and the cache come from the device
+        // and the cache goes back.
+        const BufferDesc& cache = step.args[2];
+        if (step.args[0].storage == Storage::arena) arena.bytes().device->download("the arena");
+        result_mirror[cache.index]->download(output_what(cache.index));
         cache_write(step, param_data, arena.data(), result_data, result_bytes, syms);
+        result_mirror[cache.index]->upload(output_what(cache.index));
         continue;
       }
+      std::optional<DeviceViews> views;  // a GPU library's views of this call's buffers
+      if (device) views.emplace(*device, view_alignment);
+      const int first_output =
+          device ? static_cast<int>(step.args.size()) - device->kernel_outputs[step.kernel] : 0;
       bufs.assign(step.args.size(), halide_buffer_t{});
       dims.assign(step.args.size(), {});
       args.assign(step.args.size(), nullptr);
@@ -578,6 +802,29 @@ struct kiln_model {
         hb.dimensions = static_cast<int32_t>(dims[a].size());
         hb.dim = dims[a].data();
         args[a] = &hb;
+        if (!device) continue;
+        DeviceMirror* mirror = nullptr;
+        switch (b.storage) {
+          case Storage::param:
+            mirror = param_device[b.index].get();
+            break;
+          case Storage::result:
+            mirror = result_mirror[b.index];
+            break;
+          case Storage::arena:
+            mirror = arena.bytes().device.get();
+            break;
+          case Storage::weight:
+            mirror = weights[b.index].device.get();
+            break;
+          case Storage::table:
+            mirror = tables[b.index].device.get();
+            break;
+        }
+        const bool host_current = b.storage == Storage::param || b.storage == Storage::weight ||
+                                  b.storage == Storage::table;
+        args[a] = views->attach(*mirror, first, &hb, static_cast<int>(a) >= first_output,
+                                host_current, fmt::format("buffer {} of step '{}'", a, step.op));
       }
       g_kernel_error.clear();
       const Clock::time_point start = profile_this_run ? Clock::now() : Clock::time_point{};
@@ -585,12 +832,19 @@ struct kiln_model {
       if (status != 0)
         fail("kernel {} ({}) failed with status {}{}{}", plan.kernel_names[step.kernel], step.op,
              status, g_kernel_error.empty() ? "" : ": ", g_kernel_error);
+      if (device) {
+        std::vector<halide_buffer_t*> written;
+        for (size_t a = static_cast<size_t>(first_output); a < args.size(); ++a)
+          written.push_back(static_cast<halide_buffer_t*>(args[a]));
+        views->finish(written, fmt::format("step '{}'", step.op));
+      }
       if (profile_this_run) {
         Tally& t = kernel_tally[static_cast<size_t>(step.kernel)];
         t.calls += 1;
         t.seconds += std::chrono::duration<double>(Clock::now() - start).count();
       }
     }
+    for (size_t r = 0; r < result_mirror.size(); ++r) result_mirror[r]->download(output_what(r));
     if (profile_this_run) {
       std::lock_guard<std::mutex> lock(profile_mutex);
       if (!profiling || kernel_time.size() != kernel_tally.size()) return;  // stopped meanwhile
@@ -650,6 +904,12 @@ kiln_model* kiln_model_create(const uint8_t* plan, size_t plan_size, const kiln_
     for (const auto& f : m->plan.functions)
       m->arena_bytes = std::max(m->arena_bytes, f.arena_bytes);
     m->idle_arenas.emplace_back().allocate(m->arena_bytes);
+    // A GPU library's weights go to the device now; where the device fails, each run tries
+    // again and reports why.
+    if (m->hooks.device) try {
+        m->make_resident();
+      } catch (const std::exception&) {
+      }
     for (const auto& f : m->plan.functions) m->function_names.push_back(f.name.c_str());
     m->function_names.push_back(nullptr);
     if (m->hooks.release_device) {
@@ -665,9 +925,10 @@ kiln_model* kiln_model_create(const uint8_t* plan, size_t plan_size, const kiln_
 }
 
 void kiln_model_destroy(kiln_model* model) {
-  // A GPU library: its device allocations are freed after each kernel call (the glue's
-  // kernel wrappers), so what is left to give back is the context, once no GPU model is left.
+  // A GPU library: its device allocations (weights, tables, arenas) are freed, and the
+  // context given back once no GPU model is left.
   if (model && model->hooks.release_device) {
+    model->drop_device();
     std::lock_guard<std::mutex> lock(gpu_models_mutex);
     if (--gpu_models == 0) model->hooks.release_device();
   }

@@ -74,7 +74,8 @@ int64_t elem_size(ElemType type) {
 namespace {
 
 // Version 6: kiln_hooks gained release_device (a library built for 5 passes a shorter struct).
-constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', '6'};
+// Version 7: kiln_hooks gained device (the device memory operations of a GPU library).
+constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', '7'};
 
 class Writer {
  public:

@@ -44,10 +44,38 @@ size_t kiln_dtype_size(int32_t dtype);
  * a CPU library) gives back the GPU context that a library for a GPU target created; the
  * context is one per process, so the runtime calls it when the last GPU model is destroyed. */
 typedef void (*kiln_halide_error_handler)(void* user_context, const char* message);
+struct halide_buffer_t;
+struct halide_device_interface_t;
+/* A GPU library's device memory operations: Halide's runtime functions of the same names
+ * (HalideRuntime.h) and the library's device interface. With them the runtime keeps the
+ * weights, tables and arenas on the device (copied there once) and copies only the entry
+ * point's inputs in and outputs back per call. `view_alignment` is the byte alignment a
+ * kernel buffer's offset into a device allocation needs (OpenCL sub-buffers:
+ * CL_DEVICE_MEM_BASE_ADDR_ALIGN; 1 for CUDA); a view off that alignment goes through a
+ * device-to-device copy. `kernel_outputs[k]`: how many of kernel k's buffers (the last) it
+ * writes. */
+typedef struct kiln_device_ops {
+  const struct halide_device_interface_t* (*interface)(void);
+  int (*device_malloc)(void* user_context, struct halide_buffer_t* buf,
+                       const struct halide_device_interface_t* device_interface);
+  int (*device_free)(void* user_context, struct halide_buffer_t* buf);
+  int (*copy_to_device)(void* user_context, struct halide_buffer_t* buf,
+                        const struct halide_device_interface_t* device_interface);
+  int (*copy_to_host)(void* user_context, struct halide_buffer_t* buf);
+  int (*device_crop)(void* user_context, const struct halide_buffer_t* src,
+                     struct halide_buffer_t* dst);
+  int (*device_release_crop)(void* user_context, struct halide_buffer_t* buf);
+  int (*buffer_copy)(void* user_context, struct halide_buffer_t* src,
+                     const struct halide_device_interface_t* dst_device_interface,
+                     struct halide_buffer_t* dst);
+  int64_t (*view_alignment)(void);
+  const int32_t* kernel_outputs;
+} kiln_device_ops;
 typedef struct kiln_hooks {
   int (*set_num_threads)(int);
   kiln_halide_error_handler (*set_error_handler)(kiln_halide_error_handler);
   void (*release_device)(void);
+  const kiln_device_ops* device; /* NULL for a CPU library */
 } kiln_hooks;
 
 typedef int (*kiln_kernel_fn)(void** args);
@@ -84,7 +112,13 @@ int kiln_model_output_shapes(kiln_model* model, const char* function, const kiln
  * computes exactly what it computes alone. The weights are shared read-only; each call
  * that overlaps another gets an arena of its own (the model keeps one per concurrent
  * caller it has seen, for reuse); kiln_model_error is per thread. Only destroying the
- * model must wait for every call on it to end. */
+ * model must wait for every call on it to end.
+ *
+ * A library for a GPU target: the weights live on the device, copied there once (by
+ * kiln_model_create, or by the next run where the device failed then: a missing driver or
+ * device is each run's error); each arena keeps device memory of its own; a call copies
+ * its inputs (host memory, as here) to the device once and its outputs back once, and an
+ * error leaves the outputs unchanged. */
 int kiln_model_run(kiln_model* model, const char* function, const kiln_tensor* inputs,
                    size_t num_inputs, kiln_tensor* outputs, size_t num_outputs);
 /* The error of the calling thread's last call on this model ("" if it succeeded; a fixed
