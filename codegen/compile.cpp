@@ -490,8 +490,7 @@ CompileResult compile_model(ir::Module module, const CompileOptions& options) {
         if (!kind.empty())
           fail(
               "target '{}' runs kernels on the GPU, but {} kernels have no GPU schedule yet "
-              "(entry point '{}', {}); GPU targets compile graphs of linear, attention, "
-              "layernorm, add_layernorm and elementwise kernels only",
+              "(entry point '{}', {})",
               options.target, kind, f.name, st.op);
       }
   }

@@ -131,13 +131,17 @@ struct ElementwiseKernel {
 // The general path: kernels for ops that no fused kernel computes (a reduction, softmax,
 // argmax or matmul written on its own, over any axis and layout). Correct for every shape
 // the IR allows; scheduled simply (rows in parallel, the innermost dim in vectors where it
-// is not reduced), not tuned like the fused kernels above.
+// is not reduced; on a GPU, a block per row or per 32 positions of the innermost dim with
+// partial sums in shared memory, and matmul as linear's GPU GEMM), not tuned like the fused
+// kernels above. On a GPU, f32 sums and softmax are computed in f32 (per-thread partials,
+// then their sum), not in double: within 1e-5 of the interpreter on tests/gpu/general.kir.
 //
 // Reductions (the IR's reduce_sum, reduce_mean, reduce_max and argmax) over the IR dims
 // marked in `reduced`:
 //   args: in (rank dims, any strides), out (rank dims, each reduced dim of extent 1)
 //   dense; dtype f32, or i64 when `i64`.
-//   sum, mean: accumulated in double for f32 (as the interpreter does), wrapping for i64;
+//   sum, mean: accumulated in double for f32 (as the interpreter does; in f32 on a GPU),
+//   wrapping for i64;
 //   max: NaN propagates; argmax (exactly one reduced dim): out is i64, the index of the
 //   first maximum, a NaN counting as the maximum (as PyTorch and the interpreter do).
 struct ReduceKernel {
@@ -148,7 +152,8 @@ struct ReduceKernel {
 };
 
 // Softmax over IR dim `axis` of a rank-`rank` f32 tensor: max-subtracted, exponentials
-// and their sum in double, each result rounded once (the interpreter's numerics).
+// and their sum in double, each result rounded once (the interpreter's numerics; in f32 on a
+// GPU).
 //   args: in (any strides), out dense, both of the same extents.
 struct SoftmaxKernel {
   int rank = 1;
@@ -187,9 +192,10 @@ int kernel_num_outputs(const KernelSpec& spec);
 // The device API of `target`: "opencl", "cuda", or "" for a CPU target; kiln::Error for
 // another GPU API (kiln has schedules for none of them).
 std::string gpu_api(const std::string& target);
-// The kernel kind of `spec` as messages name it ("softmax", "matmul", ...) when it has no
+// The kernel kind of `spec` as messages name it ("cache_attention", ...) when it has no
 // GPU schedule yet, or "" when it has one (linear with f32 weights, attention, layernorm,
-// add_layernorm, elementwise kernels with their gathers, transposes and copies).
+// add_layernorm, elementwise kernels with their gathers, transposes and copies, and the
+// general kernels: reductions, argmax, softmax, matmul).
 std::string kind_without_gpu_schedule(const KernelSpec& spec);
 // What a GPU schedule may use per block (checked when a kernel is compiled for a GPU): CUDA's
 // limits, which Halide 14 never raises (pocl allows more, so its tests would not notice).

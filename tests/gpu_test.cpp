@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 
 #include "gpu_attention.h"
+#include "gpu_general.h"
 #include "gpu_linears.h"
 #include "gpu_norms.h"
 #include "ir/interpreter.h"
@@ -113,10 +114,18 @@ double max_error(kiln_model* model, const std::string& function,
             0)
       << kiln_model_error(model);
   std::vector<std::vector<float>> data(out.size());
+  std::vector<std::vector<int64_t>> ints(out.size());  // i64 outputs (argmax, i64 reductions)
   for (size_t r = 0; r < out.size(); ++r) {
-    EXPECT_EQ(out[r].dtype, KILN_F32);
     int64_t n = 1;
     for (int32_t d = 0; d < out[r].rank; ++d) n *= out[r].shape[d];
+    if (want[r].dtype == ir::DType::i64) {
+      EXPECT_EQ(out[r].dtype, KILN_I64);
+      ints[r].assign(static_cast<size_t>(n), -12345);  // unwritten: a mismatch
+      out[r].data = ints[r].data();
+      out[r].capacity = ints[r].size() * sizeof(int64_t);
+      continue;
+    }
+    EXPECT_EQ(out[r].dtype, KILN_F32);
     data[r].assign(static_cast<size_t>(n), 1e30f);  // unwritten: a large error, not NaN
     out[r].data = data[r].data();
     out[r].capacity = data[r].size() * sizeof(float);
@@ -127,6 +136,11 @@ double max_error(kiln_model* model, const std::string& function,
   if (status != 0) return INFINITY;
   double worst = 0;
   for (size_t r = 0; r < out.size(); ++r) {
+    if (want[r].dtype == ir::DType::i64) {  // exactly
+      EXPECT_EQ(ints[r], want[r].ints) << function << " result " << r;
+      if (ints[r] != want[r].ints) worst = INFINITY;
+      continue;
+    }
     EXPECT_EQ(data[r].size(), want[r].f.size());
     for (size_t e = 0; e < data[r].size() && e < want[r].f.size(); ++e) {
       const double ref = want[r].f[e];
@@ -272,6 +286,79 @@ TEST(GpuOpenCL, Attention) {
         }
     if (fill_inf) EXPECT_GT(nan_values, 0) << f << ": no NaN rows tested";
   }
+}
+
+// The general kernels (tests/gpu/general.kir): softmax over the last, a middle and the first
+// axis and of a rank-1 tensor, every reduction (f32 and i64, over one axis, several axes, all
+// axes and none), argmax over each axis, and matmuls (batched, broadcasting, transposed, with
+// bias and activation). Rows and columns of 1, 7, 33 and 129, and rows of 300 (longer than a
+// block's 256 threads).
+class GpuOpenCLGeneral : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!opencl_device_present()) GTEST_SKIP() << "no OpenCL device";
+    char* error = nullptr;
+    model_.reset(gpu_general_create(nullptr, &error));
+    ASSERT_NE(model_, nullptr) << (error ? error : "");
+    kiln_free_error(error);
+  }
+  // Every size of kSizes for `function`, with the inputs changed by `edit` (if any).
+  void check(const char* function, void (*edit)(std::vector<ir::Tensor>&) = nullptr) {
+    uint32_t seed = 50;
+    for (const auto& sizes : kSizes) {
+      std::vector<ir::Tensor> inputs = random_inputs(function, sizes, ++seed, module_);
+      if (edit) edit(inputs);
+      std::string at;
+      for (const auto& [name, value] : sizes) at += " " + name + "=" + std::to_string(value);
+      EXPECT_LE(max_error(model_.get(), function, inputs, module_), kTolerance)
+          << function << " with" << at;
+    }
+  }
+  static inline const std::vector<std::map<std::string, int64_t>> kSizes = {
+      {{"B", 1}, {"R", 1}, {"C", 1}, {"V", 1000}},
+      {{"B", 3}, {"R", 7}, {"C", 33}, {"V", 1000}},
+      {{"B", 2}, {"R", 33}, {"C", 7}, {"V", 1000}},
+      {{"B", 1}, {"R", 129}, {"C", 129}, {"V", 1000}},
+      {{"B", 3}, {"R", 1}, {"C", 129}, {"V", 1000}},
+      {{"B", 2}, {"R", 129}, {"C", 1}, {"V", 1000}},
+      {{"B", 2}, {"R", 7}, {"C", 300}, {"V", 1000}},
+      {{"B", 3}, {"R", 129}, {"C", 300}, {"V", 1000}}};
+  const ir::Module module_ = read_module("general.kir");
+  ModelPtr model_;
+};
+
+// Values in steps of 1/4 (so that rows have ties), and two NaNs in the first row of the first
+// input where it has three or more values.
+void ties_and_nans(std::vector<ir::Tensor>& inputs) {
+  std::vector<float>& x = inputs[0].f;
+  for (float& v : x) v = std::round(v * 4) / 4;
+  if (x.size() >= 3) {
+    x[1] = NAN;
+    x[2] = NAN;
+  }
+}
+
+TEST_F(GpuOpenCLGeneral, Softmax) {
+  check("softmax");
+  check("softmax", ties_and_nans);
+}
+
+TEST_F(GpuOpenCLGeneral, Reductions) {
+  check("reduce");
+  check("reduce", ties_and_nans);
+  check("reduce_i64");
+}
+
+TEST_F(GpuOpenCLGeneral, Argmax) {
+  check("argmax", [](std::vector<ir::Tensor>& inputs) {
+    for (float& v : inputs[0].f) v = std::round(v * 4) / 4;  // ties
+  });
+  check("argmax", ties_and_nans);
+}
+
+TEST_F(GpuOpenCLGeneral, Matmul) {
+  check("matmul");
+  check("linear");
 }
 
 // Run by ctest with OCL_ICD_VENDORS naming an empty folder: no platform, so the call
