@@ -28,6 +28,7 @@
 #include <gtest/gtest.h>
 
 #include "cuda_attention.h"
+#include "cuda_general.h"
 #include "cuda_linears.h"
 #include "cuda_norms.h"
 #include "ir/interpreter.h"
@@ -111,7 +112,7 @@ size_t count(const std::string& haystack, const std::string& needle) {
 // Each kernel's object (<model>_kiln_*.o: one Halide pipeline per kernel) embeds one PTX
 // module for sm_86 with at least one entry; the glue and Halide's runtime none.
 TEST(CudaBuild, EveryKernelObjectCarriesPtxForSm86) {
-  for (const std::string model : {"cuda_norms", "cuda_linears", "cuda_attention"}) {
+  for (const std::string model : {"cuda_norms", "cuda_linears", "cuda_attention", "cuda_general"}) {
     const std::string path =
         std::string(KILN_CUDA_TEST_DIR) + "/" + model + ".kiln/lib" + model + ".a";
     const auto members = archive_members(path);
@@ -213,9 +214,16 @@ double max_error(kiln_model* model, const ir::Module& m, const std::string& func
             0)
       << kiln_model_error(model);
   std::vector<std::vector<float>> data(out.size());
+  std::vector<std::vector<int64_t>> ints(out.size());  // i64 outputs (argmax, i64 reductions)
   for (size_t r = 0; r < out.size(); ++r) {
     int64_t n = 1;
     for (int32_t d = 0; d < out[r].rank; ++d) n *= out[r].shape[d];
+    if (want[r].dtype == ir::DType::i64) {
+      ints[r].assign(static_cast<size_t>(n), -12345);  // unwritten: a mismatch
+      out[r].data = ints[r].data();
+      out[r].capacity = ints[r].size() * sizeof(int64_t);
+      continue;
+    }
     data[r].assign(static_cast<size_t>(n), 1e30f);  // unwritten: a large error, not NaN
     out[r].data = data[r].data();
     out[r].capacity = data[r].size() * sizeof(float);
@@ -226,6 +234,11 @@ double max_error(kiln_model* model, const ir::Module& m, const std::string& func
   if (status != 0) return INFINITY;
   double worst = 0;
   for (size_t r = 0; r < out.size(); ++r) {
+    if (want[r].dtype == ir::DType::i64) {  // exactly
+      EXPECT_EQ(ints[r], want[r].ints) << function << " result " << r;
+      if (ints[r] != want[r].ints) worst = INFINITY;
+      continue;
+    }
     EXPECT_EQ(data[r].size(), want[r].f.size());
     for (size_t e = 0; e < data[r].size() && e < want[r].f.size(); ++e) {
       const double ref = want[r].f[e];
@@ -388,6 +401,32 @@ TEST(CudaRun, Attention) {
               << f << " with B=" << b << " S=" << s << " T=" << t;
         }
   }
+}
+
+// The general kernels (tests/gpu/general.kir: softmax, reductions, argmax, matmuls) at rows and
+// columns of 1, 7, 33, 129 and 300, as GpuOpenCLGeneral runs them on pocl; argmax on values in
+// steps of 1/4 (ties).
+TEST(CudaRun, General) {
+  SKIP_WITHOUT_CUDA();
+  const ir::Module m = read_module("general.kir");
+  ModelPtr model = create(cuda_general_create);
+  ASSERT_NE(model, nullptr);
+  const std::vector<std::map<std::string, int64_t>> sizes = {
+      {{"B", 1}, {"R", 1}, {"C", 1}, {"V", 1000}},
+      {{"B", 3}, {"R", 7}, {"C", 33}, {"V", 1000}},
+      {{"B", 2}, {"R", 33}, {"C", 7}, {"V", 1000}},
+      {{"B", 1}, {"R", 129}, {"C", 129}, {"V", 1000}},
+      {{"B", 2}, {"R", 7}, {"C", 300}, {"V", 1000}},
+      {{"B", 3}, {"R", 129}, {"C", 300}, {"V", 1000}}};
+  uint32_t seed = 70;
+  for (const char* f : {"softmax", "reduce", "argmax", "reduce_i64", "matmul", "linear"})
+    for (const auto& s : sizes) {
+      std::vector<ir::Tensor> inputs = random_inputs(m, f, s, ++seed);
+      if (std::string(f) == "argmax")
+        for (float& v : inputs[0].f) v = std::round(v * 4) / 4;
+      EXPECT_LE(max_error(model.get(), m, f, inputs), kTolerance)
+          << f << " with B=" << s.at("B") << " R=" << s.at("R") << " C=" << s.at("C");
+    }
 }
 
 }  // namespace
