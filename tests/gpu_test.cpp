@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 
 #include "gpu_attention.h"
+#include "gpu_cache_write.h"
 #include "gpu_general.h"
 #include "gpu_linears.h"
 #include "gpu_norms.h"
@@ -427,7 +428,7 @@ ModelPtr create_linears(const std::string& file) {
 
 // New values in the same host input buffers, run after run (weights reused from the device),
 // at changing sizes; every output checked against the interpreter.
-TEST(GpuResident, ManyRunsWithChangingInputs) {
+TEST(GpuOpenCL, ResidentManyRunsWithChangingInputs) {
   SKIP_WITHOUT_OPENCL();
   const ir::Module lin = read_module("linears.kir");
   const ir::WeightMap weights = write_linear_weights(lin, 51, "gpu_resident.safetensors");
@@ -457,7 +458,7 @@ TEST(GpuResident, ManyRunsWithChangingInputs) {
 
 // Two models of one library with different weights, and a model of another library, run
 // alternately: each keeps its own weights on the device.
-TEST(GpuResident, ModelsRunAlternately) {
+TEST(GpuOpenCL, ResidentModelsRunAlternately) {
   SKIP_WITHOUT_OPENCL();
   const ir::Module lin = read_module("linears.kir");
   const ir::WeightMap first_weights = write_linear_weights(lin, 61, "gpu_resident_a.safetensors");
@@ -483,7 +484,7 @@ TEST(GpuResident, ModelsRunAlternately) {
 }
 
 // Two threads on one model: each call has its own arena (and its device memory).
-TEST(GpuResident, ConcurrentCallsOnOneModel) {
+TEST(GpuOpenCL, ResidentConcurrentCallsOnOneModel) {
   SKIP_WITHOUT_OPENCL();
   ModelPtr norms = create_model();
   ASSERT_NE(norms, nullptr);
@@ -501,6 +502,66 @@ TEST(GpuResident, ConcurrentCallsOnOneModel) {
   for (std::thread& th : threads) th.join();
   EXPECT_LE(worst[0], kTolerance);
   EXPECT_LE(worst[1], kTolerance);
+}
+
+// A cache_write runs on the host between kernels: its row comes from the device (the
+// arena), the cache (updated in place, kept by the caller across runs) goes back, and the
+// kernel after it and the outputs see the new values. Checked against the interpreter run
+// after run, with N and the position changing.
+TEST(GpuOpenCL, ResidentCacheWriteBetweenKernels) {
+  SKIP_WITHOUT_OPENCL();
+  const ir::Module m = read_module("cache_write.kir");
+  const ir::Function& f = *m.find_function("step");
+  char* error = nullptr;
+  ModelPtr model(gpu_cache_write_create(nullptr, &error));
+  ASSERT_NE(model, nullptr) << (error ? error : "");
+  kiln_free_error(error);
+  const int64_t T = 6, C = 4, D = 8;
+  std::mt19937 rng(71);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> cache(static_cast<size_t>(T * C * D));
+  for (float& v : cache) v = u(rng);
+  for (int run = 0; run < 12; ++run) {
+    const int64_t n = 1 + run % 4;
+    int64_t pos = (run * 5) % T;
+    std::vector<float> x(static_cast<size_t>(n * D));
+    for (float& v : x) v = u(rng);
+    const std::vector<ir::Tensor> want = ir::interpret(
+        m, f, {},
+        {ir::Tensor::from_f32({n, 1, D}, x), ir::Tensor::from_ints(ir::DType::i64, {1}, {pos}),
+         ir::Tensor::from_f32({T, C, D}, cache)});
+    std::vector<float> w(x.size(), 1e30f);
+    kiln_tensor in[3] = {};
+    in[0].dtype = KILN_F32;
+    in[0].rank = 3;
+    in[0].shape[0] = n;
+    in[0].shape[1] = 1;
+    in[0].shape[2] = D;
+    in[0].data = x.data();
+    in[0].capacity = x.size() * 4;
+    in[1].dtype = KILN_I64;
+    in[1].rank = 1;
+    in[1].shape[0] = 1;
+    in[1].data = &pos;
+    in[1].capacity = 8;
+    in[2].dtype = KILN_F32;
+    in[2].rank = 3;
+    in[2].shape[0] = T;
+    in[2].shape[1] = C;
+    in[2].shape[2] = D;
+    in[2].data = cache.data();
+    in[2].capacity = cache.size() * 4;
+    kiln_tensor out[2] = {in[0], in[2]};
+    out[0].data = w.data();
+    out[0].capacity = w.size() * 4;
+    ASSERT_EQ(kiln_model_run(model.get(), "step", in, 3, out, 2), 0)
+        << kiln_model_error(model.get());
+    double worst = 0;
+    for (size_t e = 0; e < w.size(); ++e)
+      worst = std::max(worst, static_cast<double>(std::fabs(w[e] - want[0].f[e])));
+    EXPECT_LE(worst, kTolerance) << "run " << run;
+    EXPECT_EQ(cache, want[1].f) << "run " << run;
+  }
 }
 
 }  // namespace
