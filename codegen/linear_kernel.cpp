@@ -151,7 +151,9 @@ KernelPipeline build_linear_gpu(const LinearKernel& spec) {
       .gpu_threads(ni, mi)
       .unroll(nr)
       .unroll(mr);
-  acc.compute_at(out, ni).unroll(n).unroll(m);
+  // bound_storage: the guarded 4 × 4 tile would otherwise be sized at run time, which puts the
+  // accumulators in global memory instead of registers.
+  acc.compute_at(out, ni).bound_storage(n, 4).bound_storage(m, 4).unroll(n).unroll(m);
   acc.update(0).reorder(n, m, r).unroll(n).unroll(m);
 
   std::vector<Halide::Argument> args = {x, wt};
