@@ -23,9 +23,9 @@ struct KernelPipeline {
 };
 
 // Each builder schedules for `target` (for the GPU when it has a GPU feature and the kind
-// has a GPU schedule: linear, attention, layernorm, elementwise, reduce, softmax and matmul; vector
-// width from its features:
-// 16 lanes of f32 with avx512, 8 with avx2, 4 otherwise) and works for any runtime extent.
+// has a GPU schedule: linear, attention, step attention, layernorm, elementwise, reduce, softmax
+// and matmul; vector width from its features: 16 lanes of f32 with avx512, 8 with avx2, 4
+// otherwise) and works for any runtime extent.
 KernelPipeline build_linear(const LinearKernel& spec, const Halide::Target& target);
 // spec.bf16: `target` must have avx512_sapphirerapids (see bf16_target).
 KernelPipeline build_linear_bf16(const LinearKernel& spec, const Halide::Target& target);

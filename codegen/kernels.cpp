@@ -224,9 +224,7 @@ std::string kind_without_gpu_schedule(const KernelSpec& spec) {
   struct Kind {
     std::string operator()(const LinearKernel& k) const { return k.bf16 ? "bf16 linear" : ""; }
     std::string operator()(const AttentionKernel&) const { return ""; }
-    std::string operator()(const StepAttentionKernel& k) const {
-      return k.memory ? "memory_attention" : "cache_attention";
-    }
+    std::string operator()(const StepAttentionKernel&) const { return ""; }
     std::string operator()(const LayerNormKernel&) const { return ""; }
     std::string operator()(const ElementwiseKernel&) const { return ""; }
     std::string operator()(const ReduceKernel&) const { return ""; }

@@ -192,10 +192,10 @@ int kernel_num_outputs(const KernelSpec& spec);
 // The device API of `target`: "opencl", "cuda", or "" for a CPU target; kiln::Error for
 // another GPU API (kiln has schedules for none of them).
 std::string gpu_api(const std::string& target);
-// The kernel kind of `spec` as messages name it ("cache_attention", ...) when it has no
-// GPU schedule yet, or "" when it has one (linear with f32 weights, attention, layernorm,
-// add_layernorm, elementwise kernels with their gathers, transposes and copies, and the
-// general kernels: reductions, argmax, softmax, matmul).
+// The kernel kind of `spec` as messages name it ("bf16 linear") when it has no GPU schedule
+// yet, or "" when it has one (linear with f32 weights, attention, cache_attention,
+// memory_attention, layernorm, add_layernorm, elementwise kernels with their gathers, transposes
+// and copies, and the general kernels: reductions, argmax, softmax, matmul).
 std::string kind_without_gpu_schedule(const KernelSpec& spec);
 // What a GPU schedule may use per block (checked when a kernel is compiled for a GPU): CUDA's
 // limits, which Halide 14 never raises (pocl allows more, so its tests would not notice).

@@ -13,6 +13,12 @@
 // the channels when dk is a multiple of the vector width, then the maxima and sums per head,
 // and the output channels vectorized (v is contiguous in its channel dimension). At Lq = 1
 // the work is small next to the decoder step's projections, which read every weight once.
+// On a GPU target the same algorithm has the schedule of schedule_gpu (below): the scores in a
+// kernel of their own, then a GPU block per (head, hypothesis) with the maximum and sum reduced
+// in shared memory and a thread per output channel.
+#include <algorithm>
+#include <vector>
+
 #include "codegen/halide_kernels.h"
 #include "support/error.h"
 
@@ -23,6 +29,58 @@ using Halide::Func;
 using Halide::ImageParam;
 using Halide::RDom;
 using Halide::Var;
+
+namespace {
+
+constexpr int kThreads = 64;  // threads per GPU block
+
+// The GPU schedule (the target has a GPU feature) of the pipeline build_step_attention defines:
+// first a kernel of its own computes every score (the dk-long dot product of one key and head
+// per thread, 64 keys per block) into a device buffer of keys × H × N floats; then one GPU block
+// per (head h, hypothesis n) with 64 threads: the maximum and the sum of the exponentials over
+// the keys, each thread reducing every 64th key into shared memory (rfactor) and one thread
+// adding the 64 partials in order; then a thread per output channel of the head (more than 64
+// in serial passes) sums its channel over all keys, the exponential recomputed from the stored
+// score. Any number of keys and hypotheses: no buffer size depends on them but the scores'.
+KernelPipeline schedule_gpu(Func out, Func score, Func dot, Func mx, Func total, Func acc,
+                            const RDom& rj, int dv, std::vector<Halide::Argument> args) {
+  using Halide::TailStrategy;
+  Var c = out.args()[0], n = out.args()[1];
+  Var j = score.args()[0], h = score.args()[1], sn = score.args()[2];
+  Var ch("ch"), ce("ce"), eo("eo"), ei("ei"), jo("jo"), ji("ji"), u("u");
+  const int te = std::min(dv, kThreads);
+  out.split(c, ch, ce, dv)
+      .split(ce, eo, ei, te, TailStrategy::GuardWithIf)
+      .reorder(ei, eo, ch, n)
+      .gpu_blocks(ch, n)
+      .gpu_threads(ei);
+  acc.compute_at(out, ei);
+
+  score.compute_root()
+      .split(j, jo, ji, kThreads, TailStrategy::GuardWithIf)
+      .reorder(ji, jo, h, sn)
+      .gpu_blocks(jo, h, sn)
+      .gpu_threads(ji);
+  dot.compute_at(score, ji);
+
+  // Per block: partials of the maximum and of the sum in shared memory, one per thread.
+  for (Func f : {mx, total}) {
+    Halide::RVar ko("ko"), ki("ki");
+    Func partial =
+        f.update(0).split(rj.x, ko, ki, kThreads, TailStrategy::GuardWithIf).rfactor(ki, u);
+    partial.compute_at(out, ch).store_in(Halide::MemoryType::GPUShared).gpu_threads(u);
+    partial.update(0).gpu_threads(u);
+    f.compute_at(out, ch).store_in(Halide::MemoryType::GPUShared);
+  }
+
+  KernelPipeline kp{Halide::Pipeline(out), std::move(args)};
+  kp.gpu_threads = kThreads;
+  // Two rows of partials and the head's maximum and sum.
+  kp.gpu_shared_bytes = 2 * kThreads * 4 + 2 * 4;
+  return kp;
+}
+
+}  // namespace
 
 KernelPipeline build_step_attention(const StepAttentionKernel& spec, const Halide::Target& target) {
   KILN_ASSERT(spec.heads >= 1 && spec.dk >= 1 && spec.dv >= 1, "step attention kernel spec");
@@ -79,9 +137,18 @@ KernelPipeline build_step_attention(const StepAttentionKernel& spec, const Halid
   acc(ce, h, n) += e(rj, h, n) * v(h * dv + ce, a1(rj, n), a0(rj, n));
   out(c, n) = acc(c % dv, c / dv, n) / total(c / dv, n);
 
+  q.dim(0).set_stride(1);
+  k.dim(0).set_stride(1);
+  v.dim(0).set_stride(1);
+  out.output_buffer().dim(0).set_bounds(0, static_cast<int>(spec.heads) * dv).set_stride(1);
+  std::vector<Halide::Argument> args = {q, k, v, index};
+  if (memory) args.push_back(mask);
+
   // Schedule (see the top of the file). out's channels split by head (c = ch·dv + ce), so
   // the simplifier sees c / dv = ch and c % dv = ce.
   Var ch("ch");
+  if (target.has_gpu_feature())
+    return schedule_gpu(out, score, dot, mx, total, acc, rj, dv, std::move(args));
   out.split(c, ch, ce, dv, Halide::TailStrategy::RoundUp).parallel(n);
   const int out_lanes = dv % lanes == 0 ? lanes : 1;
   if (out_lanes > 1) out.vectorize(ce, out_lanes);
@@ -99,13 +166,6 @@ KernelPipeline build_step_attention(const StepAttentionKernel& spec, const Halid
   for (Func f : {mx, total}) f.compute_at(out, n);
   a1.compute_at(out, n);
   a0.compute_at(out, n);
-
-  q.dim(0).set_stride(1);
-  k.dim(0).set_stride(1);
-  v.dim(0).set_stride(1);
-  out.output_buffer().dim(0).set_bounds(0, static_cast<int>(spec.heads) * dv).set_stride(1);
-  std::vector<Halide::Argument> args = {q, k, v, index};
-  if (memory) args.push_back(mask);
   return {Halide::Pipeline(out), args};
 }
 

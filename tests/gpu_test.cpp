@@ -1,9 +1,10 @@
-// GPU kernels through OpenCL on pocl: tests/gpu/norms.kir compiled for host-opencl
-// and tests/gpu/linears.kir and tests/gpu/attention.kir (kiln_add_model ... TARGET host-opencl) run
-// each entry point on the OpenCL device and matches the reference interpreter on random inputs of
-// odd sizes. This binary links no Halide (libHalide's LLVM 14 and pocl's LLVM 15 in one process
-// crash). Without an OpenCL device every test skips, saying so (ctest reports it as skipped, not
-// passed). The test NoDevice.IsAnErrorNotACrash runs on its own with no OpenCL platform visible.
+// GPU kernels through OpenCL on pocl: tests/gpu/norms.kir compiled for host-opencl and
+// tests/gpu/linears.kir, tests/gpu/attention.kir and tests/gpu/step_attention.kir (kiln_add_model
+// ... TARGET host-opencl) run each entry point on the OpenCL device and match the reference
+// interpreter on random inputs of odd sizes. This binary links no Halide (libHalide's LLVM 14 and
+// pocl's LLVM 15 in one process crash). Without an OpenCL device every test skips, saying so (ctest
+// reports it as skipped, not passed). The test NoDevice.IsAnErrorNotACrash runs on its own with no
+// OpenCL platform visible.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -24,6 +25,7 @@
 #include "gpu_general.h"
 #include "gpu_linears.h"
 #include "gpu_norms.h"
+#include "gpu_step_attention.h"
 #include "ir/interpreter.h"
 #include "ir/parser.h"
 #include "opencl_device.h"
@@ -360,6 +362,44 @@ TEST_F(GpuOpenCLGeneral, Argmax) {
 TEST_F(GpuOpenCLGeneral, Matmul) {
   check("matmul");
   check("linear");
+}
+
+// Single-query decoding attention (tests/gpu/step_attention.kir) at 1, 7, 33 and 129 keys (cache
+// positions or source keys) and 1, 4 and 9 hypotheses: cache_attention reads random slots of the
+// cache through the row table; memory_attention reads random sentences with random key padding,
+// sentence 0 wholly padded and read by hypothesis 0 (its output: the uniform average of v).
+TEST(GpuOpenCL, StepAttention) {
+  SKIP_WITHOUT_OPENCL();
+  const ir::Module m = read_module("step_attention.kir");
+  char* error = nullptr;
+  ModelPtr model(gpu_step_attention_create(nullptr, &error));
+  ASSERT_NE(model, nullptr) << (error ? error : "");
+  kiln_free_error(error);
+  constexpr int64_t kSlots = 5, kSentences = 3;
+  uint32_t seed = 101;
+  for (int64_t keys : {1, 7, 33, 129})
+    for (int64_t n : {1, 4, 9}) {
+      const int64_t positions = std::min<int64_t>(keys + 2, 129);  // cache rows: T >= P
+      std::mt19937 rng(++seed);
+      for (const char* f : {"cache", "cache_dv", "cache_wide"}) {
+        std::vector<ir::Tensor> inputs = random_inputs(
+            f, {{"N", n}, {"P", keys}, {"T", positions}, {"C", kSlots}, {"V", 2}}, ++seed, m);
+        std::uniform_int_distribution<int64_t> slot(0, kSlots - 1);
+        for (int64_t& r : inputs[3].ints) r = slot(rng);
+        EXPECT_LE(max_error(model.get(), f, inputs, m), kTolerance)
+            << f << " with N=" << n << " P=" << keys << " T=" << positions;
+      }
+      for (const char* f : {"memory", "memory_dv"}) {
+        std::vector<ir::Tensor> inputs =
+            random_inputs(f, {{"N", n}, {"B", kSentences}, {"S", keys}, {"V", 2}}, ++seed, m);
+        std::uniform_int_distribution<int64_t> sentence(0, kSentences - 1);
+        for (int64_t& r : inputs[3].ints) r = sentence(rng);
+        inputs[3].ints[0] = 0;
+        for (int64_t j = 0; j < keys; ++j) inputs[4].ints[static_cast<size_t>(j)] = 1;
+        EXPECT_LE(max_error(model.get(), f, inputs, m), kTolerance)
+            << f << " with N=" << n << " S=" << keys;
+      }
+    }
 }
 
 // Run by ctest with OCL_ICD_VENDORS naming an empty folder: no platform, so the call
