@@ -1,7 +1,7 @@
-// The CUDA build: tests/gpu/norms.kir, linears.kir and attention.kir compiled for
-// host-cuda-cuda_capability_86 (kiln_add_model ... TARGET host-cuda-cuda_capability_86, the
-// highest capability Halide 14 accepts; the driver JIT-compiles its PTX for newer GPUs).
-// This binary links no Halide, as gpu_tests. It checks
+// The CUDA build: tests/gpu/norms.kir, linears.kir, attention.kir, general.kir and
+// step_attention.kir compiled for host-cuda-cuda_capability_86 (kiln_add_model ... TARGET
+// host-cuda-cuda_capability_86, the highest capability Halide 14 accepts; the driver JIT-compiles
+// its PTX for newer GPUs). This binary links no Halide, as gpu_tests. It checks
 //   - that every kernel's object in each static library carries PTX for sm_86;
 //   - without a CUDA driver (no libcuda.so.1 / libcuda.so): a call is a non-zero status and
 //     a message naming the missing driver, through the C ABI and the C++ API, and the model
@@ -31,6 +31,7 @@
 #include "cuda_general.h"
 #include "cuda_linears.h"
 #include "cuda_norms.h"
+#include "cuda_step_attention.h"
 #include "ir/interpreter.h"
 #include "ir/parser.h"
 #include "runtime/safetensors.h"
@@ -112,7 +113,8 @@ size_t count(const std::string& haystack, const std::string& needle) {
 // Each kernel's object (<model>_kiln_*.o: one Halide pipeline per kernel) embeds one PTX
 // module for sm_86 with at least one entry; the glue and Halide's runtime none.
 TEST(CudaBuild, EveryKernelObjectCarriesPtxForSm86) {
-  for (const std::string model : {"cuda_norms", "cuda_linears", "cuda_attention", "cuda_general"}) {
+  for (const std::string model :
+       {"cuda_norms", "cuda_linears", "cuda_attention", "cuda_general", "cuda_step_attention"}) {
     const std::string path =
         std::string(KILN_CUDA_TEST_DIR) + "/" + model + ".kiln/lib" + model + ".a";
     const auto members = archive_members(path);
@@ -426,6 +428,41 @@ TEST(CudaRun, General) {
         for (float& v : inputs[0].f) v = std::round(v * 4) / 4;
       EXPECT_LE(max_error(model.get(), m, f, inputs), kTolerance)
           << f << " with B=" << s.at("B") << " R=" << s.at("R") << " C=" << s.at("C");
+    }
+}
+
+// Single-query decoding attention at 1, 7, 33 and 129 keys and 1, 4 and 9 hypotheses, random
+// cache slots and source sentences, random key padding with sentence 0 wholly padded and read by
+// hypothesis 0 (as gpu_test.cpp's GpuOpenCL.StepAttention).
+TEST(CudaRun, StepAttention) {
+  SKIP_WITHOUT_CUDA();
+  const ir::Module m = read_module("step_attention.kir");
+  ModelPtr model = create(cuda_step_attention_create);
+  ASSERT_NE(model, nullptr);
+  constexpr int64_t kSlots = 5, kSentences = 3;
+  uint32_t seed = 101;
+  for (int64_t keys : {1, 7, 33, 129})
+    for (int64_t n : {1, 4, 9}) {
+      const int64_t positions = std::min<int64_t>(keys + 2, 129);  // cache rows: T >= P
+      std::mt19937 rng(++seed);
+      for (const char* f : {"cache", "cache_dv", "cache_wide"}) {
+        std::vector<ir::Tensor> inputs = random_inputs(
+            m, f, {{"N", n}, {"P", keys}, {"T", positions}, {"C", kSlots}, {"V", 2}}, ++seed);
+        std::uniform_int_distribution<int64_t> slot(0, kSlots - 1);
+        for (int64_t& r : inputs[3].ints) r = slot(rng);
+        EXPECT_LE(max_error(model.get(), m, f, inputs), kTolerance)
+            << f << " with N=" << n << " P=" << keys << " T=" << positions;
+      }
+      for (const char* f : {"memory", "memory_dv"}) {
+        std::vector<ir::Tensor> inputs =
+            random_inputs(m, f, {{"N", n}, {"B", kSentences}, {"S", keys}, {"V", 2}}, ++seed);
+        std::uniform_int_distribution<int64_t> sentence(0, kSentences - 1);
+        for (int64_t& r : inputs[3].ints) r = sentence(rng);
+        inputs[3].ints[0] = 0;
+        for (int64_t j = 0; j < keys; ++j) inputs[4].ints[static_cast<size_t>(j)] = 1;
+        EXPECT_LE(max_error(model.get(), m, f, inputs), kTolerance)
+            << f << " with N=" << n << " S=" << keys;
+      }
     }
 }
 

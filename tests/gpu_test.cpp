@@ -1,5 +1,5 @@
 // GPU kernels through OpenCL on pocl: tests/gpu/norms.kir compiled for host-opencl and
-// tests/gpu/linears.kir, tests/gpu/attention.kir and tests/gpu/step_attention.kir (kiln_add_model
+// tests/gpu/linears.kir, attention.kir, general.kir and step_attention.kir (kiln_add_model
 // ... TARGET host-opencl) run each entry point on the OpenCL device and match the reference
 // interpreter on random inputs of odd sizes. This binary links no Halide (libHalide's LLVM 14 and
 // pocl's LLVM 15 in one process crash). Without an OpenCL device every test skips, saying so (ctest
