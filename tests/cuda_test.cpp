@@ -28,6 +28,7 @@
 #include <gtest/gtest.h>
 
 #include "cuda_attention.h"
+#include "cuda_base.h"
 #include "cuda_general.h"
 #include "cuda_linears.h"
 #include "cuda_norms.h"
@@ -113,8 +114,8 @@ size_t count(const std::string& haystack, const std::string& needle) {
 // Each kernel's object (<model>_kiln_*.o: one Halide pipeline per kernel) embeds one PTX
 // module for sm_86 with at least one entry; the glue and Halide's runtime none.
 TEST(CudaBuild, EveryKernelObjectCarriesPtxForSm86) {
-  for (const std::string model :
-       {"cuda_norms", "cuda_linears", "cuda_attention", "cuda_general", "cuda_step_attention"}) {
+  for (const std::string model : {"cuda_norms", "cuda_linears", "cuda_attention", "cuda_general",
+                                  "cuda_step_attention", "cuda_base"}) {
     const std::string path =
         std::string(KILN_CUDA_TEST_DIR) + "/" + model + ".kiln/lib" + model + ".a";
     const auto members = archive_members(path);
@@ -464,6 +465,126 @@ TEST(CudaRun, StepAttention) {
             << f << " with N=" << n << " S=" << keys;
       }
     }
+}
+
+// The base model (MODEL transformer CONFIG base) compiled for CUDA: its weights, random and
+// small (uniform in ±0.05, so the model is well conditioned and f32 rounding stays small),
+// written to the build folder (~373 MB) by each test that uses them: the plain ones (the
+// runtime derives the rest).
+const ir::Module& base_module() {
+  static const ir::Module m = [] {
+    std::ifstream in(KILN_CUDA_BASE_KIR);
+    std::stringstream text;
+    text << in.rdbuf();
+    return ir::parse_and_verify(text.str(), KILN_CUDA_BASE_KIR);
+  }();
+  return m;
+}
+
+ir::WeightMap base_weights(std::string* path) {
+  const ir::Module& m = base_module();
+  std::mt19937 rng(2017);
+  std::uniform_real_distribution<float> u(-0.05f, 0.05f);
+  ir::WeightMap weights;
+  for (const ir::Weight& w : m.weights) {
+    if (w.derivation) continue;
+    std::vector<int64_t> shape;
+    for (const ir::Dim& d : w.type.shape) shape.push_back(d.value);
+    std::vector<float> v(static_cast<size_t>(ir::static_numel(w.type)));
+    for (float& x : v) x = u(rng);
+    weights[w.name] = ir::Tensor::from_f32(shape, std::move(v));
+  }
+  *path = std::string(KILN_CUDA_TEST_DIR) + "/cuda_base.weights.safetensors";
+  std::vector<rt::TensorData> tensors;
+  for (const auto& [name, t] : weights) tensors.push_back(rt::make_f32(name, t.shape, t.f));
+  rt::write_safetensors(*path, tensors);
+  ir::materialize_weights(m, weights);
+  return weights;
+}
+
+// Ids in [1, vocab): no padding.
+kiln::Tensor<int64_t> ids(int64_t batch, int64_t len, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int64_t> u(1, vocab - 1);
+  kiln::Tensor<int64_t> t{{batch, len}, std::vector<int64_t>(static_cast<size_t>(batch * len))};
+  for (int64_t& x : t.data) x = u(rng);
+  return t;
+}
+
+// Without a driver, the base model loads (weights checked and laid out on the host) and its
+// forward and encode fail naming the driver, through the C++ API and the C ABI.
+TEST(CudaNoDriver, BaseModelForwardIsAnErrorNamingTheDriver) {
+  if (cuda_driver_present()) GTEST_SKIP() << "a CUDA driver is present";
+  std::string path;
+  (void)base_weights(&path);
+  kiln_models::cuda_base model(path.c_str());
+  const kiln::Tensor<int64_t> src = ids(1, 5, 32000, 1), tgt = ids(1, 4, 32000, 2);
+  for (const char* entry : {"forward", "encode"}) {
+    std::string message;
+    try {
+      if (std::string(entry) == "forward")
+        (void)model.forward(src, tgt);
+      else
+        (void)model.encode(src);
+    } catch (const std::runtime_error& e) {
+      message = e.what();
+    }
+    EXPECT_NE(message.find("no CUDA driver (libcuda.so.1 not found"), std::string::npos)
+        << entry << ": '" << message << "'";
+  }
+  kiln_tensor in[2] = {};
+  for (int i = 0; i < 2; ++i) {
+    const kiln::Tensor<int64_t>& t = i == 0 ? src : tgt;
+    in[i].dtype = KILN_I64;
+    in[i].rank = 2;
+    in[i].shape[0] = t.shape[0];
+    in[i].shape[1] = t.shape[1];
+    in[i].data = const_cast<int64_t*>(t.data.data());
+    in[i].capacity = t.data.size() * 8;
+  }
+  std::vector<float> logits(4 * 32000);
+  kiln_tensor out{};
+  out.dtype = KILN_F32;
+  out.rank = 3;
+  out.shape[0] = 1;
+  out.shape[1] = 4;
+  out.shape[2] = 32000;
+  out.data = logits.data();
+  out.capacity = logits.size() * 4;
+  EXPECT_NE(kiln_model_run(model.get(), "forward", in, 2, &out, 1), 0);
+  EXPECT_NE(std::string(kiln_model_error(model.get())).find("no CUDA driver"), std::string::npos)
+      << kiln_model_error(model.get());
+}
+
+// With a device: the base model's forward and encode against the interpreter on random
+// weights, batches 1 and 2, lengths 1, 7 and 33.
+TEST(CudaRun, BaseModelAgainstInterpreter) {
+  SKIP_WITHOUT_CUDA();
+  std::string path;
+  const ir::WeightMap weights = base_weights(&path);
+  const ir::Module& m = base_module();
+  kiln_models::cuda_base model(path.c_str());
+  double worst = 0;
+  for (int64_t batch : {1, 2})
+    for (int64_t len : {1, 7, 33}) {
+      const kiln::Tensor<int64_t> src = ids(batch, len, 32000, static_cast<uint32_t>(len));
+      const kiln::Tensor<int64_t> tgt = ids(batch, len, 32000, static_cast<uint32_t>(len + 99));
+      const std::vector<ir::Tensor> inputs = {
+          ir::Tensor::from_ints(ir::DType::i64, src.shape, src.data),
+          ir::Tensor::from_ints(ir::DType::i64, tgt.shape, tgt.data)};
+      for (const char* entry : {"forward", "encode"}) {
+        const bool fwd = std::string(entry) == "forward";
+        const std::vector<ir::Tensor> want = ir::interpret(
+            m, *m.find_function(entry), weights, fwd ? inputs : std::vector<ir::Tensor>{inputs[0]});
+        const kiln::Tensor<float> got = fwd ? model.forward(src, tgt) : model.encode(src);
+        ASSERT_EQ(got.shape, want[0].shape) << entry;
+        for (size_t i = 0; i < got.data.size(); ++i)
+          worst = std::max(worst, std::fabs(got.data[i] - want[0].f[i]) /
+                                      std::max(1.0, std::fabs(static_cast<double>(want[0].f[i]))));
+      }
+    }
+  std::printf("[ cuda ] base model vs interpreter: max error %.3g\n", worst);
+  EXPECT_LE(worst, 1e-4);
 }
 
 }  // namespace
