@@ -176,6 +176,43 @@ TEST_F(GpuCli, OpenCLLinearsMatchInterpreter) {
       expect_compiled_matches(kir, m, "out", f.name, {{"M", rows}}, 1e-4);
 }
 
+std::string golden(const std::string& f) {
+  return std::string(KILN_TEST_DATA_DIR) + "/golden/" + f;
+}
+
+// Issue 14's acceptance: the whole tiny golden model compiled for host-opencl matches the
+// PyTorch goldens within 1e-4 through `kiln run --compiled` (both batches, forward and
+// encode), and `kiln translate` with it gives the reference beam search's ids.
+TEST_F(GpuCli, OpenCLTinyGoldenMatchesPyTorch) {
+  if (!testing::opencl_device_present()) GTEST_SKIP() << "no OpenCL device";
+  ASSERT_EQ(run_shell("%kiln emit transformer --config tiny -o " + path("tiny.kir")).status, 0);
+  const CliResult c = compile(path("tiny.kir"), "host-opencl", "out");
+  ASSERT_EQ(c.status, 0) << c.output;
+  for (const char* batch : {"tiny_b1", "tiny_b2"})
+    for (const char* fn : {"forward", "encode"}) {
+      const CliResult r =
+          run_shell("%kiln run --compiled " + path("out") + " --function " + fn + " --weights " +
+                    golden("tiny.weights.safetensors") + " --inputs " +
+                    golden(std::string(batch) + ".inputs.safetensors") + " --expect " +
+                    golden(std::string(batch) + ".expected.safetensors") + " --atol 1e-4");
+      EXPECT_EQ(r.status, 0) << batch << " " << fn << ": " << r.output;
+      EXPECT_THAT(r.output, HasSubstr("(match <= 0.0001)")) << batch << " " << fn;
+    }
+  // Beam search over prepare and decode_step on the device (tests/golden/tiny_decode.safetensors,
+  // case beam_c: start 1, end 32; its smallest score margin is 1.4e-3).
+  const CliResult t = run_shell(
+      "%kiln translate --compiled " + path("out") + " --weights " +
+      golden("tiny.weights.safetensors") + " --inputs " + golden("tiny_decode.safetensors") +
+      " --beam 3 --num-hypotheses 2 --max-len 10 --min-len 1 --length-penalty 0.6 --start-id 1 "
+      "--end-id 32 -o " +
+      path("beam.safetensors"));
+  ASSERT_EQ(t.status, 0) << t.output;
+  rt::SafeTensors got = rt::SafeTensors::load(path("beam.safetensors"));
+  rt::SafeTensors want = rt::SafeTensors::load(golden("tiny_decode.safetensors"));
+  EXPECT_EQ(got.to_i64(got.at("ids")), want.to_i64(want.at("beam_c.ids")));
+  EXPECT_EQ(got.to_i64(got.at("lengths")), want.to_i64(want.at("beam_c.lengths")));
+}
+
 // With no OpenCL platform visible (the ICD loader reads its vendors from an empty folder),
 // running an OpenCL library is an error naming the failure, exit status 1, not a crash.
 TEST_F(GpuCli, OpenCLWithoutDeviceIsAnError) {
