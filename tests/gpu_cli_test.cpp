@@ -213,6 +213,38 @@ TEST_F(GpuCli, OpenCLTinyGoldenMatchesPyTorch) {
   EXPECT_EQ(got.to_i64(got.at("lengths")), want.to_i64(want.at("beam_c.lengths")));
 }
 
+// The small golden model likewise (forward and encode against PyTorch within 1e-4), and the
+// odd random config of tests/CMakeLists.txt's gpu_odd (d_k 7, d_ff 13, odd vocabularies, pad
+// id 2) on random weights against the interpreter, forward and encode at batch 3.
+TEST_F(GpuCli, OpenCLSmallGoldenAndOddConfigMatch) {
+  if (!testing::opencl_device_present()) GTEST_SKIP() << "no OpenCL device";
+  ASSERT_EQ(run_shell("%kiln emit transformer --config small -o " + path("small.kir")).status, 0);
+  CliResult c = compile(path("small.kir"), "host-opencl", "small");
+  ASSERT_EQ(c.status, 0) << c.output;
+  for (const char* fn : {"forward", "encode"}) {
+    const CliResult r = run_shell(
+        "%kiln run --compiled " + path("small") + " --function " + fn + " --weights " +
+        golden("small.weights.safetensors") + " --inputs " + golden("small_b1.inputs.safetensors") +
+        " --expect " + golden("small_b1.expected.safetensors") + " --atol 1e-4");
+    EXPECT_EQ(r.status, 0) << fn << ": " << r.output;
+    EXPECT_THAT(r.output, HasSubstr("(match <= 0.0001)")) << fn;
+  }
+  ASSERT_EQ(run_shell("%kiln emit transformer --config tiny --set d_model=21 --set heads=3 "
+                      "--set d_ff=13 --set src_vocab=17 --set tgt_vocab=19 --set enc_layers=1 "
+                      "--set dec_layers=2 --set pad_id=2 --set max_len=12 --set max_batch=3 -o " +
+                      path("odd.kir"))
+                .status,
+            0);
+  c = compile(path("odd.kir"), "host-opencl", "odd");
+  ASSERT_EQ(c.status, 0) << c.output;
+  const ir::Module m = read_kir(path("odd.kir"));
+  write_random_weights(m, 3, path("w.safetensors"));
+  // Ids below 17, the smaller vocabulary; pad id 2 among them.
+  for (const char* fn : {"forward", "encode"})
+    expect_compiled_matches(path("odd.kir"), m, "odd", fn,
+                            {{"B", 3}, {"S", 11}, {"T", 5}, {"V", 17}}, 1e-4);
+}
+
 // With no OpenCL platform visible (the ICD loader reads its vendors from an empty folder),
 // running an OpenCL library is an error naming the failure, exit status 1, not a crash.
 TEST_F(GpuCli, OpenCLWithoutDeviceIsAnError) {
