@@ -68,8 +68,20 @@ class DeviceMirror {
     check_device(ops_.device_malloc(nullptr, &buf_, ops_.interface()),
                  "allocating device memory for " + what);
   }
+  // A view of a caller's device allocation (kiln_model_run_device) as `bytes` bytes: never
+  // copied to or from the host, never freed here.
+  DeviceMirror(const kiln_device_ops& ops, const halide_buffer_t& external, int64_t bytes)
+      : ops_(ops), owned_(false) {
+    KILN_ASSERT(bytes <= INT32_MAX, "a device tensor's bytes are checked against its shape");
+    dim_ = halide_dimension_t(0, static_cast<int32_t>(std::max<int64_t>(bytes, 1)), 1);
+    buf_.device = external.device;
+    buf_.device_interface = external.device_interface;
+    buf_.type = halide_type_t(halide_type_uint, 8);
+    buf_.dimensions = 1;
+    buf_.dim = &dim_;
+  }
   ~DeviceMirror() {
-    if (buf_.device) ops_.device_free(nullptr, &buf_);
+    if (owned_ && buf_.device) ops_.device_free(nullptr, &buf_);
   }
   DeviceMirror(const DeviceMirror&) = delete;
   DeviceMirror& operator=(const DeviceMirror&) = delete;
@@ -91,6 +103,7 @@ class DeviceMirror {
 
  private:
   const kiln_device_ops& ops_;
+  bool owned_ = true;
   halide_buffer_t buf_{};
   halide_dimension_t dim_{};
 };
@@ -485,6 +498,123 @@ struct kiln_model {
     }
   }
 
+  // Device tensors (kiln_model_run_device): every tensor's `data` is a halide_buffer_t with
+  // an allocation on this library's device.
+  struct DeviceTensors {
+    std::vector<kiln_tensor> tensors;         // as host tensors for bind() and run()'s checks
+    std::vector<halide_buffer_t*> buffers;    // the caller's, by position
+    std::deque<std::vector<uint8_t>> values;  // host copies of ids and bools, for their checks
+  };
+
+  void require_device(const char* fname) const {
+    if (!hooks.device)
+      fail(
+          "model '{}' was compiled for the CPU (target {}): device tensors for entry point '{}' "
+          "need a library compiled for a GPU target (host-opencl, host-cuda-...)",
+          plan.model, plan.target, fname ? fname : "");
+  }
+
+  // Checks each of `given` (`what`: "input" or "output") against the buffer it points to:
+  // a device allocation of this library's device interface, the tensor's element type, and
+  // its shape dense and row-major. The returned tensors hold the buffer's bytes as their
+  // capacity; with `read_values`, ids and bools (whose values bind() checks) are copied to
+  // the host (a device-to-host copy of those few bytes), and an input whose newest data is on
+  // the host (host_dirty) is refused.
+  DeviceTensors stage_device(const char* what, const kiln_tensor* given, size_t n,
+                             bool read_values) {
+    if (n && !given) fail("{}s are null", what);
+    const kiln_device_ops& ops = *hooks.device;
+    DeviceTensors out;
+    for (size_t i = 0; i < n; ++i) {
+      const kiln_tensor& t = given[i];
+      const std::string label =
+          t.name ? fmt::format("{} '{}'", what, t.name) : fmt::format("{} {}", what, i);
+      if (!t.data) fail("{} has no buffer (a device tensor's data is a halide_buffer_t)", label);
+      halide_buffer_t& b = *static_cast<halide_buffer_t*>(t.data);
+      if (!b.device)
+        fail(
+            "{} is a host-only buffer: a device tensor needs a device allocation "
+            "(halide_device_malloc with kiln_model_device_interface)",
+            label);
+      if (b.device_interface != ops.interface())
+        fail("{} is on another device interface than the model's (kiln_model_device_interface)",
+             label);
+      if (read_values && b.host_dirty())
+        fail("{} has newer data on the host (host_dirty): copy it to the device first", label);
+      halide_type_t want_type;
+      switch (t.dtype) {
+        case KILN_F32:
+          want_type = halide_type_t(halide_type_float, 32);
+          break;
+        case KILN_I64:
+          want_type = halide_type_t(halide_type_int, 64);
+          break;
+        case KILN_BOOL:
+          want_type = halide_type_t(halide_type_uint, 8);
+          break;
+        case KILN_I32:
+          fail("{} is i32: a device tensor has its parameter's dtype (ids are i64)", label);
+        default:
+          fail("{} has unknown dtype {}", label, t.dtype);
+      }
+      const bool bool_bits = t.dtype == KILN_BOOL && b.type.code == halide_type_uint &&
+                             b.type.bits == 1 && b.type.lanes == 1;
+      if (!(b.type == want_type) && !bool_bits)
+        fail("{} is {}, its buffer holds {}{} elements", label, kiln::dtype_name(t.dtype),
+             b.type.code == halide_type_float ? "float"
+             : b.type.code == halide_type_int ? "int"
+                                              : "uint",
+             b.type.bits);
+      if (t.rank < 0 || t.rank > KILN_MAX_RANK || b.dimensions != t.rank)
+        fail("{} has rank {}, its buffer {} dimensions", label, t.rank, b.dimensions);
+      if (t.rank > 0 && !b.dim) fail("{}'s buffer has {} dimensions and no dim", label, t.rank);
+      std::vector<int64_t> shape(t.shape, t.shape + t.rank), got, strides;
+      bool dense = true;
+      int64_t stride = 1;
+      for (int32_t d = t.rank - 1; d >= 0; --d) {
+        const halide_dimension_t& hd = b.dim[t.rank - 1 - d];
+        got.insert(got.begin(), hd.extent);
+        strides.insert(strides.begin(), hd.stride);
+        dense = dense && hd.extent == shape[d] && hd.stride == stride;
+        stride *= std::max<int64_t>(shape[d], 0);
+      }
+      if (!dense)
+        fail(
+            "{} has shape {}, its buffer shape {} and strides {} (outermost first): a device "
+            "tensor is dense and row-major in its tensor's shape",
+            label, shape_str(shape), shape_str(got), shape_str(strides));
+      const int64_t bytes = stride * static_cast<int64_t>(kiln_dtype_size(t.dtype));
+      if (bytes > INT32_MAX)
+        fail("{} has {} bytes, more than a device buffer of this runtime holds ({})", label, bytes,
+             INT32_MAX);
+      kiln_tensor& staged = out.tensors.emplace_back(t);
+      staged.capacity = static_cast<size_t>(bytes);
+      out.buffers.push_back(&b);
+      if (!read_values || (t.dtype != KILN_I64 && t.dtype != KILN_BOOL) || bytes == 0) continue;
+      std::vector<uint8_t>& host = out.values.emplace_back(static_cast<size_t>(bytes));
+      halide_dimension_t dim(0, static_cast<int32_t>(bytes), 1);
+      halide_buffer_t src{}, dst{};
+      src.device = b.device;
+      src.device_interface = b.device_interface;
+      dst.host = host.data();
+      src.type = dst.type = halide_type_t(halide_type_uint, 8);
+      src.dimensions = dst.dimensions = 1;
+      src.dim = dst.dim = &dim;
+      g_kernel_error.clear();
+      check_device(ops.buffer_copy(nullptr, &src, nullptr, &dst),
+                   "copying " + label + " to the host to check its values");
+      staged.data = host.data();
+    }
+    return out;
+  }
+
+  void output_shapes_device(const char* fname, const kiln_tensor* inputs, size_t n_in,
+                            kiln_tensor* outputs, size_t n_out) {
+    require_device(fname);
+    DeviceTensors in = stage_device("input", inputs, n_in, /*read_values=*/true);
+    output_shapes(fname, in.tensors.data(), n_in, outputs, n_out);
+  }
+
   // Binds symbols from the inputs and validates them; returns the symbol values.
   std::vector<int64_t> bind(const FunctionDesc& f, const kiln_tensor* inputs, size_t n,
                             std::vector<const kiln_tensor*>* ordered) const {
@@ -638,8 +768,10 @@ struct kiln_model {
       std::memcpy(dst + r * c_slot, src + r * x_row, static_cast<size_t>(d) * sizeof(float));
   }
 
+  // `on_device`: the inputs and outputs are device tensors (kiln_model_run_device), read and
+  // written in place on the device.
   void run(const char* fname, const kiln_tensor* inputs, size_t n_in, kiln_tensor* outputs,
-           size_t n_out) {
+           size_t n_out, bool on_device = false) {
     using Clock = std::chrono::steady_clock;
     const Clock::time_point run_start = Clock::now();
     bool profile_this_run = false;
@@ -649,10 +781,31 @@ struct kiln_model {
     }
     std::vector<Tally> kernel_tally(profile_this_run ? kernels.size() : 0);
     const FunctionDesc& f = function(fname);
+    std::optional<DeviceTensors> device_in, device_out;
+    if (on_device) {
+      require_device(fname);
+      for (const auto& step : f.steps)
+        if (step.builtin == kiln::rt::Builtin::cache_write)
+          fail(
+              "entry point '{}' writes a cache on the host between its kernels (cache_write): "
+              "run it with host tensors (kiln_model_run)",
+              f.name);
+      device_in.emplace(stage_device("input", inputs, n_in, /*read_values=*/true));
+      device_out.emplace(stage_device("output", outputs, n_out, /*read_values=*/false));
+      inputs = device_in->tensors.data();
+      outputs = device_out->tensors.data();
+    }
     std::vector<const kiln_tensor*> ordered;
     std::vector<int64_t> syms = bind(f, inputs, n_in, &ordered);
     if (n_out != f.results.size())
       fail("entry point '{}' has {} outputs, got {}", f.name, f.results.size(), n_out);
+    // Device tensors: the caller's buffers of the parameters (in order) and results.
+    std::vector<halide_buffer_t*> param_buffer, result_buffer;
+    if (on_device) {
+      for (const kiln_tensor* t : ordered)
+        param_buffer.push_back(device_in->buffers[static_cast<size_t>(t - inputs)]);
+      result_buffer = device_out->buffers;
+    }
 
     // Inputs: ids as int64 (converted from int32 when needed).
     std::vector<std::vector<int64_t>> converted(f.params.size());
@@ -714,6 +867,11 @@ struct kiln_model {
           arena.bytes().device = std::make_unique<DeviceMirror>(*device, arena.data(),
                                                                 arena.bytes().size, "the arena");
         for (size_t p = 0; p < n_in; ++p) {
+          if (on_device) {
+            param_device[p] =
+                std::make_unique<DeviceMirror>(*device, *param_buffer[p], param_bytes[p]);
+            continue;
+          }
           param_device[p] = std::make_unique<DeviceMirror>(
               *device, const_cast<uint8_t*>(param_data[p]), param_bytes[p], input_what(p));
           param_device[p]->upload(input_what(p));
@@ -723,8 +881,11 @@ struct kiln_model {
             result_mirror[r] = param_device[static_cast<size_t>(p)].get();
             continue;
           }
-          result_device[r] = std::make_unique<DeviceMirror>(*device, result_data[r],
-                                                            result_bytes[r], output_what(r));
+          result_device[r] =
+              on_device
+                  ? std::make_unique<DeviceMirror>(*device, *result_buffer[r], result_bytes[r])
+                  : std::make_unique<DeviceMirror>(*device, result_data[r], result_bytes[r],
+                                                   output_what(r));
           result_mirror[r] = result_device[r].get();
         }
       } catch (const std::exception& e) {
@@ -796,8 +957,11 @@ struct kiln_model {
         KILN_ASSERT(first >= 0 && last + esize <= size,
                     fmt::format("step '{}': buffer {} spans bytes [{}, {}) of {}", step.op, a,
                                 first, last + esize, size));
+        // A device tensor has no host memory here.
+        const bool caller_device =
+            on_device && (b.storage == Storage::param || b.storage == Storage::result);
         halide_buffer_t& hb = bufs[a];
-        hb.host = base + first;
+        hb.host = caller_device ? nullptr : base + first;
         hb.type = halide_type(b.type);
         hb.dimensions = static_cast<int32_t>(dims[a].size());
         hb.dim = dims[a].data();
@@ -821,8 +985,8 @@ struct kiln_model {
             mirror = tables[b.index].device.get();
             break;
         }
-        const bool host_current = b.storage == Storage::param || b.storage == Storage::weight ||
-                                  b.storage == Storage::table;
+        const bool host_current = (b.storage == Storage::param && !caller_device) ||
+                                  b.storage == Storage::weight || b.storage == Storage::table;
         args[a] = views->attach(*mirror, first, &hb, static_cast<int>(a) >= first_output,
                                 host_current, fmt::format("buffer {} of step '{}'", a, step.op));
       }
@@ -844,7 +1008,15 @@ struct kiln_model {
         t.seconds += std::chrono::duration<double>(Clock::now() - start).count();
       }
     }
-    for (size_t r = 0; r < result_mirror.size(); ++r) result_mirror[r]->download(output_what(r));
+    if (on_device) {
+      // The results are on the device, newer than any host memory of the caller's buffers.
+      for (halide_buffer_t* b : result_buffer) {
+        b->set_host_dirty(false);
+        b->set_device_dirty(true);
+      }
+    } else {
+      for (size_t r = 0; r < result_mirror.size(); ++r) result_mirror[r]->download(output_what(r));
+    }
     if (profile_this_run) {
       std::lock_guard<std::mutex> lock(profile_mutex);
       if (!profiling || kernel_time.size() != kernel_tally.size()) return;  // stopped meanwhile
@@ -989,6 +1161,39 @@ int kiln_model_run(kiln_model* model, const char* function, const kiln_tensor* i
     model->set_error(e.what());
     return 1;
   }
+}
+
+int kiln_model_output_shapes_device(kiln_model* model, const char* function,
+                                    const kiln_tensor* inputs, size_t num_inputs,
+                                    kiln_tensor* outputs, size_t num_outputs) {
+  if (!model) return 1;
+  try {
+    if (num_outputs && !outputs)
+      fail("entry point '{}': outputs is null", function ? function : "");
+    model->output_shapes_device(function, inputs, num_inputs, outputs, num_outputs);
+    model->set_error("");
+    return 0;
+  } catch (const std::exception& e) {
+    model->set_error(e.what());
+    return 1;
+  }
+}
+
+int kiln_model_run_device(kiln_model* model, const char* function, const kiln_tensor* inputs,
+                          size_t num_inputs, kiln_tensor* outputs, size_t num_outputs) {
+  if (!model) return 1;
+  try {
+    model->run(function, inputs, num_inputs, outputs, num_outputs, /*on_device=*/true);
+    model->set_error("");
+    return 0;
+  } catch (const std::exception& e) {
+    model->set_error(e.what());
+    return 1;
+  }
+}
+
+const struct halide_device_interface_t* kiln_model_device_interface(const kiln_model* model) {
+  return model && model->hooks.device ? model->hooks.device->interface() : nullptr;
 }
 
 const char* kiln_model_config(const kiln_model* model, const char* key) {

@@ -329,6 +329,35 @@ TEST_F(AbiTest, NullArgumentsAreRefused) {
   EXPECT_EQ(kiln_model_functions(nullptr)[0], nullptr);
 }
 
+// A CPU library has no device: no device interface, and device tensors (kiln_model_run_device,
+// tests/gpu_test.cpp runs them on a GPU library) are an error naming the target, with nothing
+// written.
+TEST_F(AbiTest, DeviceTensorsAreRefusedByACpuLibrary) {
+  EXPECT_EQ(kiln_model_device_interface(model_), nullptr);
+  EXPECT_EQ(kiln_model_device_interface(nullptr), nullptr);
+  std::vector<kiln_tensor> in = inputs("floats");
+  std::vector<Guarded> buffers;
+  std::vector<kiln_tensor> out = outputs(entry_points()[0].second, buffers);
+  const std::string cpu = "model 'abi_dtypes' was compiled for the CPU (target ";
+  const std::string need =
+      "): device tensors for entry point 'floats' need a library compiled for a GPU target";
+  EXPECT_NE(kiln_model_run_device(model_, "floats", in.data(), 1, out.data(), 1), 0);
+  EXPECT_THAT(std::string(kiln_model_error(model_)), ::testing::StartsWith(cpu));
+  EXPECT_THAT(std::string(kiln_model_error(model_)), ::testing::HasSubstr(need));
+  EXPECT_NE(kiln_model_output_shapes_device(model_, "floats", in.data(), 1, out.data(), 1), 0);
+  EXPECT_THAT(std::string(kiln_model_error(model_)), ::testing::HasSubstr(need));
+  EXPECT_NE(kiln_model_run_device(nullptr, "floats", in.data(), 1, out.data(), 1), 0);
+  for (const Guarded& b : buffers) EXPECT_TRUE(b.untouched());
+  kiln_models::abi_dtypes model(nullptr);
+  EXPECT_EQ(model.device_interface(), nullptr);
+  try {
+    model.run_device("floats", {}, {});
+    ADD_FAILURE() << "a CPU library ran device tensors";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(std::string(e.what()), ::testing::HasSubstr(need));
+  }
+}
+
 // The generated class returns each result as a Tensor of its real element type.
 TEST(AbiClass, ReturnsTypedTensorsMatchingTheInterpreter) {
   kiln_models::abi_dtypes model(nullptr);

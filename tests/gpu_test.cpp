@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -18,8 +19,10 @@
 #include <tuple>
 #include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "HalideRuntime.h"
 #include "gpu_attention.h"
 #include "gpu_cache_write.h"
 #include "gpu_general.h"
@@ -601,6 +604,386 @@ TEST(GpuOpenCL, ResidentCacheWriteBetweenKernels) {
       worst = std::max(worst, static_cast<double>(std::fabs(w[e] - want[0].f[e])));
     EXPECT_LE(worst, kTolerance) << "run " << run;
     EXPECT_EQ(cache, want[1].f) << "run " << run;
+  }
+}
+
+// Device tensors (kiln_model_run_device): inputs and outputs are halide_buffer_ts on the
+// model's OpenCL device, allocated by the test with halide_device_malloc on
+// kiln_model_device_interface.
+
+// A row-major device tensor with host memory of its own (for the test to fill and read):
+// the device allocation is freed when destroyed.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(const kiln_model* model, int32_t dtype, std::vector<int64_t> shape)
+      : dtype_(dtype), shape_(std::move(shape)) {
+    int64_t n = 1, stride = 1;
+    for (int64_t d : shape_) n *= d;
+    dims_.resize(shape_.size());
+    for (size_t d = shape_.size(); d-- > 0;) {
+      dims_[shape_.size() - 1 - d] =
+          halide_dimension_t(0, static_cast<int32_t>(shape_[d]), static_cast<int32_t>(stride));
+      stride *= shape_[d];
+    }
+    host_.assign(static_cast<size_t>(n) * kiln_dtype_size(dtype), 0);
+    buf_.host = host_.data();
+    buf_.type = dtype == KILN_F32   ? halide_type_t(halide_type_float, 32)
+                : dtype == KILN_I64 ? halide_type_t(halide_type_int, 64)
+                                    : halide_type_t(halide_type_uint, 8);
+    buf_.dimensions = static_cast<int32_t>(dims_.size());
+    buf_.dim = dims_.data();
+    status_ = halide_device_malloc(nullptr, &buf_, kiln_model_device_interface(model));
+  }
+  ~DeviceBuffer() {
+    if (buf_.device) halide_device_free(nullptr, &buf_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  int malloc_status() const { return status_; }
+  halide_buffer_t* buffer() { return &buf_; }
+  std::vector<uint8_t>& host() { return host_; }
+  // Copies `bytes` (the tensor's) to the host memory and then to the device.
+  int upload(const void* bytes) {
+    std::memcpy(host_.data(), bytes, host_.size());
+    buf_.set_host_dirty(true);
+    return halide_copy_to_device(nullptr, &buf_, buf_.device_interface);
+  }
+  // The tensor as kiln_model_run_device takes it.
+  kiln_tensor tensor() {
+    kiln_tensor t{};
+    t.dtype = dtype_;
+    t.rank = static_cast<int32_t>(shape_.size());
+    for (size_t d = 0; d < shape_.size(); ++d) t.shape[d] = shape_[d];
+    t.data = &buf_;
+    return t;
+  }
+
+ private:
+  int32_t dtype_;
+  std::vector<int64_t> shape_;
+  std::vector<halide_dimension_t> dims_;
+  std::vector<uint8_t> host_;
+  halide_buffer_t buf_{};
+  int status_ = -1;
+};
+
+// The host tensor of `t` (f32, i64 or bool) as kiln_model_run takes it; bools in `bytes`.
+kiln_tensor host_tensor(const ir::Tensor& t, std::vector<uint8_t>* bytes) {
+  kiln_tensor k{};
+  k.rank = static_cast<int32_t>(t.shape.size());
+  for (size_t d = 0; d < t.shape.size(); ++d) k.shape[d] = t.shape[d];
+  if (t.dtype == ir::DType::f32) {
+    k.dtype = KILN_F32;
+    k.data = const_cast<float*>(t.f.data());
+    k.capacity = t.f.size() * 4;
+  } else if (t.dtype == ir::DType::boolean) {
+    k.dtype = KILN_BOOL;
+    bytes->clear();
+    for (int64_t x : t.ints) bytes->push_back(x != 0 ? 1 : 0);
+    k.data = bytes->data();
+    k.capacity = bytes->size();
+  } else {
+    k.dtype = KILN_I64;
+    k.data = const_cast<int64_t*>(t.ints.data());
+    k.capacity = t.ints.size() * 8;
+  }
+  return k;
+}
+
+// The f32 outputs of `function` through the host path (kiln_model_run), as raw bytes.
+std::vector<std::vector<uint8_t>> run_host(kiln_model* model, const std::string& function,
+                                           const std::vector<ir::Tensor>& inputs) {
+  std::vector<std::vector<uint8_t>> bools(inputs.size());
+  std::vector<kiln_tensor> in;
+  for (size_t i = 0; i < inputs.size(); ++i) in.push_back(host_tensor(inputs[i], &bools[i]));
+  std::vector<kiln_tensor> out(
+      static_cast<size_t>(kiln_model_num_outputs(model, function.c_str())));
+  EXPECT_EQ(kiln_model_output_shapes(model, function.c_str(), in.data(), in.size(), out.data(),
+                                     out.size()),
+            0)
+      << kiln_model_error(model);
+  std::vector<std::vector<uint8_t>> data(out.size());
+  for (size_t r = 0; r < out.size(); ++r) {
+    int64_t n = 1;
+    for (int32_t d = 0; d < out[r].rank; ++d) n *= out[r].shape[d];
+    data[r].assign(static_cast<size_t>(n) * kiln_dtype_size(out[r].dtype), 0xAB);
+    out[r].data = data[r].data();
+    out[r].capacity = data[r].size();
+  }
+  EXPECT_EQ(kiln_model_run(model, function.c_str(), in.data(), in.size(), out.data(), out.size()),
+            0)
+      << kiln_model_error(model);
+  return data;
+}
+
+// Device input buffers for `inputs` (uploaded) and device output buffers of the shapes
+// kiln_model_output_shapes_device gives, their host memory filled with 0xCD.
+struct DeviceCall {
+  std::vector<std::unique_ptr<DeviceBuffer>> in, out;
+  std::vector<kiln_tensor> in_tensors, out_tensors;
+};
+
+DeviceCall make_device_call(kiln_model* model, const std::string& function,
+                            const std::vector<ir::Tensor>& inputs) {
+  DeviceCall c;
+  for (const ir::Tensor& t : inputs) {
+    std::vector<uint8_t> bools;
+    const kiln_tensor host = host_tensor(t, &bools);
+    auto& b = c.in.emplace_back(std::make_unique<DeviceBuffer>(
+        model, host.dtype, std::vector<int64_t>(host.shape, host.shape + host.rank)));
+    EXPECT_EQ(b->malloc_status(), 0);
+    EXPECT_EQ(b->upload(host.data), 0);
+    c.in_tensors.push_back(b->tensor());
+  }
+  c.out_tensors.resize(static_cast<size_t>(kiln_model_num_outputs(model, function.c_str())));
+  EXPECT_EQ(kiln_model_output_shapes_device(model, function.c_str(), c.in_tensors.data(),
+                                            c.in_tensors.size(), c.out_tensors.data(),
+                                            c.out_tensors.size()),
+            0)
+      << kiln_model_error(model);
+  for (kiln_tensor& o : c.out_tensors) {
+    auto& b = c.out.emplace_back(std::make_unique<DeviceBuffer>(
+        model, o.dtype, std::vector<int64_t>(o.shape, o.shape + o.rank)));
+    EXPECT_EQ(b->malloc_status(), 0);
+    std::fill(b->host().begin(), b->host().end(), 0xCD);
+    o = b->tensor();
+  }
+  return c;
+}
+
+// Runs `c` on the device; checks that the outputs stayed there (host memory untouched,
+// device_dirty) until copied back, and returns them.
+std::vector<std::vector<uint8_t>> run_device(kiln_model* model, const std::string& function,
+                                             DeviceCall& c) {
+  for (auto& b : c.out) std::fill(b->host().begin(), b->host().end(), 0xCD);
+  EXPECT_EQ(kiln_model_run_device(model, function.c_str(), c.in_tensors.data(), c.in_tensors.size(),
+                                  c.out_tensors.data(), c.out_tensors.size()),
+            0)
+      << kiln_model_error(model);
+  std::vector<std::vector<uint8_t>> data;
+  for (auto& b : c.out) {
+    EXPECT_TRUE(b->buffer()->device_dirty()) << function;
+    EXPECT_TRUE(
+        std::all_of(b->host().begin(), b->host().end(), [](uint8_t v) { return v == 0xCD; }))
+        << function << ": an output came to the host before it was asked for";
+    EXPECT_EQ(halide_copy_to_host(nullptr, b->buffer()), 0);
+    EXPECT_FALSE(b->buffer()->device_dirty());
+    data.push_back(b->host());
+  }
+  return data;
+}
+
+// The f32 outputs of the interpreter as raw bytes' floats, against `got` within kTolerance.
+double device_error(const ir::Module& m, const std::string& function,
+                    const std::vector<ir::Tensor>& inputs,
+                    const std::vector<std::vector<uint8_t>>& got,
+                    const ir::WeightMap& weights = {}) {
+  const std::vector<ir::Tensor> want =
+      ir::interpret(m, *m.find_function(function), weights, inputs);
+  EXPECT_EQ(want.size(), got.size());
+  double worst = 0;
+  for (size_t r = 0; r < want.size() && r < got.size(); ++r) {
+    EXPECT_EQ(got[r].size(), want[r].f.size() * 4);
+    std::vector<float> f(got[r].size() / 4);
+    std::memcpy(f.data(), got[r].data(), f.size() * 4);
+    for (size_t e = 0; e < f.size() && e < want[r].f.size(); ++e) {
+      const double ref = want[r].f[e];
+      const double err = std::fabs(f[e] - ref) / std::max(1.0, std::fabs(ref));
+      if (!(err <= worst)) worst = std::isnan(err) ? INFINITY : err;
+    }
+  }
+  return worst;
+}
+
+// Every linear of tests/gpu/linears.kir with device inputs and outputs gives the host
+// path's bytes exactly, and the interpreter's values; outputs stay on the device until
+// copied back.
+TEST(GpuOpenCL, DeviceTensorsMatchTheHostPath) {
+  SKIP_WITHOUT_OPENCL();
+  const ir::Module lin = read_module("linears.kir");
+  const ir::WeightMap weights = write_linear_weights(lin, 81, "gpu_device_tensors.safetensors");
+  ModelPtr model = create_linears("gpu_device_tensors.safetensors");
+  ASSERT_NE(model, nullptr);
+  ASSERT_NE(kiln_model_device_interface(model.get()), nullptr);
+  for (int64_t rows : {1, 33, 129})
+    for (const char* f : {"k7_n5", "k33_n70_relu", "k64_n64_gelu", "k129_n128"}) {
+      const std::vector<ir::Tensor> x = random_inputs(f, {{"M", rows}}, 90 + rows, lin);
+      DeviceCall call = make_device_call(model.get(), f, x);
+      const std::vector<std::vector<uint8_t>> got = run_device(model.get(), f, call);
+      EXPECT_EQ(got, run_host(model.get(), f, x)) << f << " with " << rows << " rows";
+      EXPECT_LE(device_error(lin, f, x, got, weights), kTolerance) << f << " with " << rows;
+    }
+}
+
+// The same device buffers run after run with new values written into them (no stale
+// device copy), two outputs (residual), ids on the device (lookup), and a buffer size
+// change between runs; each run against the host path (bit-identical) and the interpreter.
+TEST(GpuOpenCL, DeviceTensorsRepeatedRunsWithChangedInputs) {
+  SKIP_WITHOUT_OPENCL();
+  ModelPtr model = create_model();
+  ASSERT_NE(model, nullptr);
+  for (auto [b, s] : {std::pair<int64_t, int64_t>{2, 7}, {3, 33}}) {
+    const std::map<std::string, int64_t> sizes = {{"B", b}, {"S", s}, {"V", 9}};
+    DeviceCall residual =
+        make_device_call(model.get(), "residual", random_inputs("residual", sizes, 500));
+    DeviceCall lookup =
+        make_device_call(model.get(), "lookup", random_inputs("lookup", sizes, 500));
+    for (uint32_t run = 0; run < 4; ++run) {
+      for (auto [f, call] :
+           {std::pair<const char*, DeviceCall*>{"residual", &residual}, {"lookup", &lookup}}) {
+        const std::vector<ir::Tensor> x = random_inputs(f, sizes, 600 + run);
+        for (size_t i = 0; i < x.size(); ++i) {
+          std::vector<uint8_t> bools;
+          ASSERT_EQ(call->in[i]->upload(host_tensor(x[i], &bools).data), 0);
+        }
+        const std::vector<std::vector<uint8_t>> got = run_device(model.get(), f, *call);
+        EXPECT_EQ(got, run_host(model.get(), f, x)) << f << " run " << run;
+        EXPECT_LE(device_error(reference_module(), f, x, got), kTolerance) << f << " run " << run;
+      }
+    }
+  }
+}
+
+// What kiln_model_run_device refuses, each with an error naming it, and nothing written.
+TEST(GpuOpenCL, DeviceTensorsErrors) {
+  SKIP_WITHOUT_OPENCL();
+  ModelPtr model = create_model();
+  ASSERT_NE(model, nullptr);
+  kiln_model* m = model.get();
+  const std::map<std::string, int64_t> sizes = {{"B", 2}, {"S", 5}, {"V", 9}};
+  DeviceCall call = make_device_call(m, "lookup", random_inputs("lookup", sizes, 700));
+  for (auto& b : call.out) {
+    std::fill(b->host().begin(), b->host().end(), 0x11);
+    b->buffer()->set_host_dirty(true);
+    ASSERT_EQ(halide_copy_to_device(nullptr, b->buffer(), b->buffer()->device_interface), 0);
+  }
+  auto refused = [&](std::vector<kiln_tensor> in, std::vector<kiln_tensor> out,
+                     const char* function = "lookup") -> std::string {
+    EXPECT_NE(kiln_model_run_device(m, function, in.data(), in.size(), out.data(), out.size()), 0);
+    return kiln_model_error(m);
+  };
+  using ::testing::HasSubstr;
+  // A host-only buffer (no device allocation).
+  std::vector<int64_t> ids_host(10, 1);
+  halide_dimension_t ids_dims[2] = {halide_dimension_t(0, 5, 1), halide_dimension_t(0, 2, 5)};
+  halide_buffer_t host_only{};
+  host_only.host = reinterpret_cast<uint8_t*>(ids_host.data());
+  host_only.type = halide_type_t(halide_type_int, 64);
+  host_only.dimensions = 2;
+  host_only.dim = ids_dims;
+  kiln_tensor host_ids = call.in_tensors[1];
+  host_ids.data = &host_only;
+  EXPECT_THAT(refused({call.in_tensors[0], host_ids}, call.out_tensors),
+              HasSubstr("input 1 is a host-only buffer"));
+  // The kiln_tensor's shape is not the buffer's.
+  kiln_tensor wrong = call.in_tensors[1];
+  wrong.shape[1] = 4;
+  EXPECT_THAT(refused({call.in_tensors[0], wrong}, call.out_tensors),
+              HasSubstr("input 1 has shape [2,4], its buffer shape [2,5]"));
+  // Dtypes: i32 ids and a buffer of another element type.
+  wrong = call.in_tensors[1];
+  wrong.dtype = KILN_I32;
+  EXPECT_THAT(refused({call.in_tensors[0], wrong}, call.out_tensors), HasSubstr("input 1 is i32"));
+  wrong = call.in_tensors[0];
+  wrong.dtype = KILN_I64;
+  EXPECT_THAT(refused({wrong, call.in_tensors[1]}, call.out_tensors),
+              HasSubstr("input 0 is i64, its buffer holds float32 elements"));
+  // A buffer whose shape is its tensor's, but not the entry point's (the table has 9 rows).
+  DeviceBuffer wide(m, KILN_F32, {9, 128});
+  ASSERT_EQ(wide.malloc_status(), 0);
+  EXPECT_THAT(refused({wide.tensor(), call.in_tensors[1]}, call.out_tensors),
+              HasSubstr("input 'table' has shape [9,128]: dim 1 is 128, expected 129"));
+  kiln_tensor named = wide.tensor();
+  named.name = "table";
+  EXPECT_THAT(refused({named, call.in_tensors[1]}, call.out_tensors), HasSubstr("expected 129"));
+  // An output of the wrong shape.
+  DeviceBuffer small_out(m, KILN_F32, {2, 4, 129});
+  ASSERT_EQ(small_out.malloc_status(), 0);
+  EXPECT_THAT(refused(call.in_tensors, {small_out.tensor()}),
+              HasSubstr("output 'e' has shape [2,4,129], expected [2,5,129]"));
+  // Newer data on the host than on the device.
+  call.in[1]->buffer()->set_host_dirty(true);
+  EXPECT_THAT(refused(call.in_tensors, call.out_tensors), HasSubstr("input 1 has newer data"));
+  call.in[1]->buffer()->set_host_dirty(false);
+  // No buffer at all.
+  wrong = call.in_tensors[0];
+  wrong.data = nullptr;
+  EXPECT_THAT(refused({wrong, call.in_tensors[1]}, call.out_tensors),
+              HasSubstr("input 0 has no buffer"));
+  // Nothing was written to the output by any refused call.
+  for (auto& b : call.out) {
+    std::fill(b->host().begin(), b->host().end(), 0);
+    b->buffer()->set_device_dirty(true);
+    ASSERT_EQ(halide_copy_to_host(nullptr, b->buffer()), 0);
+    EXPECT_TRUE(
+        std::all_of(b->host().begin(), b->host().end(), [](uint8_t v) { return v == 0x11; }));
+  }
+  // Bools are read from the device to check their values: a key padding mask (attention,
+  // bit-identical to the host path), then one holding 2.
+  char* error = nullptr;
+  const ir::Module att = read_module("attention.kir");
+  ModelPtr attention(gpu_attention_create(nullptr, &error));
+  ASSERT_NE(attention, nullptr) << (error ? error : "");
+  kiln_free_error(error);
+  const std::vector<ir::Tensor> x =
+      random_inputs("self_kpad", {{"B", 3}, {"S", 33}, {"V", 2}}, 710, att);
+  DeviceCall masked = make_device_call(attention.get(), "self_kpad", x);
+  const std::vector<std::vector<uint8_t>> got = run_device(attention.get(), "self_kpad", masked);
+  EXPECT_EQ(got, run_host(attention.get(), "self_kpad", x));
+  EXPECT_LE(device_error(att, "self_kpad", x, got), kTolerance);
+  std::vector<uint8_t> mask(3 * 33, 0);
+  mask[40] = 2;
+  ASSERT_EQ(masked.in[3]->upload(mask.data()), 0);
+  EXPECT_NE(kiln_model_run_device(attention.get(), "self_kpad", masked.in_tensors.data(), 4,
+                                  masked.out_tensors.data(), 1),
+            0);
+  EXPECT_THAT(std::string(kiln_model_error(attention.get())),
+              HasSubstr("input 'pad' holds 2 at element 40; bool elements must be 0 or 1"));
+  // An entry point that writes a cache on the host between kernels.
+  ModelPtr cache(gpu_cache_write_create(nullptr, &error));
+  ASSERT_NE(cache, nullptr) << (error ? error : "");
+  kiln_free_error(error);
+  EXPECT_NE(kiln_model_run_device(cache.get(), "step", nullptr, 0, nullptr, 0), 0);
+  EXPECT_THAT(std::string(kiln_model_error(cache.get())),
+              HasSubstr("entry point 'step' writes a cache on the host between its kernels"));
+}
+
+// The C++ API: kiln::Model's device_interface, device_output_shapes and run_device, against
+// the host path; a host-only buffer throws with the runtime's message.
+TEST(GpuOpenCL, DeviceTensorsCppApi) {
+  SKIP_WITHOUT_OPENCL();
+  char* error = nullptr;
+  kiln::Model model(checked_model(gpu_norms_create(nullptr, &error), error));
+  ASSERT_NE(model.device_interface(), nullptr);
+  const std::vector<ir::Tensor> x = random_inputs("norm129", {{"R", 33}}, 800);
+  DeviceCall call = make_device_call(model.get(), "norm129", x);
+  std::vector<DeviceTensor> in;
+  for (auto& b : call.in) in.push_back({b->buffer(), KILN_F32, {}});
+  in[0].shape = {33, 129};
+  in[1].shape = in[2].shape = {129};
+  const std::vector<DeviceTensor> shapes = model.device_output_shapes("norm129", in);
+  ASSERT_EQ(shapes.size(), 1u);
+  EXPECT_EQ(shapes[0].shape, (std::vector<int64_t>{33, 129}));
+  EXPECT_EQ(shapes[0].dtype, KILN_F32);
+  DeviceTensor out = shapes[0];
+  out.buffer = call.out[0]->buffer();
+  std::fill(call.out[0]->host().begin(), call.out[0]->host().end(), 0xCD);
+  model.run_device("norm129", in, {out});
+  EXPECT_TRUE(out.buffer->device_dirty());
+  ASSERT_EQ(halide_copy_to_host(nullptr, out.buffer), 0);
+  EXPECT_EQ(std::vector<std::vector<uint8_t>>{call.out[0]->host()},
+            run_host(model.get(), "norm129", x));
+  EXPECT_LE(device_error(reference_module(), "norm129", x, {call.out[0]->host()}), kTolerance);
+  halide_buffer_t host_only = *call.in[0]->buffer();
+  host_only.device = 0;
+  host_only.device_interface = nullptr;
+  in[0].buffer = &host_only;
+  try {
+    model.run_device("norm129", in, {out});
+    ADD_FAILURE() << "a host-only buffer ran";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(std::string(e.what()), ::testing::HasSubstr("input 0 is a host-only buffer"));
   }
 }
 

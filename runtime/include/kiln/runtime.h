@@ -121,6 +121,37 @@ int kiln_model_output_shapes(kiln_model* model, const char* function, const kiln
  * error leaves the outputs unchanged. */
 int kiln_model_run(kiln_model* model, const char* function, const kiln_tensor* inputs,
                    size_t num_inputs, kiln_tensor* outputs, size_t num_outputs);
+/* Device-resident tensors (a library compiled for a GPU target): kiln_model_run with
+ * tensors that stay on the device, no host copy of them either way. Each kiln_tensor's
+ * `data` points to a halide_buffer_t (HalideRuntime.h) with an allocation on the model's
+ * device (`device` set, `device_interface` the one kiln_model_device_interface returns,
+ * e.g. made with halide_device_malloc), the kiln_tensor's dtype (f32: float, i64: int64,
+ * bool: uint8) and its shape dense and row-major (dim[0] the innermost, stride 1);
+ * `capacity` is not read. Name, dtype, rank and shape are given as for kiln_model_run and
+ * checked the same way, and against the buffer: a host-only buffer, another device
+ * interface, a type or shape the buffer does not have, an input whose newest data is on
+ * the host (host_dirty set: copy it first, halide_copy_to_device) and i32 ids are refused
+ * with an error naming the tensor. Ids and bools are copied to the host (only those few
+ * bytes) to check their values. Outputs are the caller's device buffers of the shapes
+ * kiln_model_output_shapes_device gives; the kernels write them on the device, and the
+ * call leaves them device_dirty (halide_copy_to_host brings them to the host memory the
+ * buffer has, if any). The caller frees them (halide_device_free). A check that fails
+ * writes nothing; a device that fails while the kernels run may leave outputs partly
+ * written. Entry points that update a cache on the host between kernels (cache_write,
+ * as decode_step does) are refused: run them with host tensors. Threads as
+ * kiln_model_run. A CPU library returns an error. Returns 0, or non-zero with the message
+ * in kiln_model_error(). */
+int kiln_model_run_device(kiln_model* model, const char* function, const kiln_tensor* inputs,
+                          size_t num_inputs, kiln_tensor* outputs, size_t num_outputs);
+/* kiln_model_output_shapes for device-tensor inputs (as kiln_model_run_device takes them). */
+int kiln_model_output_shapes_device(kiln_model* model, const char* function,
+                                    const kiln_tensor* inputs, size_t num_inputs,
+                                    kiln_tensor* outputs, size_t num_outputs);
+/* The device interface of a library for a GPU target (halide_opencl_device_interface() or
+ * halide_cuda_device_interface() of the Halide runtime in it), to allocate device tensors
+ * on; NULL for a CPU library. */
+const struct halide_device_interface_t* kiln_model_device_interface(const kiln_model* model);
+
 /* The error of the calling thread's last call on this model ("" if it succeeded; a fixed
  * message for a NULL model). Valid until this thread's next call on the model. */
 const char* kiln_model_error(const kiln_model* model);
@@ -299,6 +330,14 @@ class Output {
   void (*prepare_)(void*, kiln_tensor*);
 };
 
+/* A device tensor (kiln_model_run_device): a halide_buffer_t on the model's device, the
+ * caller's, with its dtype and shape (checked against the buffer). */
+struct DeviceTensor {
+  halide_buffer_t* buffer = nullptr;
+  int32_t dtype = KILN_F32;
+  std::vector<int64_t> shape;
+};
+
 /* Search options with their defaults (kiln_search_options_init). */
 struct SearchOptions : kiln_search_options {
   SearchOptions() { kiln_search_options_init(this); }
@@ -362,6 +401,38 @@ class Model {
     check(kiln_model_run(model_.get(), function, in.data(), in.size(), out.data(), out.size()));
   }
 
+  /* The device interface to allocate device tensors on (kiln_model_device_interface);
+   * nullptr for a CPU library. */
+  const halide_device_interface_t* device_interface() const {
+    return kiln_model_device_interface(model_.get());
+  }
+  /* The dtypes and shapes of `function`'s outputs for device-tensor `inputs` (buffer left
+   * null): what to allocate for run_device. */
+  std::vector<DeviceTensor> device_output_shapes(const char* function,
+                                                 const std::vector<DeviceTensor>& inputs) {
+    std::vector<kiln_tensor> in = device_tensors(inputs);
+    int n = kiln_model_num_outputs(model_.get(), function);
+    if (n < 0) throw std::runtime_error(std::string("kiln: no entry point '") + function + "'");
+    std::vector<kiln_tensor> out(static_cast<size_t>(n));
+    check(kiln_model_output_shapes_device(model_.get(), function, in.data(), in.size(), out.data(),
+                                          out.size()));
+    std::vector<DeviceTensor> shapes(out.size());
+    for (size_t i = 0; i < out.size(); ++i) {
+      shapes[i].dtype = out[i].dtype;
+      shapes[i].shape.assign(out[i].shape, out[i].shape + out[i].rank);
+    }
+    return shapes;
+  }
+  /* Runs `function` on device tensors (kiln_model_run_device): `inputs` in parameter order,
+   * `outputs` one per output, of the shapes device_output_shapes gives, written on the device
+   * (left device_dirty). Throws with the runtime's message, e.g. for a host-only buffer. */
+  void run_device(const char* function, const std::vector<DeviceTensor>& inputs,
+                  const std::vector<DeviceTensor>& outputs) {
+    std::vector<kiln_tensor> in = device_tensors(inputs), out = device_tensors(outputs);
+    check(kiln_model_run_device(model_.get(), function, in.data(), in.size(), out.data(),
+                                out.size()));
+  }
+
   /* Generation (see kiln_generate): the hypotheses of each source sentence, best first. */
   std::vector<std::vector<Hypothesis>> generate(const Input& src, const SearchOptions& options) {
     kiln_tensor in;
@@ -387,6 +458,19 @@ class Model {
   }
 
  protected:
+  static std::vector<kiln_tensor> device_tensors(const std::vector<DeviceTensor>& tensors) {
+    std::vector<kiln_tensor> out(tensors.size());
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      std::memset(&out[i], 0, sizeof out[i]);
+      if (tensors[i].shape.size() > KILN_MAX_RANK)
+        throw std::runtime_error("kiln: device tensor rank too large");
+      out[i].dtype = tensors[i].dtype;
+      out[i].rank = static_cast<int32_t>(tensors[i].shape.size());
+      for (size_t d = 0; d < tensors[i].shape.size(); ++d) out[i].shape[d] = tensors[i].shape[d];
+      out[i].data = tensors[i].buffer;
+    }
+    return out;
+  }
   void check(int status) const {
     if (status != 0) throw std::runtime_error(kiln_model_error(model_.get()));
   }
