@@ -33,6 +33,7 @@
 #include "cuda_linears.h"
 #include "cuda_norms.h"
 #include "cuda_step_attention.h"
+#include "device_harness.h"
 #include "ir/interpreter.h"
 #include "ir/parser.h"
 #include "runtime/safetensors.h"
@@ -139,133 +140,12 @@ TEST(CudaBuild, EveryKernelObjectCarriesPtxForSm86) {
   }
 }
 
-ir::Module read_module(const std::string& file) {
-  std::ifstream in(std::string(KILN_TEST_DATA_DIR) + "/gpu/" + file);
-  std::stringstream text;
-  text << in.rdbuf();
-  return ir::parse_and_verify(text.str(), file);
-}
-
-// Random inputs for `function` of `m`, its symbols bound to `sizes`; ids in [0, V).
-std::vector<ir::Tensor> random_inputs(const ir::Module& m, const std::string& function,
-                                      const std::map<std::string, int64_t>& sizes, uint32_t seed) {
-  const ir::Function& f = *m.find_function(function);
-  std::mt19937 rng(seed);
-  std::vector<ir::Tensor> inputs;
-  for (ir::ValueId p : f.params) {
-    const ir::TensorType& type = f.type(p);
-    std::vector<int64_t> shape;
-    for (const ir::Dim& d : type.shape)
-      shape.push_back(d.is_symbolic() ? sizes.at(d.symbol) : d.value);
-    int64_t n = 1;
-    for (int64_t s : shape) n *= s;
-    if (type.dtype == ir::DType::f32) {
-      std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-      std::vector<float> v(static_cast<size_t>(n));
-      for (float& x : v) x = u(rng);
-      inputs.push_back(ir::Tensor::from_f32(shape, v));
-    } else {
-      std::uniform_int_distribution<int64_t> u(0, sizes.at("V") - 1);
-      std::vector<int64_t> v(static_cast<size_t>(n));
-      for (int64_t& x : v) x = u(rng);
-      inputs.push_back(ir::Tensor::from_ints(type.dtype, shape, v));
-    }
-  }
-  return inputs;
-}
-
-// The C ABI's view of `inputs` (bool inputs as a byte each, kept in `bytes`).
-std::vector<kiln_tensor> views(const std::vector<ir::Tensor>& inputs,
-                               std::vector<std::vector<uint8_t>>* bytes) {
-  std::vector<kiln_tensor> in(inputs.size());
-  bytes->assign(inputs.size(), {});
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const ir::Tensor& t = inputs[i];
-    in[i] = kiln_tensor{};
-    in[i].rank = static_cast<int32_t>(t.shape.size());
-    for (size_t d = 0; d < t.shape.size(); ++d) in[i].shape[d] = t.shape[d];
-    if (t.dtype == ir::DType::f32) {
-      in[i].dtype = KILN_F32;
-      in[i].data = const_cast<float*>(t.f.data());
-      in[i].capacity = static_cast<size_t>(t.numel()) * 4;
-    } else if (t.dtype == ir::DType::boolean) {
-      in[i].dtype = KILN_BOOL;
-      for (int64_t x : t.ints) (*bytes)[i].push_back(x != 0 ? 1 : 0);
-      in[i].data = (*bytes)[i].data();
-      in[i].capacity = (*bytes)[i].size();
-    } else {
-      in[i].dtype = KILN_I64;
-      in[i].data = const_cast<int64_t*>(t.ints.data());
-      in[i].capacity = static_cast<size_t>(t.numel()) * 8;
-    }
-  }
-  return in;
-}
-
-// Runs `function` of the compiled model and the interpreter on the same inputs; the
-// largest difference relative to max(1, |reference|) over all outputs (NaN where the
-// reference has NaN is a match).
-double max_error(kiln_model* model, const ir::Module& m, const std::string& function,
-                 const std::vector<ir::Tensor>& inputs, const ir::WeightMap& weights = {}) {
-  const std::vector<ir::Tensor> want =
-      ir::interpret(m, *m.find_function(function), weights, inputs);
-  std::vector<std::vector<uint8_t>> bytes;
-  std::vector<kiln_tensor> in = views(inputs, &bytes);
-  std::vector<kiln_tensor> out(want.size());
-  EXPECT_EQ(kiln_model_output_shapes(model, function.c_str(), in.data(), in.size(), out.data(),
-                                     out.size()),
-            0)
-      << kiln_model_error(model);
-  std::vector<std::vector<float>> data(out.size());
-  std::vector<std::vector<int64_t>> ints(out.size());  // i64 outputs (argmax, i64 reductions)
-  for (size_t r = 0; r < out.size(); ++r) {
-    int64_t n = 1;
-    for (int32_t d = 0; d < out[r].rank; ++d) n *= out[r].shape[d];
-    if (want[r].dtype == ir::DType::i64) {
-      ints[r].assign(static_cast<size_t>(n), -12345);  // unwritten: a mismatch
-      out[r].data = ints[r].data();
-      out[r].capacity = ints[r].size() * sizeof(int64_t);
-      continue;
-    }
-    data[r].assign(static_cast<size_t>(n), 1e30f);  // unwritten: a large error, not NaN
-    out[r].data = data[r].data();
-    out[r].capacity = data[r].size() * sizeof(float);
-  }
-  const int status =
-      kiln_model_run(model, function.c_str(), in.data(), in.size(), out.data(), out.size());
-  EXPECT_EQ(status, 0) << kiln_model_error(model);
-  if (status != 0) return INFINITY;
-  double worst = 0;
-  for (size_t r = 0; r < out.size(); ++r) {
-    if (want[r].dtype == ir::DType::i64) {  // exactly
-      EXPECT_EQ(ints[r], want[r].ints) << function << " result " << r;
-      if (ints[r] != want[r].ints) worst = INFINITY;
-      continue;
-    }
-    EXPECT_EQ(data[r].size(), want[r].f.size());
-    for (size_t e = 0; e < data[r].size() && e < want[r].f.size(); ++e) {
-      const double ref = want[r].f[e];
-      if (std::isnan(ref) && std::isnan(data[r][e])) continue;
-      const double err = std::fabs(data[r][e] - ref) / std::max(1.0, std::fabs(ref));
-      if (!(err <= worst)) worst = std::isnan(err) ? INFINITY : err;
-    }
-  }
-  return worst;
-}
-
-struct ModelDeleter {
-  void operator()(kiln_model* m) const { kiln_model_destroy(m); }
-};
-using ModelPtr = std::unique_ptr<kiln_model, ModelDeleter>;
-
-template <typename Create>
-ModelPtr create(Create create_fn, const char* weights = nullptr) {
-  char* error = nullptr;
-  ModelPtr m(create_fn(weights, &error));
-  EXPECT_NE(m, nullptr) << (error ? error : "");
-  kiln_free_error(error);
-  return m;
-}
+using testing::create_model;
+using testing::input_views;
+using testing::max_error;
+using testing::ModelPtr;
+using testing::random_inputs;
+ir::Module read_module(const std::string& file) { return testing::read_gpu_kir(file); }
 
 // Within the CPU kernels' tolerance (1e-5 on unit-scale data).
 constexpr double kTolerance = 1e-5;
@@ -276,11 +156,11 @@ constexpr double kTolerance = 1e-5;
 TEST(CudaNoDriver, RunIsAnErrorNamingTheDriver) {
   if (cuda_driver_present()) GTEST_SKIP() << "a CUDA driver is present";
   const ir::Module m = read_module("norms.kir");
-  ModelPtr model = create(cuda_norms_create);
+  ModelPtr model = create_model(cuda_norms_create);
   ASSERT_NE(model, nullptr);
   const std::vector<ir::Tensor> inputs = random_inputs(m, "norm7", {{"R", 2}}, 1);
   std::vector<std::vector<uint8_t>> bytes;
-  std::vector<kiln_tensor> in = views(inputs, &bytes);
+  std::vector<kiln_tensor> in = input_views(inputs, &bytes);
   std::vector<float> out(14, 0.5f);
   kiln_tensor o{};
   o.dtype = KILN_F32;
@@ -297,12 +177,12 @@ TEST(CudaNoDriver, RunIsAnErrorNamingTheDriver) {
     EXPECT_NE(error.find("failed with status"), std::string::npos) << error;
   }
   // The other libraries (and entry points with several kernels) say the same.
-  ModelPtr attention = create(cuda_attention_create);
+  ModelPtr attention = create_model(cuda_attention_create);
   ASSERT_NE(attention, nullptr);
   const ir::Module am = read_module("attention.kir");
   const std::vector<ir::Tensor> ain =
       random_inputs(am, "causal", {{"B", 1}, {"S", 3}, {"T", 3}, {"V", 2}}, 2);
-  std::vector<kiln_tensor> av = views(ain, &bytes);
+  std::vector<kiln_tensor> av = input_views(ain, &bytes);
   kiln_tensor ao[1] = {};
   ASSERT_EQ(kiln_model_output_shapes(attention.get(), "causal", av.data(), av.size(), ao, 1), 0)
       << kiln_model_error(attention.get());
@@ -335,7 +215,7 @@ TEST(CudaNoDriver, CppApiThrowsNamingTheDriver) {
 TEST(CudaRun, NormsElementwiseAndGather) {
   SKIP_WITHOUT_CUDA();
   const ir::Module m = read_module("norms.kir");
-  ModelPtr model = create(cuda_norms_create);
+  ModelPtr model = create_model(cuda_norms_create);
   ASSERT_NE(model, nullptr);
   for (int64_t rows : {1, 7, 33, 129})
     for (const char* f : {"norm7", "norm129", "chain"})
@@ -357,21 +237,9 @@ TEST(CudaRun, NormsElementwiseAndGather) {
 TEST(CudaRun, Linear) {
   SKIP_WITHOUT_CUDA();
   const ir::Module m = read_module("linears.kir");
-  std::mt19937 rng(17);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  ir::WeightMap weights;
-  std::vector<rt::TensorData> tensors;
-  for (const ir::Weight& w : m.weights) {
-    std::vector<int64_t> shape;
-    for (const ir::Dim& d : w.type.shape) shape.push_back(d.value);
-    std::vector<float> v(static_cast<size_t>(ir::static_numel(w.type)));
-    for (float& x : v) x = u(rng);
-    weights[w.name] = ir::Tensor::from_f32(shape, v);
-    tensors.push_back(rt::make_f32(w.name, shape, v));
-  }
   const std::string path = std::string(KILN_CUDA_TEST_DIR) + "/cuda_linears.weights.safetensors";
-  rt::write_safetensors(path, tensors);
-  ModelPtr model = create(cuda_linears_create, path.c_str());
+  const ir::WeightMap weights = testing::write_random_weights(m, 17, path);
+  ModelPtr model = create_model(cuda_linears_create, path.c_str());
   ASSERT_NE(model, nullptr);
   for (int64_t rows : {1, 7, 33, 129})
     for (const char* f : {"k7_n5", "k33_n70_relu", "k64_n64_gelu", "k129_n128"})
@@ -386,7 +254,7 @@ TEST(CudaRun, Linear) {
 TEST(CudaRun, Attention) {
   SKIP_WITHOUT_CUDA();
   const ir::Module m = read_module("attention.kir");
-  ModelPtr model = create(cuda_attention_create);
+  ModelPtr model = create_model(cuda_attention_create);
   ASSERT_NE(model, nullptr);
   uint32_t seed = 31;
   for (const std::string f :
@@ -412,7 +280,7 @@ TEST(CudaRun, Attention) {
 TEST(CudaRun, General) {
   SKIP_WITHOUT_CUDA();
   const ir::Module m = read_module("general.kir");
-  ModelPtr model = create(cuda_general_create);
+  ModelPtr model = create_model(cuda_general_create);
   ASSERT_NE(model, nullptr);
   const std::vector<std::map<std::string, int64_t>> sizes = {
       {{"B", 1}, {"R", 1}, {"C", 1}, {"V", 1000}},
@@ -438,7 +306,7 @@ TEST(CudaRun, General) {
 TEST(CudaRun, StepAttention) {
   SKIP_WITHOUT_CUDA();
   const ir::Module m = read_module("step_attention.kir");
-  ModelPtr model = create(cuda_step_attention_create);
+  ModelPtr model = create_model(cuda_step_attention_create);
   ASSERT_NE(model, nullptr);
   constexpr int64_t kSlots = 5, kSentences = 3;
   uint32_t seed = 101;

@@ -23,6 +23,7 @@
 #include <gtest/gtest.h>
 
 #include "HalideRuntime.h"
+#include "device_harness.h"
 #include "gpu_attention.h"
 #include "gpu_cache_write.h"
 #include "gpu_general.h"
@@ -44,132 +45,38 @@ using testing::opencl_device_present;
     if (!opencl_device_present()) GTEST_SKIP() << "no OpenCL device"; \
   } while (0)
 
-ir::Module read_module(const std::string& file) {
-  std::ifstream in(std::string(KILN_TEST_DATA_DIR) + "/gpu/" + file);
-  std::stringstream text;
-  text << in.rdbuf();
-  return ir::parse_and_verify(text.str(), file);
-}
+using testing::ModelPtr;
+using testing::read_gpu_kir;
+ir::Module read_module(const std::string& file) { return read_gpu_kir(file); }
 
 const ir::Module& reference_module() {
   static const ir::Module m = read_module("norms.kir");
   return m;
 }
 
-// Random inputs for `function`, its symbols bound to `sizes` (by name); ids in [0, V).
+// testing::random_inputs and testing::max_error (device_harness.h), on norms.kir by default.
 std::vector<ir::Tensor> random_inputs(const std::string& function,
                                       const std::map<std::string, int64_t>& sizes, uint32_t seed,
                                       const ir::Module& m = reference_module()) {
-  const ir::Function& f = *m.find_function(function);
-  std::mt19937 rng(seed);
-  std::vector<ir::Tensor> inputs;
-  for (ir::ValueId p : f.params) {
-    const ir::TensorType& type = f.type(p);
-    std::vector<int64_t> shape;
-    for (const ir::Dim& d : type.shape)
-      shape.push_back(d.is_symbolic() ? sizes.at(d.symbol) : d.value);
-    int64_t n = 1;
-    for (int64_t s : shape) n *= s;
-    if (type.dtype == ir::DType::f32) {
-      std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-      std::vector<float> v(static_cast<size_t>(n));
-      for (float& x : v) x = u(rng);
-      inputs.push_back(ir::Tensor::from_f32(shape, v));
-    } else {
-      std::uniform_int_distribution<int64_t> u(0, sizes.at("V") - 1);
-      std::vector<int64_t> v(static_cast<size_t>(n));
-      for (int64_t& x : v) x = u(rng);
-      inputs.push_back(ir::Tensor::from_ints(type.dtype, shape, v));
-    }
-  }
-  return inputs;
+  return testing::random_inputs(m, function, sizes, seed);
 }
 
-// Runs `function` of the compiled model and the interpreter on the same inputs; the
-// largest difference relative to max(1, |reference|) over all outputs.
 double max_error(kiln_model* model, const std::string& function,
                  const std::vector<ir::Tensor>& inputs, const ir::Module& m = reference_module(),
                  const ir::WeightMap& weights = {}) {
-  const std::vector<ir::Tensor> want =
-      ir::interpret(m, *m.find_function(function), weights, inputs);
-  std::vector<kiln_tensor> in(inputs.size());
-  std::vector<std::vector<uint8_t>> bytes(inputs.size());  // bool inputs, a byte each
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const ir::Tensor& t = inputs[i];
-    in[i] = kiln_tensor{};
-    in[i].rank = static_cast<int32_t>(t.shape.size());
-    for (size_t d = 0; d < t.shape.size(); ++d) in[i].shape[d] = t.shape[d];
-    if (t.dtype == ir::DType::f32) {
-      in[i].dtype = KILN_F32;
-      in[i].data = const_cast<float*>(t.f.data());
-      in[i].capacity = static_cast<size_t>(t.numel()) * 4;
-    } else if (t.dtype == ir::DType::boolean) {
-      in[i].dtype = KILN_BOOL;
-      for (int64_t x : t.ints) bytes[i].push_back(x != 0 ? 1 : 0);
-      in[i].data = bytes[i].data();
-      in[i].capacity = bytes[i].size();
-    } else {
-      in[i].dtype = KILN_I64;
-      in[i].data = const_cast<int64_t*>(t.ints.data());
-      in[i].capacity = static_cast<size_t>(t.numel()) * 8;
-    }
-  }
-  std::vector<kiln_tensor> out(want.size());
-  EXPECT_EQ(kiln_model_output_shapes(model, function.c_str(), in.data(), in.size(), out.data(),
-                                     out.size()),
-            0)
-      << kiln_model_error(model);
-  std::vector<std::vector<float>> data(out.size());
-  std::vector<std::vector<int64_t>> ints(out.size());  // i64 outputs (argmax, i64 reductions)
-  for (size_t r = 0; r < out.size(); ++r) {
-    int64_t n = 1;
-    for (int32_t d = 0; d < out[r].rank; ++d) n *= out[r].shape[d];
-    if (want[r].dtype == ir::DType::i64) {
-      EXPECT_EQ(out[r].dtype, KILN_I64);
-      ints[r].assign(static_cast<size_t>(n), -12345);  // unwritten: a mismatch
-      out[r].data = ints[r].data();
-      out[r].capacity = ints[r].size() * sizeof(int64_t);
-      continue;
-    }
-    EXPECT_EQ(out[r].dtype, KILN_F32);
-    data[r].assign(static_cast<size_t>(n), 1e30f);  // unwritten: a large error, not NaN
-    out[r].data = data[r].data();
-    out[r].capacity = data[r].size() * sizeof(float);
-  }
-  const int status =
-      kiln_model_run(model, function.c_str(), in.data(), in.size(), out.data(), out.size());
-  EXPECT_EQ(status, 0) << kiln_model_error(model);
-  if (status != 0) return INFINITY;
-  double worst = 0;
-  for (size_t r = 0; r < out.size(); ++r) {
-    if (want[r].dtype == ir::DType::i64) {  // exactly
-      EXPECT_EQ(ints[r], want[r].ints) << function << " result " << r;
-      if (ints[r] != want[r].ints) worst = INFINITY;
-      continue;
-    }
-    EXPECT_EQ(data[r].size(), want[r].f.size());
-    for (size_t e = 0; e < data[r].size() && e < want[r].f.size(); ++e) {
-      const double ref = want[r].f[e];
-      // NaN exactly where the reference has NaN (attention's fill_inf rows).
-      if (std::isnan(ref) && std::isnan(data[r][e])) continue;
-      const double err = std::fabs(data[r][e] - ref) / std::max(1.0, std::fabs(ref));
-      if (!(err <= worst)) worst = std::isnan(err) ? INFINITY : err;
-    }
-  }
-  return worst;
+  return testing::max_error(model, m, function, inputs, weights);
 }
 
-struct ModelDeleter {
-  void operator()(kiln_model* m) const { kiln_model_destroy(m); }
-};
-using ModelPtr = std::unique_ptr<kiln_model, ModelDeleter>;
+ModelPtr create_model() { return testing::create_model(gpu_norms_create); }
 
-ModelPtr create_model() {
-  char* error = nullptr;
-  ModelPtr m(gpu_norms_create(nullptr, &error));
-  EXPECT_NE(m, nullptr) << (error ? error : "");
-  kiln_free_error(error);
-  return m;
+// Random weights for tests/gpu/linears.kir, written to `file` (in the test folder).
+ir::WeightMap write_linear_weights(const ir::Module& m, uint32_t seed, const std::string& file) {
+  return testing::write_random_weights(m, seed, std::string(KILN_GPU_TEST_DIR) + "/" + file);
+}
+
+ModelPtr create_linears(const std::string& file) {
+  return testing::create_model(gpu_linears_create,
+                               (std::string(KILN_GPU_TEST_DIR) + "/" + file).c_str());
 }
 
 // Within the CPU kernels' tolerance (1e-5 on unit-scale data, tests/layernorm_kernel_test.cpp).
@@ -218,23 +125,9 @@ TEST(GpuOpenCL, ElementwiseAndGather) {
 TEST(GpuOpenCL, Linear) {
   SKIP_WITHOUT_OPENCL();
   const ir::Module m = read_module("linears.kir");
-  std::mt19937 rng(17);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  ir::WeightMap weights;
-  std::vector<rt::TensorData> tensors;
-  for (const ir::Weight& w : m.weights) {
-    std::vector<int64_t> shape;
-    for (const ir::Dim& d : w.type.shape) shape.push_back(d.value);
-    std::vector<float> v(static_cast<size_t>(ir::static_numel(w.type)));
-    for (float& x : v) x = u(rng);
-    weights[w.name] = ir::Tensor::from_f32(shape, v);
-    tensors.push_back(rt::make_f32(w.name, shape, v));
-  }
-  const std::string path = std::string(KILN_GPU_TEST_DIR) + "/gpu_linears.weights.safetensors";
-  rt::write_safetensors(path, tensors);
-  char* error = nullptr;
-  ModelPtr model(gpu_linears_create(path.c_str(), &error));
-  ASSERT_NE(model, nullptr) << (error ? error : "");
+  const ir::WeightMap weights = write_linear_weights(m, 17, "gpu_linears.weights.safetensors");
+  ModelPtr model = create_linears("gpu_linears.weights.safetensors");
+  ASSERT_NE(model, nullptr);
   for (int64_t rows : {1, 7, 33, 129})
     for (const char* f : {"k7_n5", "k33_n70_relu", "k64_n64_gelu", "k129_n128"})
       EXPECT_LE(
@@ -267,10 +160,8 @@ TEST(GpuOpenCL, DestroyingOneModelLeavesAnotherRunning) {
 TEST(GpuOpenCL, Attention) {
   SKIP_WITHOUT_OPENCL();
   const ir::Module m = read_module("attention.kir");
-  char* error = nullptr;
-  ModelPtr model(gpu_attention_create(nullptr, &error));
-  ASSERT_NE(model, nullptr) << (error ? error : "");
-  kiln_free_error(error);
+  ModelPtr model = testing::create_model(gpu_attention_create);
+  ASSERT_NE(model, nullptr);
   const int64_t lengths[] = {1, 7, 33, 129};
   uint32_t seed = 31;
   for (const char* f : {"self_kpad", "causal_kpad", "causal", "qpad", "fill_inf", "fill_inf_kpad",
@@ -303,10 +194,8 @@ class GpuOpenCLGeneral : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!opencl_device_present()) GTEST_SKIP() << "no OpenCL device";
-    char* error = nullptr;
-    model_.reset(gpu_general_create(nullptr, &error));
-    ASSERT_NE(model_, nullptr) << (error ? error : "");
-    kiln_free_error(error);
+    model_ = testing::create_model(gpu_general_create);
+    ASSERT_NE(model_, nullptr);
   }
   // Every size of kSizes for `function`, with the inputs changed by `edit` (if any).
   void check(const char* function, void (*edit)(std::vector<ir::Tensor>&) = nullptr) {
@@ -374,10 +263,8 @@ TEST_F(GpuOpenCLGeneral, Matmul) {
 TEST(GpuOpenCL, StepAttention) {
   SKIP_WITHOUT_OPENCL();
   const ir::Module m = read_module("step_attention.kir");
-  char* error = nullptr;
-  ModelPtr model(gpu_step_attention_create(nullptr, &error));
-  ASSERT_NE(model, nullptr) << (error ? error : "");
-  kiln_free_error(error);
+  ModelPtr model = testing::create_model(gpu_step_attention_create);
+  ASSERT_NE(model, nullptr);
   constexpr int64_t kSlots = 5, kSentences = 3;
   uint32_t seed = 101;
   for (int64_t keys : {1, 7, 33, 129})
@@ -442,32 +329,6 @@ TEST(NoDevice, IsAnErrorNotACrash) {
 // Device residency: a GPU library keeps its weights, tables and arena on the device and
 // copies only inputs in and outputs back per run. The classic bug is a stale device copy:
 // new values in the same host buffers must be used by the next run.
-
-// Random weights for tests/gpu/linears.kir, written to `file` (in the test folder).
-ir::WeightMap write_linear_weights(const ir::Module& m, uint32_t seed, const std::string& file) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  ir::WeightMap weights;
-  std::vector<rt::TensorData> tensors;
-  for (const ir::Weight& w : m.weights) {
-    std::vector<int64_t> shape;
-    for (const ir::Dim& d : w.type.shape) shape.push_back(d.value);
-    std::vector<float> v(static_cast<size_t>(ir::static_numel(w.type)));
-    for (float& x : v) x = u(rng);
-    weights[w.name] = ir::Tensor::from_f32(shape, v);
-    tensors.push_back(rt::make_f32(w.name, shape, v));
-  }
-  rt::write_safetensors(std::string(KILN_GPU_TEST_DIR) + "/" + file, tensors);
-  return weights;
-}
-
-ModelPtr create_linears(const std::string& file) {
-  char* error = nullptr;
-  ModelPtr m(gpu_linears_create((std::string(KILN_GPU_TEST_DIR) + "/" + file).c_str(), &error));
-  EXPECT_NE(m, nullptr) << (error ? error : "");
-  kiln_free_error(error);
-  return m;
-}
 
 // New values in the same host input buffers, run after run (weights reused from the device),
 // at changing sizes; every output checked against the interpreter.
@@ -555,10 +416,8 @@ TEST(GpuOpenCL, ResidentCacheWriteBetweenKernels) {
   SKIP_WITHOUT_OPENCL();
   const ir::Module m = read_module("cache_write.kir");
   const ir::Function& f = *m.find_function("step");
-  char* error = nullptr;
-  ModelPtr model(gpu_cache_write_create(nullptr, &error));
-  ASSERT_NE(model, nullptr) << (error ? error : "");
-  kiln_free_error(error);
+  ModelPtr model = testing::create_model(gpu_cache_write_create);
+  ASSERT_NE(model, nullptr);
   const int64_t T = 6, C = 4, D = 8;
   std::mt19937 rng(71);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -921,11 +780,9 @@ TEST(GpuOpenCL, DeviceTensorsErrors) {
   }
   // Bools are read from the device to check their values: a key padding mask (attention,
   // bit-identical to the host path), then one holding 2.
-  char* error = nullptr;
   const ir::Module att = read_module("attention.kir");
-  ModelPtr attention(gpu_attention_create(nullptr, &error));
-  ASSERT_NE(attention, nullptr) << (error ? error : "");
-  kiln_free_error(error);
+  ModelPtr attention = testing::create_model(gpu_attention_create);
+  ASSERT_NE(attention, nullptr);
   const std::vector<ir::Tensor> x =
       random_inputs("self_kpad", {{"B", 3}, {"S", 33}, {"V", 2}}, 710, att);
   DeviceCall masked = make_device_call(attention.get(), "self_kpad", x);
@@ -941,9 +798,8 @@ TEST(GpuOpenCL, DeviceTensorsErrors) {
   EXPECT_THAT(std::string(kiln_model_error(attention.get())),
               HasSubstr("input 'pad' holds 2 at element 40; bool elements must be 0 or 1"));
   // An entry point that writes a cache on the host between kernels.
-  ModelPtr cache(gpu_cache_write_create(nullptr, &error));
-  ASSERT_NE(cache, nullptr) << (error ? error : "");
-  kiln_free_error(error);
+  ModelPtr cache = testing::create_model(gpu_cache_write_create);
+  ASSERT_NE(cache, nullptr);
   EXPECT_NE(kiln_model_run_device(cache.get(), "step", nullptr, 0, nullptr, 0), 0);
   EXPECT_THAT(std::string(kiln_model_error(cache.get())),
               HasSubstr("entry point 'step' writes a cache on the host between its kernels"));
