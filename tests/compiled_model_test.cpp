@@ -10,6 +10,7 @@
 #include "compiled_wide.h"
 #include "error_of.h"
 #include "frontend/models.h"
+#include "golden_checks.h"
 #include "golden_small.h"
 #include "golden_tiny.h"
 #include "pass_harness.h"
@@ -22,45 +23,20 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-// Kernels accumulate in f32 in another order than PyTorch; the golden f32-vs-f64 noise
-// is ~2e-6, so 1e-4 is the bound with a wide margin.
-constexpr double kGoldenTolerance = 1e-4;
+using testing::expect_golden;
+using testing::kGoldenTolerance;
 
-std::string golden(const std::string& f) {
-  return std::string(KILN_TEST_DATA_DIR) + "/golden/" + f;
-}
-
-double max_diff(const kiln::Tensor<float>& got, const kiln::Tensor<float>& want) {
-  EXPECT_EQ(got.shape, want.shape);
-  double err = 0;
-  for (size_t i = 0; i < got.data.size() && i < want.data.size(); ++i)
-    err = std::max(err, std::abs(static_cast<double>(got.data[i]) - want.data[i]));
-  return err;
-}
-
-template <typename Model>
-void expect_golden(Model& model, const std::string& batch) {
-  auto src = kiln::read_tensor<int64_t>(golden(batch + ".inputs.safetensors"), "src");
-  auto tgt = kiln::read_tensor<int64_t>(golden(batch + ".inputs.safetensors"), "tgt");
-  auto logits = kiln::read_tensor<float>(golden(batch + ".expected.safetensors"), "logits");
-  auto memory = kiln::read_tensor<float>(golden(batch + ".expected.safetensors"), "memory");
-  double e_fwd = max_diff(model.forward(src, tgt), logits);
-  double e_enc = max_diff(model.encode(src), memory);
-  EXPECT_LE(e_fwd, kGoldenTolerance);
-  EXPECT_LE(e_enc, kGoldenTolerance);
-  std::printf("[ compiled ] %s: forward max abs error %.3g, encode max abs error %.3g\n",
-              batch.c_str(), e_fwd, e_enc);
-}
+std::string golden(const std::string& f) { return testing::golden_file(f); }
 
 TEST(CompiledGolden, TinyMatchesPyTorch) {
   kiln_models::golden_tiny model(golden("tiny.weights.safetensors").c_str());
-  expect_golden(model, "tiny_b1");
-  expect_golden(model, "tiny_b2");
+  expect_golden(model, "tiny_b1", "compiled");
+  expect_golden(model, "tiny_b2", "compiled");
 }
 
 TEST(CompiledGolden, SmallMatchesPyTorch) {
   kiln_models::golden_small model(golden("small.weights.safetensors").c_str());
-  expect_golden(model, "small_b1");
+  expect_golden(model, "small_b1", "compiled");
 }
 
 // The whole compiled model against the interpreter on random ids, lengths 1, 7, 33 and

@@ -21,6 +21,7 @@
 #include "decode_odd.h"
 #include "error_of.h"
 #include "frontend/models.h"
+#include "golden_checks.h"
 #include "golden_small.h"
 #include "golden_tiny.h"
 #include "ir/interpreter.h"
@@ -35,12 +36,8 @@ using ::testing::HasSubstr;
 
 // The bound for decode_step against forward at the same position.
 constexpr double kStepTolerance = 1e-5;
-// Scores of the reference search (float64 there, f32 logits here).
-constexpr double kScoreTolerance = 1e-4;
 
-std::string golden(const std::string& f) {
-  return std::string(KILN_TEST_DATA_DIR) + "/golden/" + f;
-}
+std::string golden(const std::string& f) { return testing::golden_file(f); }
 
 int64_t config(const ir::Module& m, const char* key) { return std::stoll(m.config.at(key)); }
 
@@ -242,45 +239,7 @@ TEST(DecodeStep, CompiledMatchesCompiledForward) {
   }
 }
 
-// The reference search results of tests/golden/<model>_decode.safetensors.
-void expect_reference_search(kiln::Model& model, const std::string& name) {
-  rt::SafeTensors file = rt::SafeTensors::load(golden(name + "_decode.safetensors"));
-  const auto& meta = file.metadata();
-  auto src_info = file.at("src");
-  kiln::Tensor<int64_t> src{src_info.shape, file.to_i64(src_info)};
-  std::stringstream cases(meta.at("cases"));
-  std::string c;
-  int checked = 0;
-  while (std::getline(cases, c, ',')) {
-    kiln::SearchOptions o;
-    o.beam_size = std::stoi(meta.at(c + ".beam_size"));
-    o.num_hypotheses = std::stoi(meta.at(c + ".num_hypotheses"));
-    o.max_decoding_length = std::stoi(meta.at(c + ".max_decoding_length"));
-    o.min_decoding_length = std::stoi(meta.at(c + ".min_decoding_length"));
-    o.length_penalty = std::stof(meta.at(c + ".length_penalty"));
-    o.start_id = std::stoll(meta.at("start_id"));
-    o.end_id = std::stoll(meta.at("end_id"));
-    const std::vector<int64_t> want_ids = file.to_i64(file.at(c + ".ids"));
-    const std::vector<int64_t> want_len = file.to_i64(file.at(c + ".lengths"));
-    const std::vector<float> want_scores = file.to_f32(file.at(c + ".scores"));
-    const auto got = model.generate(src, o);
-    ASSERT_EQ(static_cast<int64_t>(got.size()), src.shape[0]) << c;
-    const int64_t H = o.num_hypotheses, L = o.max_decoding_length;
-    for (int64_t b = 0; b < src.shape[0]; ++b) {
-      ASSERT_EQ(static_cast<int64_t>(got[b].size()), H) << c;
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t at = b * H + h;
-        std::vector<int64_t> want(want_ids.begin() + at * L,
-                                  want_ids.begin() + at * L + want_len[at]);
-        EXPECT_EQ(got[b][h].ids, want) << name << " " << c << " sentence " << b << " hyp " << h;
-        EXPECT_NEAR(got[b][h].score, want_scores[at], kScoreTolerance)
-            << name << " " << c << " sentence " << b << " hyp " << h;
-      }
-    }
-    ++checked;
-  }
-  EXPECT_EQ(checked, 4) << "cases in " << name << "_decode.safetensors";
-}
+using testing::expect_reference_search;
 
 TEST(Generate, GreedyAndBeamMatchTheReferenceSearch) {
   kiln_models::golden_tiny tiny(golden("tiny.weights.safetensors").c_str());
