@@ -85,6 +85,45 @@ int lanes_dividing(int n, int lanes) {
   return lanes;
 }
 
+// The kernel's buffer shapes: channel extents are the spec's, all mins 0, the batch and the
+// lengths shared between the tensors.
+void constrain_buffers(ImageParam& q, ImageParam& k, ImageParam& v, ImageParam& mask,
+                       ImageParam& qmask, Func& out, int heads, int dk, int dv) {
+  const Expr lq = q.dim(1).extent(), lk = k.dim(1).extent(), batch = q.dim(2).extent();
+  q.dim(0).set_bounds(0, heads * dk);
+  q.dim(1).set_min(0);
+  q.dim(2).set_min(0);
+  k.dim(0).set_bounds(0, heads * dk);
+  k.dim(1).set_min(0);
+  k.dim(2).set_bounds(0, batch);
+  v.dim(0).set_bounds(0, heads * dv);
+  v.dim(1).set_bounds(0, lk);
+  v.dim(2).set_bounds(0, batch);
+  mask.dim(0).set_bounds(0, lk);
+  mask.dim(1).set_bounds(0, batch);
+  qmask.dim(0).set_bounds(0, lq);
+  qmask.dim(1).set_bounds(0, batch);
+  out.output_buffer().dim(0).set_bounds(0, heads * dv);
+  out.output_buffer().dim(1).set_bounds(0, lq);
+  out.output_buffer().dim(2).set_bounds(0, batch);
+}
+
+// first_key(b): the first key of batch row b that is not padding, Lk if none.
+void define_first_key(Func& first_key, const ImageParam& mask, const Expr& lk, const Var& b) {
+  RDom rf(0, lk, "rf");
+  first_key(b) = lk;
+  first_key(b) = Halide::min(first_key(b), Halide::select(mask(rf, b) != 0, lk, rf));
+}
+
+// `result`, NaN where `where`: through the bits (exponent all ones and the quiet bit), as
+// Halide's fast math may drop a NaN constant.
+Expr nan_where(const Expr& where, const Expr& result) {
+  const Expr bits = Halide::reinterpret(Halide::UInt(32), result);
+  return Halide::reinterpret(
+      Halide::Float(32),
+      bits | Halide::select(where, Expr(uint32_t{0x7fc00000}), Expr(uint32_t{0})));
+}
+
 // Tile sizes of the GPU form: qt query rows per block, kt keys per tile.
 struct GpuAttentionTiles {
   int qt, kt;
@@ -209,17 +248,10 @@ KernelPipeline build_attention_gpu(const AttentionKernel& spec) {
   Func mean_v("attention_mean_v"), first_key("attention_first_key");
   if (fill_inf) {
     if (padded) {  // the first key that is not padding, Lk if none
-      RDom rf(0, lk, "rf");
-      first_key(b) = lk;
-      first_key(b) = Halide::min(first_key(b), Halide::select(mask(rf, b) != 0, lk, rf));
+      define_first_key(first_key, mask, lk, b);
       either(first_key(b) > (causal ? Halide::min(i, lk - 1) : lk - 1));
     }
-    if (all_masked.defined()) {  // NaN through the bits (exponent all ones, quiet bit)
-      const Expr bits = Halide::reinterpret(Halide::UInt(32), result);
-      result = Halide::reinterpret(
-          Halide::Float(32),
-          bits | Halide::select(all_masked, Expr(uint32_t{0x7fc00000}), Expr(uint32_t{0})));
-    }
+    if (all_masked.defined()) result = nan_where(all_masked, result);
   } else {
     // Causal skipping leaves out keys that a row whose keys are all masked must average over.
     if (causal && padded) either(final_m <= 0.5f * kMaskedScore);
@@ -233,23 +265,7 @@ KernelPipeline build_attention_gpu(const AttentionKernel& spec) {
   }
   out(c, i, b) = result;
 
-  q.dim(0).set_bounds(0, heads * dk);
-  q.dim(1).set_min(0);
-  q.dim(2).set_min(0);
-  const Expr batch = q.dim(2).extent();
-  k.dim(0).set_bounds(0, heads * dk);
-  k.dim(1).set_min(0);
-  k.dim(2).set_bounds(0, batch);
-  v.dim(0).set_bounds(0, heads * dv);
-  v.dim(1).set_bounds(0, lk);
-  v.dim(2).set_bounds(0, batch);
-  mask.dim(0).set_bounds(0, lk);
-  mask.dim(1).set_bounds(0, batch);
-  qmask.dim(0).set_bounds(0, lq);
-  qmask.dim(1).set_bounds(0, batch);
-  out.output_buffer().dim(0).set_bounds(0, heads * dv);
-  out.output_buffer().dim(1).set_bounds(0, lq);
-  out.output_buffer().dim(2).set_bounds(0, batch);
+  constrain_buffers(q, k, v, mask, qmask, out, heads, dk, dv);
 
   // Schedule. Threads: x over up to 16 channels (or head dims, or keys), y over up to 16 rows
   // (or keys); every stage of a block uses at most tx × ty of them.
@@ -415,17 +431,10 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
   Func mean_v("attention_mean_v"), first_key("attention_first_key");
   if (fill_inf) {
     if (padded) {  // the first key that is not padding, Lk if none
-      RDom rf(0, lk, "rf");
-      first_key(b) = lk;
-      first_key(b) = Halide::min(first_key(b), Halide::select(mask(rf, b) != 0, lk, rf));
+      define_first_key(first_key, mask, lk, b);
       either(first_key(b) > (causal ? Halide::min(i, lk - 1) : lk - 1));
     }
-    if (all_masked.defined()) {  // NaN: exponent all ones and the quiet bit
-      const Expr bits = Halide::reinterpret(Halide::UInt(32), result);
-      result = Halide::reinterpret(
-          Halide::Float(32),
-          bits | Halide::select(all_masked, Expr(uint32_t{0x7fc00000}), Expr(uint32_t{0})));
-    }
+    if (all_masked.defined()) result = nan_where(all_masked, result);
   } else {
     if (causal && padded) either(row_max(out_ii, out_io, out_h, b) <= 0.5f * kMaskedScore);
     if (all_masked.defined()) {
@@ -439,23 +448,7 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
   }
   out(c, i, b) = result;
 
-  // Shapes: channel extents are the spec's, all mins 0, batch and lengths shared.
-  q.dim(0).set_bounds(0, heads * dk);
-  q.dim(1).set_min(0);
-  q.dim(2).set_min(0);
-  k.dim(0).set_bounds(0, heads * dk);
-  k.dim(1).set_min(0);
-  k.dim(2).set_bounds(0, batch);
-  v.dim(0).set_bounds(0, heads * dv);
-  v.dim(1).set_bounds(0, lk);
-  v.dim(2).set_bounds(0, batch);
-  mask.dim(0).set_bounds(0, lk);
-  mask.dim(1).set_bounds(0, batch);
-  qmask.dim(0).set_bounds(0, lq);
-  qmask.dim(1).set_bounds(0, batch);
-  out.output_buffer().dim(0).set_bounds(0, heads * dv);
-  out.output_buffer().dim(1).set_bounds(0, lq);
-  out.output_buffer().dim(2).set_bounds(0, batch);
+  constrain_buffers(q, k, v, mask, qmask, out, heads, dk, dv);
 
   // Schedule.
   const int ve = lanes_dividing(dv, lanes);  // vector width over V channels
