@@ -65,6 +65,7 @@
 
 #include "codegen/halide_kernels.h"
 #include "codegen/kernels.h"
+#include "kiln/runtime.h"
 #include "runtime/plan.h"
 #include "tests/noise.h"
 
@@ -548,6 +549,13 @@ int main(int argc, char** argv) {
   if (auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads")))
     set(threads);
   benchmark::AddCustomContext("threads", std::to_string(threads));
+#ifdef KILN_BENCH_BF16
+  // kiln_model_create installs the runtime's thread pool into a model library's Halide
+  // runtime; the bf16 kernels are called directly here, so install it the same way (it reads
+  // HL_NUM_THREADS at its first loop). The f32 kernel runs in the JIT's runtime, on Halide's
+  // pool.
+  halide_set_custom_do_par_for(kiln_do_par_for);
+#endif
 
   const std::vector<GemmShape> shapes = model_shapes();
   for (const GemmShape& s : shapes) {

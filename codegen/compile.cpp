@@ -241,6 +241,7 @@ std::string glue_source(const std::string& name, const rt::Plan& plan, const std
   out +=
       "int halide_set_num_threads(int n);\n"
       "kiln_halide_error_handler halide_set_error_handler(kiln_halide_error_handler handler);\n"
+      "kiln_do_par_for_fn halide_set_custom_do_par_for(kiln_do_par_for_fn do_par_for);\n"
       "}\n\n";
   if (!gpu.empty()) out += gpu_glue(gpu, num_outputs);
   out += "namespace {\n";
@@ -253,8 +254,8 @@ std::string glue_source(const std::string& name, const rt::Plan& plan, const std
   out += fmt::format(
       "extern \"C\" kiln_model* {0}_create(const char* weights_path, char** error) {{\n"
       "{2}"
-      "  static const kiln_hooks hooks = {{halide_set_num_threads, halide_set_error_handler, "
-      "{1}, {3}}};\n"
+      "  static const kiln_hooks hooks = {{halide_set_num_threads, halide_set_error_handler,\n"
+      "                                  halide_set_custom_do_par_for, {1}, {3}}};\n"
       "  return kiln_model_create(kPlan, sizeof kPlan, kKernels, sizeof kKernels / sizeof "
       "kKernels[0],\n"
       "                           &hooks, weights_path, error);\n}}\n",

@@ -51,7 +51,12 @@ KernelPipeline build_linear_bf16(const LinearKernel& spec, const Halide::Target&
   Var n("n"), m("m"), k("k"), j("j"), p("p");
 
   Func xb("xb");  // x rounded to bf16
-  if (K % 2 == 0) {
+  if (K % 2 == 0 && K >= 2 * lanes) {
+    // vcvtne2ps2bf16: 32 roundings per instruction (xb is vectorized by 32 and shifted
+    // inwards within [0, K)), the same rounding as round_to_bf16_bits but for inputs below
+    // the smallest normal float, which become ±0 (as vdpbf16ps reads them anyway).
+    xb(k, m) = Halide::cast(Halide::BFloat(16), x(k, m));
+  } else if (K % 2 == 0) {
     xb(k, m) = Halide::reinterpret(Halide::BFloat(16), round_to_bf16_bits(x(k, m)));
   } else {  // the padding column of the weight is 0; so is x's
     xb(k, m) = Halide::reinterpret(
@@ -92,21 +97,31 @@ KernelPipeline build_linear_bf16(const LinearKernel& spec, const Halide::Target&
   // N not a multiple of 64: the last panel's columns from N on are computed (on zero
   // weights) but not stored.
   const TailStrategy n_tail = N % P == 0 ? TailStrategy::RoundUp : TailStrategy::GuardWithIf;
-  auto schedule_out = [&](Halide::Stage s, const Expr& tile_m, int rows) {
+  auto schedule_out = [&](Halide::Stage s, const Expr& tile_m, int rows, bool panels_fastest) {
     s.split(n, nt, ni, P, n_tail)
         .split(m, mt, mi, tile_m, TailStrategy::ShiftInwards)
-        .split(mi, mb, mr, rows, TailStrategy::ShiftInwards)
-        .reorder(ni, mr, mb, mt, nt)
-        .fuse(mt, nt, t)
-        .parallel(t)
-        .vectorize(ni, lanes)
-        .unroll(mr);
+        .split(mi, mb, mr, rows, TailStrategy::ShiftInwards);
+    if (panels_fastest)
+      s.reorder(ni, mr, mb, nt, mt).fuse(nt, mt, t);
+    else
+      s.reorder(ni, mr, mb, mt, nt).fuse(mt, nt, t);
+    s.parallel(t).vectorize(ni, lanes).unroll(mr);
   };
-  constexpr int few_rows = 4, many_rows = 64, rows = 6, tile_m = 1024;
-  schedule_out(out.specialize(M < few_rows), M, 1);
-  schedule_out(out.specialize(M < many_rows), M, few_rows);
+  constexpr int few_rows = 4, many_rows = 64, rows = 6;
+  schedule_out(out.specialize(M < few_rows), M, 1, false);
+  // Fewer than 16 panels: two tiles of rows per panel, so that 2 threads share the work in
+  // pieces small enough to balance.
+  if (Np / P < 16)
+    schedule_out(out.specialize(M >= 16 && M < many_rows), (M + 1) / 2, few_rows, false);
+  schedule_out(out.specialize(M < many_rows), M, few_rows, false);
+  // Long reductions (a panel of 256 KB and more): tiles of about 120 rows, whose bf16 rows
+  // (480 KB at K = 2048) stay in L2 while a thread goes from panel to panel (the panels
+  // fastest); else tiles of up to 1024 rows, the row tiles fastest (a panel is read once per
+  // 1024 rows).
+  const bool long_k = Kp >= 1024;
+  const int tile_m = long_k ? 120 : 1024;
   const Expr tiles_m = (M + tile_m - 1) / tile_m;
-  schedule_out(out, (M + tiles_m - 1) / tiles_m, rows);
+  schedule_out(out, (M + tiles_m - 1) / tiles_m, rows, long_k);
 
   Var jv("jv"), ju("ju");
   Halide::RVar ko("ko"), ki("ki");

@@ -24,6 +24,7 @@
 #include "runtime/generate.h"
 #include "runtime/plan.h"
 #include "runtime/safetensors.h"
+#include "runtime/thread_pool.h"
 #include "runtime/weights.h"
 #include "support/error.h"
 #include "support/sinusoid.h"
@@ -1067,6 +1068,7 @@ kiln_model* kiln_model_create(const uint8_t* plan, size_t plan_size, const kiln_
     if (hooks) m->hooks = *hooks;
     // Halide prints kernel errors by default; kiln returns them instead.
     if (m->hooks.set_error_handler) m->hooks.set_error_handler(record_kernel_error);
+    if (m->hooks.set_custom_do_par_for) m->hooks.set_custom_do_par_for(kiln_do_par_for);
     if (weights_path)
       m->load_weights(weights_path);
     else if (!m->plan.weights.empty())
@@ -1278,8 +1280,13 @@ size_t kiln_dtype_size(int32_t dtype) {
   return 0;
 }
 
+int kiln_do_par_for(void* user_context, kiln_par_task task, int min, int size, uint8_t* closure) {
+  return kiln::rt::pool_par_for(user_context, task, min, size, closure);
+}
+
 int kiln_model_set_num_threads(kiln_model* model, int threads) {
   if (!model || !model->hooks.set_num_threads) return -1;
+  kiln::rt::pool_set_threads(threads < 1 ? 1 : threads);
   return model->hooks.set_num_threads(threads < 1 ? 1 : threads);
 }
 

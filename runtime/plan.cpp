@@ -75,7 +75,8 @@ namespace {
 
 // Version 6: kiln_hooks gained release_device (a library built for 5 passes a shorter struct).
 // Version 7: kiln_hooks gained device (the device memory operations of a GPU library).
-constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', '7'};
+// Version 8: kiln_hooks gained set_custom_do_par_for (the runtime's thread pool).
+constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', '8'};
 
 class Writer {
  public:

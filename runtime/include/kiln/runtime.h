@@ -71,9 +71,16 @@ typedef struct kiln_device_ops {
   int64_t (*view_alignment)(void);
   const int32_t* kernel_outputs;
 } kiln_device_ops;
+/* A parallel loop's body and a runner of the loop: Halide's halide_task_t and
+ * halide_do_par_for_t (HalideRuntime.h). */
+typedef int (*kiln_par_task)(void* user_context, int index, uint8_t* closure);
+typedef int (*kiln_do_par_for_fn)(void* user_context, kiln_par_task task, int min, int size,
+                                  uint8_t* closure);
 typedef struct kiln_hooks {
   int (*set_num_threads)(int);
   kiln_halide_error_handler (*set_error_handler)(kiln_halide_error_handler);
+  /* halide_set_custom_do_par_for: the runtime installs kiln_do_par_for with it. */
+  kiln_do_par_for_fn (*set_custom_do_par_for)(kiln_do_par_for_fn);
   void (*release_device)(void);
   const kiln_device_ops* device; /* NULL for a CPU library */
 } kiln_hooks;
@@ -155,8 +162,15 @@ const struct halide_device_interface_t* kiln_model_device_interface(const kiln_m
 /* The error of the calling thread's last call on this model ("" if it succeeded; a fixed
  * message for a NULL model). Valid until this thread's next call on the model. */
 const char* kiln_model_error(const kiln_model* model);
-/* Threads used by the kernels (process-wide: Halide's one thread pool). */
+/* Threads used by the kernels (process-wide: the runtime's one thread pool, and Halide's). */
 int kiln_model_set_num_threads(kiln_model* model, int threads);
+/* The runtime's thread pool (runtime/thread_pool.h), which every model library's parallel
+ * loops run on: its workers spin for KILN_SPIN_US (default 1000) µs after a loop before
+ * they sleep, so back-to-back loops find them awake. A loop started while the pool is busy
+ * (another thread's call, or a loop in a loop) runs on the calling thread alone. Installed
+ * by kiln_model_create; code that calls a library's kernels directly can install it with
+ * halide_set_custom_do_par_for. */
+int kiln_do_par_for(void* user_context, kiln_par_task task, int min, int size, uint8_t* closure);
 /* Profiling: non-zero clears the tallies and times every kernel call of the runs that
  * follow (one clock read per call); zero stops. */
 int kiln_model_set_profiling(kiln_model* model, int on);
