@@ -90,38 +90,47 @@ KernelPipeline build_linear_bf16(const LinearKernel& spec, const Halide::Target&
   bias.set_estimates({{0, N}});
   out.set_estimates({{0, N}, {0, 2048}});
 
-  // Loops of out: t (tiles: one panel × up to 1024 rows, the m tile fastest) > mb (register
-  // block rows) > mr > ni. acc is computed per register block, its reduction innermost
-  // over the pair (vdpbf16ps), then the 4 vectors, then the rows.
-  Var nt("nt"), ni("ni"), mt("mt"), mi("mi"), mb("mb"), mr("mr"), t("t");
+  // Loops of out: c (chunks of rows) > t (tiles: one panel × a tile of rows of the chunk) >
+  // mb (register block rows) > mr > ni. x's bf16 copy is made per chunk, just before the
+  // chunk's tiles read it (in L2/L3, not written to memory and read back), in parallel.
+  // acc is computed per register block, its reduction innermost over the pair (vdpbf16ps),
+  // then the 4 vectors, then the rows.
+  Var c("c"), mc("mc"), nt("nt"), ni("ni"), mt("mt"), mi("mi"), mb("mb"), mr("mr"), t("t");
   // N not a multiple of 64: the last panel's columns from N on are computed (on zero
   // weights) but not stored.
   const TailStrategy n_tail = N % P == 0 ? TailStrategy::RoundUp : TailStrategy::GuardWithIf;
-  auto schedule_out = [&](Halide::Stage s, const Expr& tile_m, int rows, bool panels_fastest) {
-    s.split(n, nt, ni, P, n_tail)
-        .split(m, mt, mi, tile_m, TailStrategy::ShiftInwards)
+  auto schedule_out = [&](Halide::Stage s, const Expr& chunk_m, const Expr& tile_m, int rows,
+                          bool panels_fastest) {
+    s.split(m, c, mc, chunk_m, TailStrategy::ShiftInwards)
+        .split(n, nt, ni, P, n_tail)
+        .split(mc, mt, mi, tile_m, TailStrategy::ShiftInwards)
         .split(mi, mb, mr, rows, TailStrategy::ShiftInwards);
     if (panels_fastest)
-      s.reorder(ni, mr, mb, nt, mt).fuse(nt, mt, t);
+      s.reorder(ni, mr, mb, nt, mt, c).fuse(nt, mt, t);
     else
-      s.reorder(ni, mr, mb, mt, nt).fuse(mt, nt, t);
+      s.reorder(ni, mr, mb, mt, nt, c).fuse(mt, nt, t);
     s.parallel(t).vectorize(ni, lanes).unroll(mr);
   };
+  // Up to 64 rows: one chunk.
   constexpr int few_rows = 4, many_rows = 64, rows = 6;
-  schedule_out(out.specialize(M < few_rows), M, 1, false);
+  schedule_out(out.specialize(M < few_rows), M, M, 1, false);
   // Fewer than 16 panels: two tiles of rows per panel, so that 2 threads share the work in
   // pieces small enough to balance.
   if (Np / P < 16)
-    schedule_out(out.specialize(M >= 16 && M < many_rows), (M + 1) / 2, few_rows, false);
-  schedule_out(out.specialize(M < many_rows), M, few_rows, false);
-  // Long reductions (a panel of 256 KB and more): tiles of about 120 rows, whose bf16 rows
-  // (480 KB at K = 2048) stay in L2 while a thread goes from panel to panel (the panels
-  // fastest); else tiles of up to 1024 rows, the row tiles fastest (a panel is read once per
-  // 1024 rows).
+    schedule_out(out.specialize(M >= 16 && M < many_rows), M, (M + 1) / 2, few_rows, false);
+  schedule_out(out.specialize(M < many_rows), M, M, few_rows, false);
+  // Long reductions (a panel of 256 KB and more): chunks of about 240 rows (x of a chunk is
+  // 1.9 MB at K = 2048, its bf16 copy 0.9 MB), tiles of about 120 rows, whose bf16 rows stay
+  // in L2 while a thread goes from panel to panel (the panels fastest). Else one chunk, tiles
+  // of up to 1024 rows, the row tiles fastest: a panel is read once per 1024 rows.
   const bool long_k = Kp >= 1024;
-  const int tile_m = long_k ? 120 : 1024;
-  const Expr tiles_m = (M + tile_m - 1) / tile_m;
-  schedule_out(out, (M + tiles_m - 1) / tiles_m, rows, long_k);
+  if (long_k) {
+    const Expr chunks = (M + 239) / 240, chunk_m = (M + chunks - 1) / chunks;
+    schedule_out(out, chunk_m, (chunk_m + 1) / 2, rows, true);
+  } else {
+    const Expr tiles = (M + 1023) / 1024;
+    schedule_out(out, M, (M + tiles - 1) / tiles, rows, false);
+  }
 
   Var jv("jv"), ju("ju");
   Halide::RVar ko("ko"), ki("ki");
@@ -138,11 +147,11 @@ KernelPipeline build_linear_bf16(const LinearKernel& spec, const Halide::Target&
       .unroll(ju)
       .unroll(m)
       .unroll(ki);
-  // x is rounded once for the whole call (M × Kp bf16, half x's bytes), not per register
-  // block of every panel: for the output projection (500 panels) that was one rounding per
-  // 64 products, about 12% of the instructions of the products themselves.
-  Var mo("mo");
-  xb.compute_root().split(m, mo, m, 16, TailStrategy::GuardWithIf).parallel(mo);
+  // x is rounded once per chunk of rows, not per register block of every panel: for the
+  // output projection (500 panels) that was one rounding per 64 products, about 12% of the
+  // instructions of the products themselves.
+  Var xo("xo");
+  xb.compute_at(out, c).split(m, xo, m, 16, TailStrategy::GuardWithIf).parallel(xo);
   if (Kp >= 2 * lanes) xb.vectorize(k, 2 * lanes);  // shifted inwards within [0, Kp)
 
   std::vector<Halide::Argument> args = {x, wt};
