@@ -6,11 +6,12 @@
 // twice the FMA rate of f32). The bias and activation epilogue stays in f32.
 //
 // The schedule is the f32 kernel's (linear_kernel.cpp): parallel tiles of one panel × up to
-// 1024 rows, register blocks of 4 vectors × `rows` rows over the whole reduction. The
-// update's reduction over a pair of K is vectorized atomically, which Halide 14 matches to
-// `vdpbf16ps` (it needs the avx512_sapphirerapids feature: compile_kernel builds these
-// kernels for LLVM's cooperlake CPU, see kernels.cpp). The input's bf16 copy is made once
-// per call, before the products (M × K roundings in all).
+// 1024 rows, register blocks of 4 vectors × `rows` rows over the whole reduction; for long
+// reductions smaller tiles in chunks of rows (below). The update's reduction over a pair of K
+// is vectorized atomically, which Halide 14 matches to `vdpbf16ps` (it needs the
+// avx512_sapphirerapids feature: compile_kernel builds these kernels for LLVM's cooperlake
+// CPU, see kernels.cpp). The input's bf16 copy is made once per chunk of rows (for most
+// shapes one chunk: the whole call), before the chunk's products (M × K roundings in all).
 #include "codegen/halide_kernels.h"
 #include "support/error.h"
 
