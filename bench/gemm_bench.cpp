@@ -549,11 +549,15 @@ int main(int argc, char** argv) {
   if (auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads")))
     set(threads);
   benchmark::AddCustomContext("threads", std::to_string(threads));
-#ifdef KILN_BENCH_BF16
   // kiln_model_create installs the runtime's thread pool into a model library's Halide
-  // runtime; the bf16 kernels are called directly here, so install it the same way (it reads
-  // HL_NUM_THREADS at its first loop). The f32 kernel runs in the JIT's runtime, on Halide's
-  // pool.
+  // runtime; the kernels are called directly here, so install it the same way (it reads
+  // HL_NUM_THREADS at its first loop): into the JIT's runtime for the f32 kernel, into the
+  // AOT library's for the bf16 ones. (A JITUserContext* is the task's void* user context.)
+  Halide::JITHandlers handlers;
+  handlers.custom_do_par_for =
+      reinterpret_cast<decltype(handlers.custom_do_par_for)>(&kiln_do_par_for);
+  Halide::Internal::JITSharedRuntime::set_default_handlers(handlers);
+#ifdef KILN_BENCH_BF16
   halide_set_custom_do_par_for(kiln_do_par_for);
 #endif
 
