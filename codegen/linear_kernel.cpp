@@ -223,8 +223,8 @@ KernelPipeline build_linear(const LinearKernel& spec, const Halide::Target& targ
   // With packed weights the n tiles divide N exactly (RoundUp adds no tail), so the
   // simplifier sees that each block reads inside one panel, contiguously.
   Var nt("nt"), mt("mt"), ni("ni"), mi("mi"), nb("nb"), nv("nv"), mb("mb"), mr("mr"), t("t");
-  auto schedule_out = [&](Halide::Stage s, const Expr& tile_m, int rows) {
-    s.split(n, nt, ni, p.tile_n, P ? TailStrategy::RoundUp : TailStrategy::ShiftInwards)
+  auto schedule_out = [&](Halide::Stage s, const Expr& tile_m, int rows, int tile_n) {
+    s.split(n, nt, ni, tile_n, P ? TailStrategy::RoundUp : TailStrategy::ShiftInwards)
         .split(m, mt, mi, tile_m, TailStrategy::ShiftInwards)
         .split(ni, nb, nv, block_n, TailStrategy::ShiftInwards)
         .split(mi, mb, mr, rows, TailStrategy::ShiftInwards)
@@ -236,12 +236,21 @@ KernelPipeline build_linear(const LinearKernel& spec, const Halide::Target& targ
         .unroll(mr);
   };
   // Fewer rows than a small register block (e.g. one token): one row at a time.
-  schedule_out(out.specialize(M < p.few_rows), M, 1);
+  // Its tiles are 4 panels wide where N allows: a thread streams 4 consecutive panels
+  // (512 KB at K = 512) instead of one.
+  int one_row_tile_n = p.tile_n;
+  if (P)
+    for (int g : {4, 2})
+      if ((N / P) % g == 0 && N / P >= 2 * g) {
+        one_row_tile_n = g * P;
+        break;
+      }
+  schedule_out(out.specialize(M < p.few_rows), M, 1, one_row_tile_n);
   // A few rows (a short sequence): one tile of them, in small register blocks.
-  schedule_out(out.specialize(M < p.many_rows), M, p.few_rows);
+  schedule_out(out.specialize(M < p.many_rows), M, p.few_rows, p.tile_n);
   // Otherwise tiles of at most tile_m rows, balanced so the last one is not mostly overlap.
   const Expr tiles_m = (M + p.tile_m - 1) / p.tile_m;
-  schedule_out(out, (M + tiles_m - 1) / tiles_m, p.rows);
+  schedule_out(out, (M + tiles_m - 1) / tiles_m, p.rows, p.tile_n);
 
   if (!P) wt_strip.compute_at(out, nb).vectorize(n, p.lanes).unroll(n);
   acc.compute_at(out, mb).vectorize(n, p.lanes).unroll(n).unroll(m);
