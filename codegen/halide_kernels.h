@@ -39,6 +39,12 @@ KernelPipeline build_matmul(const MatmulKernel& spec, const Halide::Target& targ
 // The builder of `spec`'s kind.
 KernelPipeline build_kernel(const KernelSpec& spec, const Halide::Target& target);
 
+// Weight panels per parallel tile when a linear runs on fewer rows than a small register
+// block (a decoding step reads every weight once): 4 consecutive panels where `panels` is a
+// multiple of 4 with at least 2 tiles, else 2 on the same terms, else 1. Shared by the f32
+// and bf16 linear kernels.
+int one_row_panels_per_tile(int64_t panels);
+
 // The host target with only the x86 features this CPU really has: Halide 14 reports
 // avx512_sapphirerapids on AMD Zen 4/5 (it checks BF16 and VNNI only), and LLVM's
 // sapphirerapids CPU may then emit AVX512-FP16 instructions that die with SIGILL there.

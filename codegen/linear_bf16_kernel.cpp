@@ -122,13 +122,7 @@ KernelPipeline build_linear_bf16(const LinearKernel& spec, const Halide::Target&
   // One to 3 rows (a decoding step): reading the weights is the cost; a thread streams 4
   // consecutive panels per tile where N allows (W3's one-row GEMMs 8–10% faster than one
   // panel per tile, measured on the f32 kernel).
-  int one_row_panels = 1;
-  for (int g : {4, 2})
-    if ((Np / P) % g == 0 && Np / P >= 2 * g) {
-      one_row_panels = g;
-      break;
-    }
-  schedule_out(out.specialize(M < few_rows), M, M, 1, false, one_row_panels);
+  schedule_out(out.specialize(M < few_rows), M, M, 1, false, one_row_panels_per_tile(Np / P));
   // Fewer than 16 panels: two tiles of rows per panel, so that 2 threads share the work in
   // pieces small enough to balance.
   if (Np / P < 16)

@@ -165,6 +165,12 @@ KernelPipeline build_linear_gpu(const LinearKernel& spec) {
 
 }  // namespace
 
+int one_row_panels_per_tile(int64_t panels) {
+  for (int g : {4, 2})
+    if (panels % g == 0 && panels >= 2 * g) return g;
+  return 1;
+}
+
 KernelPipeline build_linear(const LinearKernel& spec, const Halide::Target& target) {
   KILN_ASSERT(spec.K >= 1 && spec.N >= 1, "linear kernel needs K >= 1 and N >= 1");
   KILN_ASSERT(spec.K <= (int64_t{1} << 30) && spec.N <= (int64_t{1} << 30),
@@ -238,13 +244,7 @@ KernelPipeline build_linear(const LinearKernel& spec, const Halide::Target& targ
   // Fewer rows than a small register block (e.g. one token): one row at a time.
   // Its tiles are 4 panels wide where N allows: a thread streams 4 consecutive panels
   // (512 KB at K = 512) instead of one.
-  int one_row_tile_n = p.tile_n;
-  if (P)
-    for (int g : {4, 2})
-      if ((N / P) % g == 0 && N / P >= 2 * g) {
-        one_row_tile_n = g * P;
-        break;
-      }
+  const int one_row_tile_n = P ? one_row_panels_per_tile(N / P) * P : p.tile_n;
   schedule_out(out.specialize(M < p.few_rows), M, 1, one_row_tile_n);
   // A few rows (a short sequence): one tile of them, in small register blocks.
   schedule_out(out.specialize(M < p.many_rows), M, p.few_rows, p.tile_n);

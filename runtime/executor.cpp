@@ -1286,8 +1286,9 @@ int kiln_do_par_for(void* user_context, kiln_par_task task, int min, int size, u
 
 int kiln_model_set_num_threads(kiln_model* model, int threads) {
   if (!model || !model->hooks.set_num_threads) return -1;
-  kiln::rt::pool_set_threads(threads < 1 ? 1 : threads);
-  return model->hooks.set_num_threads(threads < 1 ? 1 : threads);
+  threads = std::max(threads, 1);
+  kiln::rt::pool_set_threads(threads);
+  return model->hooks.set_num_threads(threads);
 }
 
 int kiln_model_set_profiling(kiln_model* model, int on) {

@@ -4,7 +4,6 @@
 // thread count in between all give the same results. Also run under ThreadSanitizer
 // (concurrency_tests, scripts/test.sh).
 #include <atomic>
-#include <set>
 #include <thread>
 #include <vector>
 
