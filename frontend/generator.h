@@ -30,7 +30,7 @@
 #pragma once
 
 #include "frontend/dsl.h"
-#include "frontend/models.h"
+#include "frontend/model_info.h"
 #include "frontend/nn.h"
 
 namespace kiln::generator {

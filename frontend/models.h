@@ -1,47 +1,22 @@
-// The model registry: models by name, each with named configs whose keys can be
-// overridden (`kiln emit transformer --config base --set d_model=256`). Models are
-// registered explicitly in models.cpp (no static-constructor registry).
+// The model registry: kiln's own models by name (`kiln models`, `kiln emit NAME`): the
+// reference Transformer and the seed write-ups (examples/seeds), each with named configs
+// whose keys can be overridden (`kiln emit transformer --config base --set d_model=256`).
+// Models are listed explicitly in models.cpp (no static-constructor registry). The
+// registry is the target kiln_models, which the kiln tool and the tests link; the installed
+// DSL (kiln_frontend) holds none of it.
 #pragma once
 
-#include <cstdint>
-#include <functional>
-#include <map>
 #include <string>
 #include <vector>
 
+#include "frontend/model_info.h"
 #include "ir/ir.h"
 
 namespace kiln::models {
 
-using Config = std::map<std::string, int64_t>;
-using Configs = std::map<std::string, Config>;  // by config name
-
-struct ModelInfo {
-  std::string name;
-  std::string description;
-  Configs configs;  // "base", "tiny", ...
-  std::function<ir::Module(const Config&)> build;
-};
-
 const std::vector<ModelInfo>& registry();
 // Throws kiln::Error listing the known models when `name` is unknown.
 const ModelInfo& find_model(const std::string& name);
-
-// Picks config `config_name` of `model` and applies "key=value" overrides. Unknown
-// models, configs or keys and non-integer values throw kiln::Error naming them.
-Config resolve_config(const ModelInfo& model, const std::string& config_name,
-                      const std::vector<std::string>& overrides);
-
-// The value of `key` in `config`; throws kiln::Error naming the key and the keys there are
-// (for a model's build function reading a key that one of its configs lacks).
-int64_t config_value(const Config& config, const std::string& key);
-
-// The model's name, description and configs, as `kiln models` prints them.
-std::string describe(const ModelInfo& model);
-
-// The config used when none is named: the model's only config, or "base"; throws
-// kiln::Error listing the configs when it has several and none is "base".
-std::string default_config(const ModelInfo& model);
 
 // find_model + resolve_config + build.
 ir::Module build_model(const std::string& model, const std::string& config_name,
