@@ -3,10 +3,11 @@
 # `kiln compile` and translates example sentences with `kiln translate`, measures its
 # held-out accuracy through the compiled model; then emits the base Transformer and prints
 # its summary, compiles the tiny golden model and runs the compiled library against the
-# PyTorch outputs, and does the same with the reference interpreter.
+# PyTorch outputs, and does the same with the reference interpreter. It builds only what it
+# runs: kiln, kiln-run and the runtime (scripts/test.sh builds the tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/build.sh
+bash scripts/build.sh kiln kiln-run kiln_runtime
 kiln=build/tools/kiln
 golden=tests/golden
 mkdir -p out
