@@ -330,7 +330,7 @@ TEST_F(AbiTest, NullArgumentsAreRefused) {
 }
 
 // A CPU library has no device: no device interface, and device tensors (kiln_model_run_device,
-// tests/gpu_test.cpp runs them on a GPU library) are an error naming the target, with nothing
+// tests/device_test.cpp runs them on a GPU library) are an error naming the target, with nothing
 // written.
 TEST_F(AbiTest, DeviceTensorsAreRefusedByACpuLibrary) {
   EXPECT_EQ(kiln_model_device_interface(model_), nullptr);

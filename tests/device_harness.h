@@ -1,5 +1,5 @@
-// Compiled kernels on a device against the reference interpreter, for the GPU test binaries
-// (gpu_test.cpp on OpenCL, cuda_test.cpp on CUDA), which link no libHalide: the .kir files of
+// Compiled kernels on a device against the reference interpreter, for the GPU test binary
+// (device_test.cpp: OpenCL and CUDA), which links no libHalide: the .kir files of
 // tests/gpu, random inputs and weights, and an entry point run through the C ABI compared with
 // the interpreter on the same inputs.
 #pragma once

@@ -1,28 +1,47 @@
-// GPU kernels through OpenCL on pocl: tests/gpu/norms.kir compiled for host-opencl and
-// tests/gpu/linears.kir, attention.kir, general.kir and step_attention.kir (kiln_add_model
-// ... TARGET host-opencl) run each entry point on the OpenCL device and match the reference
-// interpreter on random inputs of odd sizes. This binary links no Halide (libHalide's LLVM 14 and
-// pocl's LLVM 15 in one process crash). Without an OpenCL device every test skips, saying so (ctest
-// reports it as skipped, not passed). The test NoDevice.IsAnErrorNotACrash runs on its own with no
-// OpenCL platform visible.
+// GPU kernels against the reference interpreter, one suite over the device APIs kiln targets:
+// Gpu/DeviceTest.*/<API> runs the entry points of tests/gpu/*.kir compiled for host-opencl (the
+// gpu_* libraries: OpenCL, on pocl's CPU device in the suite) and for
+// host-cuda-cuda_capability_86 (the cuda_* libraries: PTX for sm_86, the highest capability
+// Halide 14 accepts, which the driver JIT-compiles for newer GPUs) on random inputs of odd sizes,
+// and the residency of weights and arenas on the device. Without the API's device each of its
+// tests skips, saying why ("no OpenCL device"; "skipped: no CUDA driver (the CUDA build runs on
+// a GPU)"): GTEST_SKIP, which ctest reports as skipped, not passed. Beside the suite, each API's
+// own checks: OpenCL's device tensors (kiln_model_run_device) and its error with no platform
+// (NoDevice.IsAnErrorNotACrash, run alone by ctest with no OpenCL platform visible); the PTX in
+// every CUDA kernel object, the error a call gives without a CUDA driver (through the C ABI and
+// the C++ API: never a crash, and the model stays usable), and the base model on a CUDA device.
+// This binary links no Halide (libHalide's LLVM 14 and pocl's LLVM 15 in one process crash).
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <ostream>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "HalideRuntime.h"
+#include "cuda_attention.h"
+#include "cuda_base.h"
+#include "cuda_cache_write.h"
+#include "cuda_general.h"
+#include "cuda_linears.h"
+#include "cuda_norms.h"
+#include "cuda_step_attention.h"
 #include "device_harness.h"
 #include "gpu_attention.h"
 #include "gpu_cache_write.h"
@@ -38,129 +57,205 @@
 namespace kiln {
 namespace {
 
-using testing::opencl_device_present;
-
-#define SKIP_WITHOUT_OPENCL()                                         \
-  do {                                                                \
-    if (!opencl_device_present()) GTEST_SKIP() << "no OpenCL device"; \
-  } while (0)
-
+using testing::create_model;
+using testing::input_views;
+using testing::max_error;
 using testing::ModelPtr;
-using testing::read_gpu_kir;
-ir::Module read_module(const std::string& file) { return read_gpu_kir(file); }
-
-const ir::Module& reference_module() {
-  static const ir::Module m = read_module("norms.kir");
-  return m;
-}
-
-// testing::random_inputs and testing::max_error (device_harness.h), on norms.kir by default.
-std::vector<ir::Tensor> random_inputs(const std::string& function,
-                                      const std::map<std::string, int64_t>& sizes, uint32_t seed,
-                                      const ir::Module& m = reference_module()) {
-  return testing::random_inputs(m, function, sizes, seed);
-}
-
-double max_error(kiln_model* model, const std::string& function,
-                 const std::vector<ir::Tensor>& inputs, const ir::Module& m = reference_module(),
-                 const ir::WeightMap& weights = {}) {
-  return testing::max_error(model, m, function, inputs, weights);
-}
-
-ModelPtr create_model() { return testing::create_model(gpu_norms_create); }
-
-// Random weights for tests/gpu/linears.kir, written to `file` (in the test folder).
-ir::WeightMap write_linear_weights(const ir::Module& m, uint32_t seed, const std::string& file) {
-  return testing::write_random_weights(m, seed, std::string(KILN_GPU_TEST_DIR) + "/" + file);
-}
-
-ModelPtr create_linears(const std::string& file) {
-  return testing::create_model(gpu_linears_create,
-                               (std::string(KILN_GPU_TEST_DIR) + "/" + file).c_str());
-}
+using testing::opencl_device_present;
+using testing::random_inputs;
+ir::Module read_module(const std::string& file) { return testing::read_gpu_kir(file); }
 
 // Within the CPU kernels' tolerance (1e-5 on unit-scale data, tests/layernorm_kernel_test.cpp).
 constexpr double kTolerance = 1e-5;
 
-TEST(GpuOpenCL, LayerNormRows) {
-  SKIP_WITHOUT_OPENCL();
-  ModelPtr m = create_model();
+// Why CUDA cannot run here ("" where a device is usable): the driver library is loaded as
+// the generated glue loads it, then asked for devices (cuInit, cuDeviceGetCount).
+std::string cuda_unavailable() {
+  void* lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (!lib) lib = dlopen("libcuda.so", RTLD_LAZY | RTLD_LOCAL);
+  if (!lib) return "no CUDA driver";
+  using Init = int (*)(unsigned);
+  using Count = int (*)(int*);
+  auto init = reinterpret_cast<Init>(dlsym(lib, "cuInit"));
+  auto count = reinterpret_cast<Count>(dlsym(lib, "cuDeviceGetCount"));
+  int n = 0;
+  if (!init || !count || init(0) != 0 || count(&n) != 0 || n < 1) return "no CUDA device";
+  return "";
+}
+
+bool cuda_driver_present() {
+  for (const char* name : {"libcuda.so.1", "libcuda.so"})
+    if (void* lib = dlopen(name, RTLD_LAZY | RTLD_LOCAL)) {
+      dlclose(lib);
+      return true;
+    }
+  return false;
+}
+
+// A device API the GPU libraries are compiled for: its libraries of tests/gpu/*.kir (their
+// NAME_create) and why its tests skip here ("" where its device is usable).
+using CreateFn = decltype(&gpu_norms_create);
+struct DeviceApi {
+  const char* name;  // the instance's name: OpenCL, CUDA
+  std::string (*skip_reason)();
+  const char* prefix;  // of its libraries (gpu_norms, cuda_norms) and the files its tests write
+  CreateFn norms, linears, attention, general, step_attention, cache_write;
+};
+
+// gtest prints a parameter by its name.
+void PrintTo(const DeviceApi& api, std::ostream* os) { *os << api.name; }
+
+const DeviceApi kOpenCL = {
+    "OpenCL",
+    [] { return std::string(opencl_device_present() ? "" : "no OpenCL device"); },
+    "gpu",
+    gpu_norms_create,
+    gpu_linears_create,
+    gpu_attention_create,
+    gpu_general_create,
+    gpu_step_attention_create,
+    gpu_cache_write_create};
+
+const DeviceApi kCuda = {
+    "CUDA",
+    [] {
+      static const std::string why = cuda_unavailable();
+      return why.empty() ? why : "skipped: " + why + " (the CUDA build runs on a GPU)";
+    },
+    "cuda",
+    cuda_norms_create,
+    cuda_linears_create,
+    cuda_attention_create,
+    cuda_general_create,
+    cuda_step_attention_create,
+    cuda_cache_write_create};
+
+// The suite: every test runs on each API's libraries and skips where its device is missing.
+class DeviceTest : public ::testing::TestWithParam<DeviceApi> {
+ protected:
+  void SetUp() override {
+    if (const std::string why = api().skip_reason(); !why.empty()) GTEST_SKIP() << why;
+  }
+  const DeviceApi& api() const { return GetParam(); }
+  // tests/gpu/norms.kir: the default module of random_inputs and max_error below.
+  const ir::Module& norms_module() const { return norms_module_; }
+  ModelPtr norms() const { return create_model(api().norms); }
+  // A file of this API's in the test folder (written by the test): "<prefix>_<name>".
+  std::string file(const std::string& name) const {
+    return std::string(KILN_GPU_TEST_DIR) + "/" + api().prefix + "_" + name;
+  }
+  // Random weights for tests/gpu/linears.kir, written to file(`name`).
+  ir::WeightMap write_linear_weights(const ir::Module& m, uint32_t seed,
+                                     const std::string& name) const {
+    return testing::write_random_weights(m, seed, file(name));
+  }
+  ModelPtr linears(const std::string& name) const {
+    return create_model(api().linears, file(name).c_str());
+  }
+  // testing::random_inputs and testing::max_error (device_harness.h) on norms.kir.
+  std::vector<ir::Tensor> norms_inputs(const std::string& function,
+                                       const std::map<std::string, int64_t>& sizes,
+                                       uint32_t seed) const {
+    return random_inputs(norms_module_, function, sizes, seed);
+  }
+  double norms_error(kiln_model* model, const std::string& function,
+                     const std::vector<ir::Tensor>& inputs) const {
+    return max_error(model, norms_module_, function, inputs);
+  }
+
+ private:
+  const ir::Module norms_module_ = read_module("norms.kir");
+};
+
+INSTANTIATE_TEST_SUITE_P(Gpu, DeviceTest, ::testing::Values(kOpenCL, kCuda),
+                         [](const ::testing::TestParamInfo<DeviceApi>& info) {
+                           return std::string(info.param.name);
+                         });
+
+TEST_P(DeviceTest, LayerNormRows) {
+  ModelPtr m = norms();
   ASSERT_NE(m, nullptr);
   for (int64_t rows : {1, 7, 33, 129}) {
     for (const char* f : {"norm7", "norm129"})
-      EXPECT_LE(max_error(m.get(), f, random_inputs(f, {{"R", rows}}, 3 + rows)), kTolerance)
+      EXPECT_LE(norms_error(m.get(), f, norms_inputs(f, {{"R", rows}}, 3 + rows)), kTolerance)
           << f << " with " << rows << " rows";
   }
 }
 
-TEST(GpuOpenCL, AddLayerNormWithSumAndBroadcast) {
-  SKIP_WITHOUT_OPENCL();
-  ModelPtr m = create_model();
+TEST_P(DeviceTest, AddLayerNormWithSumAndBroadcast) {
+  ModelPtr m = norms();
   ASSERT_NE(m, nullptr);
   for (auto [b, s] : {std::pair<int64_t, int64_t>{1, 1}, {1, 7}, {3, 33}, {2, 5}}) {
     for (const char* f : {"residual", "positions"})
-      EXPECT_LE(max_error(m.get(), f, random_inputs(f, {{"B", b}, {"S", s}}, 5 + b * s)),
+      EXPECT_LE(norms_error(m.get(), f, norms_inputs(f, {{"B", b}, {"S", s}}, 5 + b * s)),
                 kTolerance)
           << f << " with B=" << b << " S=" << s;
   }
 }
 
-TEST(GpuOpenCL, ElementwiseAndGather) {
-  SKIP_WITHOUT_OPENCL();
-  ModelPtr m = create_model();
+// Chains on the inputs of both former copies (seeds 3 + rows and 9 + rows); lookups at the
+// sizes of both, exactly.
+TEST_P(DeviceTest, ElementwiseAndGather) {
+  ModelPtr m = norms();
   ASSERT_NE(m, nullptr);
   for (int64_t rows : {1, 7, 33, 129})
-    EXPECT_LE(max_error(m.get(), "chain", random_inputs("chain", {{"R", rows}}, 9 + rows)),
-              kTolerance)
-        << rows << " rows";
-  for (auto [b, s, v] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {3, 33, 9}, {2, 7, 4}})
+    for (int64_t seed : {3, 9})
+      EXPECT_LE(
+          norms_error(m.get(), "chain",
+                      norms_inputs("chain", {{"R", rows}}, static_cast<uint32_t>(seed + rows))),
+          kTolerance)
+          << rows << " rows";
+  for (auto [b, s, v] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1},
+                         {3, 33, 9},
+                         {2, 7, 4},
+                         {1, 1, 9},
+                         {1, 7, 9},
+                         {2, 5, 9}})
     EXPECT_LE(
-        max_error(m.get(), "lookup", random_inputs("lookup", {{"B", b}, {"S", s}, {"V", v}}, 13)),
+        norms_error(m.get(), "lookup", norms_inputs("lookup", {{"B", b}, {"S", s}, {"V", v}}, 13)),
         0.0)
         << "B=" << b << " S=" << s << " V=" << v;
 }
 
 // Linear kernels (register-tiled GEMM with the bias and activation fused) on weights
 // written to a safetensors file, N packed in panels (64, 128) or not, odd K and N.
-TEST(GpuOpenCL, Linear) {
-  SKIP_WITHOUT_OPENCL();
+TEST_P(DeviceTest, Linear) {
   const ir::Module m = read_module("linears.kir");
-  const ir::WeightMap weights = write_linear_weights(m, 17, "gpu_linears.weights.safetensors");
-  ModelPtr model = create_linears("gpu_linears.weights.safetensors");
+  const ir::WeightMap weights = write_linear_weights(m, 17, "linears.weights.safetensors");
+  ModelPtr model = linears("linears.weights.safetensors");
   ASSERT_NE(model, nullptr);
   for (int64_t rows : {1, 7, 33, 129})
     for (const char* f : {"k7_n5", "k33_n70_relu", "k64_n64_gelu", "k129_n128"})
       EXPECT_LE(
-          max_error(model.get(), f, random_inputs(f, {{"M", rows}}, 21 + rows, m), m, weights),
+          max_error(model.get(), m, f, random_inputs(m, f, {{"M", rows}}, 21 + rows), weights),
           kTolerance)
           << f << " with " << rows << " rows";
 }
 
 // Two models of GPU libraries in one process share the runtime's device context: destroying
 // one leaves the other running (the context is given back with the last GPU model).
-TEST(GpuOpenCL, DestroyingOneModelLeavesAnotherRunning) {
-  SKIP_WITHOUT_OPENCL();
-  ModelPtr first = create_model();
-  ModelPtr second = create_model();
+TEST_P(DeviceTest, DestroyingOneModelLeavesAnotherRunning) {
+  ModelPtr first = norms();
+  ModelPtr second = norms();
   ASSERT_NE(first, nullptr);
   ASSERT_NE(second, nullptr);
-  EXPECT_LE(max_error(first.get(), "norm7", random_inputs("norm7", {{"R", 7}}, 31)), kTolerance);
+  EXPECT_LE(norms_error(first.get(), "norm7", norms_inputs("norm7", {{"R", 7}}, 31)), kTolerance);
   first.reset();
-  EXPECT_LE(max_error(second.get(), "norm129", random_inputs("norm129", {{"R", 33}}, 37)),
+  EXPECT_LE(norms_error(second.get(), "norm129", norms_inputs("norm129", {{"R", 33}}, 37)),
             kTolerance);
   second.reset();
-  ModelPtr third = create_model();  // a fresh context after the last one was given back
+  ModelPtr third = norms();  // a fresh context after the last one was given back
   ASSERT_NE(third, nullptr);
-  EXPECT_LE(max_error(third.get(), "norm7", random_inputs("norm7", {{"R", 1}}, 41)), kTolerance);
+  EXPECT_LE(norms_error(third.get(), "norm7", norms_inputs("norm7", {{"R", 1}}, 41)), kTolerance);
 }
 
 // Fused attention, every variant (tests/gpu/attention.kir), at lengths 1, 7, 33 and 129 and batches
 // of 1 and 3, with random key and query padding (each position padded with probability 1/2, so rows
-// whose keys are all masked are common); batch row 0's keys all padded in the fill_inf cases.
-TEST(GpuOpenCL, Attention) {
-  SKIP_WITHOUT_OPENCL();
+// whose keys are all masked are common); batch row 0's keys all padded in the fill_inf cases (NaN
+// rows, as the interpreter's).
+TEST_P(DeviceTest, Attention) {
   const ir::Module m = read_module("attention.kir");
-  ModelPtr model = testing::create_model(gpu_attention_create);
+  ModelPtr model = create_model(api().attention);
   ASSERT_NE(model, nullptr);
   const int64_t lengths[] = {1, 7, 33, 129};
   uint32_t seed = 31;
@@ -173,12 +268,12 @@ TEST(GpuOpenCL, Attention) {
         for (int64_t t : lengths) {
           if (t != s && std::string(f) != "qpad" && std::string(f) != "cross") continue;
           std::vector<ir::Tensor> inputs =
-              random_inputs(f, {{"B", b}, {"S", s}, {"T", t}, {"V", 2}}, ++seed, m);
+              random_inputs(m, f, {{"B", b}, {"S", s}, {"T", t}, {"V", 2}}, ++seed);
           if (fill_inf)  // batch row 0: every key padded
             for (int64_t j = 0; j < s; ++j) inputs[3].ints[static_cast<size_t>(j)] = 1;
           const ir::Tensor want = ir::interpret(m, *m.find_function(f), {}, inputs)[0];
           for (float x : want.f) nan_values += std::isnan(x) ? 1 : 0;
-          EXPECT_LE(max_error(model.get(), f, inputs, m), kTolerance)
+          EXPECT_LE(max_error(model.get(), m, f, inputs), kTolerance)
               << f << " with B=" << b << " S=" << s << " T=" << t;
         }
     if (fill_inf) EXPECT_GT(nan_values, 0) << f << ": no NaN rows tested";
@@ -190,22 +285,23 @@ TEST(GpuOpenCL, Attention) {
 // axes and none), argmax over each axis, and matmuls (batched, broadcasting, transposed, with
 // bias and activation). Rows and columns of 1, 7, 33 and 129, and rows of 300 (longer than a
 // block's 256 threads).
-class GpuOpenCLGeneral : public ::testing::Test {
+class DeviceGeneralTest : public DeviceTest {
  protected:
   void SetUp() override {
-    if (!opencl_device_present()) GTEST_SKIP() << "no OpenCL device";
-    model_ = testing::create_model(gpu_general_create);
+    DeviceTest::SetUp();
+    if (IsSkipped()) return;
+    model_ = create_model(api().general);
     ASSERT_NE(model_, nullptr);
   }
   // Every size of kSizes for `function`, with the inputs changed by `edit` (if any).
   void check(const char* function, void (*edit)(std::vector<ir::Tensor>&) = nullptr) {
     uint32_t seed = 50;
     for (const auto& sizes : kSizes) {
-      std::vector<ir::Tensor> inputs = random_inputs(function, sizes, ++seed, module_);
+      std::vector<ir::Tensor> inputs = random_inputs(module_, function, sizes, ++seed);
       if (edit) edit(inputs);
       std::string at;
       for (const auto& [name, value] : sizes) at += " " + name + "=" + std::to_string(value);
-      EXPECT_LE(max_error(model_.get(), function, inputs, module_), kTolerance)
+      EXPECT_LE(max_error(model_.get(), module_, function, inputs), kTolerance)
           << function << " with" << at;
     }
   }
@@ -222,6 +318,11 @@ class GpuOpenCLGeneral : public ::testing::Test {
   ModelPtr model_;
 };
 
+INSTANTIATE_TEST_SUITE_P(Gpu, DeviceGeneralTest, ::testing::Values(kOpenCL, kCuda),
+                         [](const ::testing::TestParamInfo<DeviceApi>& info) {
+                           return std::string(info.param.name);
+                         });
+
 // Values in steps of 1/4 (so that rows have ties), and two NaNs in the first row of the first
 // input where it has three or more values.
 void ties_and_nans(std::vector<ir::Tensor>& inputs) {
@@ -233,25 +334,25 @@ void ties_and_nans(std::vector<ir::Tensor>& inputs) {
   }
 }
 
-TEST_F(GpuOpenCLGeneral, Softmax) {
+TEST_P(DeviceGeneralTest, Softmax) {
   check("softmax");
   check("softmax", ties_and_nans);
 }
 
-TEST_F(GpuOpenCLGeneral, Reductions) {
+TEST_P(DeviceGeneralTest, Reductions) {
   check("reduce");
   check("reduce", ties_and_nans);
   check("reduce_i64");
 }
 
-TEST_F(GpuOpenCLGeneral, Argmax) {
+TEST_P(DeviceGeneralTest, Argmax) {
   check("argmax", [](std::vector<ir::Tensor>& inputs) {
     for (float& v : inputs[0].f) v = std::round(v * 4) / 4;  // ties
   });
   check("argmax", ties_and_nans);
 }
 
-TEST_F(GpuOpenCLGeneral, Matmul) {
+TEST_P(DeviceGeneralTest, Matmul) {
   check("matmul");
   check("linear");
 }
@@ -260,10 +361,9 @@ TEST_F(GpuOpenCLGeneral, Matmul) {
 // positions or source keys) and 1, 4 and 9 hypotheses: cache_attention reads random slots of the
 // cache through the row table; memory_attention reads random sentences with random key padding,
 // sentence 0 wholly padded and read by hypothesis 0 (its output: the uniform average of v).
-TEST(GpuOpenCL, StepAttention) {
-  SKIP_WITHOUT_OPENCL();
+TEST_P(DeviceTest, StepAttention) {
   const ir::Module m = read_module("step_attention.kir");
-  ModelPtr model = testing::create_model(gpu_step_attention_create);
+  ModelPtr model = create_model(api().step_attention);
   ASSERT_NE(model, nullptr);
   constexpr int64_t kSlots = 5, kSentences = 3;
   uint32_t seed = 101;
@@ -273,57 +373,23 @@ TEST(GpuOpenCL, StepAttention) {
       std::mt19937 rng(++seed);
       for (const char* f : {"cache", "cache_dv", "cache_wide"}) {
         std::vector<ir::Tensor> inputs = random_inputs(
-            f, {{"N", n}, {"P", keys}, {"T", positions}, {"C", kSlots}, {"V", 2}}, ++seed, m);
+            m, f, {{"N", n}, {"P", keys}, {"T", positions}, {"C", kSlots}, {"V", 2}}, ++seed);
         std::uniform_int_distribution<int64_t> slot(0, kSlots - 1);
         for (int64_t& r : inputs[3].ints) r = slot(rng);
-        EXPECT_LE(max_error(model.get(), f, inputs, m), kTolerance)
+        EXPECT_LE(max_error(model.get(), m, f, inputs), kTolerance)
             << f << " with N=" << n << " P=" << keys << " T=" << positions;
       }
       for (const char* f : {"memory", "memory_dv"}) {
         std::vector<ir::Tensor> inputs =
-            random_inputs(f, {{"N", n}, {"B", kSentences}, {"S", keys}, {"V", 2}}, ++seed, m);
+            random_inputs(m, f, {{"N", n}, {"B", kSentences}, {"S", keys}, {"V", 2}}, ++seed);
         std::uniform_int_distribution<int64_t> sentence(0, kSentences - 1);
         for (int64_t& r : inputs[3].ints) r = sentence(rng);
         inputs[3].ints[0] = 0;
         for (int64_t j = 0; j < keys; ++j) inputs[4].ints[static_cast<size_t>(j)] = 1;
-        EXPECT_LE(max_error(model.get(), f, inputs, m), kTolerance)
+        EXPECT_LE(max_error(model.get(), m, f, inputs), kTolerance)
             << f << " with N=" << n << " S=" << keys;
       }
     }
-}
-
-// Run by ctest with OCL_ICD_VENDORS naming an empty folder: no platform, so the call
-// fails with the OpenCL runtime's message (the model's device memory cannot be allocated)
-// and leaves the model usable for the next call.
-TEST(NoDevice, IsAnErrorNotACrash) {
-  if (opencl_device_present()) GTEST_SKIP() << "an OpenCL device is present";
-  ModelPtr m = create_model();
-  ASSERT_NE(m, nullptr);
-  const std::vector<ir::Tensor> inputs = random_inputs("norm7", {{"R", 2}}, 1);
-  std::vector<float> out(14);
-  kiln_tensor in[3] = {};
-  for (int i = 0; i < 3; ++i) {
-    in[i].dtype = KILN_F32;
-    in[i].rank = static_cast<int32_t>(inputs[i].shape.size());
-    for (size_t d = 0; d < inputs[i].shape.size(); ++d) in[i].shape[d] = inputs[i].shape[d];
-    in[i].data = const_cast<float*>(inputs[i].f.data());
-    in[i].capacity = inputs[i].f.size() * 4;
-  }
-  kiln_tensor o{};
-  o.dtype = KILN_F32;
-  o.rank = 2;
-  o.shape[0] = 2;
-  o.shape[1] = 7;
-  o.data = out.data();
-  o.capacity = out.size() * 4;
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    EXPECT_NE(kiln_model_run(m.get(), "norm7", in, 3, &o, 1), 0);
-    const std::string error = kiln_model_error(m.get());
-    EXPECT_NE(error.find("entry point 'norm7' cannot run on the device"), std::string::npos)
-        << error;
-    EXPECT_NE(error.find("failed with status"), std::string::npos) << error;
-    EXPECT_NE(error.find("OpenCL"), std::string::npos) << error;
-  }
 }
 
 // Device residency: a GPU library keeps its weights, tables and arena on the device and
@@ -332,75 +398,74 @@ TEST(NoDevice, IsAnErrorNotACrash) {
 
 // New values in the same host input buffers, run after run (weights reused from the device),
 // at changing sizes; every output checked against the interpreter.
-TEST(GpuOpenCL, ResidentManyRunsWithChangingInputs) {
-  SKIP_WITHOUT_OPENCL();
+TEST_P(DeviceTest, ResidentManyRunsWithChangingInputs) {
   const ir::Module lin = read_module("linears.kir");
-  const ir::WeightMap weights = write_linear_weights(lin, 51, "gpu_resident.safetensors");
-  ModelPtr linears = create_linears("gpu_resident.safetensors");
-  ModelPtr norms = create_model();
-  ASSERT_NE(linears, nullptr);
-  ASSERT_NE(norms, nullptr);
+  const ir::WeightMap weights = write_linear_weights(lin, 51, "resident.safetensors");
+  ModelPtr linears_model = linears("resident.safetensors");
+  ModelPtr norms_model = norms();
+  ASSERT_NE(linears_model, nullptr);
+  ASSERT_NE(norms_model, nullptr);
   for (int64_t rows : {33, 129, 7}) {
     // One set of host buffers per size, refilled in place before each run.
-    std::vector<ir::Tensor> x = random_inputs("k129_n128", {{"M", rows}}, 1, lin);
-    std::vector<ir::Tensor> chain = random_inputs("chain", {{"R", rows}}, 1);
+    std::vector<ir::Tensor> x = random_inputs(lin, "k129_n128", {{"M", rows}}, 1);
+    std::vector<ir::Tensor> chain = norms_inputs("chain", {{"R", rows}}, 1);
     const float* x_data = x[0].f.data();
     for (uint32_t run = 0; run < 6; ++run) {
       const std::vector<ir::Tensor> fresh =
-          random_inputs("k129_n128", {{"M", rows}}, 100 + run, lin);
+          random_inputs(lin, "k129_n128", {{"M", rows}}, 100 + run);
       std::copy(fresh[0].f.begin(), fresh[0].f.end(), x[0].f.begin());
       ASSERT_EQ(x[0].f.data(), x_data);  // the same host buffer, new values
-      EXPECT_LE(max_error(linears.get(), "k129_n128", x, lin, weights), kTolerance)
+      EXPECT_LE(max_error(linears_model.get(), lin, "k129_n128", x, weights), kTolerance)
           << rows << " rows, run " << run;
-      const std::vector<ir::Tensor> fresh_chain = random_inputs("chain", {{"R", rows}}, 200 + run);
+      const std::vector<ir::Tensor> fresh_chain = norms_inputs("chain", {{"R", rows}}, 200 + run);
       for (size_t i = 0; i < chain.size(); ++i)
         std::copy(fresh_chain[i].f.begin(), fresh_chain[i].f.end(), chain[i].f.begin());
-      EXPECT_LE(max_error(norms.get(), "chain", chain), kTolerance) << rows << " rows, run " << run;
+      EXPECT_LE(norms_error(norms_model.get(), "chain", chain), kTolerance)
+          << rows << " rows, run " << run;
     }
   }
 }
 
 // Two models of one library with different weights, and a model of another library, run
 // alternately: each keeps its own weights on the device.
-TEST(GpuOpenCL, ResidentModelsRunAlternately) {
-  SKIP_WITHOUT_OPENCL();
+TEST_P(DeviceTest, ResidentModelsRunAlternately) {
   const ir::Module lin = read_module("linears.kir");
-  const ir::WeightMap first_weights = write_linear_weights(lin, 61, "gpu_resident_a.safetensors");
-  const ir::WeightMap second_weights = write_linear_weights(lin, 62, "gpu_resident_b.safetensors");
-  ModelPtr first = create_linears("gpu_resident_a.safetensors");
-  ModelPtr second = create_linears("gpu_resident_b.safetensors");
-  ModelPtr norms = create_model();
+  const ir::WeightMap first_weights = write_linear_weights(lin, 61, "resident_a.safetensors");
+  const ir::WeightMap second_weights = write_linear_weights(lin, 62, "resident_b.safetensors");
+  ModelPtr first = linears("resident_a.safetensors");
+  ModelPtr second = linears("resident_b.safetensors");
+  ModelPtr norms_model = norms();
   ASSERT_NE(first, nullptr);
   ASSERT_NE(second, nullptr);
-  ASSERT_NE(norms, nullptr);
+  ASSERT_NE(norms_model, nullptr);
   uint32_t seed = 300;
   for (int round = 0; round < 3; ++round)
     for (const char* f : {"k7_n5", "k33_n70_relu", "k64_n64_gelu", "k129_n128"}) {
       const int64_t rows = round == 1 ? 129 : 33;
-      const std::vector<ir::Tensor> x = random_inputs(f, {{"M", rows}}, ++seed, lin);
-      EXPECT_LE(max_error(first.get(), f, x, lin, first_weights), kTolerance) << f;
-      EXPECT_LE(max_error(second.get(), f, x, lin, second_weights), kTolerance) << f;
-      EXPECT_LE(max_error(norms.get(), "positions",
-                          random_inputs("positions", {{"B", 2}, {"S", rows % 40}}, ++seed)),
+      const std::vector<ir::Tensor> x = random_inputs(lin, f, {{"M", rows}}, ++seed);
+      EXPECT_LE(max_error(first.get(), lin, f, x, first_weights), kTolerance) << f;
+      EXPECT_LE(max_error(second.get(), lin, f, x, second_weights), kTolerance) << f;
+      EXPECT_LE(norms_error(norms_model.get(), "positions",
+                            norms_inputs("positions", {{"B", 2}, {"S", rows % 40}}, ++seed)),
                 kTolerance)
           << f;
     }
 }
 
 // Two threads on one model: each call has its own arena (and its device memory).
-TEST(GpuOpenCL, ResidentConcurrentCallsOnOneModel) {
-  SKIP_WITHOUT_OPENCL();
-  ModelPtr norms = create_model();
-  ASSERT_NE(norms, nullptr);
+TEST_P(DeviceTest, ResidentConcurrentCallsOnOneModel) {
+  ModelPtr norms_model = norms();
+  ASSERT_NE(norms_model, nullptr);
   std::vector<double> worst(2, 0);
   std::vector<std::thread> threads;
   for (int t = 0; t < 2; ++t)
     threads.emplace_back([&, t] {
       for (uint32_t run = 0; run < 8; ++run) {
         const int64_t rows = t == 0 ? 33 : 129;
-        worst[static_cast<size_t>(t)] = std::max(
-            worst[static_cast<size_t>(t)],
-            max_error(norms.get(), "chain", random_inputs("chain", {{"R", rows}}, 400 + run + t)));
+        worst[static_cast<size_t>(t)] =
+            std::max(worst[static_cast<size_t>(t)],
+                     norms_error(norms_model.get(), "chain",
+                                 norms_inputs("chain", {{"R", rows}}, 400 + run + t)));
       }
     });
   for (std::thread& th : threads) th.join();
@@ -412,11 +477,10 @@ TEST(GpuOpenCL, ResidentConcurrentCallsOnOneModel) {
 // arena), the cache (updated in place, kept by the caller across runs) goes back, and the
 // kernel after it and the outputs see the new values. Checked against the interpreter run
 // after run, with N and the position changing.
-TEST(GpuOpenCL, ResidentCacheWriteBetweenKernels) {
-  SKIP_WITHOUT_OPENCL();
+TEST_P(DeviceTest, ResidentCacheWriteBetweenKernels) {
   const ir::Module m = read_module("cache_write.kir");
   const ir::Function& f = *m.find_function("step");
-  ModelPtr model = testing::create_model(gpu_cache_write_create);
+  ModelPtr model = create_model(api().cache_write);
   ASSERT_NE(model, nullptr);
   const int64_t T = 6, C = 4, D = 8;
   std::mt19937 rng(71);
@@ -463,6 +527,70 @@ TEST(GpuOpenCL, ResidentCacheWriteBetweenKernels) {
       worst = std::max(worst, static_cast<double>(std::fabs(w[e] - want[0].f[e])));
     EXPECT_LE(worst, kTolerance) << "run " << run;
     EXPECT_EQ(cache, want[1].f) << "run " << run;
+  }
+}
+
+// OpenCL's own checks: device tensors and the error with no platform, on the gpu_* libraries.
+
+#define SKIP_WITHOUT_OPENCL()                                         \
+  do {                                                                \
+    if (!opencl_device_present()) GTEST_SKIP() << "no OpenCL device"; \
+  } while (0)
+
+const ir::Module& reference_module() {
+  static const ir::Module m = read_module("norms.kir");
+  return m;
+}
+
+// testing::random_inputs and testing::max_error (device_harness.h), on norms.kir by default.
+std::vector<ir::Tensor> random_inputs(const std::string& function,
+                                      const std::map<std::string, int64_t>& sizes, uint32_t seed,
+                                      const ir::Module& m = reference_module()) {
+  return testing::random_inputs(m, function, sizes, seed);
+}
+
+ModelPtr create_model() { return create_model(gpu_norms_create); }
+
+// Random weights for tests/gpu/linears.kir, written to `file` (in the test folder).
+ir::WeightMap write_linear_weights(const ir::Module& m, uint32_t seed, const std::string& file) {
+  return testing::write_random_weights(m, seed, std::string(KILN_GPU_TEST_DIR) + "/" + file);
+}
+
+ModelPtr create_linears(const std::string& file) {
+  return create_model(gpu_linears_create, (std::string(KILN_GPU_TEST_DIR) + "/" + file).c_str());
+}
+
+// Run by ctest with OCL_ICD_VENDORS naming an empty folder: no platform, so the call
+// fails with the OpenCL runtime's message (the model's device memory cannot be allocated)
+// and leaves the model usable for the next call.
+TEST(NoDevice, IsAnErrorNotACrash) {
+  if (opencl_device_present()) GTEST_SKIP() << "an OpenCL device is present";
+  ModelPtr m = create_model();
+  ASSERT_NE(m, nullptr);
+  const std::vector<ir::Tensor> inputs = random_inputs("norm7", {{"R", 2}}, 1);
+  std::vector<float> out(14);
+  kiln_tensor in[3] = {};
+  for (int i = 0; i < 3; ++i) {
+    in[i].dtype = KILN_F32;
+    in[i].rank = static_cast<int32_t>(inputs[i].shape.size());
+    for (size_t d = 0; d < inputs[i].shape.size(); ++d) in[i].shape[d] = inputs[i].shape[d];
+    in[i].data = const_cast<float*>(inputs[i].f.data());
+    in[i].capacity = inputs[i].f.size() * 4;
+  }
+  kiln_tensor o{};
+  o.dtype = KILN_F32;
+  o.rank = 2;
+  o.shape[0] = 2;
+  o.shape[1] = 7;
+  o.data = out.data();
+  o.capacity = out.size() * 4;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    EXPECT_NE(kiln_model_run(m.get(), "norm7", in, 3, &o, 1), 0);
+    const std::string error = kiln_model_error(m.get());
+    EXPECT_NE(error.find("entry point 'norm7' cannot run on the device"), std::string::npos)
+        << error;
+    EXPECT_NE(error.find("failed with status"), std::string::npos) << error;
+    EXPECT_NE(error.find("OpenCL"), std::string::npos) << error;
   }
 }
 
@@ -841,6 +969,266 @@ TEST(GpuOpenCL, DeviceTensorsCppApi) {
   } catch (const std::runtime_error& e) {
     EXPECT_THAT(std::string(e.what()), ::testing::HasSubstr("input 0 is a host-only buffer"));
   }
+}
+
+// CUDA's own checks, on the cuda_* libraries: the PTX in their kernel objects, the error a
+// call gives without a driver, and the base model (every entry point compiled for CUDA).
+
+#define SKIP_WITHOUT_CUDA()                                                    \
+  do {                                                                         \
+    if (const std::string why = cuda_unavailable(); !why.empty())              \
+      GTEST_SKIP() << "skipped: " << why << " (the CUDA build runs on a GPU)"; \
+  } while (0)
+
+// The members of a static library (the System V / GNU `ar` format, with its table of long
+// names), by name.
+std::vector<std::pair<std::string, std::string>> archive_members(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream all;
+  all << in.rdbuf();
+  const std::string data = all.str();
+  if (data.compare(0, 8, "!<arch>\n") != 0) throw std::runtime_error(path + " is not an archive");
+  std::vector<std::pair<std::string, std::string>> members;
+  std::string long_names;
+  for (size_t pos = 8; pos + 60 <= data.size();) {
+    const std::string header = data.substr(pos, 60);
+    std::string name = header.substr(0, 16);
+    const size_t size = std::stoull(header.substr(48, 10));
+    if (pos + 60 + size > data.size()) throw std::runtime_error(path + ": a truncated member");
+    std::string body = data.substr(pos + 60, size);
+    pos += 60 + size + (size % 2);
+    name.erase(name.find_last_not_of(' ') + 1);
+    if (name == "/" || name == "/SYM64/") continue;  // the symbol table
+    if (name == "//") {
+      long_names = body;
+      continue;
+    }
+    if (name.size() > 1 && name[0] == '/') {  // "/offset" into the long names
+      const size_t offset = std::stoull(name.substr(1));
+      name = long_names.substr(offset, long_names.find('\n', offset) - offset);
+    }
+    if (!name.empty() && name.back() == '/') name.pop_back();
+    members.emplace_back(name, std::move(body));
+  }
+  return members;
+}
+
+size_t count(const std::string& haystack, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = haystack.find(needle); at != std::string::npos;
+       at = haystack.find(needle, at + 1))
+    ++n;
+  return n;
+}
+
+// Each kernel's object (<model>_kiln_*.o: one Halide pipeline per kernel) embeds one PTX
+// module for sm_86 with at least one entry; the glue and Halide's runtime none.
+TEST(CudaBuild, EveryKernelObjectCarriesPtxForSm86) {
+  for (const std::string model : {"cuda_norms", "cuda_linears", "cuda_attention", "cuda_general",
+                                  "cuda_step_attention", "cuda_base"}) {
+    const std::string path =
+        std::string(KILN_GPU_TEST_DIR) + "/" + model + ".kiln/lib" + model + ".a";
+    const auto members = archive_members(path);
+    int kernels = 0;
+    bool runtime = false, glue = false;
+    for (const auto& [name, body] : members) {
+      if (name.rfind(model + "_kiln_", 0) == 0) {
+        ++kernels;
+        EXPECT_EQ(count(body, ".target sm_86"), 1u) << path << ": " << name;
+        EXPECT_GE(count(body, ".entry "), 1u) << path << ": " << name;
+        EXPECT_EQ(count(body, ".target sm_"), 1u) << path << ": " << name << ": another target";
+      } else {
+        runtime |= name == "halide_runtime.o";
+        glue |= name == model + "_glue.o";
+        EXPECT_EQ(count(body, ".target sm_"), 0u) << path << ": " << name;
+      }
+    }
+    EXPECT_GE(kernels, 4) << path;
+    EXPECT_TRUE(runtime) << path << ": no halide_runtime.o";
+    EXPECT_TRUE(glue) << path << ": no glue";
+  }
+}
+
+// Without a driver: creating the model succeeds (nothing touches the device before a kernel
+// runs), and every call returns a non-zero status with a message naming the missing driver;
+// a second call says the same (the model stays usable).
+TEST(CudaNoDriver, RunIsAnErrorNamingTheDriver) {
+  if (cuda_driver_present()) GTEST_SKIP() << "a CUDA driver is present";
+  const ir::Module m = read_module("norms.kir");
+  ModelPtr model = create_model(cuda_norms_create);
+  ASSERT_NE(model, nullptr);
+  const std::vector<ir::Tensor> inputs = random_inputs(m, "norm7", {{"R", 2}}, 1);
+  std::vector<std::vector<uint8_t>> bytes;
+  std::vector<kiln_tensor> in = input_views(inputs, &bytes);
+  std::vector<float> out(14, 0.5f);
+  kiln_tensor o{};
+  o.dtype = KILN_F32;
+  o.rank = 2;
+  o.shape[0] = 2;
+  o.shape[1] = 7;
+  o.data = out.data();
+  o.capacity = out.size() * 4;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    EXPECT_NE(kiln_model_run(model.get(), "norm7", in.data(), in.size(), &o, 1), 0);
+    const std::string error = kiln_model_error(model.get());
+    EXPECT_NE(error.find("no CUDA driver (libcuda.so.1 not found: libcuda.so.1"), std::string::npos)
+        << error;  // dlerror's text after it
+    EXPECT_NE(error.find("failed with status"), std::string::npos) << error;
+  }
+  // The other libraries (and entry points with several kernels) say the same.
+  ModelPtr attention = create_model(cuda_attention_create);
+  ASSERT_NE(attention, nullptr);
+  const ir::Module am = read_module("attention.kir");
+  const std::vector<ir::Tensor> ain =
+      random_inputs(am, "causal", {{"B", 1}, {"S", 3}, {"T", 3}, {"V", 2}}, 2);
+  std::vector<kiln_tensor> av = input_views(ain, &bytes);
+  kiln_tensor ao[1] = {};
+  ASSERT_EQ(kiln_model_output_shapes(attention.get(), "causal", av.data(), av.size(), ao, 1), 0)
+      << kiln_model_error(attention.get());
+  std::vector<float> aout(static_cast<size_t>(ao[0].shape[0] * ao[0].shape[1] * ao[0].shape[2]));
+  ao[0].data = aout.data();
+  ao[0].capacity = aout.size() * 4;
+  EXPECT_NE(kiln_model_run(attention.get(), "causal", av.data(), av.size(), ao, 1), 0);
+  EXPECT_NE(std::string(kiln_model_error(attention.get())).find("no CUDA driver"),
+            std::string::npos)
+      << kiln_model_error(attention.get());
+}
+
+// The generated C++ class: the call throws std::runtime_error with the same message.
+TEST(CudaNoDriver, CppApiThrowsNamingTheDriver) {
+  if (cuda_driver_present()) GTEST_SKIP() << "a CUDA driver is present";
+  kiln_models::cuda_norms model(nullptr);
+  kiln::Tensor<float> x{{3, 7}, std::vector<float>(21, 0.25f)};
+  kiln::Tensor<float> g{{7}, std::vector<float>(7, 1.0f)};
+  kiln::Tensor<float> b{{7}, std::vector<float>(7, 0.0f)};
+  std::string message;
+  try {
+    model.norm7(x, g, b);
+  } catch (const std::runtime_error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("no CUDA driver (libcuda.so.1 not found"), std::string::npos)
+      << "message: '" << message << "'";
+}
+
+// The base model (MODEL transformer CONFIG base) compiled for CUDA: its weights, random and
+// small (uniform in ±0.05, so the model is well conditioned and f32 rounding stays small),
+// written to the build folder (~373 MB) by each test that uses them: the plain ones (the
+// runtime derives the rest).
+const ir::Module& base_module() {
+  static const ir::Module m = [] {
+    std::ifstream in(KILN_CUDA_BASE_KIR);
+    std::stringstream text;
+    text << in.rdbuf();
+    return ir::parse_and_verify(text.str(), KILN_CUDA_BASE_KIR);
+  }();
+  return m;
+}
+
+ir::WeightMap base_weights(std::string* path) {
+  const ir::Module& m = base_module();
+  std::mt19937 rng(2017);
+  std::uniform_real_distribution<float> u(-0.05f, 0.05f);
+  ir::WeightMap weights;
+  for (const ir::Weight& w : m.weights) {
+    if (w.derivation) continue;
+    std::vector<int64_t> shape;
+    for (const ir::Dim& d : w.type.shape) shape.push_back(d.value);
+    std::vector<float> v(static_cast<size_t>(ir::static_numel(w.type)));
+    for (float& x : v) x = u(rng);
+    weights[w.name] = ir::Tensor::from_f32(shape, std::move(v));
+  }
+  *path = std::string(KILN_GPU_TEST_DIR) + "/cuda_base.weights.safetensors";
+  std::vector<rt::TensorData> tensors;
+  for (const auto& [name, t] : weights) tensors.push_back(rt::make_f32(name, t.shape, t.f));
+  rt::write_safetensors(*path, tensors);
+  ir::materialize_weights(m, weights);
+  return weights;
+}
+
+// Ids in [1, vocab): no padding.
+kiln::Tensor<int64_t> ids(int64_t batch, int64_t len, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int64_t> u(1, vocab - 1);
+  kiln::Tensor<int64_t> t{{batch, len}, std::vector<int64_t>(static_cast<size_t>(batch * len))};
+  for (int64_t& x : t.data) x = u(rng);
+  return t;
+}
+
+// Without a driver, the base model loads (weights checked and laid out on the host) and its
+// forward and encode fail naming the driver, through the C++ API and the C ABI.
+TEST(CudaNoDriver, BaseModelForwardIsAnErrorNamingTheDriver) {
+  if (cuda_driver_present()) GTEST_SKIP() << "a CUDA driver is present";
+  std::string path;
+  (void)base_weights(&path);
+  kiln_models::cuda_base model(path.c_str());
+  const kiln::Tensor<int64_t> src = ids(1, 5, 32000, 1), tgt = ids(1, 4, 32000, 2);
+  for (const char* entry : {"forward", "encode"}) {
+    std::string message;
+    try {
+      if (std::string(entry) == "forward")
+        (void)model.forward(src, tgt);
+      else
+        (void)model.encode(src);
+    } catch (const std::runtime_error& e) {
+      message = e.what();
+    }
+    EXPECT_NE(message.find("no CUDA driver (libcuda.so.1 not found"), std::string::npos)
+        << entry << ": '" << message << "'";
+  }
+  kiln_tensor in[2] = {};
+  for (int i = 0; i < 2; ++i) {
+    const kiln::Tensor<int64_t>& t = i == 0 ? src : tgt;
+    in[i].dtype = KILN_I64;
+    in[i].rank = 2;
+    in[i].shape[0] = t.shape[0];
+    in[i].shape[1] = t.shape[1];
+    in[i].data = const_cast<int64_t*>(t.data.data());
+    in[i].capacity = t.data.size() * 8;
+  }
+  std::vector<float> logits(4 * 32000);
+  kiln_tensor out{};
+  out.dtype = KILN_F32;
+  out.rank = 3;
+  out.shape[0] = 1;
+  out.shape[1] = 4;
+  out.shape[2] = 32000;
+  out.data = logits.data();
+  out.capacity = logits.size() * 4;
+  EXPECT_NE(kiln_model_run(model.get(), "forward", in, 2, &out, 1), 0);
+  EXPECT_NE(std::string(kiln_model_error(model.get())).find("no CUDA driver"), std::string::npos)
+      << kiln_model_error(model.get());
+}
+
+// With a device: the base model's forward and encode against the interpreter on random
+// weights, batches 1 and 2, lengths 1, 7 and 33.
+TEST(CudaRun, BaseModelAgainstInterpreter) {
+  SKIP_WITHOUT_CUDA();
+  std::string path;
+  const ir::WeightMap weights = base_weights(&path);
+  const ir::Module& m = base_module();
+  kiln_models::cuda_base model(path.c_str());
+  double worst = 0;
+  for (int64_t batch : {1, 2})
+    for (int64_t len : {1, 7, 33}) {
+      const kiln::Tensor<int64_t> src = ids(batch, len, 32000, static_cast<uint32_t>(len));
+      const kiln::Tensor<int64_t> tgt = ids(batch, len, 32000, static_cast<uint32_t>(len + 99));
+      const std::vector<ir::Tensor> inputs = {
+          ir::Tensor::from_ints(ir::DType::i64, src.shape, src.data),
+          ir::Tensor::from_ints(ir::DType::i64, tgt.shape, tgt.data)};
+      for (const char* entry : {"forward", "encode"}) {
+        const bool fwd = std::string(entry) == "forward";
+        const std::vector<ir::Tensor> want = ir::interpret(
+            m, *m.find_function(entry), weights, fwd ? inputs : std::vector<ir::Tensor>{inputs[0]});
+        const kiln::Tensor<float> got = fwd ? model.forward(src, tgt) : model.encode(src);
+        ASSERT_EQ(got.shape, want[0].shape) << entry;
+        for (size_t i = 0; i < got.data.size(); ++i)
+          worst = std::max(worst, std::fabs(got.data[i] - want[0].f[i]) /
+                                      std::max(1.0, std::fabs(static_cast<double>(want[0].f[i]))));
+      }
+    }
+  std::printf("[ cuda ] base model vs interpreter: max error %.3g\n", worst);
+  EXPECT_LE(worst, 1e-4);
 }
 
 }  // namespace
