@@ -21,11 +21,6 @@ using rt::DimExpr;
 using rt::ElemType;
 using rt::Storage;
 
-// The most levels of pointwise ops folded below one elementwise kernel's root (see
-// lower_function): bounds the expression trees handed to Halide and the recursion that
-// builds them.
-constexpr int kMaxInlineDepth = 64;
-
 ElemType elem_type(ir::DType d) {
   switch (d) {
     case ir::DType::f32:
@@ -69,11 +64,6 @@ std::optional<DimExpr> add_offsets(const DimExpr& a, const DimExpr& b) {
   DimExpr sum = a;
   sum.coeff = a.coeff + b.coeff;
   return sum;
-}
-
-// Ops that an elementwise kernel evaluates per element.
-bool is_pointwise(OpKind k) {
-  return ir::is_elementwise(k) || k == OpKind::gather || k == OpKind::constant || k == OpKind::iota;
 }
 
 // A tensor in memory: storage plus a strided view, in IR dimension order.
@@ -477,36 +467,9 @@ class Lowerer {
       views[op.result] = out;
     };
 
-    // Whether each value (defined by a pointwise op, not a result) is folded into its
-    // users' kernels: every user is an elementwise op of its shape (or it is a rank-0
-    // constant), and it has one user or is a constant or iota (cheap to recompute).
-    // Decided from the last op back so that a group's expression tree is at most
-    // kMaxInlineDepth levels deep: in a longer chain, the op at that depth is computed by a
-    // kernel of its own (plan-memory assumes at least this much fusion, so an operand read
-    // earlier than it assumes stays safe), and building the tree recurses that deep at most.
-    std::vector<int> user_count(f.values.size(), 0), user_depth(f.values.size(), 0);
-    std::vector<bool> all_users_pointwise(f.values.size(), true);
-    for (const ir::Op& u : f.ops)
-      for (ir::ValueId v : u.operands) {
-        const int d = defs[v];
-        ++user_count[v];
-        all_users_pointwise[v] =
-            all_users_pointwise[v] && ir::is_elementwise(u.kind) &&
-            (f.type(v).shape == f.type(u.result).shape ||
-             (d >= 0 && f.ops[d].kind == OpKind::constant && f.type(v).rank() == 0));
-      }
-    std::vector<bool> inlined_value(f.values.size(), false);
-    for (size_t k = f.ops.size(); k-- > 0;) {
-      const ir::Op& d = f.ops[k];
-      const ir::ValueId v = d.result;
-      const bool cheap = d.kind == OpKind::constant || d.kind == OpKind::iota;
-      const bool fold = is_pointwise(d.kind) && !result_index.count(v) && all_users_pointwise[v] &&
-                        (user_count[v] == 1 || cheap) && user_depth[v] < kMaxInlineDepth;
-      inlined_value[v] = fold;
-      const int depth = fold ? user_depth[v] + 1 : 0;
-      for (ir::ValueId o : d.operands) user_depth[o] = std::max(user_depth[o], depth);
-    }
-    auto inlined = [&](ir::ValueId v) { return inlined_value[v]; };
+    // Whether value v is computed inside its users' elementwise kernel (fuse-elementwise's
+    // mark, Op::fused; the verifier's V12 bounds the depth of a group's tree).
+    auto inlined = [&](ir::ValueId v) { return defs[v] >= 0 && f.ops[defs[v]].fused; };
     // A view (reshape, slice) that the function returns: copied into the caller's buffer
     // where it is defined (its operand is live there), e.g. one of the keys and values a
     // merged projection computes together.
@@ -845,7 +808,7 @@ class Lowerer {
         default:
           break;
       }
-      if (!is_pointwise(op.kind))
+      if (!ir::is_elementwise_fusable(op.kind))
         fail(
             "{}function '{}': op {} ({}) has no kernel in compiled code; run the default "
             "pipeline, which fuses it, or extend codegen",

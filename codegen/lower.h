@@ -5,9 +5,9 @@
 //    fast paths); an operand whose dims cannot be collapsed to rows is copied to dense
 //    memory first, and a linear whose weight is computed at run time takes the general
 //    matmul kernel;
-//  - connected elementwise ops, gathers, constants and iotas become one elementwise
-//    kernel per group (an op is folded into its user when it has that single use and
-//    the same shape; inputs of the group may broadcast);
+//  - elementwise ops, gathers, constants and iotas become one elementwise kernel per
+//    group that fuse-elementwise marked: an unfused one is the root, computing the ops
+//    marked `fused` below it (Op::fused); inputs of the group may broadcast;
 //  - the general path for ops no fused kernel took: `matmul` (batched, broadcasting),
 //    `softmax`, `reduce_sum/mean/max` and `argmax` over any axes get the kernels of
 //    general_kernel.cpp, `transpose` a copy kernel, `concat` one copy per operand;
@@ -20,7 +20,8 @@
 // Copies that the memory plan does not know of (made only for the general path) live in
 // scratch bytes past the planned arena, one region each, never reused.
 // Pre: the module went through the default pipeline (every intermediate has an arena
-// offset). What cannot be compiled is an error naming the op and its line.
+// offset, and fuse-elementwise marked the groups: without its marks, every pointwise op
+// is a kernel of its own). What cannot be compiled is an error naming the op and its line.
 #pragma once
 
 #include <vector>

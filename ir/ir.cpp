@@ -160,6 +160,10 @@ bool is_elementwise(OpKind k) {
   return is_binary_elementwise(k) || is_unary_elementwise(k) || k == OpKind::select;
 }
 
+bool is_elementwise_fusable(OpKind k) {
+  return is_elementwise(k) || k == OpKind::gather || k == OpKind::constant || k == OpKind::iota;
+}
+
 std::string line_prefix(const Loc& loc) {
   return loc.line > 0 ? fmt::format("line {}: ", loc.line) : std::string();
 }

@@ -143,6 +143,12 @@ bool is_float_unary(OpKind kind);
 // "relu", "gelu", "gelu_tanh", "silu", "sigmoid" or "tanh" (each the unary op of that name).
 bool is_linear_activation(std::string_view act);
 bool is_binary_elementwise(OpKind kind);
+// Ops an elementwise kernel computes inside its expression, so that fuse-elementwise may
+// fuse them into their reader's kernel: the elementwise ops, gather, constant and iota.
+bool is_elementwise_fusable(OpKind kind);
+// The most levels of fused ops (Op::fused) below one elementwise kernel's root: bounds the
+// expression trees handed to Halide and the recursion that builds them (verifier V12).
+constexpr int kMaxFusedDepth = 64;
 
 using ValueId = int32_t;
 
@@ -169,6 +175,10 @@ struct Op {
   std::vector<ValueId> operands;
   Attrs attrs;
   int64_t arena_offset = -1;  // byte offset of the result in the arena; -1: not planned
+  // Computed inside the elementwise kernel of its user (or users: a constant or iota),
+  // never stored on its own: the grouping that passes/fuse_elementwise.h decides, and
+  // plan-memory and lowering read. Printed as `fused` after the type; rules: verifier V12.
+  bool fused = false;
   // Where the op was written in IR text (set by the parser; line 0: unknown, e.g. built by
   // the DSL). It is part of the op, so it moves with the op when a pass reorders or
   // erases ops. Rule for passes: an op rewritten in place keeps its location (a fusion

@@ -558,7 +558,7 @@ class Parser {
     m->functions.push_back(std::move(f));
   }
 
-  // op := value '=' OPNAME '(' (value (',' value)*)? ')' attrs? ':' type ('at' INT)?
+  // op := value '=' OPNAME '(' (value (',' value)*)? ')' attrs? ':' type 'fused'? ('at' INT)?
   void parse_op(Function* f, Scope* scope) {
     check_new_value(*scope);
     const std::string written = tok_.str;
@@ -585,6 +585,8 @@ class Parser {
     if (is_punct("{")) attrs = parse_attrs();
     expect_punct(":", fmt::format("before the result type of '{}'", shown));
     TensorType type = parse_type();
+    const bool fused = is_keyword("fused");
+    if (fused) advance();
     int64_t arena_offset = -1;
     if (is_keyword("at")) {
       advance();
@@ -594,6 +596,7 @@ class Parser {
         f->add_op(*kind, std::move(operands), std::move(type), std::move(attrs), loc);
     f->values[id].name = value_name(written);
     f->ops.back().arena_offset = arena_offset;
+    f->ops.back().fused = fused;
     scope->ids[written] = id;
   }
 

@@ -107,6 +107,7 @@ std::string print_function(const Module&, const Function& f, int indent) {
       out += names[op.operands[i]];
     }
     out += ")" + print_attrs(op.attrs) + " : " + to_string(f.type(op.result));
+    if (op.fused) out += " fused";
     if (op.arena_offset >= 0) out += " at " + std::to_string(op.arena_offset);
     out += "\n";
   }

@@ -1,6 +1,7 @@
 // The IR verifier (see verifier.h for the numbered invariants).
 #include "ir/verifier.h"
 
+#include <algorithm>
 #include <cctype>
 #include <set>
 
@@ -123,7 +124,68 @@ class Verifier {
     diags_.push_back({f.name, op, loc, fmt::format(format, std::forward<Args>(args)...)});
   }
 
+  // V12, on a function whose values and operands are valid.
+  void check_fused(const Function& f) {
+    const size_t n = f.values.size();
+    std::vector<int> def(n, -1), reads(n, 0), bad_reader(n, -1);
+    for (size_t i = 0; i < f.ops.size(); ++i) def[f.ops[i].result] = static_cast<int>(i);
+    std::vector<bool> is_result(n, false);
+    for (ValueId r : f.results) is_result[r] = true;
+    for (size_t i = 0; i < f.ops.size(); ++i) {
+      const Op& u = f.ops[i];
+      for (ValueId v : u.operands) {
+        ++reads[v];
+        const bool scalar_constant =
+            def[v] >= 0 && f.ops[def[v]].kind == OpKind::constant && f.type(v).rank() == 0;
+        const bool inside = is_elementwise(u.kind) &&
+                            (f.type(v).shape == f.type(u.result).shape || scalar_constant);
+        if (!inside && bad_reader[v] < 0) bad_reader[v] = static_cast<int>(i);
+      }
+    }
+    auto name = [&](ValueId v) {
+      return f.values[v].name.empty() ? std::to_string(v) : f.values[v].name;
+    };
+    // Levels of fused ops from each value up to the root of the kernel computing it, from
+    // the last op back (every reader comes after the value it reads).
+    std::vector<int> depth(n, 0);
+    for (size_t k = f.ops.size(); k-- > 0;) {
+      const Op& op = f.ops[k];
+      const int d = op.fused ? depth[op.result] + 1 : 0;
+      for (ValueId o : op.operands) depth[o] = std::max(depth[o], d);
+    }
+    for (size_t k = 0; k < f.ops.size(); ++k) {
+      const Op& op = f.ops[k];
+      if (!op.fused) continue;
+      const ValueId v = op.result;
+      const int i = static_cast<int>(k);
+      const bool cheap = op.kind == OpKind::constant || op.kind == OpKind::iota;
+      if (!is_elementwise_fusable(op.kind))
+        op_error(f, i,
+                 "[V12] {} %{} is fused but is not elementwise, a gather, a constant or an iota",
+                 op_name(op.kind), name(v));
+      else if (is_result[v])
+        op_error(f, i, "[V12] {} %{} is fused but is a result of the function", op_name(op.kind),
+                 name(v));
+      else if (reads[v] == 0)
+        op_error(f, i, "[V12] {} %{} is fused but nothing reads it", op_name(op.kind), name(v));
+      else if (bad_reader[v] >= 0)
+        op_error(f, i,
+                 "[V12] {} %{} is fused but its reader {} %{} is not elementwise of its shape",
+                 op_name(op.kind), name(v), op_name(f.ops[bad_reader[v]].kind),
+                 name(f.ops[bad_reader[v]].result));
+      else if (reads[v] > 1 && !cheap)
+        op_error(f, i,
+                 "[V12] {} %{} is fused but read {} times (only a constant or iota may be "
+                 "computed in several kernels)",
+                 op_name(op.kind), name(v), reads[v]);
+      else if (depth[v] >= kMaxFusedDepth)
+        op_error(f, i, "[V12] {} %{} is fused {} levels below its kernel's root (at most {})",
+                 op_name(op.kind), name(v), depth[v] + 1, kMaxFusedDepth);
+    }
+  }
+
   void check_function(const Function& f) {
+    const size_t diags_before = diags_.size();
     const int nvalues = static_cast<int>(f.values.size());
     std::vector<int> defined(nvalues, 0);  // 0 = not yet, 1 = defined
     std::vector<int> def_count(nvalues, 0);
@@ -202,6 +264,7 @@ class Verifier {
     if (f.results.empty()) op_error(f, -1, "[V3] function '{}' has no results", f.name);
     for (ValueId r : f.results)
       if (!valid(r)) op_error(f, -1, "[V4] return refers to missing value {}", r);
+    if (diags_.size() == diags_before) check_fused(f);
   }
 
   const Module& m_;

@@ -34,6 +34,13 @@
 //      So the interpreter, passes and codegen may read attributes with Op::int_attr etc.
 // V11. An add_layernorm_sum's operand is the result of an add_layernorm op, and no
 //      add_layernorm has more than one add_layernorm_sum.
+// V12. An op marked `fused` (Op::fused: computed inside its readers' elementwise kernel)
+//      is elementwise-fusable (an elementwise op, gather, constant or iota), not a
+//      function result, and read by at least one op; every op reading it is elementwise
+//      with a result of its shape (a rank-0 constant: of any shape); it is read once
+//      unless it is a constant or an iota; and at most kMaxFusedDepth levels of fused ops
+//      lead from it up to the unfused op whose kernel computes it. Checked only in a
+//      function that passed the invariants above. So lowering may trust the marks.
 #pragma once
 
 #include <string>

@@ -347,11 +347,13 @@ bool canonicalize(ir::Module& module) {
   for (Function& f : module.functions) {
     if (!Canonicalizer(f).run()) continue;
     changed = true;
-    // Merged values live longer than before, so a memory plan no longer holds.
+    // Merged values live longer than before, so a memory plan no longer holds; readers
+    // changed, so neither do fuse-elementwise's marks (it runs again after this pass).
     if (f.arena_bytes >= 0) {
       f.arena_bytes = -1;
       for (Op& op : f.ops) op.arena_offset = -1;
     }
+    for (Op& op : f.ops) op.fused = false;
   }
   return changed;
 }

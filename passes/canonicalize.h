@@ -28,7 +28,8 @@
 // Runs to a fixed point per function. Function results keep their names: a result is
 // not replaced by a parameter or another result (both have names of their own); when it
 // is replaced by an intermediate, that value takes the result's name. A function that
-// changes loses its memory plan (merged values live longer), so run plan-memory after.
+// changes loses its memory plan (merged values live longer) and its fuse-elementwise
+// marks (readers change), so run fuse-elementwise and plan-memory after.
 // Pre: a verified module. Post: verified, no dead ops, no duplicate ops; running it
 // again changes nothing; the output depends only on the input (no pointer order).
 #pragma once

@@ -12,6 +12,7 @@
 #include "passes/canonicalize.h"
 #include "passes/fuse_add_layernorm.h"
 #include "passes/fuse_attention.h"
+#include "passes/fuse_elementwise.h"
 #include "passes/fuse_linear.h"
 #include "passes/merge_projections.h"
 #include "passes/plan_memory.h"
@@ -39,6 +40,10 @@ const std::vector<PassInfo>& all_passes() {
       {"canonicalize", canonicalize, "dead code, CSE, constant folding, reshape/transpose chains"},
       // Order, then memory: the plan's liveness is computed over the chosen order.
       {"schedule", schedule, "execution order that keeps peak live memory low"},
+      // After the last canonicalize (which changes readers and drops the marks) and before
+      // plan-memory: the plan's liveness reads the marks (a fused op's operands are read
+      // when its group's kernel runs), as lowering does.
+      {"fuse-elementwise", fuse_elementwise, "mark pointwise ops computed in their user's kernel"},
       {"plan-memory", plan_memory, "arena offsets for every intermediate"},
   };
   return passes;

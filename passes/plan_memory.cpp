@@ -4,8 +4,8 @@
 //  1. Liveness over the current order: value v is live over [def(v), last(v)], the index
 //     of its defining op and of its last read as lowered code reads it (def(v) when
 //     unread): one reverse sweep computes when each op's kernel reads its operands (its
-//     own index, or its single elementwise reader's when it may be computed inside that
-//     kernel) and carries each view's last read over to the viewed value. Arena values:
+//     own index, or for a fused op its reader's, whose kernel computes it) and carries each
+//     view's last read over to the viewed value. Arena values:
 //     every op result except `weight` ops', views and the function's results.
 //  2. One walk over the ops in order. At op i, first release the blocks of values with
 //     last < i (their intervals cannot meet anything defined from i on). Then place the
@@ -61,11 +61,6 @@ int64_t max_bytes(const ir::Module& m, const ir::TensorType& t) {
 
 bool is_view(ir::OpKind kind) { return kind == ir::OpKind::reshape || kind == ir::OpKind::slice; }
 
-bool is_pointwise(ir::OpKind kind) {
-  return ir::is_elementwise(kind) || kind == ir::OpKind::gather || kind == ir::OpKind::constant ||
-         kind == ir::OpKind::iota;
-}
-
 // The op whose kernel writes each op's result: the op itself, except for an
 // add_layernorm_sum, whose sum its add_layernorm's kernel writes (so it is allocated, and
 // live, from there on).
@@ -90,27 +85,22 @@ std::vector<bool> arena_values(const ir::Function& f) {
 }
 
 // The index of the op at which each value is last read once lowered (see plan_memory.h):
-// a use by a view counts as late as the view's own last read, and a use by a pointwise op
-// that may be computed inside its single elementwise user as late as that user's read.
-// An unread value's is its definition; a parameter never read has -1. One reverse sweep:
-// every user of op i's result comes after it, so its last read is known at i.
+// a use by a view counts as late as the view's own last read, and a use by a fused op
+// (Op::fused) as late as its group's kernel, which computes it. An unread value's is its
+// definition; a parameter never read has -1. One reverse sweep: every user of op i's
+// result comes after it, so its last read is known at i.
 std::vector<int> last_reads(const ir::Function& f) {
-  std::vector<int> uses(f.values.size(), 0), user(f.values.size(), -1);
+  std::vector<int> user(f.values.size(), -1);
   for (size_t i = 0; i < f.ops.size(); ++i)
-    for (ir::ValueId v : f.ops[i].operands) {
-      ++uses[v];
-      user[v] = static_cast<int>(i);
-    }
-  for (ir::ValueId r : f.results) uses[r] += 2;  // a result is never computed inside a user
+    for (ir::ValueId v : f.ops[i].operands) user[v] = static_cast<int>(i);
   std::vector<int> last(f.values.size(), -1);
   std::vector<int> read_at(f.ops.size());  // when op i's kernel reads its operands
   for (size_t k = f.ops.size(); k-- > 0;) {
     const int i = static_cast<int>(k);
     const ir::Op& op = f.ops[k];
     last[op.result] = std::max(last[op.result], i);
-    const bool fused = is_pointwise(op.kind) && uses[op.result] == 1 &&
-                       ir::is_elementwise(f.ops[user[op.result]].kind);
-    read_at[k] = fused ? read_at[user[op.result]] : i;
+    // A fused op is read by one op, or is a constant or iota, which reads nothing (V12).
+    read_at[k] = op.fused && user[op.result] >= 0 ? read_at[user[op.result]] : i;
     for (ir::ValueId v : op.operands)
       last[v] = std::max(last[v], is_view(op.kind) ? last[op.result] : read_at[k]);
   }
@@ -444,8 +434,8 @@ std::vector<std::string> check_memory_plan(const ir::Module& module, const ir::F
   std::vector<std::vector<int>> readers(f.values.size());
   for (size_t i = 0; i < f.ops.size(); ++i)
     for (ir::ValueId v : f.ops[i].operands) readers[v].push_back(static_cast<int>(i));
-  // When op u's kernel runs: a pointwise op read once, by an elementwise op, and not
-  // returned may run inside that reader's kernel. The last op reading value v's memory:
+  // When op u's kernel runs: a fused op's (Op::fused) is its reader's. The last op reading
+  // value v's memory:
   // through its readers' kernels, and through the views (reshape, slice) of it, which share
   // its memory. Both refer only to later ops (readers come after their operands), so one
   // sweep from the last op back computes them without recursion (a chain of 10^5 fused ops
@@ -456,9 +446,8 @@ std::vector<std::string> check_memory_plan(const ir::Module& module, const ir::F
     const int u = static_cast<int>(k);
     const ir::Op& op = f.ops[k];
     const std::vector<int>& r = readers[op.result];
-    const bool fused = is_pointwise(op.kind) && !is_result[op.result] && r.size() == 1 &&
-                       ir::is_elementwise(f.ops[r[0]].kind);
-    kernel_time[k] = fused ? kernel_time[r[0]] : u;
+    // A fused op with several readers (a constant or iota, V12) reads nothing itself.
+    kernel_time[k] = op.fused && !r.empty() ? kernel_time[r.back()] : u;
     int last_read = u;
     for (int reader : r) {
       const ir::Op& user = f.ops[reader];

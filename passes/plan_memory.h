@@ -22,9 +22,9 @@
 // unread value only at its definition), where
 //  - a view (reshape, slice) has no memory of its own: codegen makes it a view of its
 //    operand's, so the operand is read wherever the view is;
-//  - a pointwise op (elementwise, gather, constant, iota) whose result is read once, by
-//    an elementwise op, and is not a function result may be computed inside that
-//    reader's kernel (codegen does so), so its operands are read when that kernel runs.
+//  - a fused op (Op::fused, marked by fuse-elementwise: run it first, as the default
+//    pipeline does) is computed inside its reader's kernel, so its operands are read when
+//    that kernel runs.
 // Lowering must not alias or defer reads in any other way. Arena values are every op
 // result except `weight` ops', views and the function's results (those live in the
 // caller's buffers); parameters are not op results. Constants and other sources are

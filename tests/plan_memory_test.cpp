@@ -27,7 +27,8 @@ using ir::TensorType;
 using testing::kRandomGraphs;
 using testing::random_module;
 
-const std::vector<std::string> kScheduleAndPlan = {"schedule", "plan-memory"};
+// Plans as lowered code reads memory: with fuse-elementwise's marks.
+const std::vector<std::string> kScheduleAndPlan = {"schedule", "fuse-elementwise", "plan-memory"};
 
 ir::Module tiny() { return models::build_model("transformer", "tiny"); }
 ir::Module small() { return models::build_model("transformer", "small"); }
@@ -300,8 +301,8 @@ TEST(MemoryPlan, CheckerAcceptsOnlyRealInPlacePairs) {
 
 TEST(MemoryPlan, CheckerSeesReadsThroughViewsAndFusedKernels) {
   // Plans that would be sound if every value were read only by the ops naming it: in @view
-  // the slice %s reads %a's memory at %y; in @fused %t may be computed inside %y's kernel,
-  // which then reads %a. Both plans are reported, and a view with an offset too.
+  // the slice %s reads %a's memory at %y; in @fused %t is computed inside %y's kernel
+  // (marked fused), which then reads %a. Both plans are reported, and a view with an offset too.
   const ir::Module m = ir::parse_module(R"(module @m {
   func @view(%x: f32[4,16]) -> (f32[4,8]) arena 512 {
     %a = exp(%x) : f32[4,16] at 0
@@ -312,9 +313,9 @@ TEST(MemoryPlan, CheckerSeesReadsThroughViewsAndFusedKernels) {
     return %y
   }
   func @fused(%x: f32[64], %z: f32[64]) -> (f32[64]) arena 512 {
-    %a = exp(%x) : f32[64] at 0
-    %t = mul(%a, %z) : f32[64] at 0
-    %b = neg(%z) : f32[64] at 256
+    %a = exp(%x) : f32[64] fused at 0
+    %t = mul(%a, %z) : f32[64] fused at 0
+    %b = neg(%z) : f32[64] fused at 256
     %y = add(%t, %b) : f32[64]
     return %y
   }

@@ -15,6 +15,7 @@
 
 #include "error_of.h"
 #include "ir/interpreter.h"
+#include "ir/ir.h"
 #include "ir/parser.h"
 #include "ir/printer.h"
 #include "ir/verifier.h"
@@ -77,8 +78,9 @@ std::string header() {
 }
 std::string footer(int last) { return fmt::format("    return %v{}\n  }}\n}}\n", last); }
 
-// 10^5 neg ops in a row: every one is read once by the next, so every one may be fused into
-// its reader's kernel (the planner's and its checker's liveness follow the whole chain).
+// 10^5 neg ops in a row: every one is read once by the next, so fuse-elementwise fuses them
+// into their readers' kernels, 65 ops a kernel (the planner's and its checker's liveness
+// follow each group).
 TEST(Scale, ChainOfNegs) {
   std::string text = header() + "    %v0 = neg(%x) : f32[B,4]\n";
   for (int i = 1; i < kOps; ++i) text += fmt::format("    %v{} = neg(%v{}) : f32[B,4]\n", i, i - 1);
@@ -128,25 +130,30 @@ void timed(const char* stage, F&& f) {
   std::fprintf(stderr, "  %-12s %7.3f s\n", stage, since(start));
 }
 
-// The chain of negs again, with schedule and plan-memory alone and the plan itself checked:
-// every neg is computed inside the kernel of the last one (each is read once, by an
-// elementwise op), so every value lives to the end and first fit stacks them, value i at
-// i * 64 bytes. This made the planner and its checker O(n * live values): 4.7 s and 10.9 s.
+// The chain of negs again, with schedule, fuse-elementwise and plan-memory alone and the plan
+// itself checked. fuse-elementwise cuts the chain as lowering computes it, every 65 ops (a
+// kernel's root and the ir::kMaxFusedDepth levels of fused ops below it): op i is fused unless
+// kOps - 1 - i is a multiple of 65. A group's fused values are read by its root's kernel and
+// the root before them by its first op, so 65 values are live at once: first fit needs 65
+// blocks. (When the planner assumed the whole chain fused, every value lived to the end, which
+// made the planner and its checker O(n * live values): 4.7 s and 10.9 s.)
 TEST(Scale, FusedChainIsPlannedAndCheckedInSeconds) {
   std::string text = header() + "    %v0 = neg(%x) : f32[B,4]\n";
   for (int i = 1; i < kOps; ++i) text += fmt::format("    %v{} = neg(%v{}) : f32[B,4]\n", i, i - 1);
   text += footer(kOps - 1);
   ir::Module m = ir::parse_and_verify(text, "chain.kir");
   timed("schedule", [&] { passes::run_passes(m, {"schedule"}); });
+  timed("fuse-elem", [&] { passes::run_passes(m, {"fuse-elementwise"}); });
   timed("plan-memory", [&] { passes::run_passes(m, {"plan-memory"}); });
   const ir::Function& f = m.functions[0];
   std::vector<std::string> violations;
   timed("check plan", [&] { violations = passes::check_memory_plan(m, f); });
   EXPECT_EQ(violations, std::vector<std::string>{});
-  EXPECT_EQ(f.arena_bytes, int64_t{kOps - 1} * 64);
-  int misplaced = 0;
-  for (int i = 0; i + 1 < kOps; ++i) misplaced += f.ops[i].arena_offset != int64_t{i} * 64;
-  EXPECT_EQ(misplaced, 0);
+  constexpr int kGroup = ir::kMaxFusedDepth + 1;
+  EXPECT_EQ(f.arena_bytes, int64_t{kGroup} * 64);
+  int misgrouped = 0;
+  for (int i = 0; i < kOps; ++i) misgrouped += f.ops[i].fused != ((kOps - 1 - i) % kGroup != 0);
+  EXPECT_EQ(misgrouped, 0);
   EXPECT_EQ(f.ops.back().arena_offset, -1);  // the result
 }
 
@@ -173,12 +180,13 @@ TEST(Scale, WideGraphIsScheduledAndPlannedInSeconds) {
   ir::Module m = ir::parse_and_verify(text, "wide.kir");
   const int64_t peak_as_written = passes::peak_live_bytes(m, m.functions[0]);
   timed("schedule", [&] { passes::run_passes(m, {"schedule"}); });
+  timed("fuse-elem", [&] { passes::run_passes(m, {"fuse-elementwise"}); });
   timed("plan-memory", [&] { passes::run_passes(m, {"plan-memory"}); });
   const ir::Function& f = m.functions[0];
   std::vector<std::string> violations;
   timed("check plan", [&] { violations = passes::check_memory_plan(m, f); });
   EXPECT_EQ(violations, std::vector<std::string>{});
-  EXPECT_TRUE(ir::verify(m).empty());  // still in dependency order
+  EXPECT_TRUE(ir::verify(m).empty());  // still in dependency order, the marks within V12
 
   // Interleaved: %c<i>, %a<i>, %b<i>, then the add reading %b<i>, for every chain from 2 on.
   const std::vector<std::string> names = ir::value_names(f);
@@ -193,8 +201,10 @@ TEST(Scale, WideGraphIsScheduledAndPlannedInSeconds) {
   }
   EXPECT_EQ(out_of_place, 0);
   EXPECT_LT(passes::peak_live_bytes(m, f), peak_as_written / 1000);
-  // The adds of the sum are one fused kernel, so every %b and %s lives to its end.
-  EXPECT_EQ(f.arena_bytes, int64_t{2 * kChains - 1} * 64);
+  // The adds of the sum are fused 65 at a time (ir::kMaxFusedDepth + 1), as lowering
+  // computes them: a group's %b and fused %s live until its root runs, with the root before
+  // it and the chain in flight (its constant and add): 132 blocks.
+  EXPECT_EQ(f.arena_bytes, int64_t{2 * (ir::kMaxFusedDepth + 1) + 2} * 64);
 
   std::vector<ir::Tensor> out;
   timed("interpret", [&] {
