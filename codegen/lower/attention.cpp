@@ -1,0 +1,107 @@
+// Lowering of attention (the fused kernel) and of incremental decoding's ops: the cache
+// write (a runtime builtin, in place) and the one-row cache and memory attentions.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "codegen/lower/lowering.h"
+#include "passes/rewrite.h"
+#include "support/error.h"
+
+namespace kiln::codegen::lowering {
+
+using ir::OpKind;
+using rt::DimExpr;
+using rt::ElemType;
+using rt::Storage;
+
+void lower_attention(FunctionLowering& L, const ir::Op& op) {
+  const ir::Function& f = L.f;
+  const ir::TensorType& q = f.type(op.operands[0]);
+  const ir::TensorType& v = f.type(op.operands[2]);
+  int64_t heads = op.int_attr("heads");
+  auto flag = [&](const char* name) { return op.has_attr(name) && op.int_attr(name) == 1; };
+  const bool query_pad = flag("query_pad");
+  AttentionKernel k{heads,
+                    q.shape[2].value / heads,
+                    v.shape[2].value / heads,
+                    flag("causal"),
+                    op.operands.size() == (query_pad ? 5u : 4u),
+                    op.float_attr("scale"),
+                    flag("fill_inf"),
+                    query_pad};
+  View out = L.output_view(op);
+  rt::StepDesc s{L.kernel_index(k), fmt::format("attention %{}", op.result), {}};
+  for (ir::ValueId operand : op.operands) s.args.push_back(L.view_of(operand, op).halide());
+  s.args.push_back(out.halide());
+  L.fd.steps.push_back(std::move(s));
+  L.views[op.result] = out;
+}
+
+void lower_cache_write(FunctionLowering& L, const ir::Op& op) {
+  const ir::Function& f = L.f;
+  // In place: the cache is a parameter read only here, and the result is returned,
+  // so the caller's cache buffer serves as both (the runtime insists on it).
+  const ir::ValueId cache = op.operands[0];
+  auto p = L.param_index.find(cache);
+  auto r = L.result_index.find(op.result);
+  if (p == L.param_index.end() || L.uses[cache] != 1 || r == L.result_index.end())
+    fail(
+        "{}function '{}': cache_write {} must update a parameter that nothing else "
+        "reads and be a result of the function (compiled code writes the cache in place)",
+        ir::line_prefix(op.loc), f.name, passes::value_label(f, op.result));
+  if (L.param_index.find(op.operands[2]) == L.param_index.end())
+    fail("{}function '{}': cache_write {} must take its position from a parameter",
+         ir::line_prefix(op.loc), f.name, passes::value_label(f, op.result));
+  const View& x = L.view_of(op.operands[1], op);
+  if (x.storage != Storage::param && x.storage != Storage::arena)
+    fail("{}function '{}': cache_write {} writes rows of a weight or table",
+         ir::line_prefix(op.loc), f.name, passes::value_label(f, op.result));
+  const ir::TensorType& ct = f.type(cache);
+  L.fd.results[static_cast<size_t>(r->second)].updates_param = p->second;
+  L.limit_param(op.operands[2], ct.shape[0], "position");
+  L.check_le(
+      f.type(op.operands[1]).shape[0], ct.shape[1],
+      fmt::format("the rows of '{}' must fit in the slots of cache '{}'",
+                  f.values[op.operands[1]].name.empty() ? passes::value_label(f, op.operands[1])
+                                                        : f.values[op.operands[1]].name,
+                  f.values[cache].name));
+  View out = L.output_view(op);
+  rt::StepDesc st{-1, fmt::format("cache_write %{}", op.result), {}, rt::Builtin::cache_write};
+  st.args.push_back(L.rows_arg(op, 1));
+  st.args.push_back(L.view_of(op.operands[2], op).halide());
+  st.args.push_back(out.halide());
+  L.fd.steps.push_back(std::move(st));
+  L.views[op.result] = out;
+}
+
+void lower_step_attention(FunctionLowering& L, const ir::Op& op) {
+  const ir::Function& f = L.f;
+  const bool memory = op.kind == OpKind::memory_attention;
+  const ir::TensorType& q = f.type(op.operands[0]);
+  const ir::TensorType& kt = f.type(op.operands[1]);
+  const ir::TensorType& vt = f.type(op.operands[2]);
+  const int64_t heads = op.int_attr("heads");
+  StepAttentionKernel k{heads, q.shape[2].value / heads, vt.shape[2].value / heads, memory,
+                        op.float_attr("scale")};
+  const ir::ValueId index = op.operands[3];
+  if (memory) {
+    L.limit_param(index, kt.shape[0], "source row");
+  } else {
+    L.limit_param(index, kt.shape[1], "cache slot");
+    L.check_le(f.type(index).shape[1], kt.shape[0],
+               fmt::format("the positions of '{}' must fit in the cache", f.values[index].name));
+  }
+  View out = L.output_view(op);
+  rt::StepDesc st{L.kernel_index(k), fmt::format("{} %{}", ir::op_name(op.kind), op.result), {}};
+  st.args.push_back(L.rows_arg(op, 0));
+  for (size_t i = 1; i < op.operands.size(); ++i)
+    st.args.push_back(L.view_of(op.operands[i], op).halide());
+  st.args.push_back(*L.rows_view(out, op));
+  L.fd.steps.push_back(std::move(st));
+  L.views[op.result] = out;
+}
+
+}  // namespace kiln::codegen::lowering

@@ -1,0 +1,52 @@
+// Lowering of `linear`: the linear kernel on a load-time weight laid out for it (f32
+// panels or bf16), or the general matmul for a weight computed at run time.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "codegen/lower/lowering.h"
+#include "passes/rewrite.h"
+
+namespace kiln::codegen::lowering {
+
+using ir::OpKind;
+using rt::DimExpr;
+using rt::ElemType;
+using rt::Storage;
+
+void lower_linear(FunctionLowering& L, const ir::Op& op) {
+  const ir::Function& f = L.f;
+  const ir::Op* w = passes::def_op(f, L.defs, op.operands[1]);
+  if (!w || w->kind != OpKind::weight) {
+    // A weight computed at run time: the general matmul, reading W[N,K] as Wᵀ.
+    lower_general_matmul(L, op, /*transpose_b=*/true);
+    return;
+  }
+  const ir::TensorType& wt = f.type(op.operands[1]);
+  const int64_t N = wt.shape[0].value, K = wt.shape[1].value;
+  LinearKernel k{K, N, op.str_attr("act"), op.operands.size() == 3, linear_panel_for(N)};
+  if (L.module.options.bf16_weights) {
+    k.bf16 = true;
+    k.panel = 64;
+  }
+  View out = L.output_view(op);
+  rt::StepDesc s{L.kernel_index(k), fmt::format("linear %{}", op.result), {}};
+  s.args.push_back(L.rows_arg(op, 0));
+  // The weight as stored (weight_index lays it out): [K, N], [N/panel, K, panel] or
+  // for bf16 [N/64, K/2, 64, 2].
+  const int32_t wi = L.module.weight_index(w->str_attr("name"), true, k.panel, k.bf16);
+  std::vector<ir::Dim> stored;
+  for (int64_t d : L.module.out.plan.weights[static_cast<size_t>(wi)].shape)
+    stored.push_back(ir::Dim::constant(d));
+  View wv = L.dense_view(ir::TensorType{ir::DType::f32, stored}, Storage::weight, wi, 0);
+  if (k.bf16) wv.type = ElemType::bf16;
+  s.args.push_back(wv.halide());
+  if (k.has_bias) s.args.push_back(L.view_of(op.operands[2], op).halide());
+  s.args.push_back(*L.rows_view(out, op));
+  L.fd.steps.push_back(std::move(s));
+  L.views[op.result] = out;
+}
+
+}  // namespace kiln::codegen::lowering
