@@ -353,7 +353,7 @@ bool canonicalize(ir::Module& module) {
       f.arena_bytes = -1;
       for (Op& op : f.ops) op.arena_offset = -1;
     }
-    for (Op& op : f.ops) op.fused = false;
+    drop_fused_marks(f);
   }
   return changed;
 }

@@ -581,7 +581,11 @@ bool fuse_function(const ir::Module& module, Function& f) {
 
 bool fuse_attention(ir::Module& module) {
   bool changed = false;
-  for (Function& f : module.functions) changed |= fuse_function(module, f);
+  for (Function& f : module.functions) {
+    if (!fuse_function(module, f)) continue;
+    changed = true;
+    drop_fused_marks(f);  // readers changed
+  }
   return changed;
 }
 

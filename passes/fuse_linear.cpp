@@ -169,7 +169,11 @@ bool fuse_function(Function& f) {
 
 bool fuse_linear(ir::Module& module) {
   bool changed = false;
-  for (Function& f : module.functions) changed |= fuse_function(f);
+  for (Function& f : module.functions) {
+    if (!fuse_function(f)) continue;
+    changed = true;
+    drop_fused_marks(f);  // readers changed
+  }
   return changed;
 }
 

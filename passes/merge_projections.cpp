@@ -269,7 +269,11 @@ bool merge_function(ir::Module& m, Function& f) {
 
 bool merge_projections(ir::Module& module) {
   bool changed = false;
-  for (Function& f : module.functions) changed |= merge_function(module, f);
+  for (Function& f : module.functions) {
+    if (!merge_function(module, f)) continue;
+    changed = true;
+    drop_fused_marks(f);  // readers changed
+  }
   return changed;
 }
 

@@ -141,4 +141,8 @@ void set_debug_passes(std::string_view list) {
   debug_list() = list.empty() ? std::string() : "," + std::string(list) + ",";
 }
 
+void drop_fused_marks(ir::Function& f) {
+  for (ir::Op& op : f.ops) op.fused = false;
+}
+
 }  // namespace kiln::passes

@@ -56,6 +56,11 @@ bool remove_dead_code(ir::Function& f);
 // Renumbers values so that only parameters and op results remain, in their order.
 void compact_values(ir::Function& f);
 
+// Clears fuse-elementwise's marks (ir::Op::fused) in a function a pass rewrote: they were
+// decided for the old readers and may break verifier V12 now (fuse-elementwise, later in the
+// default pipeline, marks the function again).
+void drop_fused_marks(ir::Function& f);
+
 // Whether a debug log is enabled for `pass`: `pass` or "all" is in the comma list last
 // given to set_debug_passes, or else in the environment variable KILN_DEBUG_PASSES.
 bool debug_enabled(const char* pass);
