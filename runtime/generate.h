@@ -1,5 +1,5 @@
 // Generation over a compiled model (see kiln/runtime.h, kiln_generate): the runtime's
-// search code, in C++ for the C entry point in executor.cpp.
+// search code, in C++ for the C entry point in c_api.cpp.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,189 @@
+// Binding an entry point's inputs and checking inputs and outputs (see binding.h).
+#include "runtime/binding.h"
+
+#include <algorithm>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "runtime/weights.h"
+#include "support/error.h"
+
+namespace kiln::rt {
+namespace {
+
+// The C ABI dtype a plan's element type is passed as (i64 inputs also take KILN_I32).
+int32_t abi_dtype(ElemType t) {
+  switch (t) {
+    case ElemType::f32:
+      return KILN_F32;
+    case ElemType::i64:
+      return KILN_I64;
+    case ElemType::u8:
+      return KILN_BOOL;
+    case ElemType::bf16:  // weights only, never an entry point's tensor
+      return -1;
+  }
+  return -1;
+}
+
+}  // namespace
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+const FunctionDesc& find_function(const Plan& plan, const char* name) {
+  if (!name) fail("model '{}': no entry point name given (NULL)", plan.model);
+  for (const FunctionDesc& f : plan.functions)
+    if (f.name == name) return f;
+  std::vector<std::string> names;
+  for (const FunctionDesc& f : plan.functions) names.push_back(f.name);
+  fail("model '{}' has no entry point '{}' (entry points: {})", plan.model, name,
+       fmt::join(names, ", "));
+}
+
+std::vector<int64_t> bind(const Plan& plan, const FunctionDesc& f, const kiln_tensor* inputs,
+                          size_t n, std::vector<const kiln_tensor*>* ordered) {
+  if (n != f.params.size())
+    fail("entry point '{}' takes {} inputs, got {}", f.name, f.params.size(), n);
+  if (n && !inputs) fail("entry point '{}': inputs is null", f.name);
+  ordered->assign(f.params.size(), nullptr);
+  for (size_t i = 0; i < n; ++i) {
+    size_t slot = i;
+    if (inputs[i].name) {
+      slot = f.params.size();
+      for (size_t p = 0; p < f.params.size(); ++p)
+        if (f.params[p].name == inputs[i].name) slot = p;
+      if (slot == f.params.size())
+        fail("entry point '{}' has no input '{}'", f.name, inputs[i].name);
+    }
+    if ((*ordered)[slot]) fail("input '{}' is given twice", f.params[slot].name);
+    (*ordered)[slot] = &inputs[i];
+  }
+  std::vector<int64_t> syms(plan.symbols.size(), -1);
+  for (size_t p = 0; p < f.params.size(); ++p) {
+    const auto& want = f.params[p];
+    const kiln_tensor& t = *(*ordered)[p];
+    const bool ok_type =
+        t.dtype == abi_dtype(want.type) || (want.type == ElemType::i64 && t.dtype == KILN_I32);
+    if (!ok_type)
+      fail("input '{}' is {}, expected {}", want.name, kiln::dtype_name(t.dtype),
+           want.type == ElemType::i64 ? "i64 or i32" : kiln::dtype_name(abi_dtype(want.type)));
+    if (t.rank != static_cast<int32_t>(want.shape.size()) || t.rank < 0 || t.rank > KILN_MAX_RANK)
+      fail("input '{}' has rank {}, expected {}", want.name, t.rank, want.shape.size());
+    std::vector<int64_t> shape(t.shape, t.shape + t.rank);
+    for (size_t d = 0; d < want.shape.size(); ++d) {
+      const auto& dim = want.shape[d];
+      int s = dim.single_symbol();
+      if (s < 0) {
+        if (shape[d] != dim.coeff)
+          fail("input '{}' has shape {}: dim {} is {}, expected {}", want.name, shape_string(shape),
+               d, shape[d], dim.coeff);
+        continue;
+      }
+      const auto& sym = plan.symbols[s];
+      if (shape[d] < 1)
+        fail("input '{}' has shape {}: dim {} ({}) is {}, expected at least 1", want.name,
+             shape_string(shape), d, sym.name, shape[d]);
+      if (shape[d] > sym.max)
+        fail("input '{}' has shape {}: dim {} ({}) is {}, above its maximum {}", want.name,
+             shape_string(shape), d, sym.name, shape[d], sym.max);
+      if (syms[s] >= 0 && syms[s] != shape[d])
+        fail("input '{}' has shape {}: dim {} ({}) is {}, but {} is {} in an earlier input",
+             want.name, shape_string(shape), d, sym.name, shape[d], sym.name, syms[s]);
+      syms[s] = shape[d];
+    }
+    const int64_t n_el = numel_of(shape);
+    const uint64_t bytes = static_cast<uint64_t>(n_el) * kiln_dtype_size(t.dtype);
+    if (t.capacity < bytes)
+      fail("input '{}' of shape {} needs {} bytes of {}, its buffer holds {}", want.name,
+           shape_string(shape), bytes, kiln::dtype_name(t.dtype), t.capacity);
+    if (!t.data) fail("input '{}' has no data", want.name);
+    if (t.dtype == KILN_BOOL)
+      for (int64_t e = 0; e < n_el; ++e)
+        if (uint8_t v = static_cast<const uint8_t*>(t.data)[e]; v > 1)
+          fail("input '{}' holds {} at element {}; bool elements must be 0 or 1", want.name, v, e);
+  }
+  for (size_t s = 0; s < syms.size(); ++s)
+    if (syms[s] < 0) syms[s] = 1;  // a symbol no input of this entry point uses
+  for (const auto& c : f.checks)
+    if (int64_t lhs = c.lhs.eval(syms), rhs = c.rhs.eval(syms); lhs > rhs)
+      fail("entry point '{}': {} ({} > {})", f.name, c.what, lhs, rhs);
+  // Ids and indices, once every size they are checked against is bound.
+  for (size_t p = 0; p < f.params.size(); ++p) {
+    const auto& want = f.params[p];
+    const kiln_tensor& t = *(*ordered)[p];
+    std::vector<int64_t> shape(t.shape, t.shape + t.rank);
+    const int64_t n_el = numel_of(shape);
+    for (const auto& [limit_expr, what] : want.id_limits)
+      for (int64_t e = 0, limit = limit_expr.eval(syms); e < n_el; ++e) {
+        int64_t id = t.dtype == KILN_I64 ? static_cast<const int64_t*>(t.data)[e]
+                                         : static_cast<const int32_t*>(t.data)[e];
+        if (id < 0 || id >= limit) {
+          std::string index;
+          for (int64_t r = e, d = t.rank - 1; d >= 0; --d) {
+            index = std::to_string(r % shape[d]) + (index.empty() ? "" : ",") + index;
+            r /= shape[d];
+          }
+          fail("{} {} at '{}'[{}] is out of range [0, {})", what, id, want.name, index, limit);
+        }
+      }
+  }
+  return syms;
+}
+
+std::vector<int64_t> result_shape(const TensorDesc& r, const std::vector<int64_t>& syms) {
+  std::vector<int64_t> s;
+  for (const auto& d : r.shape) s.push_back(d.eval(syms));
+  return s;
+}
+
+void describe_outputs(const FunctionDesc& f, const std::vector<int64_t>& syms, kiln_tensor* outputs,
+                      size_t n_out) {
+  if (n_out != f.results.size())
+    fail("entry point '{}' has {} outputs, got room for {}", f.name, f.results.size(), n_out);
+  for (size_t i = 0; i < n_out; ++i) {
+    std::vector<int64_t> s = result_shape(f.results[i], syms);
+    outputs[i].name = f.results[i].name.c_str();
+    outputs[i].dtype = abi_dtype(f.results[i].type);
+    outputs[i].rank = static_cast<int32_t>(s.size());
+    for (size_t d = 0; d < s.size(); ++d) outputs[i].shape[d] = s[d];
+  }
+}
+
+void check_outputs(const FunctionDesc& f, const std::vector<int64_t>& syms,
+                   const std::vector<const kiln_tensor*>& ordered, kiln_tensor* outputs,
+                   size_t n_out, std::vector<uint8_t*>* data, std::vector<int64_t>* bytes) {
+  std::vector<uint8_t*>& result_data = *data;
+  std::vector<int64_t>& result_bytes = *bytes;
+  result_data.assign(n_out, nullptr);
+  result_bytes.assign(n_out, 0);
+  // Every output is checked before any kernel runs: a refused call writes nothing.
+  if (n_out && !outputs) fail("entry point '{}': outputs is null", f.name);
+  for (size_t r = 0; r < n_out; ++r) {
+    const std::string& name = f.results[r].name;
+    if (outputs[r].dtype != abi_dtype(f.results[r].type))
+      fail("output '{}' is {}, given a buffer of {}", name,
+           kiln::dtype_name(abi_dtype(f.results[r].type)), kiln::dtype_name(outputs[r].dtype));
+    std::vector<int64_t> want = result_shape(f.results[r], syms);
+    std::vector<int64_t> got(outputs[r].shape,
+                             outputs[r].shape + std::clamp(outputs[r].rank, 0, KILN_MAX_RANK));
+    if (got != want)
+      fail("output '{}' has shape {}, expected {}", name, shape_string(got), shape_string(want));
+    result_bytes[r] = numel_of(want) * elem_size(f.results[r].type);
+    if (outputs[r].capacity < static_cast<uint64_t>(result_bytes[r]))
+      fail("output '{}' of shape {} needs {} bytes of {}, its buffer holds {}", name,
+           shape_string(want), result_bytes[r], kiln::dtype_name(outputs[r].dtype),
+           outputs[r].capacity);
+    if (!outputs[r].data) fail("output '{}' has no data", name);
+    result_data[r] = static_cast<uint8_t*>(outputs[r].data);
+    if (const int32_t p = f.results[r].updates_param; p >= 0 && outputs[r].data != ordered[p]->data)
+      fail("output '{}' updates input '{}' in place: pass the same buffer for both", name,
+           f.params[p].name);
+  }
+}
+
+}  // namespace kiln::rt

@@ -1,0 +1,119 @@
+// The runtime's state of a compiled model: the kiln_model behind kiln/runtime.h. Its plan,
+// kernels and hooks, its weights and tables (weights.cpp loads them), the arenas its calls
+// run in, its device residency (device.cpp), profiling (profile.h) and per-thread errors
+// (errors.h); running an entry point is model.cpp. The C ABI over it is c_api.cpp.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kiln/runtime.h"
+#include "runtime/device.h"
+#include "runtime/errors.h"
+#include "runtime/plan.h"
+#include "runtime/profile.h"
+
+namespace kiln::rt {
+
+// 64-byte aligned storage (large buffers on huge pages; see allocate_aligned), and in a GPU
+// library its device mirror.
+struct AlignedBytes {
+  AlignedStorage data;
+  int64_t size = 0;
+  std::unique_ptr<DeviceMirror> device;
+  void allocate(int64_t bytes) {
+    size = bytes;
+    data = allocate_aligned(bytes);
+  }
+};
+
+// The weights of `plan` built from the safetensors file at `path` (checked against the
+// plan's sources first, every problem reported at once): concatenated, laid out for their
+// kernels, bf16 sources converted (weights.cpp).
+std::vector<AlignedBytes> load_weights(const Plan& plan, const std::string& path);
+// The precomputed tables of `plan` (weights.cpp).
+std::vector<AlignedBytes> build_tables(const Plan& plan);
+
+// Arenas not in use by a call: a call leases one (or, when all are busy, gets a new one of
+// `bytes`) and gives it back when it ends, so a model used from one thread allocates no
+// arena per call.
+class ArenaPool {
+ public:
+  void init(int64_t bytes);  // one idle arena of `bytes`
+  // An arena held by one call, given back to the pool when the call ends.
+  class Lease {
+   public:
+    explicit Lease(ArenaPool& pool);
+    ~Lease();
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    uint8_t* data() { return arena_.data.get(); }
+    AlignedBytes& bytes() { return arena_; }
+
+   private:
+    ArenaPool& pool_;
+    AlignedBytes arena_;
+  };
+  void drop_device();  // frees the idle arenas' device memory
+
+ private:
+  int64_t bytes_ = 0;
+  std::mutex mutex_;
+  std::vector<AlignedBytes> idle_;  // guarded by mutex_
+};
+
+}  // namespace kiln::rt
+
+// Concurrency: one model may run from any number of threads at once. What a call reads
+// (the plan, weights, tables) is immutable after kiln_model_create; what it writes lives
+// in an arena that the call holds alone (leased from `arenas`), in its caller's outputs,
+// and in the calling thread's error text. Profiling tallies are the one shared, written
+// state, behind their mutex.
+struct kiln_model {
+  kiln::rt::Plan plan;
+  std::vector<kiln_kernel_fn> kernels;
+  kiln_hooks hooks{};
+  std::vector<kiln::rt::AlignedBytes> weights;
+  std::vector<kiln::rt::AlignedBytes> tables;
+  int64_t arena_bytes = 0;  // the largest entry point's arena
+  std::vector<const char*> function_names;
+  kiln::rt::ArenaPool arenas;
+  kiln::rt::ThreadErrors errors;  // kiln_model_error
+  kiln::rt::Profile profile;
+
+  // A GPU library (hooks.device set): weights and tables live on the device too, copied
+  // there once, by create or, where the device failed it, by the next run; each arena gets
+  // its device memory with its first run, and keeps it.
+  std::mutex device_mutex;
+  bool resident = false;       // guarded by device_mutex
+  int64_t view_alignment = 1;  // kiln_device_ops::view_alignment, set with `resident`
+
+  // kiln_model_create: the plan deserialized and checked against this CPU and the kernels,
+  // the weights loaded, the tables built, one arena allocated and, for a GPU library, the
+  // weights copied to the device (where that fails, each run tries again). Throws
+  // kiln::Error.
+  static std::unique_ptr<kiln_model> create(const uint8_t* plan, size_t plan_size,
+                                            const kiln_kernel_fn* kernels, size_t num_kernels,
+                                            const kiln_hooks* hooks, const char* weights_path);
+  // kiln_model_destroy's work before the delete: a GPU library's device allocations are
+  // freed, and the context given back once no GPU model is left.
+  void release();
+
+  const kiln::rt::FunctionDesc& function(const char* name) const;
+  void output_shapes(const char* fname, const kiln_tensor* inputs, size_t n_in,
+                     kiln_tensor* outputs, size_t n_out);
+  // `on_device`: the inputs and outputs are device tensors (kiln_model_run_device), read and
+  // written in place on the device.
+  void run(const char* fname, const kiln_tensor* inputs, size_t n_in, kiln_tensor* outputs,
+           size_t n_out, bool on_device = false);
+
+  // device.cpp
+  void make_resident();
+  void drop_device();  // frees every device allocation (before the context is given back)
+  void require_device(const char* fname) const;
+  void output_shapes_device(const char* fname, const kiln_tensor* inputs, size_t n_in,
+                            kiln_tensor* outputs, size_t n_out);
+};
