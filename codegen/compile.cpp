@@ -110,21 +110,21 @@ std::string type_comment(const rt::TensorDesc& t, const rt::Plan& plan) {
     int s = d.single_symbol();
     dims += s >= 0 ? plan.symbols[s].name : std::to_string(d.coeff);
   }
-  const char* ty = t.type == rt::ElemType::f32   ? "f32"
-                   : t.type == rt::ElemType::i64 ? "i64"
-                                                 : "bool";
+  const char* ty = t.type == KILN_F32 ? "f32" : t.type == KILN_I64 ? "i64" : "bool";
   return fmt::format("{}: {}[{}]", t.name, ty, dims);
 }
 
 // The C++ element type of a result in the generated class (bool as one byte, 0 or 1).
-const char* cxx_element(rt::ElemType type) {
+const char* cxx_element(kiln_dtype type) {
   switch (type) {
-    case rt::ElemType::f32:
+    case KILN_F32:
       return "float";
-    case rt::ElemType::i64:
+    case KILN_I64:
       return "int64_t";
-    case rt::ElemType::u8:
+    case KILN_BOOL:
       return "uint8_t";
+    default:
+      break;
   }
   KILN_ASSERT(false, "unknown element type");
   return "";

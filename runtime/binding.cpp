@@ -10,24 +10,6 @@
 #include "support/error.h"
 
 namespace kiln::rt {
-namespace {
-
-// The C ABI dtype a plan's element type is passed as (i64 inputs also take KILN_I32).
-int32_t abi_dtype(ElemType t) {
-  switch (t) {
-    case ElemType::f32:
-      return KILN_F32;
-    case ElemType::i64:
-      return KILN_I64;
-    case ElemType::u8:
-      return KILN_BOOL;
-    case ElemType::bf16:  // weights only, never an entry point's tensor
-      return -1;
-  }
-  return -1;
-}
-
-}  // namespace
 
 int64_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;
@@ -67,11 +49,11 @@ std::vector<int64_t> bind(const Plan& plan, const FunctionDesc& f, const kiln_te
   for (size_t p = 0; p < f.params.size(); ++p) {
     const auto& want = f.params[p];
     const kiln_tensor& t = *(*ordered)[p];
-    const bool ok_type =
-        t.dtype == abi_dtype(want.type) || (want.type == ElemType::i64 && t.dtype == KILN_I32);
+    // An i64 parameter (ids) also takes i32.
+    const bool ok_type = t.dtype == want.type || (want.type == KILN_I64 && t.dtype == KILN_I32);
     if (!ok_type)
       fail("input '{}' is {}, expected {}", want.name, kiln::dtype_name(t.dtype),
-           want.type == ElemType::i64 ? "i64 or i32" : kiln::dtype_name(abi_dtype(want.type)));
+           want.type == KILN_I64 ? "i64 or i32" : kiln::dtype_name(want.type));
     if (t.rank != static_cast<int32_t>(want.shape.size()) || t.rank < 0 || t.rank > KILN_MAX_RANK)
       fail("input '{}' has rank {}, expected {}", want.name, t.rank, want.shape.size());
     std::vector<int64_t> shape(t.shape, t.shape + t.rank);
@@ -148,7 +130,7 @@ void describe_outputs(const FunctionDesc& f, const std::vector<int64_t>& syms, k
   for (size_t i = 0; i < n_out; ++i) {
     std::vector<int64_t> s = result_shape(f.results[i], syms);
     outputs[i].name = f.results[i].name.c_str();
-    outputs[i].dtype = abi_dtype(f.results[i].type);
+    outputs[i].dtype = f.results[i].type;
     outputs[i].rank = static_cast<int32_t>(s.size());
     for (size_t d = 0; d < s.size(); ++d) outputs[i].shape[d] = s[d];
   }
@@ -165,15 +147,15 @@ void check_outputs(const FunctionDesc& f, const std::vector<int64_t>& syms,
   if (n_out && !outputs) fail("entry point '{}': outputs is null", f.name);
   for (size_t r = 0; r < n_out; ++r) {
     const std::string& name = f.results[r].name;
-    if (outputs[r].dtype != abi_dtype(f.results[r].type))
-      fail("output '{}' is {}, given a buffer of {}", name,
-           kiln::dtype_name(abi_dtype(f.results[r].type)), kiln::dtype_name(outputs[r].dtype));
+    if (outputs[r].dtype != f.results[r].type)
+      fail("output '{}' is {}, given a buffer of {}", name, kiln::dtype_name(f.results[r].type),
+           kiln::dtype_name(outputs[r].dtype));
     std::vector<int64_t> want = result_shape(f.results[r], syms);
     std::vector<int64_t> got(outputs[r].shape,
                              outputs[r].shape + std::clamp(outputs[r].rank, 0, KILN_MAX_RANK));
     if (got != want)
       fail("output '{}' has shape {}, expected {}", name, shape_string(got), shape_string(want));
-    result_bytes[r] = numel_of(want) * elem_size(f.results[r].type);
+    result_bytes[r] = numel_of(want) * static_cast<int64_t>(kiln_dtype_size(f.results[r].type));
     if (outputs[r].capacity < static_cast<uint64_t>(result_bytes[r]))
       fail("output '{}' of shape {} needs {} bytes of {}, its buffer holds {}", name,
            shape_string(want), result_bytes[r], kiln::dtype_name(outputs[r].dtype),

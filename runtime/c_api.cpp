@@ -220,6 +220,8 @@ size_t kiln_dtype_size(int32_t dtype) {
       return 4;
     case KILN_BOOL:
       return 1;
+    case KILN_BF16:
+      return 2;
   }
   return 0;
 }

@@ -160,6 +160,8 @@ DeviceTensors stage_device(const kiln_device_ops& ops, const char* what, const k
         break;
       case KILN_I32:
         fail("{} is i32: a device tensor has its parameter's dtype (ids are i64)", label);
+      case KILN_BF16:
+        fail("{} is bf16: an entry point's tensors are f32, i64 or bool", label);
       default:
         fail("{} has unknown dtype {}", label, t.dtype);
     }

@@ -21,7 +21,6 @@ using kiln::rt::BufferDesc;
 using kiln::rt::DeviceMirror;
 using kiln::rt::DeviceTensors;
 using kiln::rt::DeviceViews;
-using kiln::rt::ElemType;
 using kiln::rt::FunctionDesc;
 using kiln::rt::kernel_error;
 using kiln::rt::kernel_error_suffix;
@@ -30,16 +29,18 @@ using kiln::rt::Tally;
 
 namespace {
 
-halide_type_t halide_type(ElemType t) {
+halide_type_t halide_type(kiln_dtype t) {
   switch (t) {
-    case ElemType::f32:
+    case KILN_F32:
       return halide_type_t(halide_type_float, 32);
-    case ElemType::i64:
+    case KILN_I64:
       return halide_type_t(halide_type_int, 64);
-    case ElemType::u8:
+    case KILN_BOOL:
       return halide_type_t(halide_type_uint, 8);
-    case ElemType::bf16:
+    case KILN_BF16:
       return halide_type_t(halide_type_bfloat, 16);
+    case KILN_I32:  // a caller's ids only, never a plan's buffer
+      break;
   }
   return halide_type_t(halide_type_float, 32);
 }
@@ -281,7 +282,7 @@ void kiln_model::run(const char* fname, const kiln_tensor* inputs, size_t n_in,
           size = tables[b.index].size;
           break;
       }
-      const int64_t esize = kiln::rt::elem_size(b.type);
+      const int64_t esize = static_cast<int64_t>(kiln_dtype_size(b.type));
       int64_t first = b.byte_offset + b.elem_offset.eval(syms) * esize, last = first;
       dims[a].resize(b.extents.size());
       for (size_t d = 0; d < b.extents.size(); ++d) {

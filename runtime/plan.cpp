@@ -57,26 +57,24 @@ int DimExpr::single_symbol() const {
   return found;
 }
 
-int64_t elem_size(ElemType type) {
-  switch (type) {
-    case ElemType::f32:
-      return 4;
-    case ElemType::i64:
-      return 8;
-    case ElemType::u8:
-      return 1;
-    case ElemType::bf16:
-      return 2;
-  }
-  return 0;
-}
-
 namespace {
 
 // Version 6: kiln_hooks gained release_device (a library built for 5 passes a shorter struct).
 // Version 7: kiln_hooks gained device (the device memory operations of a GPU library).
 // Version 8: kiln_hooks gained set_custom_do_par_for (the runtime's thread pool).
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', '8'};
+
+// A plan stores an element type as its index here: the codes of format 8 (f32 0, i64 1,
+// bool 2, bf16 3), kept when the runtime's element types became kiln_dtype, so a plan's
+// bytes did not change.
+constexpr kiln_dtype kPlanTypes[] = {KILN_F32, KILN_I64, KILN_BOOL, KILN_BF16};
+
+int64_t type_code(kiln_dtype type) {
+  for (int64_t i = 0; i < 4; ++i)
+    if (kPlanTypes[i] == type) return i;
+  KILN_ASSERT(false, fmt::format("a plan holds no element type {}", static_cast<int>(type)));
+  return 0;
+}
 
 class Writer {
  public:
@@ -104,7 +102,7 @@ class Writer {
   }
   void tensor(const TensorDesc& t) {
     str(t.name);
-    i64(static_cast<int64_t>(t.type));
+    i64(type_code(t.type));
     dims(t.shape);
     i64(static_cast<int64_t>(t.id_limits.size()));
     for (const auto& l : t.id_limits) {
@@ -168,9 +166,9 @@ class Reader {
     t.updates_param = static_cast<int32_t>(i64());
     return t;
   }
-  ElemType elem(int64_t v) {
+  kiln_dtype elem(int64_t v) {
     if (v < 0 || v > 3) fail("compiled plan has an unknown element type {}", v);
-    return static_cast<ElemType>(v);
+    return kPlanTypes[v];
   }
   bool done() const { return pos_ == size_; }
   void bytes(const char* want, size_t n) {
@@ -205,6 +203,8 @@ void validate(const Plan& p) {
   for (const FunctionDesc& f : p.functions) {
     for (const auto* list : {&f.params, &f.results})
       for (const TensorDesc& t : *list) {
+        if (t.type == KILN_BF16)
+          fail("compiled plan: tensor '{}' of '{}' is bf16 (only weights are)", t.name, f.name);
         for (const DimExpr& d : t.shape) check_dim(d);
         for (const auto& l : t.id_limits) check_dim(l.limit);
       }
@@ -223,8 +223,7 @@ void validate(const Plan& p) {
       if (s.builtin == Builtin::cache_write) {
         if (s.kernel != -1 || s.args.size() != 3 || s.args[0].extents.size() != 2 ||
             s.args[1].extents.size() != 1 || s.args[2].extents.size() != 3 ||
-            s.args[0].type != ElemType::f32 || s.args[1].type != ElemType::i64 ||
-            s.args[2].type != ElemType::f32)
+            s.args[0].type != KILN_F32 || s.args[1].type != KILN_I64 || s.args[2].type != KILN_F32)
           fail("compiled plan: cache_write step '{}' has bad arguments", s.op);
       } else if (s.kernel < 0 || s.kernel >= static_cast<int32_t>(p.kernel_names.size())) {
         fail("compiled plan: step '{}' calls missing kernel {}", s.op, s.kernel);
@@ -393,7 +392,7 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
         w.i64(b.index);
         w.i64(b.byte_offset);
         w.dim(b.elem_offset);
-        w.i64(static_cast<int64_t>(b.type));
+        w.i64(type_code(b.type));
         w.dims(b.extents);
         w.dims(b.strides);
       }

@@ -6,7 +6,7 @@
 // buffers as a view (base storage, element offset, extents and strides) whose sizes are monomials
 // of the symbols, so one plan runs every batch and length up to the maxima. The compiler serializes
 // the plan into the generated library; the runtime deserializes and validates it. Only the
-// runtime's own types appear here.
+// runtime's own types appear here (element types are its C ABI's kiln_dtype).
 #pragma once
 
 #include <cstdint>
@@ -15,6 +15,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "kiln/runtime.h"
 
 namespace kiln::rt {
 
@@ -33,9 +35,6 @@ struct DimExpr {
   int single_symbol() const;
 };
 
-enum class ElemType : int8_t { f32 = 0, i64 = 1, u8 = 2, bf16 = 3 };  // bf16: weights only
-int64_t elem_size(ElemType type);
-
 enum class Storage : int8_t {
   param = 0,   // the entry point's input `index`
   result = 1,  // the entry point's output `index`
@@ -50,7 +49,7 @@ struct BufferDesc {
   int32_t index = 0;
   int64_t byte_offset = 0;  // added to the storage's base (arena offsets)
   DimExpr elem_offset = DimExpr::constant(0);
-  ElemType type = ElemType::f32;
+  kiln_dtype type = KILN_F32;  // f32, i64, bool or (a weight) bf16
   std::vector<DimExpr> extents, strides;
 };
 
@@ -72,7 +71,7 @@ struct StepDesc {
 
 struct TensorDesc {
   std::string name;
-  ElemType type = ElemType::f32;
+  kiln_dtype type = KILN_F32;  // f32, i64 or bool
   std::vector<DimExpr> shape;  // IR order; each a constant or a single symbol
   // For ids and indices: valid values are [0, limit) for each limit, a constant or a
   // symbol's bound size (e.g. the batch a source row indexes); `what` names such a value

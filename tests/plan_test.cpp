@@ -1,8 +1,12 @@
 // Tests for the compiled plan's weight layouts (runtime/plan.h): the linear-weight layout
 // function against its definition written out for a small case, the layout's survival of
-// serialization, and the rejection of inconsistent layouts in a deserialized plan.
+// serialization, and the rejection of inconsistent layouts in a deserialized plan; element
+// types (the C ABI's kiln_dtype) and their codes in a serialized plan.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -96,6 +100,55 @@ TEST(PlanWeights, InconsistentLayoutsAreRejected) {
               HasSubstr("weight 'w' has a bad layout (panel -1"));
   EXPECT_THAT(error_for({"w", {"w"}, {{64, 8}}, true, 0, {512}}),
               HasSubstr("weight 'w' has a bad layout (panel 0, shape [512])"));
+}
+
+// A plan's element types are kiln_dtype values; serialized, they keep the codes of plan
+// format 8 (f32 0, i64 1, bool 2, bf16 3), so libraries compiled before read the same.
+TEST(PlanTypes, ElementTypesKeepTheirSerializedCodes) {
+  Plan p;
+  p.model = "m";
+  FunctionDesc f;
+  f.name = "forward";
+  for (auto [name, type] :
+       {std::pair{"x_f32", KILN_F32}, {"ids_i64", KILN_I64}, {"mask_bool", KILN_BOOL}}) {
+    TensorDesc t;
+    t.name = name;
+    t.type = type;
+    f.params.push_back(t);
+  }
+  p.functions.push_back(f);
+  std::vector<uint8_t> bytes = serialize_plan(p);
+  // Each tensor's code follows its name.
+  auto code_after = [&](const std::string& name) {
+    auto at = std::search(bytes.begin(), bytes.end(), name.begin(), name.end());
+    EXPECT_NE(at, bytes.end()) << name;
+    int64_t code = -1;
+    std::memcpy(&code, &*(at + static_cast<ptrdiff_t>(name.size())), 8);
+    return code;
+  };
+  EXPECT_EQ(code_after("x_f32"), 0);
+  EXPECT_EQ(code_after("ids_i64"), 1);
+  EXPECT_EQ(code_after("mask_bool"), 2);
+  Plan back = deserialize_plan(bytes.data(), bytes.size());
+  ASSERT_EQ(back.functions.size(), 1u);
+  ASSERT_EQ(back.functions[0].params.size(), 3u);
+  EXPECT_EQ(back.functions[0].params[0].type, KILN_F32);
+  EXPECT_EQ(back.functions[0].params[1].type, KILN_I64);
+  EXPECT_EQ(back.functions[0].params[2].type, KILN_BOOL);
+
+  // bf16 is a weight's type only: a plan with a bf16 tensor is refused.
+  p.functions[0].params[0].type = KILN_BF16;
+  bytes = serialize_plan(p);
+  EXPECT_EQ(code_after("x_f32"), 3);
+  EXPECT_THAT(error_of([&] { deserialize_plan(bytes.data(), bytes.size()); }),
+              HasSubstr("compiled plan: tensor 'x_f32' of 'forward' is bf16 (only weights are)"));
+  // A code past bf16 is refused too.
+  const std::string x = "x_f32";
+  auto at = std::search(bytes.begin(), bytes.end(), x.begin(), x.end());
+  const int64_t unknown = 4;
+  std::memcpy(&*(at + 5), &unknown, 8);
+  EXPECT_THAT(error_of([&] { deserialize_plan(bytes.data(), bytes.size()); }),
+              HasSubstr("compiled plan has an unknown element type 4"));
 }
 
 }  // namespace

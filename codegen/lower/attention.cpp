@@ -14,7 +14,6 @@ namespace kiln::codegen::lowering {
 
 using ir::OpKind;
 using rt::DimExpr;
-using rt::ElemType;
 using rt::Storage;
 
 void lower_attention(FunctionLowering& L, const ir::Op& op) {

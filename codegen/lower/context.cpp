@@ -16,17 +16,17 @@ namespace kiln::codegen::lowering {
 
 using ir::OpKind;
 using rt::DimExpr;
-using rt::ElemType;
+using ElemType = kiln_dtype;  // the plan's element types are the C ABI's
 using rt::Storage;
 
 ElemType elem_type(ir::DType d) {
   switch (d) {
     case ir::DType::f32:
-      return ElemType::f32;
+      return KILN_F32;
     case ir::DType::i64:
-      return ElemType::i64;
+      return KILN_I64;
     case ir::DType::boolean:
-      return ElemType::u8;
+      return KILN_BOOL;
     case ir::DType::i32:
       break;
   }
@@ -35,13 +35,14 @@ ElemType elem_type(ir::DType d) {
 
 ElementwiseKernel::Dtype node_dtype(ElemType t) {
   switch (t) {
-    case ElemType::f32:
+    case KILN_F32:
       return ElementwiseKernel::Dtype::f32;
-    case ElemType::i64:
+    case KILN_I64:
       return ElementwiseKernel::Dtype::i64;
-    case ElemType::u8:
+    case KILN_BOOL:
       return ElementwiseKernel::Dtype::u8;
-    case ElemType::bf16:  // weights only, never an elementwise node
+    case KILN_I32:   // never a plan's type
+    case KILN_BF16:  // weights only, never an elementwise node
       break;
   }
   return ElementwiseKernel::Dtype::f32;

@@ -15,7 +15,6 @@ namespace kiln::codegen::lowering {
 
 using ir::OpKind;
 using rt::DimExpr;
-using rt::ElemType;
 using rt::Storage;
 
 // A group's root (an unfused op) computes the ops marked fused below it; a fused op is

@@ -15,7 +15,6 @@ namespace kiln::codegen::lowering {
 
 using ir::OpKind;
 using rt::DimExpr;
-using rt::ElemType;
 using rt::Storage;
 
 void lower_general_matmul(FunctionLowering& L, const ir::Op& op, bool transpose_b) {

@@ -13,7 +13,6 @@ namespace kiln::codegen::lowering {
 
 using ir::OpKind;
 using rt::DimExpr;
-using rt::ElemType;
 using rt::Storage;
 
 void lower_linear(FunctionLowering& L, const ir::Op& op) {
@@ -41,7 +40,7 @@ void lower_linear(FunctionLowering& L, const ir::Op& op) {
   for (int64_t d : L.module.out.plan.weights[static_cast<size_t>(wi)].shape)
     stored.push_back(ir::Dim::constant(d));
   View wv = L.dense_view(ir::TensorType{ir::DType::f32, stored}, Storage::weight, wi, 0);
-  if (k.bf16) wv.type = ElemType::bf16;
+  if (k.bf16) wv.type = KILN_BF16;
   s.args.push_back(wv.halide());
   if (k.has_bias) s.args.push_back(L.view_of(op.operands[2], op).halide());
   s.args.push_back(*L.rows_view(out, op));

@@ -18,8 +18,8 @@
 
 namespace kiln::codegen::lowering {
 
-rt::ElemType elem_type(ir::DType d);
-ElementwiseKernel::Dtype node_dtype(rt::ElemType t);
+kiln_dtype elem_type(ir::DType d);
+ElementwiseKernel::Dtype node_dtype(kiln_dtype t);
 ElementwiseKernel::Dtype node_dtype(ir::DType d);
 
 // elem_offset + add as one monomial, when it is one (both with the same symbols, or
@@ -32,7 +32,7 @@ struct View {
   int32_t index = 0;
   int64_t byte_offset = 0;
   rt::DimExpr elem_offset = rt::DimExpr::constant(0);
-  rt::ElemType type = rt::ElemType::f32;
+  kiln_dtype type = KILN_F32;
   std::vector<rt::DimExpr> extents, strides;
 
   bool dense() const;

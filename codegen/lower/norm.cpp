@@ -13,7 +13,6 @@ namespace kiln::codegen::lowering {
 
 using ir::OpKind;
 using rt::DimExpr;
-using rt::ElemType;
 using rt::Storage;
 
 void lower_layernorm(FunctionLowering& L, const ir::Op& op) {

@@ -13,7 +13,6 @@ namespace kiln::codegen::lowering {
 
 using ir::OpKind;
 using rt::DimExpr;
-using rt::ElemType;
 using rt::Storage;
 
 // A load-time weight, as declared.
