@@ -159,6 +159,7 @@ int64_t kiln_model_symbol_max(const kiln_model* model, const char* symbol) {
 void kiln_search_options_init(kiln_search_options* o) {
   if (!o) return;
   std::memset(o, 0, sizeof *o);
+  o->struct_size = sizeof *o;
   o->beam_size = 1;
   o->num_hypotheses = 1;
   o->max_decoding_length = 64;
@@ -176,6 +177,12 @@ int kiln_generate(kiln_model* model, const kiln_tensor* src, const kiln_search_o
   try {
     if (!src || !options || !out) fail("kiln_generate: src, options and out must not be null");
     std::memset(out, 0, sizeof *out);
+    if (options->struct_size != sizeof(kiln_search_options))
+      fail(
+          "kiln_generate: options.struct_size is {}, this runtime's kiln_search_options has {} "
+          "bytes: initialize the options with kiln_search_options_init (a caller built against "
+          "another kiln/runtime.h is refused)",
+          options->struct_size, sizeof(kiln_search_options));
     kiln::rt::Generation g = kiln::rt::generate(model, *src, *options);
     auto copy = [](const auto& v) {
       using T = typename std::decay_t<decltype(v)>::value_type;

@@ -7,6 +7,7 @@
 //    reference search (tests/golden/make_decode_golden.py);
 //  - bad options and inputs are refused with clear errors, and the model stays usable.
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <numeric>
 #include <random>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -301,6 +303,70 @@ TEST(Generate, BadOptionsAndInputsAreRefusedAndTheModelStaysUsable) {
     EXPECT_EQ(after[b][0].ids, before[b][0].ids);
     EXPECT_EQ(after[b][0].score, before[b][0].score);
   }
+}
+
+// kiln_search_options carries its size (set by kiln_search_options_init): options from a
+// caller built against an older kiln/runtime.h (no struct_size: its first bytes are
+// beam_size and num_hypotheses) or never initialized are refused with the sizes named, and
+// the model stays usable.
+TEST(Generate, OptionsOfAnotherHeaderAreRefused) {
+  kiln_models::golden_tiny model(golden("tiny.weights.safetensors").c_str());
+  kiln::Tensor<int64_t> src{{1, 4}, {3, 4, 5, 6}};
+  kiln_tensor in;
+  std::memset(&in, 0, sizeof in);
+  in.dtype = KILN_I64;
+  in.rank = 2;
+  in.shape[0] = 1;
+  in.shape[1] = 4;
+  in.data = src.data.data();
+  in.capacity = src.data.size() * sizeof(int64_t);
+
+  kiln_search_options o;
+  kiln_search_options_init(&o);
+  EXPECT_EQ(o.struct_size, sizeof(kiln_search_options));
+  EXPECT_EQ(kiln::SearchOptions().struct_size, sizeof(kiln_search_options));
+  o.max_decoding_length = 6;
+  o.start_id = 1;
+  o.end_id = 2;
+  kiln_generation g;
+  ASSERT_EQ(kiln_generate(model.get(), &in, &o, &g), 0) << kiln_model_error(model.get());
+  const std::vector<int64_t> before(g.ids, g.ids + g.lengths[0]);
+  kiln_generation_free(&g);
+
+  // kiln_search_options as kiln/runtime.h declared it before struct_size, set as its
+  // kiln_search_options_init did.
+  struct OlderOptions {
+    int32_t beam_size = 1, num_hypotheses = 1, max_decoding_length = 6, min_decoding_length = 0;
+    float length_penalty = 0;
+    int64_t start_id = 1, end_id = 2;
+    int32_t sampling_top_k = 1;
+    float sampling_temperature = 1;
+    uint64_t seed = 0;
+    kiln_token_callback on_token = nullptr;
+    void* user_data = nullptr;
+  } older;
+  EXPECT_NE(
+      kiln_generate(model.get(), &in, reinterpret_cast<const kiln_search_options*>(&older), &g), 0);
+  EXPECT_THAT(kiln_model_error(model.get()),
+              HasSubstr(fmt::format("kiln_generate: options.struct_size is {}, this runtime's "
+                                    "kiln_search_options has {} bytes: initialize the options "
+                                    "with kiln_search_options_init",
+                                    (uint64_t{1} << 32) + 1, sizeof(kiln_search_options))));
+
+  kiln_search_options uninitialized = o;
+  uninitialized.struct_size = 0;
+  EXPECT_NE(kiln_generate(model.get(), &in, &uninitialized, &g), 0);
+  EXPECT_THAT(kiln_model_error(model.get()), HasSubstr("options.struct_size is 0,"));
+  kiln_search_options larger = o;
+  larger.struct_size = sizeof(kiln_search_options) + 8;
+  EXPECT_NE(kiln_generate(model.get(), &in, &larger, &g), 0);
+  EXPECT_THAT(
+      kiln_model_error(model.get()),
+      HasSubstr(fmt::format("options.struct_size is {},", sizeof(kiln_search_options) + 8)));
+
+  ASSERT_EQ(kiln_generate(model.get(), &in, &o, &g), 0) << kiln_model_error(model.get());
+  EXPECT_EQ(std::vector<int64_t>(g.ids, g.ids + g.lengths[0]), before);
+  kiln_generation_free(&g);
 }
 
 TEST(DecodeStep, BadIndicesAndCachesAreRefused) {

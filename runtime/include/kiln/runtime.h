@@ -203,6 +203,10 @@ int64_t kiln_model_symbol_max(const kiln_model* model, const char* symbol);
  * a generator seeded by `seed`: the same seed and inputs give the same output. */
 typedef void (*kiln_token_callback)(void* user_data, int64_t sentence, int64_t step, int64_t token);
 typedef struct kiln_search_options {
+  /* sizeof(kiln_search_options) in the caller's kiln/runtime.h, set by
+   * kiln_search_options_init (always initialize the options with it): kiln_generate refuses
+   * options of another size, e.g. from a caller built against an older header. */
+  size_t struct_size;
   int32_t beam_size;           /* 1..the model's max_beam; default 1 */
   int32_t num_hypotheses;      /* 1..beam_size: hypotheses returned per sentence; default 1 */
   int32_t max_decoding_length; /* 1..the model's max_len: tokens, the end token included */
@@ -219,7 +223,7 @@ typedef struct kiln_search_options {
 } kiln_search_options;
 
 /* The defaults above (max_decoding_length 64, clamped to the model's max_len by the caller
- * if needed). */
+ * if needed), and struct_size. */
 void kiln_search_options_init(kiln_search_options* options);
 
 /* What kiln_generate returns; release with kiln_generation_free. */
