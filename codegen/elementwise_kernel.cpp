@@ -49,30 +49,24 @@ Halide::Type halide_type(Dtype d) {
   return {};
 }
 
-bool is_binary_arith(const std::string& op) {
-  return op == "add" || op == "sub" || op == "mul" || op == "div" || op == "maximum";
-}
-bool is_comparison(const std::string& op) {
-  return op == "eq" || op == "ne" || op == "lt" || op == "le" || op == "gt" || op == "ge";
-}
-// The f32 functions of float_function (halide_kernels.h).
-bool is_math(const std::string& op) {
-  return op == "exp" || op == "sqrt" || op == "log" || op == "tanh" || op == "erf" ||
-         op == "sigmoid" || op == "gelu" || op == "gelu_tanh" || op == "silu";
-}
-bool is_unary(const std::string& op) {
-  return op == "logical_not" || op == "relu" || op == "neg" || op == "cast" || is_math(op) ||
-         op == "transpose";
+using ir::OpKind;
+using Kind = Node::Kind;
+
+bool is_op(const Node& node, OpKind kind) { return node.kind == Kind::op && node.op == kind; }
+
+// What signatures and messages call the node.
+const char* node_name(const Node& node) {
+  if (node.kind == Kind::input) return "input";
+  if (node.kind == Kind::constant) return "constant";
+  return ir::op_name(node.op);
 }
 
-// Operand count of a supported op; -1 for an unsupported one.
-int arity(const std::string& op) {
-  if (op == "input" || op == "constant" || op == "iota") return 0;
-  if (is_unary(op)) return 1;
-  if (is_binary_arith(op) || is_comparison(op) || op == "logical_and" || op == "logical_or" ||
-      op == "gather")
-    return 2;
-  if (op == "select") return 3;
+// Operand count of a supported node; -1 for an unsupported op.
+int arity(const Node& node) {
+  if (node.kind != Kind::op) return 0;
+  if (ir::is_elementwise(node.op) || node.op == OpKind::iota || node.op == OpKind::gather ||
+      node.op == OpKind::transpose)
+    return ir::op_info(node.op).min_operands;
   return -1;
 }
 
@@ -83,6 +77,95 @@ Expr nonzero(const Expr& e) {
   if (!e.type().is_float()) return e != Halide::Internal::make_zero(e.type());
   const Expr bits = Halide::reinterpret(Halide::UInt(32, e.type().lanes()), e);
   return (bits & Expr(uint32_t{0x7fffffff})) != Expr(uint32_t{0});
+}
+
+// ---------------------------------------------------------------------------------
+// The pointwise ops (kPointwise in ir/ops.def): each is one function halide_<name> giving
+// the node's value from its operands' values `in` (of the dtypes the op's type rule accepts;
+// those of a binary op are equal).
+using Operands = std::vector<Expr>;
+
+Expr halide_add(const Node&, const Operands& in) { return in[0] + in[1]; }
+Expr halide_sub(const Node&, const Operands& in) { return in[0] - in[1]; }
+Expr halide_mul(const Node&, const Operands& in) { return in[0] * in[1]; }
+Expr halide_div(const Node&, const Operands& in) {
+  const Expr &a = in[0], &b = in[1];
+  if (a.type().is_float()) return a / b;
+  // Truncating division without traps: x / 0 = 0 and x / -1 = -x (wrapping).
+  const Expr zero = Halide::Internal::make_zero(b.type());
+  const Expr one = Halide::Internal::make_one(b.type());
+  const Expr minus_one = Halide::Internal::make_const(b.type(), -1);
+  const Expr safe = Halide::select(b == zero || b == minus_one, one, b);
+  return Halide::select(b == zero, zero, b == minus_one, zero - a,
+                        Halide::div_round_to_zero(a, safe));
+}
+Expr halide_maximum(const Node&, const Operands& in) {
+  const Expr &a = in[0], &b = in[1];
+  if (!a.type().is_float()) return Halide::max(a, b);
+  return Halide::select(is_nan_bits(a), a, is_nan_bits(b), b, Halide::max(a, b));
+}
+Expr halide_eq(const Node&, const Operands& in) { return to_u8(in[0] == in[1]); }
+Expr halide_ne(const Node&, const Operands& in) { return to_u8(in[0] != in[1]); }
+Expr halide_lt(const Node&, const Operands& in) { return to_u8(in[0] < in[1]); }
+Expr halide_le(const Node&, const Operands& in) { return to_u8(in[0] <= in[1]); }
+Expr halide_gt(const Node&, const Operands& in) { return to_u8(in[0] > in[1]); }
+Expr halide_ge(const Node&, const Operands& in) { return to_u8(in[0] >= in[1]); }
+Expr halide_logical_and(const Node&, const Operands& in) {
+  return to_u8(nonzero(in[0]) && nonzero(in[1]));
+}
+Expr halide_logical_or(const Node&, const Operands& in) {
+  return to_u8(nonzero(in[0]) || nonzero(in[1]));
+}
+Expr halide_logical_not(const Node&, const Operands& in) { return to_u8(!nonzero(in[0])); }
+Expr halide_relu(const Node&, const Operands& in) {
+  const Expr& a = in[0];
+  if (!a.type().is_float()) return Halide::max(a, Halide::Internal::make_zero(a.type()));
+  return relu_keeping_nan(a);
+}
+Expr halide_neg(const Node&, const Operands& in) {
+  return Halide::Internal::make_zero(in[0].type()) - in[0];
+}
+// The f32 math functions, by float_function (halide_kernels.h).
+Expr math(OpKind kind, const Operands& in) {
+  KILN_ASSERT(in[0].type().is_float(),
+              fmt::format("elementwise {} of a non-f32 operand", ir::op_name(kind)));
+  return float_function(ir::op_name(kind), in[0]);
+}
+Expr halide_exp(const Node&, const Operands& in) { return math(OpKind::exp, in); }
+Expr halide_sqrt(const Node&, const Operands& in) { return math(OpKind::sqrt, in); }
+Expr halide_log(const Node&, const Operands& in) { return math(OpKind::log, in); }
+Expr halide_tanh(const Node&, const Operands& in) { return math(OpKind::tanh, in); }
+Expr halide_erf(const Node&, const Operands& in) { return math(OpKind::erf, in); }
+Expr halide_sigmoid(const Node&, const Operands& in) { return math(OpKind::sigmoid, in); }
+Expr halide_gelu(const Node&, const Operands& in) { return math(OpKind::gelu, in); }
+Expr halide_gelu_tanh(const Node&, const Operands& in) { return math(OpKind::gelu_tanh, in); }
+Expr halide_silu(const Node&, const Operands& in) { return math(OpKind::silu, in); }
+Expr halide_select(const Node&, const Operands& in) {
+  KILN_ASSERT(in[1].type() == in[2].type(), "elementwise select branch dtypes differ");
+  return Halide::select(nonzero(in[0]), in[1], in[2]);
+}
+Expr halide_cast(const Node& node, const Operands& in) {
+  const Expr& a = in[0];
+  const Halide::Type to = halide_type(node.dtype);
+  if (to == a.type()) return a;
+  if (to.is_uint() && to.bits() == 8) return to_u8(nonzero(a));
+  return Halide::cast(to, a);  // f32 -> i64 truncates toward zero
+}
+
+// The value of a pointwise node: its op's halide_<name>.
+Expr pointwise(const Node& node, const Operands& in) {
+  if (in.size() == 2)
+    KILN_ASSERT(in[0].type() == in[1].type(), "elementwise binary operand dtypes differ");
+  switch (node.op) {
+#define KILN_OP(name, ...)
+#define KILN_POINTWISE_OP(name, ...) \
+  case OpKind::name:                 \
+    return halide_##name(node, in);
+#include "ir/ops.def"
+    default:
+      KILN_ASSERT(false, fmt::format("elementwise op without an expression: {}", node_name(node)));
+      return {};
+  }
 }
 
 // Builds the Halide expression of each node; one ImageParam per buffer input.
@@ -121,20 +204,19 @@ class ExprBuilder {
   Expr compute(int n, const std::vector<Expr>& idx) {
     const Node& node = spec_.nodes[n];
     const Halide::Type type = halide_type(node.dtype);
-    const std::string& op = node.op;
 
-    if (op == "input") return params_.at(node.input)(idx);
-    if (op == "constant") {
+    if (node.kind == Kind::input) return params_.at(node.input)(idx);
+    if (node.kind == Kind::constant) {
       if (node.dtype == Dtype::f32) return Expr(static_cast<float>(node.value));
       if (node.dtype == Dtype::i64) return Expr(static_cast<int64_t>(node.value));
       return Expr(static_cast<uint8_t>(node.value != 0 ? 1 : 0));
     }
-    if (op == "iota") {
+    if (node.op == OpKind::iota) {
       const int64_t axis = node.axis < 0 ? node.axis + node.rank : node.axis;
       return Halide::cast(type, idx[node.rank - 1 - axis]);
     }
-    if (op == "gather") return emit_gather(node, idx);
-    if (op == "transpose") {
+    if (node.op == OpKind::gather) return emit_gather(node, idx);
+    if (node.op == OpKind::transpose) {
       // IR dim d of the node is IR dim perm[d] of the operand; Halide dims are reversed.
       std::vector<Expr> at(idx.size());
       for (int d = 0; d < node.rank; ++d)
@@ -147,31 +229,32 @@ class ExprBuilder {
       const int rank = spec_.nodes[o].rank;
       in.push_back(emit(o, std::vector<Expr>(idx.begin(), idx.begin() + rank)));
     }
-    Expr e = apply(node, in);
-    KILN_ASSERT(e.type() == type,
-                fmt::format("elementwise node {} ({}) computes a value of the wrong dtype", n, op));
+    Expr e = pointwise(node, in);
+    KILN_ASSERT(e.type() == type, fmt::format("elementwise node {} ({}) computes a value of the "
+                                              "wrong dtype",
+                                              n, node_name(node)));
     return e;
   }
 
   // Checks the structure of node `n` and creates the ImageParam of an input.
   void check_node(int n) {
     const Node& node = spec_.nodes[n];
-    if (arity(node.op) < 0) fail("elementwise kernel: unsupported op '{}'", node.op);
-    KILN_ASSERT(static_cast<int>(node.operands.size()) == arity(node.op),
-                fmt::format("elementwise node {} ({}): operand count", n, node.op));
+    if (arity(node) < 0) fail("elementwise kernel: unsupported op '{}'", node_name(node));
+    KILN_ASSERT(static_cast<int>(node.operands.size()) == arity(node),
+                fmt::format("elementwise node {} ({}): operand count", n, node_name(node)));
     KILN_ASSERT(node.rank >= 0 && node.broadcast.size() <= static_cast<size_t>(node.rank),
-                fmt::format("elementwise node {} ({}): rank", n, node.op));
+                fmt::format("elementwise node {} ({}): rank", n, node_name(node)));
     for (int o : node.operands) {
       KILN_ASSERT(o >= 0 && o < n, fmt::format("elementwise node {}: bad operand {}", n, o));
-      if (node.op == "transpose")
+      if (is_op(node, OpKind::transpose))
         KILN_ASSERT(
             spec_.nodes[o].rank == node.rank && static_cast<int>(node.perm.size()) == node.rank,
             fmt::format("elementwise node {}: transpose rank", n));
-      if (node.op != "gather")
+      if (!is_op(node, OpKind::gather))
         KILN_ASSERT(spec_.nodes[o].rank <= node.rank,
                     fmt::format("elementwise node {}: operand {} has a higher rank", n, o));
     }
-    if (node.op == "input") {
+    if (node.kind == Kind::input) {
       KILN_ASSERT(node.input >= 0, "elementwise input without an index");
       auto it = params_.find(node.input);
       if (it == params_.end()) {
@@ -183,19 +266,19 @@ class ExprBuilder {
             fmt::format("elementwise input {} used with two types", node.input));
       }
     }
-    if (node.op == "iota") {
+    if (is_op(node, OpKind::iota)) {
       const int64_t axis = node.axis < 0 ? node.axis + node.rank : node.axis;
       KILN_ASSERT(axis >= 0 && axis < node.rank, "elementwise iota axis out of range");
       KILN_ASSERT(node.dtype == Dtype::i64, "elementwise iota must be i64");
     }
-    if (node.op == "gather") {
+    if (is_op(node, OpKind::gather)) {
       const Node& table = spec_.nodes[node.operands[0]];
       const Node& ids = spec_.nodes[node.operands[1]];
-      if (table.op != "input" || table.rank < 1)
+      if (table.kind != Kind::input || table.rank < 1)
         fail(
             "elementwise kernel: unsupported gather from a {} of rank {} (needs an input "
             "table of rank >= 1)",
-            table.op, table.rank);
+            node_name(table), table.rank);
       KILN_ASSERT(ids.dtype == Dtype::i64 && ids.rank == node.rank - (table.rank - 1) &&
                       table.dtype == node.dtype,
                   fmt::format("elementwise node {}: gather operands", n));
@@ -218,63 +301,6 @@ class ExprBuilder {
     std::vector<Expr> at(idx.begin(), idx.begin() + inner);
     at.push_back(row);
     return t(at);
-  }
-
-  Expr apply(const Node& node, const std::vector<Expr>& in) const {
-    const std::string& op = node.op;
-    if (is_binary_arith(op) || is_comparison(op) || op == "logical_and" || op == "logical_or")
-      KILN_ASSERT(in[0].type() == in[1].type(), "elementwise binary operand dtypes differ");
-    const Expr& a = in[0];
-    if (op == "add") return a + in[1];
-    if (op == "sub") return a - in[1];
-    if (op == "mul") return a * in[1];
-    if (op == "div") {
-      const Expr& b = in[1];
-      if (a.type().is_float()) return a / b;
-      // Truncating division without traps: x / 0 = 0 and x / -1 = -x (wrapping).
-      const Expr zero = Halide::Internal::make_zero(b.type());
-      const Expr one = Halide::Internal::make_one(b.type());
-      const Expr minus_one = Halide::Internal::make_const(b.type(), -1);
-      const Expr safe = Halide::select(b == zero || b == minus_one, one, b);
-      return Halide::select(b == zero, zero, b == minus_one, zero - a,
-                            Halide::div_round_to_zero(a, safe));
-    }
-    if (op == "maximum") {
-      const Expr& b = in[1];
-      if (!a.type().is_float()) return Halide::max(a, b);
-      return Halide::select(is_nan_bits(a), a, is_nan_bits(b), b, Halide::max(a, b));
-    }
-    if (op == "eq") return to_u8(a == in[1]);
-    if (op == "ne") return to_u8(a != in[1]);
-    if (op == "lt") return to_u8(a < in[1]);
-    if (op == "le") return to_u8(a <= in[1]);
-    if (op == "gt") return to_u8(a > in[1]);
-    if (op == "ge") return to_u8(a >= in[1]);
-    if (op == "logical_and") return to_u8(nonzero(a) && nonzero(in[1]));
-    if (op == "logical_or") return to_u8(nonzero(a) || nonzero(in[1]));
-    if (op == "logical_not") return to_u8(!nonzero(a));
-    if (op == "relu") {
-      const Expr zero = Halide::Internal::make_zero(a.type());
-      if (!a.type().is_float()) return Halide::max(a, zero);
-      return relu_keeping_nan(a);
-    }
-    if (op == "neg") return Halide::Internal::make_zero(a.type()) - a;
-    if (is_math(op)) {
-      KILN_ASSERT(a.type().is_float(), "elementwise " + op + " of a non-f32 operand");
-      return float_function(op, a);
-    }
-    if (op == "select") {
-      KILN_ASSERT(in[1].type() == in[2].type(), "elementwise select branch dtypes differ");
-      return Halide::select(nonzero(a), in[1], in[2]);
-    }
-    if (op == "cast") {
-      const Halide::Type to = halide_type(node.dtype);
-      if (to == a.type()) return a;
-      if (to.is_uint() && to.bits() == 8) return to_u8(nonzero(a));
-      return Halide::cast(to, a);  // f32 -> i64 truncates toward zero
-    }
-    KILN_ASSERT(false, "elementwise op without an expression: " + op);
-    return {};
   }
 
   const ElementwiseKernel& spec_;

@@ -92,15 +92,20 @@ Halide::Expr float_function(const std::string& op, const Halide::Expr& x) {
 std::string ElementwiseKernel::signature() const {
   std::string s = fmt::format("r{}", out_rank);
   for (const Node& n : nodes) {
-    s += fmt::format(";{}:{}:{}", n.op, static_cast<int>(n.dtype), n.rank);
+    using Kind = Node::Kind;
+    const bool is_op = n.kind == Kind::op;
+    const char* name = n.kind == Kind::input      ? "input"
+                       : n.kind == Kind::constant ? "constant"
+                                                  : ir::op_name(n.op);
+    s += fmt::format(";{}:{}:{}", name, static_cast<int>(n.dtype), n.rank);
     for (int o : n.operands) s += fmt::format(",{}", o);
     s += ":";
     for (bool b : n.broadcast) s += b ? '1' : '0';
-    if (n.op == "input") s += fmt::format(":i{}", n.input);
-    if (n.op == "constant") s += fmt::format(":v{}", n.value);
-    if (n.op == "iota") s += fmt::format(":a{}", n.axis);
-    if (n.op == "gather") s += fmt::format(":t{}", n.table_rows);
-    if (n.op == "transpose")
+    if (n.kind == Kind::input) s += fmt::format(":i{}", n.input);
+    if (n.kind == Kind::constant) s += fmt::format(":v{}", n.value);
+    if (is_op && n.op == ir::OpKind::iota) s += fmt::format(":a{}", n.axis);
+    if (is_op && n.op == ir::OpKind::gather) s += fmt::format(":t{}", n.table_rows);
+    if (is_op && n.op == ir::OpKind::transpose)
       for (int64_t p : n.perm) s += fmt::format(":p{}", p);
   }
   return s;

@@ -18,6 +18,8 @@
 #include <variant>
 #include <vector>
 
+#include "ir/ops.h"
+
 namespace kiln::codegen {
 
 // out(n, m) = act(Σ_k x(k, m) · wt(n, k) + bias(n)), act "none" or the name of an
@@ -105,22 +107,25 @@ struct LayerNormKernel {
 
 // A fused group of elementwise ops (with numpy broadcasting), gathers, transposes and
 // iota/table sources, evaluated per output element: a small expression tree. A single
-// "input" node is a copy (of a strided view into dense memory, of a view into a result).
+// input node is a copy (of a strided view into dense memory, of a view into a result).
 struct ElementwiseKernel {
   enum class Dtype { f32, i64, u8 };
-  // One node of the expression: op is an ir::OpKind name ("add", "gather", ...), or
-  // "input" (a buffer argument), or "constant".
+  // One node of the expression: a buffer argument, a splat constant, or the IR op `op` (a
+  // pointwise op, gather, iota or transpose). Signatures name it "input", "constant" or the
+  // op's name.
   struct Node {
-    std::string op;
-    std::vector<int> operands;  // node indices, each < this node's index
+    enum class Kind { op, input, constant };
+    Kind kind = Kind::op;
+    ir::OpKind op = ir::OpKind::add;  // for Kind::op
+    std::vector<int> operands;        // node indices, each < this node's index
     Dtype dtype = Dtype::f32;
     int rank = 0;                 // of this node's value
     std::vector<bool> broadcast;  // per dim (IR order): extent 1 broadcast to output
-    int input = -1;               // for "input": index among the kernel's buffer inputs
-    double value = 0;             // for "constant"
-    int64_t axis = 0;             // for "iota"
-    int64_t table_rows = 0;       // for "gather": rows of the table (ids are clamped)
-    // For "transpose": the IR permutation; node(i...) = operand(j...) with j[perm[d]] = i[d].
+    int input = -1;               // for an input: index among the kernel's buffer inputs
+    double value = 0;             // for a constant
+    int64_t axis = 0;             // for iota
+    int64_t table_rows = 0;       // for gather: rows of the table (ids are clamped)
+    // For transpose: the IR permutation; node(i...) = operand(j...) with j[perm[d]] = i[d].
     std::vector<int64_t> perm;
   };
   std::vector<Node> nodes;  // the last node is the output

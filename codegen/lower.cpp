@@ -26,7 +26,7 @@ void lower_unsupported(FunctionLowering& L, const ir::Op& op) {
       ir::line_prefix(op.loc), L.f.name, ir::op_name(op.kind), passes::value_label(L.f, op.result));
 }
 
-constexpr size_t kOpKinds = static_cast<size_t>(OpKind::memory_attention) + 1;
+constexpr size_t kOpKinds = ir::kNumOpKinds;
 
 // The lowering of each op kind.
 std::array<LowerFn, kOpKinds> make_table() {

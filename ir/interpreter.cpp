@@ -294,96 +294,6 @@ Tensor eval_iota(const Op& op, DType dtype, const Shape& shape) {
   return r;
 }
 
-float arith_f32(OpKind kind, float a, float b) {
-  switch (kind) {
-    case OpKind::add:
-      return a + b;
-    case OpKind::sub:
-      return a - b;
-    case OpKind::mul:
-      return a * b;
-    case OpKind::div:
-      return a / b;
-    case OpKind::maximum:
-      return max_f32(a, b);
-    default:
-      KILN_ASSERT(false, "not an f32 arithmetic op");
-      return 0;
-  }
-}
-
-template <typename T>
-bool compare(OpKind kind, T a, T b) {
-  switch (kind) {
-    case OpKind::eq:
-      return a == b;
-    case OpKind::ne:
-      return a != b;
-    case OpKind::lt:
-      return a < b;
-    case OpKind::le:
-      return a <= b;
-    case OpKind::gt:
-      return a > b;
-    case OpKind::ge:
-      return a >= b;
-    default:
-      KILN_ASSERT(false, "not a comparison");
-      return false;
-  }
-}
-
-int64_t arith_int(OpKind kind, int64_t a, int64_t b, DType dtype, const std::string& where) {
-  switch (kind) {
-    case OpKind::add:
-      return fit_int(wrap_add(a, b), dtype);
-    case OpKind::sub:
-      return fit_int(wrap_sub(a, b), dtype);
-    case OpKind::mul:
-      return fit_int(wrap_mul(a, b), dtype);
-    case OpKind::maximum:
-      return std::max(a, b);
-    case OpKind::div:
-      if (b == 0) fail("{}: integer division by zero", where);
-      // The one overflowing quotient wraps, like the other ops.
-      if (b == -1) return fit_int(wrap_sub(0, a), dtype);
-      return fit_int(a / b, dtype);
-    case OpKind::logical_and:
-      return (a != 0 && b != 0) ? 1 : 0;
-    case OpKind::logical_or:
-      return (a != 0 || b != 0) ? 1 : 0;
-    default:
-      KILN_ASSERT(false, "not an integer arithmetic op");
-      return 0;
-  }
-}
-
-Tensor eval_binary(OpKind kind, const Tensor& a, const Tensor& b, DType dtype, const Shape& shape,
-                   const std::string& where) {
-  KILN_ASSERT(a.dtype == b.dtype, "binary operand dtypes differ");
-  KILN_ASSERT(broadcast_shapes(a.shape, b.shape) == shape, "binary result shape");
-  const std::vector<int64_t> ia = broadcast_index_map(a.shape, shape);
-  const std::vector<int64_t> ib = broadcast_index_map(b.shape, shape);
-  Tensor r = Tensor::zeros(dtype, shape);
-  const int64_t n = r.numel();
-  for (int64_t i = 0; i < n; ++i) {
-    if (a.dtype == DType::f32) {
-      const float x = a.f[ia[i]], y = b.f[ib[i]];
-      if (is_comparison(kind))
-        r.ints[i] = compare(kind, x, y) ? 1 : 0;
-      else
-        r.f[i] = arith_f32(kind, x, y);
-    } else {
-      const int64_t x = a.ints[ia[i]], y = b.ints[ib[i]];
-      if (is_comparison(kind))
-        r.ints[i] = compare(kind, x, y) ? 1 : 0;
-      else
-        r.ints[i] = arith_int(kind, x, y, dtype, where);
-    }
-  }
-  return r;
-}
-
 // f32 -> integer: truncation toward zero; NaN and out-of-range values throw.
 int64_t f32_to_int(float x, DType dtype, const std::string& where) {
   // Bounds as exact floats: [-2^31, 2^31) and [-2^63, 2^63).
@@ -394,116 +304,182 @@ int64_t f32_to_int(float x, DType dtype, const std::string& where) {
   return static_cast<int64_t>(t);
 }
 
-// The f32 math functions (is_float_unary), as PyTorch defines them, evaluated in double;
-// the caller rounds the result to f32 once.
-double eval_float_unary(OpKind kind, double x) {
-  constexpr double kSqrtHalf = 0.70710678118654752440;     // 1/√2
+// ---------------------------------------------------------------------------------
+// The pointwise ops (kPointwise in ir/ops.def): each is one function point_<name> that
+// computes an element of the result from its operands' elements at that position, which
+// eval_pointwise applies with numpy broadcasting. Their dtypes are those the op's type rule
+// accepts.
+
+// One element: `f` of an f32 value, `i` of an integer or bool (0/1) one.
+struct Elem {
+  float f = 0;
+  int64_t i = 0;
+};
+
+// What a pointwise function knows besides its operands: their dtype (select's: its
+// branches'; cast's: the source's), the result's, and the op for the errors data can cause.
+struct PointCtx {
+  DType in;
+  DType out;
+  const std::string& where;
+};
+
+using PointFn = Elem (*)(const Elem* x, const PointCtx& c);
+
+Elem real(float f) { return Elem{f, 0}; }
+Elem integer(int64_t i) { return Elem{0, i}; }
+Elem boolean(bool b) { return Elem{0, b ? 1 : 0}; }
+
+// An f32 math function as PyTorch defines it, evaluated in double and rounded once.
+template <typename F>
+Elem in_double(const Elem* x, F f) {
+  return real(static_cast<float>(f(static_cast<double>(x[0].f))));
+}
+
+template <typename Cmp>
+Elem compare(const Elem* x, const PointCtx& c, Cmp cmp) {
+  return boolean(c.in == DType::f32 ? cmp(x[0].f, x[1].f) : cmp(x[0].i, x[1].i));
+}
+
+Elem point_add(const Elem* x, const PointCtx& c) {
+  if (c.in == DType::f32) return real(x[0].f + x[1].f);
+  return integer(fit_int(wrap_add(x[0].i, x[1].i), c.out));
+}
+Elem point_sub(const Elem* x, const PointCtx& c) {
+  if (c.in == DType::f32) return real(x[0].f - x[1].f);
+  return integer(fit_int(wrap_sub(x[0].i, x[1].i), c.out));
+}
+Elem point_mul(const Elem* x, const PointCtx& c) {
+  if (c.in == DType::f32) return real(x[0].f * x[1].f);
+  return integer(fit_int(wrap_mul(x[0].i, x[1].i), c.out));
+}
+Elem point_div(const Elem* x, const PointCtx& c) {
+  if (c.in == DType::f32) return real(x[0].f / x[1].f);
+  const int64_t a = x[0].i, b = x[1].i;
+  if (b == 0) fail("{}: integer division by zero", c.where);
+  // The one overflowing quotient wraps, like the other ops.
+  if (b == -1) return integer(fit_int(wrap_sub(0, a), c.out));
+  return integer(fit_int(a / b, c.out));
+}
+Elem point_maximum(const Elem* x, const PointCtx& c) {
+  if (c.in == DType::f32) return real(max_f32(x[0].f, x[1].f));
+  return integer(std::max(x[0].i, x[1].i));
+}
+Elem point_eq(const Elem* x, const PointCtx& c) { return compare(x, c, std::equal_to<>()); }
+Elem point_ne(const Elem* x, const PointCtx& c) { return compare(x, c, std::not_equal_to<>()); }
+Elem point_lt(const Elem* x, const PointCtx& c) { return compare(x, c, std::less<>()); }
+Elem point_le(const Elem* x, const PointCtx& c) { return compare(x, c, std::less_equal<>()); }
+Elem point_gt(const Elem* x, const PointCtx& c) { return compare(x, c, std::greater<>()); }
+Elem point_ge(const Elem* x, const PointCtx& c) { return compare(x, c, std::greater_equal<>()); }
+Elem point_logical_and(const Elem* x, const PointCtx&) {
+  return boolean(x[0].i != 0 && x[1].i != 0);
+}
+Elem point_logical_or(const Elem* x, const PointCtx&) {
+  return boolean(x[0].i != 0 || x[1].i != 0);
+}
+Elem point_logical_not(const Elem* x, const PointCtx&) { return boolean(x[0].i == 0); }
+Elem point_relu(const Elem* x, const PointCtx& c) {
+  if (c.in != DType::f32) return integer(x[0].i > 0 ? x[0].i : 0);
+  const float v = x[0].f;
+  return real(std::isnan(v) ? v : (v > 0.0f ? v : 0.0f));
+}
+Elem point_neg(const Elem* x, const PointCtx& c) {
+  if (c.in == DType::f32) return real(-x[0].f);
+  return integer(fit_int(wrap_sub(0, x[0].i), c.out));
+}
+Elem point_exp(const Elem* x, const PointCtx&) {
+  return in_double(x, [](double v) { return std::exp(v); });
+}
+Elem point_sqrt(const Elem* x, const PointCtx&) { return real(std::sqrt(x[0].f)); }
+Elem point_log(const Elem* x, const PointCtx&) {
+  return in_double(x, [](double v) { return std::log(v); });
+}
+Elem point_tanh(const Elem* x, const PointCtx&) {
+  return in_double(x, [](double v) { return std::tanh(v); });
+}
+Elem point_erf(const Elem* x, const PointCtx&) {
+  return in_double(x, [](double v) { return std::erf(v); });
+}
+Elem point_sigmoid(const Elem* x, const PointCtx&) {
+  return in_double(x, [](double v) { return 1.0 / (1.0 + std::exp(-v)); });
+}
+Elem point_gelu(const Elem* x, const PointCtx&) {
+  constexpr double kSqrtHalf = 0.70710678118654752440;  // 1/√2
+  return in_double(x, [](double v) { return 0.5 * v * (1.0 + std::erf(v * kSqrtHalf)); });
+}
+Elem point_gelu_tanh(const Elem* x, const PointCtx&) {
   constexpr double kSqrt2OverPi = 0.79788456080286535588;  // √(2/π)
+  return in_double(x, [](double v) {
+    return 0.5 * v * (1.0 + std::tanh(kSqrt2OverPi * (v + 0.044715 * v * v * v)));
+  });
+}
+Elem point_silu(const Elem* x, const PointCtx&) {
+  return in_double(x, [](double v) { return v / (1.0 + std::exp(-v)); });
+}
+Elem point_select(const Elem* x, const PointCtx&) { return x[0].i != 0 ? x[1] : x[2]; }
+// f32 -> integer truncates (f32_to_int), i64 -> i32 wraps, -> bool is "nonzero".
+Elem point_cast(const Elem* x, const PointCtx& c) {
+  if (c.in == DType::f32) {
+    const float v = x[0].f;
+    if (c.out == DType::f32) return real(v);
+    if (c.out == DType::boolean) return boolean(v != 0.0f);
+    return integer(f32_to_int(v, c.out, c.where));
+  }
+  if (c.out == DType::f32) return real(static_cast<float>(x[0].i));
+  return integer(fit_int(x[0].i, c.out));
+}
+
+// The point_<name> of each pointwise op, or nullptr.
+PointFn point_fn(OpKind kind) {
   switch (kind) {
-    case OpKind::exp:
-      return std::exp(x);
-    case OpKind::sqrt:
-      return std::sqrt(x);
-    case OpKind::log:
-      return std::log(x);
-    case OpKind::tanh:
-      return std::tanh(x);
-    case OpKind::erf:
-      return std::erf(x);
-    case OpKind::sigmoid:
-      return 1.0 / (1.0 + std::exp(-x));
-    case OpKind::gelu:
-      return 0.5 * x * (1.0 + std::erf(x * kSqrtHalf));
-    case OpKind::gelu_tanh:
-      return 0.5 * x * (1.0 + std::tanh(kSqrt2OverPi * (x + 0.044715 * x * x * x)));
-    case OpKind::silu:
-      return x / (1.0 + std::exp(-x));
+#define KILN_OP(name, ...)
+#define KILN_POINTWISE_OP(name, ...) \
+  case OpKind::name:                 \
+    return &point_##name;
+#include "ir/ops.def"
     default:
-      KILN_ASSERT(false, "bad f32 unary op");
-      return 0.0;
+      return nullptr;
   }
 }
 
-Tensor eval_unary(OpKind kind, const Tensor& x, DType dtype, const Shape& shape,
-                  const std::string& where) {
-  KILN_ASSERT(x.shape == shape, "unary result shape");
+// A pointwise op of `kind` on `in` with numpy broadcasting, into `dtype` and `shape`.
+Tensor eval_pointwise(OpKind kind, const std::vector<const Tensor*>& in, DType dtype,
+                      const Shape& shape, const std::string& where) {
+  const PointFn fn = point_fn(kind);
+  constexpr size_t kMaxOperands = 3;
+  KILN_ASSERT(fn && in.size() == static_cast<size_t>(op_info(kind).min_operands) &&
+                  in.size() <= kMaxOperands,
+              fmt::format("{} is not a pointwise op of {} operands", op_name(kind), in.size()));
+  // The operands' dtype: the last operand's (select's condition is bool, its branches not).
+  const PointCtx ctx{in.back()->dtype, dtype, where};
+  Shape broadcast = in[0]->shape;
+  for (size_t k = 0; k < in.size(); ++k) {
+    KILN_ASSERT(in[k]->dtype == ctx.in || (op_info(kind).rule == TypeRule::select && k == 0),
+                "pointwise operand dtypes differ");
+    broadcast = broadcast_shapes(broadcast, in[k]->shape);
+  }
+  KILN_ASSERT(broadcast == shape, "pointwise result shape");
+  // Each operand's flat index per result index; none for an operand of the result's shape.
+  std::vector<std::vector<int64_t>> maps(in.size());
+  for (size_t k = 0; k < in.size(); ++k)
+    if (in[k]->shape != shape) maps[k] = broadcast_index_map(in[k]->shape, shape);
   Tensor r = Tensor::zeros(dtype, shape);
   const int64_t n = r.numel();
+  Elem x[kMaxOperands];
   for (int64_t i = 0; i < n; ++i) {
-    if (kind == OpKind::cast) {
-      if (x.dtype == DType::f32) {
-        const float v = x.f[i];
-        if (dtype == DType::f32)
-          r.f[i] = v;
-        else if (dtype == DType::boolean)
-          r.ints[i] = v != 0.0f ? 1 : 0;
-        else
-          r.ints[i] = f32_to_int(v, dtype, where);
-      } else {
-        const int64_t v = x.ints[i];
-        if (dtype == DType::f32)
-          r.f[i] = static_cast<float>(v);
-        else
-          r.ints[i] = fit_int(v, dtype);
-      }
-      continue;
+    for (size_t k = 0; k < in.size(); ++k) {
+      const Tensor& t = *in[k];
+      const int64_t at = maps[k].empty() ? i : maps[k][i];
+      if (t.dtype == DType::f32)
+        x[k].f = t.f[at];
+      else
+        x[k].i = t.ints[at];
     }
-    KILN_ASSERT(x.dtype == dtype, "unary op changes the dtype");
-    if (dtype == DType::f32) {
-      const float v = x.f[i];
-      switch (kind) {
-        case OpKind::relu:
-          r.f[i] = std::isnan(v) ? v : (v > 0.0f ? v : 0.0f);
-          break;
-        case OpKind::neg:
-          r.f[i] = -v;
-          break;
-        case OpKind::exp:
-          r.f[i] = static_cast<float>(std::exp(static_cast<double>(v)));
-          break;
-        case OpKind::sqrt:
-          r.f[i] = std::sqrt(v);
-          break;
-        default:
-          r.f[i] = static_cast<float>(eval_float_unary(kind, static_cast<double>(v)));
-          break;
-      }
-    } else {
-      const int64_t v = x.ints[i];
-      switch (kind) {
-        case OpKind::relu:
-          r.ints[i] = v > 0 ? v : 0;
-          break;
-        case OpKind::neg:
-          r.ints[i] = fit_int(wrap_sub(0, v), dtype);
-          break;
-        case OpKind::logical_not:
-          r.ints[i] = v != 0 ? 0 : 1;
-          break;
-        default:
-          KILN_ASSERT(false, "bad integer unary op");
-      }
-    }
-  }
-  return r;
-}
-
-Tensor eval_select(const Tensor& cond, const Tensor& a, const Tensor& b, DType dtype,
-                   const Shape& shape) {
-  KILN_ASSERT(cond.dtype == DType::boolean && a.dtype == dtype && b.dtype == dtype,
-              "select dtypes");
-  KILN_ASSERT(broadcast_shapes(cond.shape, broadcast_shapes(a.shape, b.shape)) == shape,
-              "select result shape");
-  const std::vector<int64_t> ic = broadcast_index_map(cond.shape, shape);
-  const std::vector<int64_t> ia = broadcast_index_map(a.shape, shape);
-  const std::vector<int64_t> ib = broadcast_index_map(b.shape, shape);
-  Tensor r = Tensor::zeros(dtype, shape);
-  for (int64_t i = 0; i < r.numel(); ++i) {
-    const bool c = cond.ints[ic[i]] != 0;
+    const Elem y = fn(x, ctx);
     if (dtype == DType::f32)
-      r.f[i] = c ? a.f[ia[i]] : b.f[ib[i]];
+      r.f[i] = y.f;
     else
-      r.ints[i] = c ? a.ints[ia[i]] : b.ints[ib[i]];
+      r.ints[i] = y.i;
   }
   return r;
 }
@@ -764,10 +740,11 @@ Tensor eval_linear(const Op& op, const Tensor& x, const Tensor& w, const Tensor*
   Shape want = x.shape;
   want.back() = n;
   KILN_ASSERT(want == shape, "linear result shape");
+  // The activation as its pointwise op computes it.
   const std::string& act_name = op.str_attr("act");
-  const bool relu = act_name == "relu";
-  const OpKind act = act_name == "none" || relu ? OpKind::relu : *parse_op_kind(act_name);
-  const bool other_act = act != OpKind::relu;
+  const PointFn act = act_name == "none" ? nullptr : point_fn(*parse_op_kind(act_name));
+  const std::string where;  // f32 activations cannot fail
+  const PointCtx ctx{DType::f32, DType::f32, where};
   Tensor r = Tensor::zeros(DType::f32, shape);
   const int64_t rows =
       k == 0 ? shape_numel(Shape(x.shape.begin(), x.shape.end() - 1)) : x.numel() / k;
@@ -783,8 +760,10 @@ Tensor eval_linear(const Op& op, const Tensor& x, const Tensor& w, const Tensor*
           sum += static_cast<double>(x.f[row * k + p]) * static_cast<double>(w.f[j * k + p]);
       float y = static_cast<float>(sum);  // as matmul rounds it
       if (bias) y = y + bias->f[j];       // as a separate add would
-      if (relu) y = std::isnan(y) ? y : (y > 0.0f ? y : 0.0f);
-      if (other_act) y = static_cast<float>(eval_float_unary(act, static_cast<double>(y)));
+      if (act) {
+        const Elem e = real(y);
+        y = act(&e, ctx).f;
+      }
       r.f[row * n + j] = y;
     }
   }
@@ -1112,39 +1091,16 @@ class Interpreter {
       case OpKind::iota:
         r = eval_iota(op, dtype, shape);
         break;
-      case OpKind::add:
-      case OpKind::sub:
-      case OpKind::mul:
-      case OpKind::div:
-      case OpKind::maximum:
-      case OpKind::eq:
-      case OpKind::ne:
-      case OpKind::lt:
-      case OpKind::le:
-      case OpKind::gt:
-      case OpKind::ge:
-      case OpKind::logical_and:
-      case OpKind::logical_or:
-        r = eval_binary(op.kind, operand(op, 0), operand(op, 1), dtype, shape, at);
-        break;
-      case OpKind::logical_not:
-      case OpKind::relu:
-      case OpKind::neg:
-      case OpKind::exp:
-      case OpKind::sqrt:
-      case OpKind::log:
-      case OpKind::tanh:
-      case OpKind::erf:
-      case OpKind::sigmoid:
-      case OpKind::gelu:
-      case OpKind::gelu_tanh:
-      case OpKind::silu:
-      case OpKind::cast:
-        r = eval_unary(op.kind, operand(op, 0), dtype, shape, at);
-        break;
-      case OpKind::select:
-        r = eval_select(operand(op, 0), operand(op, 1), operand(op, 2), dtype, shape);
-        break;
+        // Every pointwise op, by its point_<name>.
+#define KILN_OP(name, ...)
+#define KILN_POINTWISE_OP(name, ...) case OpKind::name:
+#include "ir/ops.def"
+        {
+          std::vector<const Tensor*> in;
+          for (size_t i = 0; i < op.operands.size(); ++i) in.push_back(&operand(op, i));
+          r = eval_pointwise(op.kind, in, dtype, shape, at);
+          break;
+        }
       case OpKind::gather:
         r = eval_gather(operand(op, 0), operand(op, 1), shape, label(op.operands[1]));
         break;
@@ -1175,7 +1131,7 @@ class Interpreter {
       case OpKind::add_layernorm: {
         // The sum is rounded to float first, exactly as a separate add would.
         const Tensor sum =
-            eval_binary(OpKind::add, operand(op, 0), operand(op, 1), DType::f32, shape, at);
+            eval_pointwise(OpKind::add, {&operand(op, 0), &operand(op, 1)}, DType::f32, shape, at);
         r = eval_layernorm(op, sum, operand(op, 2), operand(op, 3), shape);
         break;
       }
@@ -1185,7 +1141,8 @@ class Interpreter {
         KILN_ASSERT(def >= 0 && f_.ops[static_cast<size_t>(def)].kind == OpKind::add_layernorm,
                     "add_layernorm_sum of a value no add_layernorm defines");
         const Op& norm = f_.ops[static_cast<size_t>(def)];
-        r = eval_binary(OpKind::add, operand(norm, 0), operand(norm, 1), DType::f32, shape, at);
+        r = eval_pointwise(OpKind::add, {&operand(norm, 0), &operand(norm, 1)}, DType::f32, shape,
+                           at);
         break;
       }
       case OpKind::reduce_sum:

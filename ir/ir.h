@@ -15,6 +15,8 @@
 #include <variant>
 #include <vector>
 
+#include "ir/ops.h"
+
 namespace kiln::ir {
 
 enum class DType { f32, i32, i64, boolean };
@@ -57,95 +59,9 @@ struct Symbol {
 using AttrValue = std::variant<int64_t, double, std::string, std::vector<int64_t>>;
 using Attrs = std::map<std::string, AttrValue>;  // ordered: printing is deterministic
 
-enum class OpKind {
-  // Sources.
-  weight,          // {name}: a module weight
-  constant,        // {value}: a splat scalar of the result type (usually rank 0)
-  sinusoid_table,  // (): the sinusoidal position table, result [rows, dim]
-  iota,            // {axis}: result[i...] = index along axis
-  // Elementwise with numpy broadcasting.
-  add,
-  sub,
-  mul,
-  div,
-  maximum,
-  eq,
-  ne,
-  lt,
-  le,
-  gt,
-  ge,  // comparisons -> bool
-  logical_and,
-  logical_or,
-  logical_not,
-  relu,
-  neg,
-  exp,
-  sqrt,
-  log,
-  tanh,
-  erf,
-  sigmoid,    // 1 / (1 + exp(-x))
-  gelu,       // 0.5·x·(1 + erf(x/√2)) (PyTorch's GELU)
-  gelu_tanh,  // 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) (GELU(approximate='tanh'))
-  silu,       // x·sigmoid(x)
-  select,     // (cond, a, b)
-  cast,       // to the result dtype
-  // Data movement.
-  gather,     // (table[V, D...], ids[...]) -> [..., D...]
-  transpose,  // {perm}
-  reshape,    // to the result shape (same element count)
-  slice,      // {axis, start}: result extent along axis from the result type
-  concat,     // {axis}
-  // Reductions and normalization.
-  matmul,     // batched [..., M, K] x [..., K, N] -> [..., M, N]; a rank-2 rhs broadcasts
-  softmax,    // {axis}
-  layernorm,  // (x, gamma, beta) {eps, unbiased?, eps_outside?}: over the last axis D,
-              // gamma·(x - mean) / denom + beta with var = Σ(x - mean)² / n, where
-              // n = D (unbiased absent or 0: PyTorch's nn.LayerNorm) or D - 1 (unbiased
-              // = 1: x.std(-1)'s correction; then D must not be 1), and denom =
-              // sqrt(var + eps) (eps_outside absent or 0) or sqrt(var) + eps
-              // (eps_outside = 1: the Annotated Transformer's a·(x - mean)/(std + eps) + b)
-  reduce_sum,
-  reduce_max,
-  reduce_mean,  // {axes, keepdims}
-  argmax,       // {axis}
-  // Fused ops (produced by passes; ordinary ops otherwise).
-  linear,         // (x, W[N,K], b[N]) {act}: act(x·Wᵀ + b), act "none" or an activation
-                  // op's name (is_linear_activation)
-  add_layernorm,  // (x, y, gamma, beta) {eps, unbiased?, eps_outside?}: layernorm(x + y)
-                  // with layernorm's attributes; y is x's type or broadcasts over x's
-                  // leading dims (its shape a suffix of x's)
-  // (n): the sum x + y that the add_layernorm defining n computes, as its second output
-  // (pre-norm blocks, whose residual sum feeds both the norm and the next residual). Its
-  // operand must be an add_layernorm's result, and an add_layernorm has at most one
-  // (verifier V11); compiled code writes it from the add_layernorm's kernel.
-  add_layernorm_sum,
-  attention,  // see passes/fuse_attention.h for operands and attributes
-  // Incremental decoding (one new query row per sequence; see docs/generation.md).
-  cache_write,       // (cache[T,C,D], x[N,1,D], pos i64[1]): the cache with rows
-                     // [pos, n, :] = x[n, 0, :] for n < N; N <= C, 0 <= pos < T
-  cache_attention,   // (q[N,1,H·dk], k[T,C,H·dk], v[T,C,H·dv], rows i64[N,P]) {heads, scale}:
-                     // query n attends to keys j < P at k[j, rows[n,j]]; P <= T
-  memory_attention,  // (q[N,1,H·dk], k[B,S,H·dk], v[B,S,H·dv], src_row i64[N],
-                     // key_pad bool[B,S]) {heads, scale}: query n attends to k[src_row[n]]
-};
+// OpKind, op_name, parse_op_kind and the is_* predicates (is_elementwise_fusable: what
+// fuse-elementwise may fuse into its reader's kernel): ir/ops.h (from ir/ops.def).
 
-const char* op_name(OpKind kind);
-std::optional<OpKind> parse_op_kind(std::string_view name);
-bool is_elementwise(OpKind kind);
-bool is_comparison(OpKind kind);
-bool is_unary_elementwise(OpKind kind);
-// The unary math functions defined on f32 only: exp, sqrt, log, tanh, erf, sigmoid, gelu,
-// gelu_tanh, silu.
-bool is_float_unary(OpKind kind);
-// Whether `act` names an activation that a `linear` op applies after its bias: "none",
-// "relu", "gelu", "gelu_tanh", "silu", "sigmoid" or "tanh" (each the unary op of that name).
-bool is_linear_activation(std::string_view act);
-bool is_binary_elementwise(OpKind kind);
-// Ops an elementwise kernel computes inside its expression, so that fuse-elementwise may
-// fuse them into their reader's kernel: the elementwise ops, gather, constant and iota.
-bool is_elementwise_fusable(OpKind kind);
 // The most levels of fused ops (Op::fused) below one elementwise kernel's root: bounds the
 // expression trees handed to Halide and the recursion that builds them (verifier V12).
 constexpr int kMaxFusedDepth = 64;

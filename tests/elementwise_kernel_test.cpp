@@ -44,7 +44,7 @@ std::vector<bool> no_broadcast(int rank) { return std::vector<bool>(rank, false)
 
 Node input(int index, Dtype dtype, int rank, std::vector<bool> broadcast = {}) {
   Node n;
-  n.op = "input";
+  n.kind = Node::Kind::input;
   n.input = index;
   n.dtype = dtype;
   n.rank = rank;
@@ -54,7 +54,7 @@ Node input(int index, Dtype dtype, int rank, std::vector<bool> broadcast = {}) {
 
 Node constant(double value, Dtype dtype) {
   Node n;
-  n.op = "constant";
+  n.kind = Node::Kind::constant;
   n.value = value;
   n.dtype = dtype;
   return n;
@@ -62,7 +62,7 @@ Node constant(double value, Dtype dtype) {
 
 Node iota(int64_t axis, int rank) {
   Node n;
-  n.op = "iota";
+  n.op = OpKind::iota;
   n.axis = axis;
   n.dtype = Dtype::i64;
   n.rank = rank;
@@ -72,7 +72,7 @@ Node iota(int64_t axis, int rank) {
 
 Node op(const char* name, std::vector<int> operands, Dtype dtype, int rank) {
   Node n;
-  n.op = name;
+  n.op = *ir::parse_op_kind(name);
   n.operands = std::move(operands);
   n.dtype = dtype;
   n.rank = rank;

@@ -321,7 +321,7 @@ void FunctionLowering::copy(const View& from, const View& to, const std::string&
   ElementwiseKernel k;
   k.out_rank = rank;
   ElementwiseKernel::Node n;
-  n.op = "input";
+  n.kind = ElementwiseKernel::Node::Kind::input;
   n.input = 0;
   n.dtype = node_dtype(from.type);
   n.rank = rank;
@@ -367,7 +367,7 @@ void FunctionLowering::copy_if_result(const ir::Op& op) {
   ElementwiseKernel k;
   k.out_rank = static_cast<int>(t.rank());
   ElementwiseKernel::Node n;
-  n.op = "input";
+  n.kind = ElementwiseKernel::Node::Kind::input;
   n.input = 0;
   n.dtype = node_dtype(t.dtype);
   n.rank = static_cast<int>(t.rank());

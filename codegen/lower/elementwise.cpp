@@ -36,13 +36,16 @@ void lower_elementwise(FunctionLowering& L, const ir::Op& op) {
     n.dtype = node_dtype(t.dtype);
     n.rank = static_cast<int>(t.rank());
     if (is_root || (d && L.inlined(v))) {
-      n.op = ir::op_name(d->kind);
-      if (d->kind == OpKind::constant) n.value = d->float_attr("value");
+      n.op = d->kind;
+      if (d->kind == OpKind::constant) {
+        n.kind = ElementwiseKernel::Node::Kind::constant;
+        n.value = d->float_attr("value");
+      }
       if (d->kind == OpKind::iota) n.axis = d->int_attr("axis");
       if (d->kind == OpKind::gather) n.table_rows = f.type(d->operands[0]).shape[0].value;
       for (ir::ValueId o : d->operands) n.operands.push_back(node(o, false));
     } else {
-      n.op = "input";
+      n.kind = ElementwiseKernel::Node::Kind::input;
       auto it = std::find(inputs.begin(), inputs.end(), v);
       n.input = static_cast<int>(it - inputs.begin());
       if (it == inputs.end()) inputs.push_back(v);

@@ -78,13 +78,14 @@ void lower_transpose(FunctionLowering& L, const ir::Op& op) {
   ElementwiseKernel k;
   k.out_rank = rank;
   ElementwiseKernel::Node in;
-  in.op = "input";
+  in.kind = ElementwiseKernel::Node::Kind::input;
   in.input = 0;
   in.dtype = node_dtype(type.dtype);
   in.rank = rank;
   in.broadcast.assign(static_cast<size_t>(rank), false);
   ElementwiseKernel::Node t = in;
-  t.op = "transpose";
+  t.kind = ElementwiseKernel::Node::Kind::op;
+  t.op = OpKind::transpose;
   t.input = -1;
   t.broadcast.clear();
   t.operands = {0};
