@@ -1,7 +1,7 @@
 # kiln_add_model(<target> (MODEL <model> | SOURCES <file.cpp>... | KIR <file.kir>)
 #                [CONFIG <config>] [SET key=value...] [TARGET <halide-target>]
 #                [WEIGHTS f32|bf16]
-#                [NAME <library-name>])
+#                [NAME <library-name>] [JOBS <n>])
 #
 # Gets a model's IR, compiles it with `kiln compile`, and defines <target>: a library to
 # link that brings the generated header (<name>.h), the static library and kiln's runtime.
@@ -12,7 +12,10 @@
 #            writes the IR;
 #   KIR      an IR file.
 # CONFIG and SET pick the config and override its keys (MODEL and SOURCES; the default
-# config is the model's only config, or base). The .kir that is compiled is
+# config is the model's only config, or base). JOBS is how many kernels `kiln compile`
+# compiles at once (`-j`); without it, the variable KILN_MODEL_JOBS where set, else one
+# per CPU. A build that runs several compiles at once (ninja -j2 over several models) sets
+# a small value so that they do not oversubscribe the machine. The .kir that is compiled is
 # the target's property KILN_KIR (e.g. for `kiln run` with the interpreter); the target
 # <target>_kir writes it without compiling.
 #
@@ -20,7 +23,7 @@
 #   kiln_add_model(gpt SOURCES gpt.cpp CONFIG small SET max_len=256)
 #   target_link_libraries(app PRIVATE translator gpt)   # then: #include "gpt.h"
 function(kiln_add_model target)
-  cmake_parse_arguments(ARG "" "MODEL;CONFIG;KIR;TARGET;NAME;WEIGHTS" "SET;SOURCES" ${ARGN})
+  cmake_parse_arguments(ARG "" "MODEL;CONFIG;KIR;TARGET;NAME;WEIGHTS;JOBS" "SET;SOURCES" ${ARGN})
   if(ARG_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "kiln_add_model: unknown arguments: ${ARG_UNPARSED_ARGUMENTS}")
   endif()
@@ -45,6 +48,17 @@ function(kiln_add_model target)
   endif()
   if(NOT ARG_NAME)
     set(ARG_NAME ${target})
+  endif()
+  if(NOT ARG_JOBS AND KILN_MODEL_JOBS)
+    set(ARG_JOBS ${KILN_MODEL_JOBS})
+  endif()
+  set(jobs_option)
+  if(ARG_JOBS)
+    if(NOT ARG_JOBS MATCHES "^[1-9][0-9]*$")
+      message(FATAL_ERROR "kiln_add_model(${target}): JOBS must be a whole number >= 1, got "
+                          "'${ARG_JOBS}'")
+    endif()
+    set(jobs_option -j ${ARG_JOBS})
   endif()
   set(out ${CMAKE_CURRENT_BINARY_DIR}/${target}.kiln)
   set(lib ${out}/lib${ARG_NAME}.a)
@@ -90,7 +104,8 @@ function(kiln_add_model target)
   add_custom_command(
     OUTPUT ${lib} ${header}
     COMMAND ${CMAKE_COMMAND} -E make_directory ${out}
-    COMMAND kiln::kiln compile ${kir} --target ${ARG_TARGET} --weights ${ARG_WEIGHTS} --name ${ARG_NAME} -o ${out}
+    COMMAND kiln::kiln compile ${kir} --target ${ARG_TARGET} --weights ${ARG_WEIGHTS} --name ${ARG_NAME}
+            ${jobs_option} -o ${out}
     DEPENDS kiln::kiln ${kir}
     COMMENT "kiln: compiling model ${target}"
     VERBATIM)

@@ -1,7 +1,6 @@
 // Kernel names, signatures, and AOT compilation of kernels and the Halide runtime.
 #include "codegen/kernels.h"
 
-#include <cstdlib>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -267,40 +266,21 @@ std::string bf16_target_problem(const std::string& target) {
   return "";
 }
 
-namespace {
-// A bf16 linear kernel: Halide 14 emits vdpbf16ps only for avx512_sapphirerapids, whose
-// LLVM CPU (sapphirerapids) may also emit AVX512-FP16 instructions, which AMD Zen 4/5 lack.
-// So the kernel is generated as LLVM IR for that target (the IR names no CPU) and
-// compiled by llc for LLVM's cooperlake: AVX-512 with BF16 and VNNI, no FP16, no AMX.
-void compile_bf16_kernel(KernelPipeline kp, const Halide::Target& t,
-                         const std::string& function_name, const std::string& object_path) {
-  const std::string ll = object_path + ".ll";
-  kp.pipeline.compile_to_llvm_assembly(ll, kp.args, function_name,
-                                       t.with_feature(Halide::Target::AVX512_SapphireRapids));
-  const std::string cmd =
-      fmt::format("llc-14 -O3 -mcpu=cooperlake -relocation-model=pic -filetype=obj '{}' -o '{}'",
-                  ll, object_path);
-  const int status = std::system(cmd.c_str());
-  std::remove(ll.c_str());
-  if (status != 0)
-    fail(
-        "compiling bf16 kernel {} with llc-14 failed (exit status {}; is Debian's llvm-14 "
-        "installed?): {}",
-        function_name, status, cmd);
-}
-}  // namespace
-
-void compile_kernel(const KernelSpec& spec, const std::string& target,
-                    const std::string& function_name, const std::string& object_path) {
+KernelOutput compile_kernel(const KernelSpec& spec, const std::string& target,
+                            const std::string& function_name, const std::string& object_path) {
   Halide::Target t = parse_target(target).with_feature(Halide::Target::NoRuntime);
   try {
     const auto* linear = std::get_if<LinearKernel>(&spec);
     if (linear && linear->bf16) {
       const std::string problem = bf16_target_problem(target);
       if (!problem.empty()) fail("{}", problem);
-      compile_bf16_kernel(build_kernel(spec, t.with_feature(Halide::Target::AVX512_SapphireRapids)),
-                          t, function_name, object_path);
-      return;
+      // LLVM IR for avx512_sapphirerapids (it names no CPU), compiled by llc for cooperlake:
+      // AVX-512 with BF16 and VNNI, no FP16, no AMX (see KernelOutput).
+      const Halide::Target sapphire = t.with_feature(Halide::Target::AVX512_SapphireRapids);
+      KernelPipeline kp = build_kernel(spec, sapphire);
+      KernelOutput out{object_path + ".ll", "cooperlake"};
+      kp.pipeline.compile_to_llvm_assembly(out.llvm_assembly, kp.args, function_name, sapphire);
+      return out;
     }
     KernelPipeline kp = build_kernel(spec, t);
     if (t.has_gpu_feature()) {
@@ -318,6 +298,7 @@ void compile_kernel(const KernelSpec& spec, const std::string& target,
             kGpuMaxSharedBytesPerBlock);
     }
     kp.pipeline.compile_to_object(object_path, kp.args, function_name, t);
+    return {};
   } catch (const Halide::CompileError& e) {
     fail("halide failed to compile kernel {}: {}", function_name, e.what());
   } catch (const Halide::InternalError& e) {

@@ -207,11 +207,22 @@ std::string kind_without_gpu_schedule(const KernelSpec& spec);
 constexpr int kGpuMaxThreadsPerBlock = 1024;
 constexpr int64_t kGpuMaxSharedBytesPerBlock = 48 * 1024;
 
+// What compile_kernel wrote: the object itself, or (a bf16 linear kernel) LLVM assembly
+// that the caller compiles into the object with `llc-14 -O3 -mcpu=LLC_CPU
+// -relocation-model=pic -filetype=obj`. Halide 14 emits vdpbf16ps only for
+// avx512_sapphirerapids, whose LLVM CPU may also emit AVX512-FP16 instructions, which AMD
+// Zen 4/5 lack; the IR names no CPU, and llc compiles it for LLVM's cooperlake.
+struct KernelOutput {
+  std::string llvm_assembly;  // "" when the object is written
+  std::string llc_cpu;
+};
+
 // Compiles `spec` for `target` (a Halide target string; "host" = this machine) into an
 // object file at `object_path` defining `function_name` (and `function_name_argv`),
-// without the Halide runtime (see compile_runtime). Throws kiln::Error on failure.
-void compile_kernel(const KernelSpec& spec, const std::string& target,
-                    const std::string& function_name, const std::string& object_path);
+// without the Halide runtime (see compile_runtime), or into LLVM assembly at
+// `object_path`.ll (see KernelOutput). Runs no other program. Throws kiln::Error on failure.
+KernelOutput compile_kernel(const KernelSpec& spec, const std::string& target,
+                            const std::string& function_name, const std::string& object_path);
 
 // Compiles Halide's runtime for `target` into one object shared by all kernels.
 void compile_runtime(const std::string& target, const std::string& object_path);

@@ -19,7 +19,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
-using testing::run_shell;
+using testing::run_cli;
 using ::testing::StartsWith;
 
 std::string read_file(const fs::path& p) {
@@ -37,11 +37,9 @@ std::map<std::string, std::string> snapshot(const fs::path& dir) {
 
 std::string source(const std::string& f) { return std::string(KILN_TEST_DATA_DIR) + "/" + f; }
 
-// A shell prefix under which a write past `blocks` KiB fails with EFBIG ("File too
-// large") instead of killing the process (SIGXFSZ ignored, which kiln inherits).
-std::string file_size_limit(int blocks) {
-  return "trap \"\" XFSZ; ulimit -f " + std::to_string(blocks) + "; ";
-}
+// Options under which a write past `blocks` KiB fails with EFBIG ("File too large")
+// instead of killing the process (SIGXFSZ ignored, which kiln inherits).
+testing::CliOptions file_size_limit(int blocks) { return {.file_size_limit = blocks * 1024LL}; }
 
 class CliIoTest : public ::testing::Test {
  protected:
@@ -59,13 +57,13 @@ class CliIoTest : public ::testing::Test {
 
 // Writing IR to a full device or a full standard output is an error, not exit 0.
 TEST_F(CliIoTest, FullDeviceAndFullStandardOutputAreErrors) {
-  auto r = run_shell("%kiln opt " + source("abi/dtypes.kir") + " -o /dev/full");
+  auto r = run_cli("%kiln opt " + source("abi/dtypes.kir") + " -o /dev/full");
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_EQ(r.output, "kiln: error: cannot write '/dev/full': No space left on device\n");
-  r = run_shell("%kiln emit transformer --config tiny 2>&1 >/dev/full", false);
+  r = run_cli("%kiln emit transformer --config tiny", {.stdout_path = "/dev/full"});
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_EQ(r.output, "kiln: error: cannot write to standard output: No space left on device\n");
-  r = run_shell("%kiln inspect " + source("abi/dtypes.kir") + " --ops 2>&1 >/dev/full", false);
+  r = run_cli("%kiln inspect " + source("abi/dtypes.kir") + " --ops", {.stdout_path = "/dev/full"});
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_THAT(r.output, StartsWith("kiln: error: cannot write to standard output"));
 }
@@ -74,14 +72,14 @@ TEST_F(CliIoTest, FullDeviceAndFullStandardOutputAreErrors) {
 // earlier complete version), and no temporary file beside it.
 TEST_F(CliIoTest, FailedWritesLeaveNoPartialFile) {
   const std::string kir = path("m.kir");
-  auto r = run_shell(file_size_limit(0) + "%kiln emit transformer --config tiny -o " + kir);
+  auto r = run_cli("%kiln emit transformer --config tiny -o " + kir, file_size_limit(0));
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_EQ(r.output, "kiln: error: cannot write '" + kir + "': File too large\n");
   EXPECT_TRUE(snapshot(dir_).empty());
 
-  ASSERT_EQ(run_shell("%kiln emit transformer --config tiny -o " + kir).status, 0);
+  ASSERT_EQ(run_cli("%kiln emit transformer --config tiny -o " + kir).status, 0);
   const auto before = snapshot(dir_);
-  r = run_shell(file_size_limit(1) + "%kiln emit transformer --config small -o " + kir);
+  r = run_cli("%kiln emit transformer --config small -o " + kir, file_size_limit(1));
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_EQ(snapshot(dir_), before);
 
@@ -90,9 +88,10 @@ TEST_F(CliIoTest, FailedWritesLeaveNoPartialFile) {
   rt::write_safetensors(path("in.safetensors"),
                         {rt::make_f32("x", {3, 5}, std::vector<float>(15, 1.f))});
   const auto inputs = snapshot(dir_);
-  r = run_shell(file_size_limit(0) + "%kiln run " + source("abi/dtypes.kir") +
-                " --function floats --weights " + path("w.safetensors") + " --inputs " +
-                path("in.safetensors") + " -o " + path("out.safetensors"));
+  r = run_cli("%kiln run " + source("abi/dtypes.kir") + " --function floats --weights " +
+                  path("w.safetensors") + " --inputs " + path("in.safetensors") + " -o " +
+                  path("out.safetensors"),
+              file_size_limit(0));
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_THAT(r.output, HasSubstr("kiln: error: cannot write '" + path("out.safetensors") +
                                   "': File too large"));
@@ -104,28 +103,31 @@ TEST_F(CliIoTest, FailedWritesLeaveNoPartialFile) {
 // its header and the directory as they were.
 TEST_F(CliIoTest, FailedCompileLeavesTheOutputDirectoryAsItWas) {
   const std::string out = path("out");
-  auto r = run_shell("%kiln compile " + source("abi/dtypes.kir") + " -o " + out);
+  auto r = run_cli("%kiln compile " + source("abi/dtypes.kir") + " -o " + out);
   ASSERT_EQ(r.status, 0) << r.output;
   const auto good = snapshot(out);
   ASSERT_TRUE(good.count("libabi_dtypes.a") && good.count("abi_dtypes.h"));
 
-  r = run_shell(file_size_limit(0) + "%kiln compile " + source("abi/dtypes.kir") + " -o " + out);
+  // -j 1: the first kernel is the first step that writes (with more at once, Halide's
+  // runtime could fail first).
+  r = run_cli("%kiln compile " + source("abi/dtypes.kir") + " -j 1 -o " + out, file_size_limit(0));
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_EQ(r.signal, 0);
   EXPECT_THAT(r.output, HasSubstr("kiln: error: compiling kernel abi_dtypes_kiln_"));
   EXPECT_EQ(snapshot(out), good);
 
   // A target whose objects the host linker cannot link: the shared library fails last.
-  r = run_shell("%kiln compile " + source("abi/dtypes.kir") +
-                " --target arm-64-linux --emit=static,shared -o " + out);
+  r = run_cli("%kiln compile " + source("abi/dtypes.kir") +
+              " --target arm-64-linux --emit=static,shared -o " + out);
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_THAT(r.output, HasSubstr("kiln: error: linking the shared library failed"));
   EXPECT_EQ(snapshot(out), good);
 
-  r = run_shell("CXX=/bin/false %kiln compile " + source("abi/dtypes.kir") +
-                " --emit=static,shared,ir -o " + out);
+  r = run_cli("CXX=/bin/false %kiln compile " + source("abi/dtypes.kir") +
+              " --emit=static,shared,ir -o " + out);
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_THAT(r.output, HasSubstr("kiln: error: compiling the generated glue and header failed"));
+  EXPECT_THAT(r.output, HasSubstr("failed (false exited with status 1): /bin/false -std=c++17"));
   EXPECT_EQ(snapshot(out), good);
 }
 
@@ -143,13 +145,13 @@ TEST_F(CliIoTest, ExpectCountsNanAsMismatch) {
   rt::write_safetensors(path("zero.safetensors"), {rt::make_f32("y", {2}, {0.f, 2.f})});
   const std::string run = "%kiln run " + path("sqrt.kir") + " --function f --weights " +
                           path("w.safetensors") + " --inputs " + path("in.safetensors");
-  auto r = run_shell(run + " --expect " + path("zero.safetensors"));
+  auto r = run_cli(run + " --expect " + path("zero.safetensors"));
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_THAT(r.output, HasSubstr("y: 1 NaN or infinite element(s) where " +
                                   path("zero.safetensors") + " has another value (MISMATCH)"));
   EXPECT_THAT(r.output, HasSubstr("(MISMATCH <= 0.0001)"));
   // NaN where NaN is expected matches.
-  r = run_shell(run + " --expect " + path("nan.safetensors"));
+  r = run_cli(run + " --expect " + path("nan.safetensors"));
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_THAT(r.output,
               HasSubstr("y: max abs error 0 vs " + path("nan.safetensors") + " (match <= 0.0001)"));

@@ -1,15 +1,18 @@
 // The `kiln` CLI end to end: help, emit | inspect, run with the interpreter, and clear
 // one-line errors (non-zero exit) for bad models, keys, files and token ids.
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <string>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "runtime/safetensors.h"
+#include "tests/cli_run.h"
 
 namespace kiln {
 namespace {
@@ -23,22 +26,21 @@ struct Result {
   std::string output;  // stdout and stderr
 };
 
-std::string kiln_bin() { return std::string(KILN_BINARY_DIR) + "/tools/kiln"; }
 std::string golden(const std::string& f) {
   return std::string(KILN_TEST_DATA_DIR) + "/golden/" + f;
 }
 
-Result run(const std::string& args) {
-  std::string cmd = kiln_bin() + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  Result r{-1, {}};
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+// Runs kiln with `args` (words separated by spaces; the tests' paths hold none).
+Result run(const std::string& args, const testing::CliOptions& options = {}) {
+  const testing::CliResult r = testing::run_cli("%kiln " + args, options);
+  return {r.status, r.output};
+}
+
+// `kiln FIRST | kiln SECOND`: SECOND reads what FIRST wrote to its standard output.
+Result pipe(const std::string& first, const std::string& second) {
+  const testing::CliResult a = testing::run_cli("%kiln " + first, {.join_stderr = false});
+  if (a.status != 0) return {a.status, a.output + a.errors};
+  return run(second, {.input = a.output});
 }
 
 class CliTest : public ::testing::Test {
@@ -69,13 +71,13 @@ TEST_F(CliTest, HelpForEveryCommand) {
 }
 
 TEST_F(CliTest, EmitBaseIntoInspect) {
-  Result r = run("emit transformer --config base | " + kiln_bin() + " inspect -");
+  Result r = pipe("emit transformer --config base", "inspect -");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("weights: 260 tensors, 93,324,544 parameters"));
   EXPECT_THAT(r.output, HasSubstr("entry point forward(%src: i64[B,S], %tgt: i64[B,T]) -> "
                                   "(%logits: f32[B,T,32000])"));
   EXPECT_THAT(r.output, HasSubstr("entry point encode(%src: i64[B,S]) -> (%memory: f32[B,S,512])"));
-  Result ops = run("emit transformer --config base | " + kiln_bin() + " inspect - --ops");
+  Result ops = pipe("emit transformer --config base", "inspect - --ops");
   ASSERT_EQ(ops.status, 0) << ops.output;
   // 18 attention blocks, each with one softmax, in forward; 6 in encode.
   EXPECT_THAT(ops.output, HasSubstr("forward softmax 18\n"));
@@ -326,6 +328,55 @@ TEST_F(CliTest, GptBlockFusesAndCompiledMatchesInterpreter) {
   std::printf("%s", r.output.c_str());  // the error, for the record
 }
 
+// Issue 24: kiln compile calls its toolchain from argv lists, never through a shell, so an
+// output directory whose name holds a space, both quotes and a `$` works: the library is
+// written (static, shared, IR) and `kiln run --compiled` runs it. Kernels compile two at
+// a time (-j 2); -j 0 is an error.
+TEST_F(CliTest, CompileIntoDirectoryWithSpaceQuotesAndDollar) {
+  ASSERT_EQ(run("emit transformer --config tiny -o " + path("tiny.kir")).status, 0);
+  const std::string out = path("out dir 'single' \"double\" $HOME $(false) `false`");
+  const testing::CliResult c =
+      testing::run_argv({"%kiln", "compile", path("tiny.kir"), "--emit=static,shared,ir", "--name",
+                         "tiny", "-j", "2", "-o", out});
+  ASSERT_EQ(c.status, 0) << c.output;
+  EXPECT_THAT(c.output, HasSubstr("kiln compile: [1/"));
+  for (const char* f : {"libtiny.a", "libtiny.so", "tiny.h", "tiny.kir"})
+    EXPECT_TRUE(std::filesystem::exists(out + "/" + f)) << f;
+  // Nothing else was created beside it (a word of the name taken for a path).
+  std::set<std::string> entries;
+  for (const auto& e : std::filesystem::directory_iterator(dir_))
+    entries.insert(e.path().filename().string());
+  EXPECT_EQ(entries,
+            (std::set<std::string>{"tiny.kir", std::filesystem::path(out).filename().string()}));
+  const testing::CliResult r = testing::run_argv(
+      {"%kiln", "run", "--compiled", out, "--function", "forward", "--weights",
+       golden("tiny.weights.safetensors"), "--inputs", golden("tiny_b1.inputs.safetensors"),
+       "--expect", golden("tiny_b1.expected.safetensors")});
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("(match <= 0.0001)"));
+  EXPECT_EQ(run("compile " + path("tiny.kir") + " -j 0 -o " + path("zero")).output,
+            "kiln: error: compile: -j must be a whole number >= 1, got '0'\n");
+}
+
+// Issue 24: SIGINT during kiln compile kills the kernel compiles it started, removes what
+// it wrote (the staging directory and the output directory it created) and ends kiln by
+// the signal itself.
+TEST_F(CliTest, InterruptedCompileCleansUpAndDiesOfTheSignal) {
+  ASSERT_EQ(run("emit transformer --config base -o " + path("base.kir")).status, 0);
+  const std::string out = path("interrupted");
+  // timeout sends SIGINT after 3 s (the base model's kernels take far longer) and, with
+  // --preserve-status, exits as kiln did: 128 + SIGINT for a death by the signal.
+  const testing::CliResult r =
+      testing::run_argv({"timeout", "--preserve-status", "-s", "INT", "3", testing::kiln_binary(),
+                         "compile", path("base.kir"), "-j", "2", "-o", out});
+  EXPECT_EQ(r.status, 128 + SIGINT) << r.output;
+  EXPECT_THAT(r.output, Not(HasSubstr("kiln: error")));
+  EXPECT_FALSE(std::filesystem::exists(out));
+  // No compile of this output directory is left running (they all name it in argv).
+  const ProcessResult left = run_process({"pgrep", "-f", out});
+  EXPECT_EQ(left.exit_code(), 1) << left.out;
+}
+
 TEST_F(CliTest, CompileErrorsNameTheProblem) {
   // What the interpreter runs but compiled code does not (i32 tensors): the op and its line.
   FILE* f = fopen(path("i32.kir").c_str(), "w");
@@ -397,8 +448,8 @@ TEST_F(CliTest, CompileHandlesNamesThatAreNotCppFriendly) {
 
 // `kiln opt` output is byte-identical across runs.
 TEST_F(CliTest, OptIsDeterministic) {
-  Result a = run("emit transformer --config base | " + kiln_bin() + " opt -");
-  Result b = run("emit transformer --config base | " + kiln_bin() + " opt -");
+  Result a = pipe("emit transformer --config base", "opt -");
+  Result b = pipe("emit transformer --config base", "opt -");
   ASSERT_EQ(a.status, 0);
   EXPECT_EQ(a.output, b.output);
   EXPECT_THAT(a.output, HasSubstr("attention("));
@@ -454,7 +505,8 @@ TEST_F(CliTest, DirectoriesAndDevicesAreNotFiles) {
     EXPECT_EQ(r.output, "kiln: error: " + c.message + "\n") << c.args;
   }
   // A pipe is still read (process substitution, `-`).
-  Result piped = run("inspect - < " + path("tiny.kir"));
+  std::ifstream kir(path("tiny.kir"), std::ios::binary);
+  Result piped = run("inspect -", {.input = std::string(std::istreambuf_iterator<char>(kir), {})});
   EXPECT_EQ(piped.status, 0) << piped.output;
 }
 

@@ -30,7 +30,7 @@ namespace {
 using testing::CliResult;
 using ::testing::HasSubstr;
 using ::testing::Not;
-using testing::run_shell;
+using testing::run_cli;
 
 std::string gpu_kir(const std::string& f) { return std::string(KILN_TEST_DATA_DIR) + "/gpu/" + f; }
 
@@ -101,8 +101,8 @@ class GpuCli : public ::testing::Test {
 
   // Compiles `kir` for `target` into path(out) as a shared library.
   CliResult compile(const std::string& kir, const std::string& target, const std::string& out) {
-    return run_shell("%kiln compile " + kir + " --target " + target + " --emit=shared -o " +
-                     path(out));
+    return run_cli("%kiln compile " + kir + " --target " + target + " --emit=shared -o " +
+                   path(out));
   }
 
   // Runs `function` of `kir` with the interpreter and of the library in path(out) with
@@ -117,10 +117,10 @@ class GpuCli : public ::testing::Test {
     write_random_inputs(m, function, sizes, /*seed=*/7, in);
     const std::string args =
         " --function " + function + " --weights " + path("w.safetensors") + " --inputs " + in;
-    const CliResult interpreted = run_shell("%kiln run " + kir + args + " -o " + ref);
+    const CliResult interpreted = run_cli("%kiln run " + kir + args + " -o " + ref);
     ASSERT_EQ(interpreted.status, 0) << interpreted.output;
-    const CliResult compiled = run_shell("%kiln run --compiled " + path(out) + args + " --expect " +
-                                         ref + " --atol " + std::to_string(atol));
+    const CliResult compiled = run_cli("%kiln run --compiled " + path(out) + args + " --expect " +
+                                       ref + " --atol " + std::to_string(atol));
     EXPECT_EQ(compiled.status, 0) << compiled.output;
     EXPECT_THAT(compiled.output, HasSubstr("match <= "));
     EXPECT_THAT(compiled.output, Not(HasSubstr("MISMATCH")));
@@ -135,13 +135,13 @@ class GpuCli : public ::testing::Test {
 // kiln-run, which runs every compiled library, links no libHalide (nor any LLVM): a GPU
 // driver's LLVM (pocl's) next to libHalide's crashes.
 TEST_F(GpuCli, KilnRunLinksNoHalide) {
-  const CliResult ldd = run_shell("ldd " + std::string(KILN_BINARY_DIR) + "/tools/kiln-run");
+  const CliResult ldd = run_cli("ldd " + std::string(KILN_BINARY_DIR) + "/tools/kiln-run");
   ASSERT_EQ(ldd.status, 0) << ldd.output;
   EXPECT_THAT(ldd.output, HasSubstr("libc.so"));
   EXPECT_THAT(ldd.output, Not(HasSubstr("Halide")));
   EXPECT_THAT(ldd.output, Not(HasSubstr("LLVM")));
   // kiln itself does link it (kiln compile), so it must hand compiled runs over.
-  const CliResult kiln = run_shell("ldd " + testing::kiln_binary());
+  const CliResult kiln = run_cli("ldd " + testing::kiln_binary());
   EXPECT_THAT(kiln.output, HasSubstr("Halide"));
 }
 
@@ -185,22 +185,22 @@ std::string golden(const std::string& f) {
 // encode), and `kiln translate` with it gives the reference beam search's ids.
 TEST_F(GpuCli, OpenCLTinyGoldenMatchesPyTorch) {
   if (!testing::opencl_device_present()) GTEST_SKIP() << "no OpenCL device";
-  ASSERT_EQ(run_shell("%kiln emit transformer --config tiny -o " + path("tiny.kir")).status, 0);
+  ASSERT_EQ(run_cli("%kiln emit transformer --config tiny -o " + path("tiny.kir")).status, 0);
   const CliResult c = compile(path("tiny.kir"), "host-opencl", "out");
   ASSERT_EQ(c.status, 0) << c.output;
   for (const char* batch : {"tiny_b1", "tiny_b2"})
     for (const char* fn : {"forward", "encode"}) {
       const CliResult r =
-          run_shell("%kiln run --compiled " + path("out") + " --function " + fn + " --weights " +
-                    golden("tiny.weights.safetensors") + " --inputs " +
-                    golden(std::string(batch) + ".inputs.safetensors") + " --expect " +
-                    golden(std::string(batch) + ".expected.safetensors") + " --atol 1e-4");
+          run_cli("%kiln run --compiled " + path("out") + " --function " + fn + " --weights " +
+                  golden("tiny.weights.safetensors") + " --inputs " +
+                  golden(std::string(batch) + ".inputs.safetensors") + " --expect " +
+                  golden(std::string(batch) + ".expected.safetensors") + " --atol 1e-4");
       EXPECT_EQ(r.status, 0) << batch << " " << fn << ": " << r.output;
       EXPECT_THAT(r.output, HasSubstr("(match <= 0.0001)")) << batch << " " << fn;
     }
   // Beam search over prepare and decode_step on the device (tests/golden/tiny_decode.safetensors,
   // case beam_c: start 1, end 32; its smallest score margin is 1.4e-3).
-  const CliResult t = run_shell(
+  const CliResult t = run_cli(
       "%kiln translate --compiled " + path("out") + " --weights " +
       golden("tiny.weights.safetensors") + " --inputs " + golden("tiny_decode.safetensors") +
       " --beam 3 --num-hypotheses 2 --max-len 10 --min-len 1 --length-penalty 0.6 --start-id 1 "
@@ -218,21 +218,21 @@ TEST_F(GpuCli, OpenCLTinyGoldenMatchesPyTorch) {
 // id 2) on random weights against the interpreter, forward and encode at batch 3.
 TEST_F(GpuCli, OpenCLSmallGoldenAndOddConfigMatch) {
   if (!testing::opencl_device_present()) GTEST_SKIP() << "no OpenCL device";
-  ASSERT_EQ(run_shell("%kiln emit transformer --config small -o " + path("small.kir")).status, 0);
+  ASSERT_EQ(run_cli("%kiln emit transformer --config small -o " + path("small.kir")).status, 0);
   CliResult c = compile(path("small.kir"), "host-opencl", "small");
   ASSERT_EQ(c.status, 0) << c.output;
   for (const char* fn : {"forward", "encode"}) {
-    const CliResult r = run_shell(
-        "%kiln run --compiled " + path("small") + " --function " + fn + " --weights " +
-        golden("small.weights.safetensors") + " --inputs " + golden("small_b1.inputs.safetensors") +
-        " --expect " + golden("small_b1.expected.safetensors") + " --atol 1e-4");
+    const CliResult r = run_cli("%kiln run --compiled " + path("small") + " --function " + fn +
+                                " --weights " + golden("small.weights.safetensors") + " --inputs " +
+                                golden("small_b1.inputs.safetensors") + " --expect " +
+                                golden("small_b1.expected.safetensors") + " --atol 1e-4");
     EXPECT_EQ(r.status, 0) << fn << ": " << r.output;
     EXPECT_THAT(r.output, HasSubstr("(match <= 0.0001)")) << fn;
   }
-  ASSERT_EQ(run_shell("%kiln emit transformer --config tiny --set d_model=21 --set heads=3 "
-                      "--set d_ff=13 --set src_vocab=17 --set tgt_vocab=19 --set enc_layers=1 "
-                      "--set dec_layers=2 --set pad_id=2 --set max_len=12 --set max_batch=3 -o " +
-                      path("odd.kir"))
+  ASSERT_EQ(run_cli("%kiln emit transformer --config tiny --set d_model=21 --set heads=3 "
+                    "--set d_ff=13 --set src_vocab=17 --set tgt_vocab=19 --set enc_layers=1 "
+                    "--set dec_layers=2 --set pad_id=2 --set max_len=12 --set max_batch=3 -o " +
+                    path("odd.kir"))
                 .status,
             0);
   c = compile(path("odd.kir"), "host-opencl", "odd");
@@ -255,9 +255,9 @@ TEST_F(GpuCli, OpenCLWithoutDeviceIsAnError) {
   write_random_weights(m, 1, path("w.safetensors"));
   write_random_inputs(m, "norm7", {{"R", 5}}, 3, path("in.safetensors"));
   std::filesystem::create_directories(path("no_vendors"));
-  const CliResult r = run_shell("OCL_ICD_VENDORS=" + path("no_vendors") + " %kiln run --compiled " +
-                                path("out") + " --function norm7 --weights " +
-                                path("w.safetensors") + " --inputs " + path("in.safetensors"));
+  const CliResult r = run_cli("OCL_ICD_VENDORS=" + path("no_vendors") + " %kiln run --compiled " +
+                              path("out") + " --function norm7 --weights " + path("w.safetensors") +
+                              " --inputs " + path("in.safetensors"));
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_EQ(r.signal, 0) << r.output;
   EXPECT_THAT(r.output, ::testing::StartsWith("kiln: error: ")) << r.output;
@@ -281,8 +281,8 @@ TEST_F(GpuCli, CudaRunsOrIsAClearError) {
   }
   write_random_inputs(m, "norm129", {{"R", 33}}, 3, path("in.safetensors"));
   const CliResult r =
-      run_shell("%kiln run --compiled " + path("cuda") + " --function norm129 --weights " +
-                path("w.safetensors") + " --inputs " + path("in.safetensors"));
+      run_cli("%kiln run --compiled " + path("cuda") + " --function norm129 --weights " +
+              path("w.safetensors") + " --inputs " + path("in.safetensors"));
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_EQ(r.signal, 0) << r.output;
   EXPECT_THAT(r.output, ::testing::StartsWith("kiln: error: ")) << r.output;
@@ -301,14 +301,14 @@ TEST_F(GpuCli, MissingKilnRunIsAnError) {
   const std::string message = "cannot run '" + path("bin/kiln-run") +
                               "', which runs compiled libraries for kiln (installed next to it): "
                               "No such file or directory\n";
-  const CliResult r = run_shell(kiln + " run --compiled " + path("out") +
-                                " --weights w.safetensors --inputs in.safetensors");
+  const CliResult r = run_cli(kiln + " run --compiled " + path("out") +
+                              " --weights w.safetensors --inputs in.safetensors");
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_EQ(r.output, "kiln: error: run: " + message);
-  const CliResult t = run_shell(kiln + " translate --compiled " + path("out"));
+  const CliResult t = run_cli(kiln + " translate --compiled " + path("out"));
   EXPECT_EQ(t.status, 1) << t.output;
   EXPECT_EQ(t.output, "kiln: error: translate: " + message);
-  const CliResult models = run_shell(kiln + " models");
+  const CliResult models = run_cli(kiln + " models");
   EXPECT_EQ(models.status, 0) << models.output;
   EXPECT_THAT(models.output, HasSubstr("transformer"));
 }

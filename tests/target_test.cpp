@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <map>
 #include <regex>
+#include <sstream>
 #include <string>
 
 #include <gmock/gmock.h>
@@ -13,6 +14,7 @@
 #include "codegen/halide_kernels.h"
 #include "codegen/kernels.h"
 #include "runtime/cpu_features.h"
+#include "support/process.h"
 
 namespace kiln {
 namespace {
@@ -67,15 +69,12 @@ TEST(Target, LibraryForAMissingFeatureIsRefusedAtLoad) {
 // the same way. objdump comes with binutils, which the compiler needs anyway.
 std::map<std::string, int> mnemonics(const std::string& library) {
   std::map<std::string, int> count;
-  const std::string cmd = "objdump -d --no-show-raw-insn '" + library + "'";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (!pipe) return count;
-  char line[1024];
+  const ProcessResult objdump = run_process({"objdump", "-d", "--no-show-raw-insn", library});
   const std::regex insn(R"(^\s+[0-9a-f]+:\s+([a-z][a-z0-9]*))");
-  std::cmatch m;
-  while (std::fgets(line, sizeof line, pipe))
+  std::smatch m;
+  std::istringstream lines(objdump.out);
+  for (std::string line; std::getline(lines, line);)
     if (std::regex_search(line, m, insn)) ++count[m[1].str()];
-  pclose(pipe);
   return count;
 }
 

@@ -1,5 +1,6 @@
 // The `kiln` command-line tool: emit, inspect and run models.
 #include <unistd.h>
+#include <charconv>
 
 #include <algorithm>
 #include <cerrno>
@@ -17,7 +18,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "codegen/compile.h"
+#include "driver/compile.h"
 #include "frontend/models.h"
 #include "ir/interpreter.h"
 #include "ir/parser.h"
@@ -77,7 +78,7 @@ options:
 
 constexpr const char* kCompileHelp =
     R"(usage: kiln compile FILE.kir [--target T] [--weights f32|bf16] [-o DIR] [--name NAME]
-                    [--emit=static,shared,ir]
+                    [--emit=static,shared,ir] [-j N]
 
 Runs the default pipeline, generates and compiles every kernel with Halide, and writes
 into DIR a static library libNAME.a and a header NAME.h (C++ class kiln_models::NAME with
@@ -94,6 +95,7 @@ options:
   --name NAME    library name, a C identifier (default: the module's name)
   --emit=LIST    comma list of static, shared, ir (default: static); 'shared' also writes
                  libNAME.so with the C ABI, for 'kiln run --compiled DIR'
+  -j N           compile N kernels at once, each in a child process (default: one per CPU)
 )";
 
 constexpr const char* kOptHelp =
@@ -436,9 +438,15 @@ int cmd_run(const std::vector<std::string>& argv) {
 
 int cmd_compile(const std::vector<std::string>& argv) {
   if (wants_help(argv)) return fmt::print("{}", kCompileHelp), 0;
-  Args a = Args::parse(argv, {"--target", "--weights", "-o", "--name", "--emit"}, {}, "compile");
+  Args a =
+      Args::parse(argv, {"--target", "--weights", "-o", "--name", "--emit", "-j"}, {}, "compile");
   ir::Module m = read_module(one_positional(a, "compile", "FILE"));
-  codegen::CompileOptions options;
+  driver::CompileOptions options;
+  if (auto j = a.get("-j")) {
+    auto [end, ec] = std::from_chars(j->data(), j->data() + j->size(), options.jobs);
+    if (ec != std::errc() || end != j->data() + j->size() || options.jobs < 1)
+      fail("compile: -j must be a whole number >= 1, got '{}'", *j);
+  }
   options.target = a.get("--target").value_or("host");
   options.weights = a.get("--weights").value_or("f32");
   options.out_dir = a.get("-o").value_or(".");
@@ -464,7 +472,7 @@ int cmd_compile(const std::vector<std::string>& argv) {
   options.progress = [](const std::string& line) {
     fmt::print(stderr, "kiln compile: {}\n", line);
   };
-  codegen::CompileResult r = codegen::compile_model(std::move(m), options);
+  driver::CompileResult r = driver::compile_model(std::move(m), options);
   fmt::print(stderr, "kiln compile: {} kernels in {:.1f} s\n", r.kernels, r.seconds);
   return 0;
 }

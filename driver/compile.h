@@ -1,6 +1,7 @@
 // `kiln compile`: runs the default pipeline, lowers the module, compiles every kernel
-// with Halide, and packages a static library and a header (optionally a shared library
-// and the final IR) that an application links with kiln's runtime library only.
+// with Halide (in parallel child processes), and packages a static library and a header
+// (optionally a shared library and the final IR) that an application links with kiln's
+// runtime library only. Free of Halide.
 //
 // Output in `out_dir` for model name N:
 //   libN.a   kernels, the Halide runtime, and the entry points (plan + C ABI glue)
@@ -14,7 +15,7 @@
 
 #include "ir/ir.h"
 
-namespace kiln::codegen {
+namespace kiln::driver {
 
 struct CompileOptions {
   std::string target = "host";  // a Halide target string
@@ -24,6 +25,7 @@ struct CompileOptions {
   bool emit_static = true;
   bool emit_shared = false;
   bool emit_ir = false;
+  int jobs = 0;  // child processes compiling at once (kernels, tools); 0: one per CPU
   std::function<void(const std::string&)> progress;  // one line per step; may be empty
 };
 
@@ -33,6 +35,8 @@ struct CompileResult {
   double seconds = 0;
 };
 
+// Throws kiln::Error; on SIGINT or SIGTERM it kills its children, removes what it wrote,
+// and re-raises the signal with its former disposition.
 CompileResult compile_model(ir::Module module, const CompileOptions& options);
 
 // Where this kiln finds kiln/runtime.h and libkiln_runtime.a (installed layout next to
@@ -40,4 +44,4 @@ CompileResult compile_model(ir::Module module, const CompileOptions& options);
 std::string runtime_include_dir();
 std::string runtime_library();
 
-}  // namespace kiln::codegen
+}  // namespace kiln::driver

@@ -1,0 +1,259 @@
+// `kiln compile`: the pipeline, lowering, the kernels compiled in parallel child
+// processes, the generated header and glue, and the toolchain calls that package them.
+#include "driver/compile.h"
+
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "codegen/kernels.h"
+#include "codegen/lower.h"
+#include "driver/generated_code.h"
+#include "driver/jobs.h"
+#include "ir/printer.h"
+#include "passes/pipeline.h"
+#include "runtime/plan.h"
+#include "support/error.h"
+#include "support/file_io.h"
+
+namespace kiln::driver {
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+fs::path exe_dir() {
+  std::error_code ec;
+  fs::path p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? fs::path() : p.parent_path();
+}
+
+std::string cxx() {
+  if (const char* env = std::getenv("CXX"); env && *env) return env;
+  return KILN_CXX_COMPILER;
+}
+
+CompileResult compile(ir::Module module, const CompileOptions& options, JobRunner& runner) {
+  const auto start = Clock::now();
+  auto progress = [&](const std::string& line) {
+    if (options.progress) options.progress(line);
+  };
+  CompileResult result;
+  const std::string name = options.name.empty() ? module.name : options.name;
+  if (!is_identifier(name)) fail("library name '{}' is not a C identifier (use --name)", name);
+  const std::string target = codegen::resolve_target(options.target);
+  if (options.weights != "f32" && options.weights != "bf16")
+    fail("unknown weight type '{}' (use f32 or bf16)", options.weights);
+  const bool bf16 = options.weights == "bf16";
+  if (bf16)
+    if (std::string problem = codegen::bf16_target_problem(options.target); !problem.empty())
+      fail("{}", problem);
+
+  const std::string gpu = codegen::gpu_api(options.target);
+  if (bf16 && !gpu.empty())
+    fail("bf16 weights are for the CPU (AVX512-BF16); target '{}' runs kernels on the GPU",
+         options.target);
+  const int jobs = options.jobs > 0 ? options.jobs : default_jobs();
+
+  auto t = Clock::now();
+  passes::run_passes(module, passes::default_pipeline());
+  progress(fmt::format("optimized the graph ({:.2f} s)", since(t)));
+  runner.check_interrupt();
+  codegen::LoweredModel lowered = codegen::lower_module(module, codegen::LowerOptions{bf16});
+  runner.check_interrupt();
+  if (!gpu.empty()) {
+    // Before the slow part: every kernel needs a GPU schedule (kernels.h).
+    for (const rt::FunctionDesc& f : lowered.plan.functions)
+      for (const rt::StepDesc& st : f.steps) {
+        if (st.kernel < 0) continue;
+        const std::string kind =
+            codegen::kind_without_gpu_schedule(lowered.kernels[static_cast<size_t>(st.kernel)]);
+        if (!kind.empty())
+          fail(
+              "target '{}' runs kernels on the GPU, but {} kernels have no GPU schedule yet "
+              "(entry point '{}', {})",
+              options.target, kind, f.name, st.op);
+      }
+  }
+  std::vector<int> num_outputs;
+  for (const codegen::KernelSpec& k : lowered.kernels)
+    num_outputs.push_back(codegen::kernel_num_outputs(k));
+  for (const rt::FunctionDesc& f : lowered.plan.functions)
+    check_method_name(f.name, name);  // before the slow part
+  // The runtime refuses the library on a CPU without its target's features (and, with bf16
+  // kernels, without AVX512-BF16).
+  lowered.plan.target = bf16 ? target + "-" + codegen::kBf16Feature : target;
+  // Kernel symbols carry the library name: two models can link into one application.
+  for (std::string& k : lowered.plan.kernel_names) k = name + "_" + k;
+  size_t steps = 0;
+  for (const auto& f : lowered.plan.functions) steps += f.steps.size();
+  progress(fmt::format("lowered {} entry point(s) to {} kernel calls of {} kernels",
+                       lowered.plan.functions.size(), steps, lowered.kernels.size()));
+
+  // Everything is built in a staging directory inside the output directory and moved into
+  // place file by file only once all of it exists: a failed compile leaves the output
+  // directory as it was (an earlier run's library included).
+  fs::path out_dir(options.out_dir);
+  std::error_code ec;
+  // A directory this call creates is removed again if the compile fails (and it is empty).
+  struct RemoveIfCreated {
+    fs::path dir;
+    bool keep = false;
+    ~RemoveIfCreated() {
+      std::error_code ignored;
+      if (!keep && !dir.empty()) fs::remove(dir, ignored);
+    }
+  } created{fs::exists(out_dir) ? fs::path() : out_dir};
+  fs::create_directories(out_dir, ec);
+  if (ec) fail("cannot create output directory '{}': {}", out_dir.string(), ec.message());
+  const StagingDir stage(out_dir, name);
+  const fs::path work = stage.path();
+
+  // The kernels and Halide's runtime, each in a child process, `jobs` at once. The objects
+  // keep this order in the archive whatever order they finish in.
+  std::vector<std::string> objects;
+  std::vector<Job> compiles;
+  size_t finished = 0;
+  for (size_t i = 0; i < lowered.kernels.size(); ++i) {
+    const std::string& kname = lowered.plan.kernel_names[i];
+    const std::string obj = (work / (kname + ".o")).string();
+    objects.push_back(obj);
+    Job job;
+    job.what = fmt::format("compiling kernel {}", kname);
+    job.work = [&, i, kname, obj] {
+      const codegen::KernelOutput out =
+          codegen::compile_kernel(lowered.kernels[i], target, kname, obj);
+      if (out.llvm_assembly.empty()) return;
+      run_program({"llc-14", "-O3", "-mcpu=" + out.llc_cpu, "-relocation-model=pic",
+                   "-filetype=obj", out.llvm_assembly, "-o", obj},
+                  fmt::format("compiling bf16 kernel {} with llc-14", kname),
+                  "is Debian's llvm-14 installed?");
+      std::remove(out.llvm_assembly.c_str());
+    };
+    job.done = [&, kname](double seconds) {
+      progress(fmt::format("[{}/{}] kernel {} ({:.2f} s)", ++finished, lowered.kernels.size(),
+                           kname, seconds));
+    };
+    compiles.push_back(std::move(job));
+  }
+  const std::string runtime_obj = (work / "halide_runtime.o").string();
+  objects.push_back(runtime_obj);
+  compiles.push_back(
+      {"compiling the Halide runtime",
+       [&] { codegen::compile_runtime(target, runtime_obj); },
+       {},
+       "",
+       [&](double seconds) { progress(fmt::format("halide runtime ({:.2f} s)", seconds)); }});
+  runner.run(std::move(compiles), jobs);
+
+  // The header and the glue (which includes it, so that a header that does not compile
+  // fails here).
+  const std::string header = name + ".h";
+  write_file_atomically((work / header).string(), header_source(name, lowered.plan, target));
+  const fs::path glue = work / (name + "_glue.cpp");
+  write_file_atomically(glue.string(), glue_source(name, lowered.plan, gpu, num_outputs));
+  const std::string glue_obj = (work / (name + "_glue.o")).string();
+  objects.push_back(glue_obj);
+  std::vector<std::string> glue_command = {cxx(),
+                                           "-std=c++17",
+                                           "-O2",
+                                           "-fPIC",
+                                           "-c",
+                                           glue.string(),
+                                           "-I" + runtime_include_dir(),
+                                           "-I" + work.string()};
+  // A GPU library's glue calls Halide's runtime (HalideRuntime.h, from the compiler's Halide).
+  if (!gpu.empty()) glue_command.push_back("-I" + std::string(KILN_HALIDE_RUNTIME_INCLUDE_DIR));
+  glue_command.insert(glue_command.end(), {"-o", glue_obj});
+  std::vector<Job> glue_job;
+  glue_job.push_back(
+      {"compiling the generated glue and header", {}, glue_command, "", [&](double seconds) {
+         progress(fmt::format("glue code and header ({:.2f} s)", seconds));
+       }});
+  runner.run(std::move(glue_job), jobs);
+
+  std::vector<std::string> outputs = {header};
+  std::vector<Job> packaging;
+  if (options.emit_static) {
+    outputs.push_back("lib" + name + ".a");
+    std::vector<std::string> ar = {"ar", "rcs", (work / outputs.back()).string()};
+    ar.insert(ar.end(), objects.begin(), objects.end());
+    packaging.push_back({"archiving", {}, ar, "", {}});
+  }
+  if (options.emit_shared) {
+    outputs.push_back("lib" + name + ".so");
+    std::vector<std::string> link = {cxx(), "-shared", "-o", (work / outputs.back()).string()};
+    link.insert(link.end(), objects.begin(), objects.end());
+    link.insert(link.end(), {"-Wl,--whole-archive", runtime_library(), "-Wl,--no-whole-archive",
+                             "-lfmt", "-lpthread", "-ldl"});
+    packaging.push_back({"linking the shared library", {}, link, "", {}});
+  }
+  runner.run(std::move(packaging), jobs);
+  if (options.emit_ir) {
+    outputs.push_back(name + ".kir");
+    write_file_atomically((work / outputs.back()).string(), ir::print_module(module));
+  }
+  runner.check_interrupt();
+  // All built: move each into place (the header last, so a build system that watches it
+  // sees the libraries first).
+  for (size_t i = outputs.size(); i-- > 0;) {
+    const std::string path = stage.publish(outputs[i]).string();
+    if (i == 0)
+      result.header = path;
+    else if (outputs[i].ends_with(".a"))
+      result.static_library = path;
+    else if (outputs[i].ends_with(".so"))
+      result.shared_library = path;
+    else
+      result.ir_file = path;
+    if (i > 0) progress("wrote " + path);
+  }
+  created.keep = true;
+  result.kernels = static_cast<int>(lowered.kernels.size());
+  result.seconds = since(start);
+  return result;
+}
+
+}  // namespace
+
+std::string runtime_include_dir() {
+  fs::path installed = exe_dir() / ".." / "include";
+  if (fs::exists(installed / "kiln" / "runtime.h")) return fs::canonical(installed).string();
+  return KILN_BUILD_RUNTIME_INCLUDE;
+}
+
+std::string runtime_library() {
+  fs::path installed = exe_dir() / ".." / "lib" / "libkiln_runtime.a";
+  if (fs::exists(installed)) return fs::canonical(installed).string();
+  return KILN_BUILD_RUNTIME_LIBRARY;
+}
+
+CompileResult compile_model(ir::Module module, const CompileOptions& options) {
+  int interrupted = 0;
+  CompileResult result;
+  {
+    JobRunner runner;
+    try {
+      result = compile(std::move(module), options, runner);
+    } catch (const Interrupted& i) {
+      interrupted = i.signal;  // the children are gone and the staging directory removed
+    }
+  }  // SIGINT and SIGTERM have their former dispositions again
+  if (interrupted) {
+    ::raise(interrupted);
+    fail("interrupted by signal {}", interrupted);  // only if the signal did not end kiln
+  }
+  return result;
+}
+
+}  // namespace kiln::driver
