@@ -140,6 +140,11 @@ Expr halide_sigmoid(const Node&, const Operands& in) { return math(OpKind::sigmo
 Expr halide_gelu(const Node&, const Operands& in) { return math(OpKind::gelu, in); }
 Expr halide_gelu_tanh(const Node&, const Operands& in) { return math(OpKind::gelu_tanh, in); }
 Expr halide_silu(const Node&, const Operands& in) { return math(OpKind::silu, in); }
+Expr halide_sign(const Node&, const Operands& in) {
+  const Expr& a = in[0];
+  KILN_ASSERT(a.type().is_float(), "elementwise sign of a non-f32 operand");
+  return Halide::select(is_nan_bits(a), a, a > 0.0f, 1.0f, a < 0.0f, -1.0f, 0.0f);
+}
 Expr halide_select(const Node&, const Operands& in) {
   KILN_ASSERT(in[1].type() == in[2].type(), "elementwise select branch dtypes differ");
   return Halide::select(nonzero(in[0]), in[1], in[2]);

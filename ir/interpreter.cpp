@@ -417,6 +417,11 @@ Elem point_gelu_tanh(const Elem* x, const PointCtx&) {
 Elem point_silu(const Elem* x, const PointCtx&) {
   return in_double(x, [](double v) { return v / (1.0 + std::exp(-v)); });
 }
+Elem point_sign(const Elem* x, const PointCtx&) {
+  const float v = x[0].f;
+  if (std::isnan(v)) return real(v);
+  return real(v > 0.0f ? 1.0f : (v < 0.0f ? -1.0f : 0.0f));
+}
 Elem point_select(const Elem* x, const PointCtx&) { return x[0].i != 0 ? x[1] : x[2]; }
 // f32 -> integer truncates (f32_to_int), i64 -> i32 wraps, -> bool is "nonzero".
 Elem point_cast(const Elem* x, const PointCtx& c) {

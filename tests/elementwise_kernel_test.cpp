@@ -19,9 +19,12 @@
 
 #include "codegen/halide_kernels.h"
 #include "codegen/kernels.h"
+#include "codegen/lower.h"
 #include "ir/interpreter.h"
 #include "ir/ir.h"
+#include "ir/parser.h"
 #include "jit_kernel.h"
+#include "passes/pipeline.h"
 #include "support/error.h"
 
 namespace kiln {
@@ -706,6 +709,56 @@ TEST_P(ElementwiseKernelTest, MathFunctionsMatchInterpreter) {
           {ir::Tensor::from_f32({1, 8}, special), ir::Tensor::from_f32({8}, std::vector<float>(8))},
           2);
   }
+}
+
+// sign (one row in ir/ops.def, its interpreter semantics and its Halide expression) end to
+// end: after the default pipeline, lowering fuses it with its users into a single
+// elementwise kernel, which matches the interpreter (NaN stays NaN, -0.0 gives 0).
+ElementwiseKernel lowered_sign_kernel(const ir::Module& m) {
+  ir::Module optimized = m;
+  passes::run_passes(optimized, passes::default_pipeline(), {});
+  const codegen::LoweredModel lowered = codegen::lower_module(optimized);
+  EXPECT_EQ(lowered.kernels.size(), 1u);
+  const auto* k = std::get_if<ElementwiseKernel>(&lowered.kernels.at(0));
+  EXPECT_NE(k, nullptr);
+  return k ? *k : ElementwiseKernel{};
+}
+
+const char* const kSignModule = R"kir(module @m {
+  symbol B max 8
+  symbol L max 256
+  func @f(%x: f32[B,L], %y: f32[L]) -> (f32[B,L]) {
+    %s = sign(%x) : f32[B,L]
+    %p = mul(%s, %y) : f32[B,L]
+    %r = add(%p, %x) : f32[B,L]
+    return %r
+  }
+}
+)kir";
+
+TEST_P(ElementwiseKernelTest, SignFusesAndMatchesInterpreter) {
+  const ir::Module m = ir::parse_module(kSignModule);
+  const ElementwiseKernel spec = lowered_sign_kernel(m);
+  std::vector<std::string> ops;
+  for (const Node& n : spec.nodes)
+    if (n.kind == Node::Kind::op) ops.push_back(ir::op_name(n.op));
+  EXPECT_EQ(ops, (std::vector<std::string>{"sign", "mul", "add"}));
+  const JitKernel kernel = jit(spec);
+  std::mt19937 rng(14);
+  for (int64_t l : {1, 7, 33, 129})
+    check(kernel, m, {random_f32(rng, {3, l}, -2, 2), random_f32(rng, {l}, -1, 1)}, 2);
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> special = {
+      std::numeric_limits<float>::quiet_NaN(), inf, -inf, 0.0f, -0.0f, 1e-30f, -1e-30f, 5.0f};
+  check(
+      kernel, m,
+      {ir::Tensor::from_f32({1, 8}, special), ir::Tensor::from_f32({8}, std::vector<float>(8, 2))},
+      2);
+}
+
+// The same kernel compiles ahead of time, as kiln compile compiles it.
+TEST(ElementwiseSign, CompilesAheadOfTime) {
+  jit::expect_compiles_ahead_of_time(lowered_sign_kernel(ir::parse_module(kSignModule)));
 }
 
 // maximum and relu propagate NaN, as the interpreter's do.

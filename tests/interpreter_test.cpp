@@ -372,6 +372,24 @@ TEST(InterpreterTest, MathFunctions) {
   EXPECT_TRUE(std::isnan(l.f[3]));
 }
 
+// sign, as torch.sign: -1, 0 or +1 by the sign (-0.0 gives 0, tiny values their sign), NaN
+// stays NaN; defined on f32 only.
+TEST(InterpreterTest, Sign) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const Tensor r = run_op(
+      OpKind::sign, {F({8}, {-2.5f, -1e-30f, -0.0f, 0.0f, 3.0f, inf, -inf, nan})}, F32({C(8)}));
+  EXPECT_THAT(std::vector<float>(r.f.begin(), r.f.begin() + 7),
+              ElementsAre(-1, -1, 0, 0, 1, 1, -1));
+  EXPECT_FALSE(std::signbit(r.f[2]));
+  EXPECT_TRUE(std::isnan(r.f[7]));
+  // Of a non-f32 operand: a verifier error.
+  const std::vector<Diagnostic> d =
+      verify(one_op_module(OpKind::sign, {I({2}, {-1, 1})}, I64({C(2)})));
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_THAT(format_diagnostic(d[0]), HasSubstr("sign: operand must be f32"));
+}
+
 // A linear op applies its activation after the bias, as the unfused op would.
 TEST(InterpreterTest, LinearActivations) {
   const Tensor x = F({2, 3}, {1, -2, 0.5f, -1, 0.25f, 2});

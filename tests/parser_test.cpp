@@ -208,7 +208,8 @@ const RoundTripCase kRoundTrips[] = {
     %4 = gelu(%3) : f32[2,3]
     %5 = gelu_tanh(%4) : f32[2,3]
     %6 = silu(%5) : f32[2,3]
-    return %6
+    %7 = sign(%6) : f32[2,3]
+    return %7
   }
 }
 )kir"},
