@@ -162,7 +162,7 @@ void kiln_search_options_init(kiln_search_options* o) {
   o->struct_size = sizeof *o;
   o->beam_size = 1;
   o->num_hypotheses = 1;
-  o->max_decoding_length = 64;
+  o->max_decoding_length = 0;  // the model's max_len (runtime/generate.cpp)
   o->min_decoding_length = 0;
   o->length_penalty = 0;
   o->start_id = -1;

@@ -140,8 +140,12 @@ class Search {
     if (o.num_hypotheses < 1 || o.num_hypotheses > o.beam_size)
       fail("num_hypotheses is {}; it must be between 1 and beam_size {}", o.num_hypotheses,
            o.beam_size);
+    if (o_.max_decoding_length == 0)  // the default: the model's max_len
+      o_.max_decoding_length =
+          static_cast<int32_t>(std::min<int64_t>(max_len_, std::numeric_limits<int32_t>::max()));
     if (o.max_decoding_length < 1)
-      fail("max_decoding_length is {}; it must be at least 1", o.max_decoding_length);
+      fail("max_decoding_length is {}; it must be at least 1 (or 0: the model's max_len)",
+           o.max_decoding_length);
     if (o.max_decoding_length > max_len_)
       fail("max_decoding_length {} is above the model's max_len {}", o.max_decoding_length,
            max_len_);
@@ -372,7 +376,7 @@ class Search {
   }
 
   kiln_model* m_;
-  const kiln_search_options o_;
+  kiln_search_options o_;  // max_decoding_length 0 resolved to max_len_
   kiln_tensor src_{};
   int64_t layers_ = 0, max_len_ = 0, max_rows_ = 0, max_batch_ = 0, max_beam_ = 0, vocab_ = -1;
   int64_t start_ = -1, end_ = -1, batch_ = 0, d_model_ = 0, slots_ = 0;

@@ -369,6 +369,45 @@ TEST(Generate, OptionsOfAnotherHeaderAreRefused) {
   kiln_generation_free(&g);
 }
 
+// Issue 24: max_decoding_length 0, kiln_search_options_init's default (the one definition
+// of the search defaults), is the model's max_len: the same as giving max_len itself.
+TEST(Generate, MaxDecodingLengthZeroIsTheModelsMaxLen) {
+  kiln_search_options defaults;
+  kiln_search_options_init(&defaults);
+  EXPECT_EQ(defaults.max_decoding_length, 0);
+  kiln_models::golden_tiny model(golden("tiny.weights.safetensors").c_str());
+  const int32_t max_len = static_cast<int32_t>(kiln_models::golden_tiny::max_T);
+  ASSERT_EQ(max_len, 40);
+  kiln::Tensor<int64_t> src{{2, 4}, {3, 4, 5, 6, 7, 8, 0, 0}};
+  kiln::SearchOptions o;  // max_decoding_length 0
+  o.beam_size = 2;
+  o.start_id = 1;
+  o.end_id = 2;
+  o.min_decoding_length = max_len;  // no end token before max_len: every hypothesis is full
+  const auto by_default = model.generate(src, o);
+  kiln::SearchOptions explicit_len = o;
+  explicit_len.max_decoding_length = max_len;
+  const auto given = model.generate(src, explicit_len);
+  ASSERT_EQ(by_default.size(), 2u);
+  ASSERT_EQ(given.size(), by_default.size());
+  for (size_t b = 0; b < by_default.size(); ++b) {
+    EXPECT_EQ(by_default[b][0].ids.size(), static_cast<size_t>(max_len)) << b;
+    EXPECT_EQ(by_default[b][0].ids, given[b][0].ids) << b;
+    EXPECT_EQ(by_default[b][0].score, given[b][0].score) << b;
+  }
+  // Checked against the resolved length; negative lengths are still refused.
+  kiln::SearchOptions too_long = o;
+  too_long.min_decoding_length = max_len + 1;
+  EXPECT_THAT(error_of([&] { model.generate(src, too_long); }),
+              HasSubstr("min_decoding_length is 41; it must be between 0 and "
+                        "max_decoding_length 40"));
+  kiln::SearchOptions negative = o;
+  negative.max_decoding_length = -1;
+  EXPECT_THAT(error_of([&] { model.generate(src, negative); }),
+              HasSubstr("max_decoding_length is -1; it must be at least 1 (or 0: the model's "
+                        "max_len)"));
+}
+
 TEST(DecodeStep, BadIndicesAndCachesAreRefused) {
   kiln_models::golden_tiny model(golden("tiny.weights.safetensors").c_str());
   const int64_t D = 24;

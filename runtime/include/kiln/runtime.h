@@ -209,7 +209,8 @@ typedef struct kiln_search_options {
   size_t struct_size;
   int32_t beam_size;           /* 1..the model's max_beam; default 1 */
   int32_t num_hypotheses;      /* 1..beam_size: hypotheses returned per sentence; default 1 */
-  int32_t max_decoding_length; /* 1..the model's max_len: tokens, the end token included */
+  int32_t max_decoding_length; /* 1..the model's max_len: tokens, the end token included;
+                                * 0 (default): the model's max_len */
   int32_t min_decoding_length; /* tokens before the end token may be generated; default 0 */
   float length_penalty;        /* default 0: scores are plain sums */
   int64_t start_id, end_id;    /* -1 (default): the model config's bos_id and eos_id */
@@ -222,8 +223,8 @@ typedef struct kiln_search_options {
   void* user_data;
 } kiln_search_options;
 
-/* The defaults above (max_decoding_length 64, clamped to the model's max_len by the caller
- * if needed), and struct_size. */
+/* The defaults above, and struct_size: the one definition of each default (kiln translate
+ * binds its options to a struct this fills, so its --help shows them). */
 void kiln_search_options_init(kiln_search_options* options);
 
 /* What kiln_generate returns; release with kiln_generation_free. */
