@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(cmake ninja-build g++ ccache pkg-config llvm-14 llvm-14-tools
-          libfmt-dev libgtest-dev libgmock-dev libbenchmark-dev
+          libfmt-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
           libhalide14-0-dev llvm-14-dev clang-format-14
           ocl-icd-opencl-dev pocl-opencl-icd clinfo)
 missing=()

@@ -11,6 +11,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "kiln/runtime.h"
 #include "runtime/safetensors.h"
 #include "tests/cli_run.h"
 
@@ -60,7 +61,7 @@ TEST_F(CliTest, HelpForEveryCommand) {
   Result r = run("--help");
   EXPECT_EQ(r.status, 0);
   EXPECT_THAT(r.output, HasSubstr("usage: kiln <command>"));
-  for (const char* cmd : {"emit", "inspect", "run"}) {
+  for (const char* cmd : {"emit", "inspect", "run", "opt", "compile", "translate"}) {
     Result c = run(std::string(cmd) + " --help");
     EXPECT_EQ(c.status, 0) << cmd;
     EXPECT_THAT(c.output, StartsWith(std::string("usage: kiln ") + cmd)) << cmd;
@@ -68,6 +69,62 @@ TEST_F(CliTest, HelpForEveryCommand) {
   Result bad = run("frobnicate");
   EXPECT_EQ(bad.status, 1);
   EXPECT_EQ(bad.output, "kiln: error: unknown command 'frobnicate' (see 'kiln --help')\n");
+}
+
+// Issue 24: every option is declared once (CLI11, tools/cli.cpp and tools/kiln.cpp). Numbers
+// are read whole, and a bad one is one error line naming the option and the value (std::stod
+// took "1e-4junk" as 1e-4); CLI11's own errors are kiln's error line too.
+TEST_F(CliTest, OptionValuesAreStrict) {
+  const std::string interpret = "run m.kir --weights w.safetensors --inputs i.safetensors";
+  const std::string compiled = "run --compiled out --weights w.safetensors --inputs i.safetensors";
+  const std::string translate = "translate --compiled out --weights w.safetensors";
+  struct Case {
+    std::string args, message;
+  };
+  const std::vector<Case> cases = {
+      {interpret + " --atol 1e-4junk", "run: --atol must be a number, got '1e-4junk'"},
+      {interpret + " --atol nan", "run: --atol must be a number, got 'nan'"},
+      {compiled + " --threads 2x", "run: --threads must be a whole number >= 1, got '2x'"},
+      {translate + " --beam 2x",
+       "translate: --beam must be a whole number in [0, 2147483647], got '2x'"},
+      {translate + " --max-len 4294967296",
+       "translate: --max-len must be a whole number in [0, 2147483647], got '4294967296'"},
+      {translate + " --length-penalty 0.6.1",
+       "translate: --length-penalty must be a number, got '0.6.1'"},
+      {translate + " --seed -3",
+       "translate: --seed must be a whole number in [0, 9223372036854775807], got '-3'"},
+      {translate + " --bogus 3",
+       "translate: unknown option '--bogus' (see 'kiln translate --help')"},
+      {"translate --weights w.safetensors",
+       "translate: --compiled is required (see 'kiln translate --help')"},
+      {interpret + " --repeat 2", "run: --repeat needs --compiled DIR"},
+      {"emit transformer --config", "emit: option '--config' needs a value"},
+  };
+  for (const Case& c : cases) {
+    Result r = run(c.args);
+    EXPECT_EQ(r.status, 1) << c.args;
+    EXPECT_EQ(r.output, "kiln: error: " + c.message + "\n") << c.args;
+  }
+}
+
+// Issue 24: kiln translate's options are bound to a kiln_search_options that
+// kiln_search_options_init filled, so its help shows the C ABI's defaults; kiln --version is
+// the CMake project's version.
+TEST_F(CliTest, HelpShowsTheSearchDefaultsAndVersion) {
+  kiln_search_options defaults;
+  kiln_search_options_init(&defaults);
+  Result help = run("translate --help");
+  EXPECT_EQ(help.status, 0);
+  EXPECT_THAT(help.output, StartsWith("usage: kiln translate --compiled DIR"));
+  EXPECT_THAT(help.output, ::testing::ContainsRegex("\n  --beam N +beam size [^\n]*\\(default: " +
+                                                    std::to_string(defaults.beam_size) + "\\)\n"));
+  EXPECT_THAT(help.output,
+              ::testing::ContainsRegex("\n  --max-len N +[^(]*\\(default: " +
+                                       std::to_string(defaults.max_decoding_length) + "\\)\n"));
+  EXPECT_THAT(help.output, HasSubstr("0: the model's max_len"));
+  Result version = run("--version");
+  EXPECT_EQ(version.status, 0);
+  EXPECT_EQ(version.output, "kiln " KILN_VERSION "\n");
 }
 
 TEST_F(CliTest, EmitBaseIntoInspect) {

@@ -1,44 +1,79 @@
 // What the two executables of the CLI share: `kiln` and `kiln-run` (which runs compiled model
 // libraries for `kiln run --compiled` and `kiln translate`, and links no compiler: see
-// tools/kiln_run.cpp). Option parsing, input and output files, the error line, and the
-// report of a run's outputs. Needs only kiln's runtime.
+// tools/kiln_run.cpp). The command line (CLI11: every option's name, type, range, default and
+// help declared once, in the command's declaration), input and output files, the error line,
+// and the report of a run's outputs. Needs only kiln's runtime.
 #pragma once
 
 #include <cstdint>
-#include <map>
-#include <optional>
-#include <set>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
+#include "kiln/runtime.h"
 #include "runtime/safetensors.h"
 #include "support/error.h"
+#include "tools/compiled.h"
 
 namespace kiln::tools {
 
-// A minimal option parser: positional arguments and --name value / --name=value.
-struct Args {
-  std::vector<std::string> positional;
-  std::map<std::string, std::vector<std::string>> options;
-  std::set<std::string> flags;
+// ---- The command line ----------------------------------------------------------------------
 
-  // Options not in `with_value` or `flag_names` are errors naming `command`.
-  static Args parse(const std::vector<std::string>& argv, const std::set<std::string>& with_value,
-                    const std::set<std::string>& flag_names, const std::string& command);
-  // The last value of option `name`, if given.
-  std::optional<std::string> get(const std::string& name) const;
-  // The value of option `name`, or an error naming it.
-  std::string require(const std::string& name, const std::string& command) const;
-};
+// A command's CLI::App, `kiln NAME`, with kiln's help layout: "usage: " and `usage` (the
+// lines after the first indented to line up), `description`, then each option group with
+// every option's names, value name, help and default ("(default: X)" where the option shows
+// its captured default). Options taking a value take one per occurrence, and the last one
+// given counts; `-h` and `--help` print the help.
+std::unique_ptr<CLI::App> make_command(const std::string& name, const std::string& usage,
+                                       const std::string& description);
+
+// Parses `argv` (the arguments after the command name) into `app`'s options. Returns false
+// when they ask for help (printed to standard output: the caller exits 0). Every other
+// problem, CLI11's own included, is a kiln::Error naming the command, the option and the
+// value: `run: --atol must be a number, got '1e-4junk'`, `emit: unknown option '--bogus'
+// (see 'kiln emit --help')`, `run: --profile needs --compiled DIR`.
+bool parse_command(CLI::App& app, const std::vector<std::string>& argv);
+
+// Strict numbers: the whole value must be the number, so `2x` and `1e-4junk` are refused.
+// A whole number in [lo, hi].
+CLI::Validator whole_number(int64_t lo, int64_t hi);
+// A whole number in [lo, INT32_MAX] (an int), the message saying ">= lo".
+CLI::Validator at_least(int64_t lo);
+// A finite number.
+CLI::Validator finite_number();
 
 // kiln run's options (kiln parses them, and kiln-run again for --compiled).
-inline const std::set<std::string> kRunOptions = {"--weights",  "--inputs",  "--function",
-                                                  "-o",         "--expect",  "--atol",
-                                                  "--compiled", "--threads", "--repeat"};
-inline const std::set<std::string> kRunFlags = {"--profile", "--bf16-linear"};
+struct RunArgs {
+  std::string file;                     // FILE, '-' for standard input; unused with --compiled
+  std::string weights, inputs;          // --weights, --inputs
+  std::string function = "forward";     // --function
+  std::string output;                   // -o
+  std::string expect;                   // --expect
+  double atol = 1e-4;                   // --atol
+  std::string compiled;                 // --compiled DIR
+  CompiledRunOptions compiled_options;  // --threads, --repeat, --profile
+  bool bf16_linear = false;             // --bf16-linear
+};
+std::unique_ptr<CLI::App> run_command(RunArgs& args);
 
-// Whether `argv` asks for help (--help or -h).
-bool wants_help(const std::vector<std::string>& argv);
+// kiln translate's options (kiln-run runs it). The search options are bound to `search`,
+// which kiln_search_options_init fills: the C ABI's defaults are the CLI's and its help's.
+struct TranslateArgs {
+  std::string compiled, weights;               // --compiled DIR, --weights
+  std::string inputs;                          // --inputs
+  std::string src_vocab, tgt_vocab;            // --src-vocab, --tgt-vocab
+  std::vector<std::string> text;               // TEXT...
+  std::string output;                          // -o
+  int threads = CompiledRunOptions{}.threads;  // --threads
+  bool scores = false;                         // --scores
+  kiln_search_options search;                  // --beam, --max-len, ...
+  TranslateArgs() { kiln_search_options_init(&search); }
+};
+std::unique_ptr<CLI::App> translate_command(TranslateArgs& args);
+
+// ---- Files and output ----------------------------------------------------------------------
 
 // Standard output for "" or "-", else the file, written whole or not at all (file_io.h).
 void write_output(const std::string& path, const std::string& text);
@@ -56,7 +91,7 @@ rt::SafeTensors load_safetensors(const std::string& path);
 // library's), by its options: -o writes them; --expect FILE compares them with FILE's
 // tensors within --atol (exit status 1 on a mismatch); else a summary is printed.
 // Returns the exit status.
-int report_outputs(const Args& a, const std::vector<rt::TensorData>& data);
+int report_outputs(const RunArgs& a, const std::vector<rt::TensorData>& data);
 
 // The body of main for kiln and kiln-run: runs `dispatch` on the arguments after the
 // program name; a kiln::Error becomes the `kiln: error:` line and exit status 1, any other

@@ -50,7 +50,6 @@ struct Loaded {
   int (*generate)(kiln_model*, const kiln_tensor*, const kiln_search_options*,
                   kiln_generation*) = nullptr;
   void (*generation_free)(kiln_generation*) = nullptr;
-  void (*options_init)(kiln_search_options*) = nullptr;
   int64_t (*symbol_max)(const kiln_model*, const char*) = nullptr;
 };
 
@@ -88,7 +87,6 @@ Loaded open_compiled(const std::string& dir, const std::string& weights_path,
   resolve(handle, lib, "kiln_model_profile", &api.profile);
   resolve(handle, lib, "kiln_generate", &l.generate);
   resolve(handle, lib, "kiln_generation_free", &l.generation_free);
-  resolve(handle, lib, "kiln_search_options_init", &l.options_init);
   resolve(handle, lib, "kiln_model_symbol_max", &l.symbol_max);
 
   char* error = nullptr;
@@ -183,25 +181,12 @@ namespace kiln::tools {
 
 Generated generate_compiled(const std::string& dir, const std::string& weights_path,
                             const std::vector<int64_t>& src, int64_t batch, int64_t length,
-                            const GenerateOptions& options) {
+                            const kiln_search_options& search, int threads) {
   Loaded loaded = open_compiled(dir, weights_path, "translate");
   kiln_model* model = loaded.model.get();
-  if (options.threads > 0) loaded.api.set_num_threads(model, options.threads);
-  kiln_search_options o;
-  loaded.options_init(&o);
-  o.beam_size = options.beam_size;
-  o.num_hypotheses = options.num_hypotheses;
-  o.max_decoding_length = options.max_decoding_length;
-  o.min_decoding_length = options.min_decoding_length;
-  o.length_penalty = options.length_penalty;
-  o.start_id = options.start_id;
-  o.end_id = options.end_id;
-  o.sampling_top_k = options.sampling_top_k;
-  o.sampling_temperature = options.sampling_temperature;
-  o.seed = options.seed;
-  if (o.max_decoding_length <= 0)  // default: the model's maximum
-    o.max_decoding_length =
-        static_cast<int32_t>(std::max<int64_t>(1, loaded.symbol_max(model, "T")));
+  if (threads > 0) loaded.api.set_num_threads(model, threads);
+  kiln_search_options o = search;
+  o.on_token = nullptr;
   // In chunks of at most the model's max_batch sentences.
   const int64_t chunk = std::max<int64_t>(1, loaded.symbol_max(model, "B"));
   Generated out;

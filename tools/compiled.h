@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/runtime.h"
 #include "runtime/safetensors.h"
 
 namespace kiln::tools {
@@ -24,18 +25,6 @@ std::vector<rt::TensorData> run_compiled(const std::string& dir, const std::stri
                                          const rt::SafeTensors& inputs,
                                          const CompiledRunOptions& options);
 
-// Generation with a compiled model (kiln translate): kiln_generate's options, 0 or -1 for
-// the defaults (max_decoding_length 0: the model's max_len; ids -1: its bos_id, eos_id).
-struct GenerateOptions {
-  int threads = 0;
-  int32_t beam_size = 1, num_hypotheses = 1, max_decoding_length = 0, min_decoding_length = 0;
-  float length_penalty = 0;
-  int64_t start_id = -1, end_id = -1;
-  int32_t sampling_top_k = 1;
-  float sampling_temperature = 1;
-  uint64_t seed = 0;
-};
-
 struct Generated {
   int64_t batch = 0, hypotheses = 0, max_length = 0;
   std::vector<int64_t> ids;      // [batch, hypotheses, max_length], -1 padded
@@ -43,9 +32,11 @@ struct Generated {
   std::vector<float> scores;     // [batch, hypotheses]
 };
 
-// Runs kiln_generate of the shared library in `dir` on source ids [batch, length].
+// Runs kiln_generate of the shared library in `dir` on source ids [batch, length] with
+// `search` (whose callback must be null), in chunks of the model's max_batch sentences, with
+// `threads` kernel threads (0: the Halide runtime's default).
 Generated generate_compiled(const std::string& dir, const std::string& weights_path,
                             const std::vector<int64_t>& src, int64_t batch, int64_t length,
-                            const GenerateOptions& options);
+                            const kiln_search_options& search, int threads);
 
 }  // namespace kiln::tools

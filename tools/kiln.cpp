@@ -23,6 +23,7 @@
 #include "ir/interpreter.h"
 #include "ir/parser.h"
 #include "ir/printer.h"
+#include "kiln_version.h"
 #include "passes/pipeline.h"
 #include "passes/plan_memory.h"
 #include "passes/rewrite.h"
@@ -47,146 +48,10 @@ commands:
   compile FILE    compile a module to a static library and header (Halide, AOT)
   translate       generate with a compiled model: greedy, beam search or sampling
   models          list registered models and their configs
+  --version       print kiln's version
 
 FILE may be '-' for standard input. 'kiln <command> --help' describes a command.
 )";
-
-constexpr const char* kEmitHelp =
-    R"(usage: kiln emit MODEL [--config NAME] [--set key=value]... [-o FILE]
-
-Writes the IR text of a registered model (see 'kiln models').
-
-options:
-  --config NAME     config to start from (default: the only config, or base)
-  --set key=value   override one config key (repeatable), e.g. --set d_model=256
-  -o FILE           output file; '-' or none: standard output
-)";
-
-constexpr const char* kInspectHelp = R"(usage: kiln inspect FILE [--ops | --memory | --dot FUNCTION]
-
-Prints the module's entry points with their inputs and outputs, its weights (count,
-parameters, bytes) and an op histogram per function.
-
-options:
-  --ops             print only the histogram, one 'FUNCTION OP COUNT' line per function and op
-  --memory          print each function's memory plan (run 'kiln opt' first): every arena
-                    value with offset, size and live range, the peak arena bytes and the
-                    sum of all intermediate sizes
-  --dot FUNCTION    write FUNCTION as a Graphviz digraph (fused ops drawn as bold boxes),
-                    e.g. kiln inspect m.kir --dot forward | dot -Tsvg -o forward.svg
-)";
-
-constexpr const char* kCompileHelp =
-    R"(usage: kiln compile FILE.kir [--target T] [--weights f32|bf16] [-o DIR] [--name NAME]
-                    [--emit=static,shared,ir] [-j N]
-
-Runs the default pipeline, generates and compiles every kernel with Halide, and writes
-into DIR a static library libNAME.a and a header NAME.h (C++ class kiln_models::NAME with
-typed entry points, over a plain C ABI). Link them with kiln's runtime library only.
-
-options:
-  --target T     Halide target string (default: host), e.g.
-                 x86-64-linux-avx-avx2-avx512-avx512_skylake-f16c-fma-sse41
-  --weights W    f32 (default) or bf16: linear weights converted to bf16 at load time (f32 or
-                 bf16 safetensors), products summed in f32 with AVX512-BF16's vdpbf16ps;
-                 attention, norms and the rest stay f32. Needs an AVX-512 target, and with
-                 'host' a CPU with AVX512-BF16; the library refuses to load on a CPU without it
-  -o DIR         output directory (default: .)
-  --name NAME    library name, a C identifier (default: the module's name)
-  --emit=LIST    comma list of static, shared, ir (default: static); 'shared' also writes
-                 libNAME.so with the C ABI, for 'kiln run --compiled DIR'
-  -j N           compile N kernels at once, each in a child process (default: one per CPU)
-)";
-
-constexpr const char* kOptHelp =
-    R"(usage: kiln opt FILE [--passes=default|NAME,NAME,...] [options] [-o FILE]
-
-Runs graph passes on a module and writes the resulting IR text.
-
-options:
-  --passes=LIST           'default' (the default) or a comma list of pass names
-  --print-ir-after-all    print the IR (to stderr) after every pass that changed it
-  --print-ir-after=NAME   print the IR (to stderr) after pass NAME (repeatable)
-  --time-passes           print each pass's time (to stderr)
-  --verify-each           verify after every pass (on by default in debug builds)
-  --debug-passes=LIST     log (to stderr) why the listed passes did or did not fire; LIST
-                          is 'all', 'default' or a comma list of pass names (the same as
-                          the environment variable KILN_DEBUG_PASSES=LIST)
-  --split-input-file      split FILE at lines that are exactly '# -----' and run each part
-                          on its own: outputs are separated by '# -----' lines, an error in
-                          one part is reported (with its location in FILE) and the next
-                          part still runs; the exit status is 1 if any part failed
-  -o FILE                 output file; '-' or none: standard output
-
-passes:
-)";
-
-constexpr const char* kRunHelp =
-    R"(usage: kiln run FILE --weights W.safetensors --inputs IN.safetensors [options]
-
-Runs a function with the reference interpreter. Inputs are read by parameter name
-(ids as I32 or I64, checked against the vocabulary); outputs are written by result name.
-
-options:
-  --weights FILE      weights by state_dict name (required)
-  --inputs FILE       inputs by parameter name (required)
-  --function NAME     entry point to run (default: forward)
-  -o FILE             write the outputs as safetensors; without it, print a summary
-  --expect FILE       compare outputs with the same-named tensors of FILE; exit 1 when
-                      the max abs error exceeds --atol
-  --atol X            tolerance for --expect (default: 1e-4)
-  --compiled DIR      run the shared library that 'kiln compile --emit=shared' wrote in
-                      DIR instead of the interpreter (FILE is then not needed: pass '-'
-                      or omit it)
-  --threads N         kernel threads for --compiled (default: the Halide runtime's)
-  --repeat N          with --compiled: run N times (outputs from the last run)
-  --profile           with --compiled: print the time per entry-point run and per kernel
-                      (calls, total, per call, share) to stderr
-  --bf16-linear       interpreter only: every linear op rounds its input and weight to bf16
-                      first, as a library compiled with '--weights bf16' does (run it on
-                      that library's optimized IR, 'kiln compile --emit=ir')
-)";
-
-constexpr const char* kTranslateHelp =
-    R"(usage: kiln translate --compiled DIR --weights W.safetensors
-                      (--inputs IN.safetensors | --src-vocab V --tgt-vocab V [TEXT...])
-                      [search options] [-o OUT.safetensors]
-
-Generates target sentences with a compiled model (from 'kiln compile --emit=shared'), over
-its prepare and decode_step entry points: greedy search, beam search or sampling.
-
-Input: the source ids of --inputs (tensor 'src', [batch, length], padded with the model's
-pad_id), or text with --src-vocab and --tgt-vocab: each TEXT argument, or without any,
-each line of standard input, is a source sentence; one line 'SOURCE -> TRANSLATION' is
-printed per sentence (and per hypothesis with --num-hypotheses). The vocabularies are
-character-level files, one token per line (see examples/numbers/README.md).
-
-Output: with -o, a safetensors file with 'ids' I64 [batch, hypotheses, max_len] (-1 after
-each hypothesis), 'lengths' I64 [batch, hypotheses] and 'scores' F32 [batch, hypotheses];
-without -o and without vocabularies, each hypothesis's ids and score are printed.
-
-search options:
-  --beam N             beam size (default 1: greedy), at most the model's max_beam
-  --num-hypotheses N   hypotheses per sentence, at most the beam size (default 1)
-  --max-len N          tokens to generate at most, end token included (default: max_len)
-  --min-len N          tokens before the end token may be generated (default 0)
-  --length-penalty X   scores are divided by length^X (default 0)
-  --start-id ID        first decoder token (default: the model's bos_id)
-  --end-id ID          end token (default: the model's eos_id)
-  --sampling-topk K    sample from the K most likely tokens (0: all); 1 (default): no
-                       sampling. Needs --beam 1
-  --temperature X      sampling temperature (default 1)
-  --seed N             sampling seed (default 0): the same seed gives the same output
-  --threads N          kernel threads (default: the Halide runtime's)
-  --scores             with text, print each translation's score too
-)";
-
-std::string one_positional(const Args& a, const std::string& command, const char* what) {
-  if (a.positional.size() != 1)
-    fail("{}: expected one {} argument, got {} (see 'kiln {} --help')", command, what,
-         a.positional.size(), command);
-  return a.positional[0];
-}
 
 ir::Module read_module(const std::string& path) {
   std::string text = read_text(path);
@@ -199,15 +64,21 @@ int cmd_models() {
 }
 
 int cmd_emit(const std::vector<std::string>& argv) {
-  if (wants_help(argv)) return fmt::print("{}", kEmitHelp), 0;
-  Args a = Args::parse(argv, {"--config", "--set", "-o"}, {}, "emit");
-  std::string model = one_positional(a, "emit", "MODEL");
+  std::string model, config, output = "-";
   std::vector<std::string> sets;
-  if (a.options.count("--set")) sets = a.options.at("--set");
-  const std::string config =
-      a.get("--config").value_or(models::default_config(models::find_model(model)));
+  auto app = make_command("emit", "MODEL [--config NAME] [--set key=value]... [-o FILE]",
+                          "Writes the IR text of a registered model (see 'kiln models').");
+  app->add_option("MODEL", model, "a registered model")->required();
+  app->add_option("--config", config, "config to start from (default: the only config, or base)")
+      ->type_name("NAME");
+  app->add_option("--set", sets, "override one config key (repeatable), e.g. --set d_model=256")
+      ->type_name("key=value")
+      ->allow_extra_args(false);
+  app->add_option("-o", output, "output file; '-' or none: standard output")->type_name("FILE");
+  if (!parse_command(*app, argv)) return 0;
+  if (config.empty()) config = models::default_config(models::find_model(model));
   ir::Module m = models::build_model(model, config, sets);
-  write_output(a.get("-o").value_or("-"), ir::print_module(m));
+  write_output(output, ir::print_module(m));
   return 0;
 }
 
@@ -236,16 +107,32 @@ std::vector<std::pair<std::string, int>> histogram(const ir::Function& f) {
 }
 
 int cmd_inspect(const std::vector<std::string>& argv) {
-  if (wants_help(argv)) return fmt::print("{}", kInspectHelp), 0;
-  Args a = Args::parse(argv, {"--dot"}, {"--ops", "--memory"}, "inspect");
-  ir::Module m = read_module(one_positional(a, "inspect", "FILE"));
-  if (auto fn = a.get("--dot")) {
-    const ir::Function* f = m.find_function(*fn);
-    if (!f) fail("inspect: module has no function '{}'", *fn);
+  std::string file, dot;
+  bool ops = false, memory = false;
+  auto app = make_command(
+      "inspect", "FILE [--ops | --memory | --dot FUNCTION]",
+      "Prints the module's entry points with their inputs and outputs, its weights (count,\n"
+      "parameters, bytes) and an op histogram per function.");
+  app->add_option("FILE", file, "the module ('-': standard input)")->required();
+  app->add_flag("--ops", ops,
+                "print only the histogram, one 'FUNCTION OP COUNT' line per function and op");
+  app->add_flag("--memory", memory,
+                "print each function's memory plan (run 'kiln opt' first): every arena value "
+                "with offset, size and live range, the peak arena bytes and the sum of all "
+                "intermediate sizes");
+  app->add_option("--dot", dot,
+                  "write FUNCTION as a Graphviz digraph (fused ops drawn as bold boxes), e.g. "
+                  "kiln inspect m.kir --dot forward | dot -Tsvg -o forward.svg")
+      ->type_name("FUNCTION");
+  if (!parse_command(*app, argv)) return 0;
+  ir::Module m = read_module(file);
+  if (!dot.empty()) {
+    const ir::Function* f = m.find_function(dot);
+    if (!f) fail("inspect: module has no function '{}'", dot);
     fmt::print("{}", to_dot(m, *f));
     return 0;
   }
-  if (a.flags.count("--memory")) {
+  if (memory) {
     for (const ir::Function& f : m.functions) {
       if (f.arena_bytes < 0)
         fail("inspect: function '{}' has no memory plan (run 'kiln opt' first)", f.name);
@@ -258,7 +145,7 @@ int cmd_inspect(const std::vector<std::string>& argv) {
     }
     return 0;
   }
-  if (a.flags.count("--ops")) {
+  if (ops) {
     for (const ir::Function& f : m.functions)
       for (const auto& [op, n] : histogram(f)) fmt::print("{} {} {}\n", f.name, op, n);
     return 0;
@@ -322,36 +209,60 @@ std::vector<std::string> split_input(const std::string& text) {
 }
 
 int cmd_opt(const std::vector<std::string>& argv) {
-  if (wants_help(argv)) {
-    fmt::print("{}", kOptHelp);
-    std::set<std::string> seen;
-    for (const passes::PassInfo& p : passes::all_passes())
-      if (seen.insert(p.name).second) fmt::print("  {:<22}  {}\n", p.name, p.summary);
-    fmt::print("\ndefault pipeline: {}\n", fmt::join(passes::default_pipeline(), ","));
-    return 0;
-  }
-  Args a = Args::parse(
-      argv, {"--passes", "--print-ir-after", "--debug-passes", "-o"},
-      {"--print-ir-after-all", "--time-passes", "--verify-each", "--split-input-file"}, "opt");
-  const std::string path = one_positional(a, "opt", "FILE");
+  std::string path, passes = "default", debug_passes, output = "-";
+  std::vector<std::string> print_after;
+  bool split = false, verify_each = false;
   passes::PipelineOptions options;
-  options.print_ir_after_all = a.flags.count("--print-ir-after-all") > 0;
-  options.time_passes = a.flags.count("--time-passes") > 0;
-  if (a.flags.count("--verify-each")) options.verify_each = true;
-  std::vector<std::string> names = passes::parse_pass_list(a.get("--passes").value_or("default"));
-  if (a.options.count("--print-ir-after"))
-    for (const std::string& n : a.options.at("--print-ir-after")) {
-      passes::parse_pass_list(n);  // reject unknown names
-      options.print_ir_after.insert(n);
-    }
-  if (auto list = a.get("--debug-passes")) {
+  auto app = make_command(
+      "opt",
+      "FILE [--passes=default|NAME,...] [--print-ir-after-all] [--print-ir-after=NAME]\n"
+      "[--time-passes] [--debug-passes=NAME,...|all] [--split-input-file] [-o FILE]",
+      "Runs graph passes on a module and writes the resulting IR text.");
+  app->add_option("FILE", path, "the module ('-': standard input)")->required();
+  app->add_option("--passes", passes,
+                  "'default' (the default pipeline) or a comma list of pass names")
+      ->type_name("LIST")
+      ->capture_default_str();
+  app->add_flag("--print-ir-after-all", options.print_ir_after_all,
+                "print the IR (to stderr) after every pass that changed it");
+  app->add_option("--print-ir-after", print_after,
+                  "print the IR (to stderr) after pass NAME (repeatable)")
+      ->type_name("NAME")
+      ->allow_extra_args(false);
+  app->add_flag("--time-passes", options.time_passes, "print each pass's time (to stderr)");
+  app->add_flag("--verify-each", verify_each,
+                "verify after every pass (on by default in debug builds)");
+  app->add_option("--debug-passes", debug_passes,
+                  "log (to stderr) why the listed passes did or did not fire; LIST is 'all', "
+                  "'default' or a comma list of pass names (the same as the environment "
+                  "variable KILN_DEBUG_PASSES=LIST)")
+      ->type_name("LIST");
+  app->add_flag("--split-input-file", split,
+                "split FILE at lines that are exactly '# -----' and run each part on its own: "
+                "outputs are separated by '# -----' lines, an error in one part is reported "
+                "(with its location in FILE) and the next part still runs; the exit status is "
+                "1 if any part failed");
+  app->add_option("-o", output, "output file; '-' or none: standard output")->type_name("FILE");
+  std::string footer = "passes:\n";
+  std::set<std::string> seen;
+  for (const passes::PassInfo& p : passes::all_passes())
+    if (seen.insert(p.name).second) footer += fmt::format("  {:<22}  {}\n", p.name, p.summary);
+  footer += fmt::format("\ndefault pipeline: {}\n", fmt::join(passes::default_pipeline(), ","));
+  app->footer(footer);
+  if (!parse_command(*app, argv)) return 0;
+  if (verify_each) options.verify_each = true;
+  std::vector<std::string> names = passes::parse_pass_list(passes);
+  for (const std::string& n : print_after) {
+    passes::parse_pass_list(n);  // reject unknown names
+    options.print_ir_after.insert(n);
+  }
+  if (!debug_passes.empty()) {
     // 'all', or pass names ('default': those of the default pipeline), each checked.
-    std::vector<std::string> debug = {*list};
-    if (*list != "all") debug = passes::parse_pass_list(*list);
+    std::vector<std::string> debug = {debug_passes};
+    if (debug_passes != "all") debug = passes::parse_pass_list(debug_passes);
     passes::set_debug_passes(fmt::format("{}", fmt::join(debug, ",")));
   }
-  const std::string output = a.get("-o").value_or("-");
-  if (!a.flags.count("--split-input-file")) {
+  if (!split) {
     ir::Module m = read_module(path);
     passes::run_passes(m, names, options);
     write_output(output, ir::print_module(m));
@@ -408,17 +319,16 @@ int cmd_opt(const std::vector<std::string>& argv) {
 }
 
 int cmd_run(const std::vector<std::string>& argv) {
-  if (wants_help(argv)) return fmt::print("{}", kRunHelp), 0;
-  Args a = Args::parse(argv, kRunOptions, kRunFlags, "run");
-  if (a.get("--compiled")) exec_runner("run", argv);
-  std::string weights_path = a.require("--weights", "run");
-  std::string inputs_path = a.require("--inputs", "run");
-  std::string fname = a.get("--function").value_or("forward");
-  for (const char* only : {"--threads", "--repeat", "--profile"})
-    if (a.get(only) || a.flags.count(only)) fail("run: {} needs --compiled DIR", only);
+  RunArgs a;
+  if (!parse_command(*run_command(a), argv)) return 0;
+  if (!a.compiled.empty()) exec_runner("run", argv);
   ir::InterpretOptions interpret_options;
-  interpret_options.bf16_linear = a.flags.count("--bf16-linear") > 0;
-  std::string file = one_positional(a, "run", "FILE");
+  interpret_options.bf16_linear = a.bf16_linear;
+  if (a.file.empty()) fail("run: FILE is required (see 'kiln run --help')");
+  const std::string& file = a.file;
+  const std::string& weights_path = a.weights;
+  const std::string& inputs_path = a.inputs;
+  const std::string& fname = a.function;
   int stdin_uses = (file == "-") + (weights_path == "-") + (inputs_path == "-");
   if (stdin_uses > 1) fail("run: only one of FILE, --weights and --inputs can be '-'");
   ir::Module m = read_module(file);
@@ -437,22 +347,48 @@ int cmd_run(const std::vector<std::string>& argv) {
 }
 
 int cmd_compile(const std::vector<std::string>& argv) {
-  if (wants_help(argv)) return fmt::print("{}", kCompileHelp), 0;
-  Args a =
-      Args::parse(argv, {"--target", "--weights", "-o", "--name", "--emit", "-j"}, {}, "compile");
-  ir::Module m = read_module(one_positional(a, "compile", "FILE"));
+  std::string file, emit = "static";
   driver::CompileOptions options;
-  if (auto j = a.get("-j")) {
-    auto [end, ec] = std::from_chars(j->data(), j->data() + j->size(), options.jobs);
-    if (ec != std::errc() || end != j->data() + j->size() || options.jobs < 1)
-      fail("compile: -j must be a whole number >= 1, got '{}'", *j);
-  }
-  options.target = a.get("--target").value_or("host");
-  options.weights = a.get("--weights").value_or("f32");
-  options.out_dir = a.get("-o").value_or(".");
-  options.name = a.get("--name").value_or("");
+  auto app = make_command(
+      "compile",
+      "FILE.kir [--target T] [--weights f32|bf16] [-o DIR] [--name NAME]\n"
+      "[--emit=static,shared,ir] [-j N]",
+      "Runs the default pipeline, generates and compiles every kernel with Halide, and writes\n"
+      "into DIR a static library libNAME.a and a header NAME.h (C++ class kiln_models::NAME "
+      "with\ntyped entry points, over a plain C ABI). Link them with kiln's runtime library "
+      "only.");
+  app->add_option("FILE", file, "the module ('-': standard input)")->required();
+  app->add_option("--target", options.target,
+                  "Halide target string, e.g. "
+                  "x86-64-linux-avx-avx2-avx512-avx512_skylake-f16c-fma-sse41")
+      ->type_name("T")
+      ->capture_default_str();
+  app->add_option("--weights", options.weights,
+                  "f32 or bf16: linear weights converted to bf16 at load time (f32 or bf16 "
+                  "safetensors), products summed in f32 with AVX512-BF16's vdpbf16ps; attention, "
+                  "norms and the rest stay f32. Needs an AVX-512 target, and with 'host' a CPU "
+                  "with AVX512-BF16; the library refuses to load on a CPU without it")
+      ->type_name("W")
+      ->capture_default_str();
+  app->add_option("-o", options.out_dir, "output directory")
+      ->type_name("DIR")
+      ->capture_default_str();
+  app->add_option("--name", options.name,
+                  "library name, a C identifier (default: the module's "
+                  "name)")
+      ->type_name("NAME");
+  app->add_option("--emit", emit,
+                  "comma list of static, shared, ir; 'shared' also writes libNAME.so with the C "
+                  "ABI, for 'kiln run --compiled DIR'")
+      ->type_name("LIST")
+      ->capture_default_str();
+  app->add_option("-j", options.jobs,
+                  "compile N kernels at once, each in a child process (default: one per CPU)")
+      ->type_name("N")
+      ->check(at_least(1));
+  if (!parse_command(*app, argv)) return 0;
+  ir::Module m = read_module(file);
   options.emit_static = false;
-  std::string emit = a.get("--emit").value_or("static");
   size_t start = 0;
   while (start <= emit.size()) {
     size_t comma = emit.find(',', start);
@@ -477,8 +413,14 @@ int cmd_compile(const std::vector<std::string>& argv) {
   return 0;
 }
 
+// kiln-run parses the options (the same declaration, tools/cli.cpp) and reports their
+// errors; kiln answers --help itself, so that help needs no kiln-run.
 int cmd_translate(const std::vector<std::string>& argv) {
-  if (wants_help(argv)) return fmt::print("{}", kTranslateHelp), 0;
+  TranslateArgs a;
+  try {
+    if (!parse_command(*translate_command(a), argv)) return 0;
+  } catch (const Error&) {  // kiln-run reports it
+  }
   exec_runner("translate", argv);
 }
 
@@ -497,7 +439,7 @@ int dispatch(const std::vector<std::string>& args) {
   if (cmd == "compile") return cmd_compile(rest);
   if (cmd == "translate") return cmd_translate(rest);
   if (cmd == "models") return cmd_models();
-  if (cmd == "--version") return fmt::print("kiln 0.1.0\n"), 0;
+  if (cmd == "--version") return fmt::print("kiln {}\n", KILN_VERSION), 0;
   fail("unknown command '{}' (see 'kiln --help')", cmd);
 }
 

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The README's command-line sections are what kiln prints, so they cannot drift from the one
+# declaration of each option (tools/cli.cpp, tools/kiln.cpp):
+#  - the block after "<!-- kiln usage -->" is every command's usage (`kiln CMD --help` up to
+#    its first empty line, "usage: " dropped), then `kiln models` and `kiln --version`;
+#  - the block after "<!-- kiln translate search options -->" is the "search options:" part
+#    of `kiln translate --help`, the defaults included (kiln_search_options_init's).
+#   readme_cli.sh KILN SOURCE_DIR
+set -euo pipefail
+kiln="$1"
+readme="$2/README.md"
+
+# The lines of the fenced block after the line `$1` in the README.
+block() {
+  awk -v marker="$1" '
+    $0 == marker { armed = 1; next }
+    armed && /^```/ && !inside { inside = 1; next }
+    inside && /^```$/ { exit }
+    inside { print }' "$readme"
+}
+
+check() {  # NAME EXPECTED ACTUAL
+  if [ -z "$3" ]; then
+    echo "readme_cli.sh: README.md has no block for $1" >&2
+    exit 1
+  fi
+  if ! diff <(printf '%s\n' "$2") <(printf '%s\n' "$3") >/dev/null; then
+    echo "readme_cli.sh: README.md's $1 differs from what kiln prints (< kiln, > README):" >&2
+    diff <(printf '%s\n' "$2") <(printf '%s\n' "$3") >&2 || true
+    exit 1
+  fi
+  echo "README's $1 matches kiln"
+}
+
+usage=""
+for cmd in emit inspect opt compile run translate; do
+  usage+=$("$kiln" "$cmd" --help | awk 'NF == 0 { exit } { print substr($0, 8) }')$'\n'
+done
+usage+=$'kiln models\nkiln --version'
+check "usage block" "$usage" "$(block '<!-- kiln usage -->')"
+
+search=$("$kiln" translate --help | awk '/^search options:$/ { on = 1 } on && NF == 0 { exit } on')
+check "translate search options" "$search" "$(block '<!-- kiln translate search options -->')"
