@@ -20,6 +20,7 @@
 #include "runtime/plan.h"
 #include "support/error.h"
 #include "support/file_io.h"
+#include "support/process.h"
 
 namespace kiln::driver {
 namespace fs = std::filesystem;
@@ -43,6 +44,29 @@ std::string cxx() {
   return KILN_CXX_COMPILER;
 }
 
+// Refuses a library name that is a macro where the generated header is compiled: the
+// header's includes preprocessed by the C++ compiler in GNU mode (a superset of the strict
+// mode's macros, with `linux` and `unix`, as an application may compile it), before any work.
+void check_name_is_no_macro(const std::string& name) {
+  ProcessOptions o;
+  o.input = "#include <cstdint>\n#include \"kiln/runtime.h\"\n";
+  const ProcessResult r = run_process(
+      {cxx(), "-std=gnu++17", "-dM", "-E", "-x", "c++", "-I" + runtime_include_dir(), "-"}, o);
+  if (!r.error.empty() || r.exit_code() != 0)
+    fail("cannot preprocess kiln/runtime.h with '{}' ({}): is a C++ compiler installed?", cxx(),
+         r.error.empty() ? describe_wait_status(r.wait_status) : r.error);
+  const std::string define = "#define " + name;
+  for (size_t at = 0; (at = r.out.find(define, at)) != std::string::npos; ++at) {
+    const size_t end = at + define.size();
+    if ((at == 0 || r.out[at - 1] == '\n') &&
+        (end == r.out.size() || r.out[end] == ' ' || r.out[end] == '(' || r.out[end] == '\n'))
+      fail(
+          "library name '{}' is a macro of the C/C++ headers that the generated header "
+          "includes: choose another with --name",
+          name);
+  }
+}
+
 CompileResult compile(ir::Module module, const CompileOptions& options, JobRunner& runner) {
   const auto start = Clock::now();
   auto progress = [&](const std::string& line) {
@@ -50,7 +74,8 @@ CompileResult compile(ir::Module module, const CompileOptions& options, JobRunne
   };
   CompileResult result;
   const std::string name = options.name.empty() ? module.name : options.name;
-  if (!is_identifier(name)) fail("library name '{}' is not a C identifier (use --name)", name);
+  check_library_name(name);
+  check_name_is_no_macro(name);
   const std::string target = codegen::resolve_target(options.target);
   if (options.weights != "f32" && options.weights != "bf16")
     fail("unknown weight type '{}' (use f32 or bf16)", options.weights);
@@ -119,10 +144,38 @@ CompileResult compile(ir::Module module, const CompileOptions& options, JobRunne
   const StagingDir stage(out_dir, name);
   const fs::path work = stage.path();
 
+  // The header and the glue (which includes it, so that a header that does not compile
+  // fails here), compiled first: a name the header's C++ rejects fails in seconds, not
+  // after every kernel.
+  const std::string header = name + ".h";
+  write_file_atomically((work / header).string(), header_source(name, lowered.plan, target));
+  const fs::path glue = work / (name + "_glue.cpp");
+  write_file_atomically(glue.string(), glue_source(name, lowered.plan, gpu, num_outputs));
+  const std::string glue_obj = (work / (name + "_glue.o")).string();
+  std::vector<std::string> glue_command = {cxx(),
+                                           "-std=c++17",
+                                           "-O2",
+                                           "-fPIC",
+                                           "-c",
+                                           glue.string(),
+                                           "-I" + runtime_include_dir(),
+                                           "-I" + work.string()};
+  // A GPU library's glue calls Halide's runtime (HalideRuntime.h, from the compiler's Halide).
+  if (!gpu.empty()) glue_command.push_back("-I" + std::string(KILN_HALIDE_RUNTIME_INCLUDE_DIR));
+  glue_command.insert(glue_command.end(), {"-o", glue_obj});
+  // The first job of the batch below: while it runs, kernels start beside it (and are
+  // killed when it fails).
+  std::vector<Job> compiles;
+  compiles.push_back(
+      {fmt::format("compiling the generated header and glue of library '{}'", name),
+       {},
+       glue_command,
+       "",
+       [&](double seconds) { progress(fmt::format("glue code and header ({:.2f} s)", seconds)); }});
+
   // The kernels and Halide's runtime, each in a child process, `jobs` at once. The objects
   // keep this order in the archive whatever order they finish in.
   std::vector<std::string> objects;
-  std::vector<Job> compiles;
   size_t finished = 0;
   for (size_t i = 0; i < lowered.kernels.size(); ++i) {
     const std::string& kname = lowered.plan.kernel_names[i];
@@ -155,32 +208,7 @@ CompileResult compile(ir::Module module, const CompileOptions& options, JobRunne
        "",
        [&](double seconds) { progress(fmt::format("halide runtime ({:.2f} s)", seconds)); }});
   runner.run(std::move(compiles), jobs);
-
-  // The header and the glue (which includes it, so that a header that does not compile
-  // fails here).
-  const std::string header = name + ".h";
-  write_file_atomically((work / header).string(), header_source(name, lowered.plan, target));
-  const fs::path glue = work / (name + "_glue.cpp");
-  write_file_atomically(glue.string(), glue_source(name, lowered.plan, gpu, num_outputs));
-  const std::string glue_obj = (work / (name + "_glue.o")).string();
   objects.push_back(glue_obj);
-  std::vector<std::string> glue_command = {cxx(),
-                                           "-std=c++17",
-                                           "-O2",
-                                           "-fPIC",
-                                           "-c",
-                                           glue.string(),
-                                           "-I" + runtime_include_dir(),
-                                           "-I" + work.string()};
-  // A GPU library's glue calls Halide's runtime (HalideRuntime.h, from the compiler's Halide).
-  if (!gpu.empty()) glue_command.push_back("-I" + std::string(KILN_HALIDE_RUNTIME_INCLUDE_DIR));
-  glue_command.insert(glue_command.end(), {"-o", glue_obj});
-  std::vector<Job> glue_job;
-  glue_job.push_back(
-      {"compiling the generated glue and header", {}, glue_command, "", [&](double seconds) {
-         progress(fmt::format("glue code and header ({:.2f} s)", seconds));
-       }});
-  runner.run(std::move(glue_job), jobs);
 
   std::vector<std::string> outputs = {header};
   std::vector<Job> packaging;
@@ -205,7 +233,9 @@ CompileResult compile(ir::Module module, const CompileOptions& options, JobRunne
   }
   runner.check_interrupt();
   // All built: move each into place (the header last, so a build system that watches it
-  // sees the libraries first).
+  // sees the libraries first), holding the output directory's lock, so that a concurrent
+  // compile of the same library publishes its whole set before or after this one.
+  const FileLock publishing = stage.lock_output();
   for (size_t i = outputs.size(); i-- > 0;) {
     const std::string path = stage.publish(outputs[i]).string();
     if (i == 0)

@@ -35,7 +35,7 @@ struct CompileResult {
   double seconds = 0;
 };
 
-// Throws kiln::Error; on SIGINT or SIGTERM it kills its children, removes what it wrote,
+// Throws kiln::Error; on SIGINT, SIGTERM or SIGHUP it kills its children, removes what it wrote,
 // and re-raises the signal with its former disposition.
 CompileResult compile_model(ir::Module module, const CompileOptions& options);
 

@@ -179,6 +179,35 @@ bool is_identifier(const std::string& s) {
   return true;
 }
 
+void check_library_name(const std::string& name) {
+  // C keywords that C++ does not have (the header is also C).
+  static const std::set<std::string> c_keywords = {
+      "restrict", "_Alignas",   "_Alignof",  "_Atomic",        "_Bool",         "_Complex",
+      "_Generic", "_Imaginary", "_Noreturn", "_Static_assert", "_Thread_local", "_Pragma"};
+  const std::string shown = name.size() > 64 ? name.substr(0, 64) + "..." : name;
+  if (!is_identifier(name))
+    fail(
+        "library name '{}' is not a C identifier (letters, digits and _, not starting with a "
+        "digit): choose another with --name",
+        shown);
+  if (is_cpp_keyword(name) || c_keywords.count(name))
+    fail(
+        "library name '{}' is a C or C++ keyword: the header declares class kiln_models::{} "
+        "and {}_create; choose another with --name",
+        name, name, name);
+  if (name.find("__") != std::string::npos ||
+      (name[0] == '_' && name.size() > 1 && std::isupper(static_cast<unsigned char>(name[1]))))
+    fail(
+        "library name '{}' is reserved by the C++ standard (it contains '__' or starts with '_' "
+        "and a capital letter): choose another with --name",
+        shown);
+  if (name == "kiln" || name == "kiln_models" || name == "std" || name.rfind("kiln_", 0) == 0)
+    fail(
+        "library name '{}' is one of kiln's own names (kiln, kiln_models, std and the runtime's "
+        "kiln_* types): choose another with --name",
+        name);
+}
+
 void check_method_name(const std::string& function, const std::string& class_name) {
   static const std::set<std::string> model_members = {"run",           "get",     "set_num_threads",
                                                       "set_profiling", "profile", "check",

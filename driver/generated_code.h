@@ -15,6 +15,14 @@ namespace kiln::driver {
 // Whether `s` is a C identifier (a library name must be one).
 bool is_identifier(const std::string& s);
 
+// The library name becomes the C function NAME_create, the C++ class kiln_models::NAME and
+// the files libNAME.a and NAME.h: throws kiln::Error, before any work, when it is no C
+// identifier, a C or C++ keyword, an identifier the C++ standard reserves (__x, _X), or a
+// name of kiln's own (kiln, kiln_models, std, kiln_*: the runtime's C types). Anything else
+// that the header's C++ rejects (a macro of a standard header, say) fails kiln compile's
+// first step, the header's compile.
+void check_library_name(const std::string& name);
+
 // Entry points become methods of a class deriving from kiln::Model: throws kiln::Error when
 // `function` is no C++ identifier or clashes with a member of class `class_name`.
 void check_method_name(const std::string& function, const std::string& class_name);

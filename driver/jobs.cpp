@@ -7,6 +7,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -35,9 +36,9 @@ volatile sig_atomic_t g_signal = 0;
 int g_wake[2] = {-1, -1};
 bool g_active = false;
 
-constexpr int kCaught[] = {SIGINT, SIGTERM, SIGCHLD};
-struct sigaction g_former[3];
-bool g_installed[3] = {false, false, false};
+constexpr int kCaught[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
+struct sigaction g_former[std::size(kCaught)];
+bool g_installed[std::size(kCaught)] = {};
 
 void on_signal(int signal) {
   const int saved = errno;
@@ -58,9 +59,9 @@ std::string program_name(const std::vector<std::string>& argv) {
   return slash == std::string::npos ? p : p.substr(slash + 1);
 }
 
-// posix_spawnp of `argv` with the environment inherited; in a new process group when
-// `own_group`. Returns the pid, or throws naming `what`.
-pid_t spawn(const std::vector<std::string>& argv, bool own_group, const std::string& what,
+// posix_spawnp of `argv` with the environment inherited, in this process's group. Returns
+// the pid, or throws naming `what`.
+pid_t spawn(const std::vector<std::string>& argv, const std::string& what,
             const std::string& hint) {
   std::vector<std::string> args = argv;
   std::vector<char*> c_args;
@@ -68,10 +69,6 @@ pid_t spawn(const std::vector<std::string>& argv, bool own_group, const std::str
   c_args.push_back(nullptr);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
-  if (own_group) {
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
-    posix_spawnattr_setpgroup(&attr, 0);
-  }
   pid_t pid = -1;
   const int rc = ::posix_spawnp(&pid, c_args[0], nullptr, &attr, c_args.data(), environ);
   posix_spawnattr_destroy(&attr);
@@ -79,6 +76,68 @@ pid_t spawn(const std::vector<std::string>& argv, bool own_group, const std::str
     fail("{} failed: cannot run '{}': {}{}", what, argv[0], std::strerror(rc),
          hint.empty() ? "" : " (" + hint + ")");
   return pid;
+}
+
+// In a job's child, the leader of its process group: when kiln dies, even by SIGKILL, the
+// kernel sends the child SIGTERM (PR_SET_PDEATHSIG), on which it kills its whole group, so
+// that nothing a job started (a compiler, llc, ld) outlives kiln or writes into its staging
+// directory afterwards.
+void kill_own_group(int) { ::kill(0, SIGKILL); }
+
+void die_with_parent(pid_t parent) {
+  struct sigaction action {};
+  action.sa_handler = kill_own_group;
+  sigemptyset(&action.sa_mask);
+  ::sigaction(SIGTERM, &action, nullptr);
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (::getppid() != parent) ::kill(0, SIGKILL);  // kiln died before prctl
+}
+
+// A program job's child: runs `argv` in a grandchild (same process group, so that the
+// group kill above reaches it and what it starts) and ends as it ended: the same exit
+// status, or killed by the same signal. A program that cannot start is reported through
+// `message_fd` (then exit status 1).
+[[noreturn]] void supervise(const Job& job, int message_fd) {
+  std::vector<std::string> args = job.argv;
+  std::vector<char*> c_args;
+  for (std::string& a : args) c_args.push_back(a.data());
+  c_args.push_back(nullptr);
+  int exec_pipe[2];
+  if (::pipe2(exec_pipe, O_CLOEXEC) != 0) ::_exit(1);
+  const pid_t pid = ::fork();
+  if (pid < 0) ::_exit(1);
+  if (pid == 0) {
+    ::signal(SIGTERM, SIG_DFL);
+    ::execvp(c_args[0], c_args.data());
+    const int err = errno;
+    [[maybe_unused]] ssize_t n = ::write(exec_pipe[1], &err, sizeof err);
+    ::_exit(127);
+  }
+  ::close(exec_pipe[1]);
+  int err = 0;
+  ssize_t got;
+  while ((got = ::read(exec_pipe[0], &err, sizeof err)) < 0 && errno == EINTR) {
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (got == static_cast<ssize_t>(sizeof err)) {
+    const std::string message =
+        fmt::format("{} failed: cannot run '{}': {}{}", job.what, job.argv[0], std::strerror(err),
+                    job.hint.empty() ? "" : " (" + job.hint + ")");
+    [[maybe_unused]] ssize_t n = ::write(message_fd, message.data(), message.size());
+    ::_exit(1);
+  }
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    ::signal(sig, SIG_DFL);
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, sig);
+    ::sigprocmask(SIG_UNBLOCK, &set, nullptr);
+    ::raise(sig);
+  }
+  ::_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
 }
 
 [[noreturn]] void program_failed(const Job& job, int status) {
@@ -131,16 +190,12 @@ void JobRunner::start(Job& job, std::vector<Running>& running) {
   Running r;
   r.job = &job;
   r.start = Clock::now();
-  if (!job.work) {
-    r.pid = spawn(job.argv, true, job.what, job.hint);
-    running.push_back(std::move(r));
-    return;
-  }
   std::fflush(stdout);
   std::fflush(stderr);
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0)
     fail("{}: cannot create a pipe: {}", job.what, std::strerror(errno));
+  const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) {
     const int err = errno;
@@ -149,13 +204,15 @@ void JobRunner::start(Job& job, std::vector<Running>& running) {
     fail("{}: cannot fork: {}", job.what, std::strerror(err));
   }
   if (pid == 0) {
-    // The child: its own group (what it starts goes with it), kiln's former signal
-    // dispositions, and the message of an exception written to kiln.
+    // The child: its own group (what it starts goes with it), which dies with kiln, kiln's
+    // former signal dispositions, and the message of an exception written to kiln.
     ::setpgid(0, 0);
     restore_signals();
+    die_with_parent(parent);
     ::close(g_wake[0]);
     ::close(g_wake[1]);
     ::close(fds[0]);
+    if (!job.work) supervise(job, fds[1]);
     int status = 0;
     try {
       job.work();
@@ -243,8 +300,8 @@ void JobRunner::run(std::vector<Job> jobs, int parallel) {
         if (job.done) job.done(std::chrono::duration<double>(Clock::now() - done.start).count());
         continue;
       }
-      if (!job.work) program_failed(job, status);
       if (!done.message.empty()) throw Error(done.message);
+      if (!job.work) program_failed(job, status);
       fail("{} failed: its process {}; see its message above", job.what,
            describe_wait_status(status));
     }
@@ -253,7 +310,7 @@ void JobRunner::run(std::vector<Job> jobs, int parallel) {
 
 void run_program(const std::vector<std::string>& argv, const std::string& what,
                  const std::string& hint) {
-  const pid_t pid = spawn(argv, false, what, hint);
+  const pid_t pid = spawn(argv, what, hint);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0) {
     if (errno != EINTR) fail("{} failed: cannot wait for it: {}", what, std::strerror(errno));

@@ -1,8 +1,9 @@
 // The driver's child processes: Halide compiles forked into children and toolchain programs
-// run from their argv (posix_spawn, no shell), several at once, each child leading its own
-// process group (so what it starts, such as llc, goes with it). A JobRunner kills and reaps
+// run from their argv (no shell), several at once, each job's child leading its own process
+// group (so what it starts, such as llc or ld, goes with it). A JobRunner kills and reaps
 // every group still running when a job fails, when an exception leaves it, and on
-// SIGINT/SIGTERM, which it turns into Interrupted.
+// SIGINT/SIGTERM/SIGHUP, which it turns into Interrupted; when kiln dies without a chance to do so
+// (SIGKILL), each group kills itself (the child's PR_SET_PDEATHSIG).
 #pragma once
 
 #include <sys/types.h>
@@ -26,14 +27,14 @@ struct Job {
   std::function<void(double seconds)> done;  // in kiln, when the job succeeded; may be empty
 };
 
-// SIGINT or SIGTERM arrived; the children are gone when this is thrown.
+// SIGINT, SIGTERM or SIGHUP arrived; the children are gone when this is thrown.
 struct Interrupted : std::exception {
   explicit Interrupted(int s) : signal(s) {}
   const char* what() const noexcept override { return "interrupted"; }
   int signal;
 };
 
-// While one exists, SIGINT and SIGTERM (unless they were ignored) and SIGCHLD are caught;
+// While one exists, SIGINT, SIGTERM and SIGHUP (unless they were ignored) and SIGCHLD are caught;
 // its destructor kills and reaps what still runs and restores their former dispositions.
 // One at a time.
 class JobRunner {
@@ -47,7 +48,7 @@ class JobRunner {
   // On the first failure the others are killed and reaped and kiln::Error names the job
   // ("compiling the generated glue and header failed (c++ exited with status 1): ...").
   void run(std::vector<Job> jobs, int parallel);
-  // Throws Interrupted if SIGINT or SIGTERM arrived.
+  // Throws Interrupted if SIGINT, SIGTERM or SIGHUP arrived.
   void check_interrupt() const;
 
  private:

@@ -914,7 +914,22 @@ class Interpreter {
     name_values();
     values_.assign(f_.values.size(), std::nullopt);
     bind_inputs(inputs);
-    for (size_t i = 0; i < f_.ops.size(); ++i) run_op(static_cast<int>(i));
+    const std::vector<size_t> last = last_uses();
+    check_memory(inputs, last);
+    for (size_t i = 0; i < f_.ops.size(); ++i) {
+      try {
+        run_op(static_cast<int>(i));
+      } catch (const std::bad_alloc&) {
+        fail(
+            "{}: out of memory (the values live at the interpreter's peak need {} bytes; the "
+            "machine could not give them)",
+            where(static_cast<int>(i)), peak_bytes_);
+      }
+      // A value is freed after its last reader (results live to the end).
+      for (ValueId v : f_.ops[i].operands)
+        if (last[v] == i) values_[v].reset();
+      if (last[f_.ops[i].result] == i) values_[f_.ops[i].result].reset();
+    }
     std::vector<Tensor> results;
     for (ValueId id : f_.results) {
       KILN_ASSERT(values_[id].has_value(), "result not computed");
@@ -1032,6 +1047,57 @@ class Interpreter {
       fail("{} has shape {}: dim {} ({}) is {}, but {} is {} from {}", who, shape_str(t.shape), d,
            dim.symbol, size, dim.symbol, it->second, bound_by_[dim.symbol]);
     }
+  }
+
+  // The index of the last op that reads each value; the op count for results (and values
+  // nothing reads: they are freed right away).
+  std::vector<size_t> last_uses() const {
+    std::vector<size_t> last(f_.values.size(), 0);
+    for (size_t i = 0; i < f_.ops.size(); ++i) {
+      last[f_.ops[i].result] = i;
+      for (ValueId v : f_.ops[i].operands) last[v] = i;
+    }
+    for (ValueId r : f_.results) last[r] = f_.ops.size();
+    return last;
+  }
+
+  static int64_t storage_bytes(DType dtype, const Shape& shape) {
+    int64_t bytes = dtype == DType::f32 ? sizeof(float) : sizeof(int64_t);
+    for (int64_t d : shape) bytes *= d;  // each below kMaxInterpreterTensorBytes
+    return bytes;
+  }
+
+  // Refuses a run whose values would need more than options_.max_bytes at once, before
+  // any op runs: the inputs, then each op's result while its operands are still live,
+  // freed after their last reader (as run() does).
+  void check_memory(const std::vector<Tensor>& inputs, const std::vector<size_t>& last) {
+    int64_t live = 0, peak = 0;
+    int peak_op = -1;
+    std::vector<int64_t> bytes(f_.values.size(), 0);
+    for (size_t i = 0; i < f_.params.size() && i < inputs.size(); ++i) {
+      bytes[f_.params[i]] = storage_bytes(f_.type(f_.params[i]).dtype, inputs[i].shape);
+      live += bytes[f_.params[i]];
+    }
+    peak = live;
+    for (size_t i = 0; i < f_.ops.size(); ++i) {
+      const Op& op = f_.ops[i];
+      bytes[op.result] = storage_bytes(f_.type(op.result).dtype, result_shape(static_cast<int>(i)));
+      live += bytes[op.result];
+      if (live > peak) peak = live, peak_op = static_cast<int>(i);
+      if (last[op.result] == i) live -= bytes[op.result];
+      for (ValueId v : op.operands)
+        if (last[v] == i && v != op.result) {
+          live -= bytes[v];
+          bytes[v] = 0;  // an op may read a value twice
+        }
+    }
+    peak_bytes_ = peak;
+    if (peak > options_.max_bytes)
+      fail(
+          "{}: the interpreter needs {} bytes for the values live at this op, above its limit "
+          "of {} bytes (kiln run --max-memory raises it)",
+          peak_op >= 0 ? where(peak_op) : fmt::format("function '{}'", f_.name), peak,
+          options_.max_bytes);
   }
 
   // The concrete shape of op `index`'s declared result type.
@@ -1198,6 +1264,7 @@ class Interpreter {
   const InterpretOptions options_;
   std::vector<std::string> names_;               // by ValueId, as printed ("src", "%3")
   std::vector<std::optional<Tensor>> values_;    // by ValueId, once computed
+  int64_t peak_bytes_ = 0;                       // check_memory's peak
   std::map<std::string, int64_t> bindings_;      // symbol -> size
   std::map<std::string, std::string> bound_by_;  // symbol -> "dim 0 of input 'src'"
 };

@@ -52,7 +52,14 @@ inline constexpr int64_t kMaxInterpreterTensorBytes = int64_t{1} << 32;
 std::vector<Tensor> interpret(const Module& module, const Function& function,
                               const WeightMap& weights, const std::vector<Tensor>& inputs);
 
+// The default limit of the interpreter's memory: the storage of the values live at once
+// (inputs, weights read by the function, op results; each freed after its last reader).
+inline constexpr int64_t kDefaultInterpreterMemoryBytes = int64_t{8} << 30;  // 8 GiB
+
 struct InterpretOptions {
+  // A run that would need more than this many bytes at once throws kiln::Error naming the
+  // op and the total before any op runs (kiln run --max-memory).
+  int64_t max_bytes = kDefaultInterpreterMemoryBytes;
   // `linear` rounds its input and weight to bf16 (to nearest, ties to even) before the
   // products, as the kernels of `kiln compile --weights bf16` do: the reference for them.
   bool bf16_linear = false;

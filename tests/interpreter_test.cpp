@@ -5,9 +5,11 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -1171,6 +1173,64 @@ TEST(InterpreterErrorTest, UnboundSymbol) {
 TEST(InterpreterErrorTest, MissingWeightInModel) {
   Module m = embedding_module();
   EXPECT_EQ(error_of([&] { run(m, {I({1, 1}, {0})}, {}); }), "weight 'emb' was not loaded");
+}
+
+// Issue 25: the interpreter's memory limit, over a family of random chains. Each op reads
+// the previous value and, at random, one earlier value; the test computes the peak of the
+// values live at once (inputs, then each result beside its live operands, every value
+// freed after its last reader) by itself. A limit one byte below the peak is refused before
+// any op runs, naming the peak op and the total; the peak itself runs and gives the same
+// results as an unlimited run.
+TEST(InterpreterTest, MemoryLimitIsCheckedBeforeAnyOpRuns) {
+  std::mt19937 rng(25);
+  for (int round = 0; round < 12; ++round) {
+    const int n = std::uniform_int_distribution<int>(1, 8)(rng);
+    const int64_t size = std::uniform_int_distribution<int64_t>(1, 5000)(rng);
+    std::vector<std::vector<int>> reads(n);
+    for (int i = 0; i < n; ++i) {
+      reads[i].push_back(i);
+      if (i > 0 && rng() % 2) reads[i].push_back(std::uniform_int_distribution<int>(0, i - 1)(rng));
+    }
+    std::string text =
+        fmt::format("module @m {{\n  func @f(%v0: f32[{}]) -> (f32[{}]) {{\n", size, size);
+    for (int i = 0; i < n; ++i)
+      text += fmt::format("    %v{} = {} : f32[{}]\n", i + 1,
+                          reads[i].size() == 1
+                              ? fmt::format("exp(%v{})", reads[i][0])
+                              : fmt::format("add(%v{}, %v{})", reads[i][0], reads[i][1]),
+                          size);
+    text += fmt::format("    return %v{}\n  }}\n}}\n", n);
+    SCOPED_TRACE(text);
+    const Module m = parse_module(text);
+    // The peak, computed here independently of the interpreter.
+    std::vector<int> last(n + 1, -1);
+    for (int i = 0; i < n; ++i)
+      for (int v : reads[i]) last[v] = i;
+    last[n] = n;
+    const int64_t bytes = 4 * size;
+    int64_t live = bytes, peak = bytes;
+    int peak_op = -1;
+    for (int i = 0; i < n; ++i) {
+      live += bytes;
+      if (live > peak) peak = live, peak_op = i;
+      for (int v = 0; v <= i; ++v)
+        if (last[v] == i) live -= bytes;
+    }
+    const std::vector<Tensor> in = {F({size}, noise(static_cast<size_t>(size), round))};
+    InterpretOptions limited;
+    limited.max_bytes = peak - 1;
+    const std::string error = error_of([&] { interpret(m, m.functions[0], {}, in, limited); });
+    EXPECT_THAT(error, HasSubstr(fmt::format("the interpreter needs {} bytes for the values live "
+                                             "at this op, above its limit of {} bytes",
+                                             peak, peak - 1)));
+    if (peak_op >= 0)
+      EXPECT_THAT(error, HasSubstr(fmt::format("op {} (%v{} = ", peak_op, peak_op + 1)));
+    limited.max_bytes = peak;
+    const std::vector<Tensor> got = interpret(m, m.functions[0], {}, in, limited);
+    const std::vector<Tensor> want = interpret(m, m.functions[0], {}, in, InterpretOptions{});
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0].f, want[0].f);
+  }
 }
 
 }  // namespace

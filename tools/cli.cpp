@@ -10,6 +10,7 @@
 #include <exception>
 #include <span>
 #include <sstream>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -163,6 +164,42 @@ CLI::Validator at_least(int64_t lo) {
       "");
 }
 
+std::optional<int64_t> parse_byte_size(const std::string& text) {
+  int64_t v = 0;
+  const char* end = text.data() + text.size();
+  auto [p, ec] = std::from_chars(text.data(), end, v);
+  if (ec != std::errc() || p == text.data() || v <= 0) return std::nullopt;
+  int shift = 0;
+  if (p != end) {
+    const std::string_view suffix(p, static_cast<size_t>(end - p));
+    if (suffix == "K")
+      shift = 10;
+    else if (suffix == "M")
+      shift = 20;
+    else if (suffix == "G")
+      shift = 30;
+    else if (suffix == "T")
+      shift = 40;
+    else
+      return std::nullopt;
+  }
+  if (v > (int64_t{1} << (62 - shift))) return std::nullopt;
+  return v << shift;
+}
+
+CLI::Validator byte_size() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        return parse_byte_size(value)
+                   ? ""
+                   : fmt::format(
+                         "must be a size in bytes such as 512M or 16G (suffixes K, M, G, "
+                         "T), got '{}'",
+                         value);
+      },
+      "");
+}
+
 CLI::Validator finite_number() {
   return CLI::Validator(
       [](std::string& value) -> std::string {
@@ -223,6 +260,12 @@ std::unique_ptr<CLI::App> run_command(RunArgs& a) {
                 "with --compiled: print the time per entry-point run and per kernel (calls, "
                 "total, per call, share) to stderr")
       ->needs(compiled);
+  app->add_option("--max-memory", a.max_memory,
+                  "interpreter only: refuse a run whose values need more than SIZE bytes at once "
+                  "(suffixes K, M, G, T), before it starts")
+      ->type_name("SIZE")
+      ->check(byte_size())
+      ->capture_default_str();
   app->add_flag("--bf16-linear", a.bf16_linear,
                 "interpreter only: every linear op rounds its input and weight to bf16 first, as "
                 "a library compiled with '--weights bf16' does (run it on that library's "

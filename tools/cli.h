@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,10 @@ CLI::Validator whole_number(int64_t lo, int64_t hi);
 CLI::Validator at_least(int64_t lo);
 // A finite number.
 CLI::Validator finite_number();
+// A size in bytes: digits with an optional binary suffix K, M, G or T (2^10 ... 2^40), e.g.
+// "512M", "8G"; nullopt for anything else, 0, or above 2^62.
+std::optional<int64_t> parse_byte_size(const std::string& text);
+CLI::Validator byte_size();
 
 // kiln run's options (kiln parses them, and kiln-run again for --compiled).
 struct RunArgs {
@@ -55,6 +60,7 @@ struct RunArgs {
   std::string compiled;                 // --compiled DIR
   CompiledRunOptions compiled_options;  // --threads, --repeat, --profile
   bool bf16_linear = false;             // --bf16-linear
+  std::string max_memory = "8G";        // --max-memory (interpreter only)
 };
 std::unique_ptr<CLI::App> run_command(RunArgs& args);
 

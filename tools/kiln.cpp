@@ -119,7 +119,7 @@ int cmd_inspect(const std::vector<std::string>& argv) {
   app->add_flag("--memory", memory,
                 "print each function's memory plan (run 'kiln opt' first): every arena value "
                 "with offset, size and live range, the peak arena bytes and the sum of all "
-                "intermediate sizes");
+                "intermediate sizes; exit 1 when a plan is unsound");
   app->add_option("--dot", dot,
                   "write FUNCTION as a Graphviz digraph (fused ops drawn as bold boxes), e.g. "
                   "kiln inspect m.kir --dot forward | dot -Tsvg -o forward.svg")
@@ -133,6 +133,9 @@ int cmd_inspect(const std::vector<std::string>& argv) {
     return 0;
   }
   if (memory) {
+    // A check that finds a problem fails: every function's report is printed, then one
+    // error line names the unsound plans (exit 1).
+    std::vector<std::string> unsound;
     for (const ir::Function& f : m.functions) {
       if (f.arena_bytes < 0)
         fail("inspect: function '{}' has no memory plan (run 'kiln opt' first)", f.name);
@@ -142,7 +145,13 @@ int cmd_inspect(const std::vector<std::string>& argv) {
                                            ? "sound (no two live values overlap)"
                                            : fmt::format("{} problem(s): {}", problems.size(),
                                                          fmt::join(problems, "; ")));
+      if (!problems.empty())
+        unsound.push_back(fmt::format("'{}' ({}: {})", f.name, problems.size(), problems[0]));
     }
+    std::fflush(stdout);
+    if (!unsound.empty())
+      fail("inspect: the memory plan of function {} is unsound (run 'kiln opt' to plan it again)",
+           fmt::join(unsound, ", "));
     return 0;
   }
   if (ops) {
@@ -324,6 +333,7 @@ int cmd_run(const std::vector<std::string>& argv) {
   if (!a.compiled.empty()) exec_runner("run", argv);
   ir::InterpretOptions interpret_options;
   interpret_options.bf16_linear = a.bf16_linear;
+  interpret_options.max_bytes = parse_byte_size(a.max_memory).value();  // checked by CLI11
   if (a.file.empty()) fail("run: FILE is required (see 'kiln run --help')");
   const std::string& file = a.file;
   const std::string& weights_path = a.weights;
