@@ -363,8 +363,9 @@ TEST_F(CompileMisuse, InspectMemoryExitsOneOnUnsoundPlans) {
 
 // The interpreter's memory limit over a family of sizes: f(x) = exp(x) + neg(exp(x)) peaks
 // at op 2 with x's copy freed and three f32[N] values live (12 N bytes). kiln run refuses
-// --max-memory 12N-1 before running, naming the op and the total, and runs at 12N; sizes
-// that are not sizes are refused by name.
+// --max-memory 12N-1 before running, naming the op and the total, and runs at 12N; a run
+// the machine cannot give the memory names the op; sizes that are not sizes are refused by
+// name.
 TEST_F(CompileMisuse, RunRefusesAboveItsMemoryLimitBeforeStarting) {
   std::mt19937 rng(8);
   rt::write_safetensors(path("none.safetensors"), {});
@@ -392,6 +393,23 @@ TEST_F(CompileMisuse, RunRefusesAboveItsMemoryLimitBeforeStarting) {
                           12 * n, 12 * n - 1));
     const testing::CliResult ok = run(12 * n);
     EXPECT_EQ(ok.status, 0) << ok.output;
+  }
+  // Under the limit but more than the machine gives (an address-space limit of 2 GB): the
+  // op that could not get its memory is named, not "std::bad_alloc".
+  for (int round = 0; round < 2; ++round) {
+    const int64_t n = std::uniform_int_distribution<int64_t>(600'000'000, 900'000'000)(rng);
+    write("big.kir", fmt::format("module @m {{\n  func @f() -> (f32[{0}]) {{\n    %c = constant() "
+                                 "{{value = 1.0}} : f32[{0}]\n    return %c\n  }}\n}}\n",
+                                 n));
+    const testing::CliResult r = testing::run_argv(
+        {"prlimit", "--as=2000000000", testing::kiln_binary(), "run", path("big.kir"), "--function",
+         "f", "--weights", path("none.safetensors"), "--inputs", path("none.safetensors"),
+         "--max-memory", "100G"});
+    EXPECT_EQ(r.status, 1) << r.output;
+    EXPECT_EQ(r.output, fmt::format("kiln: error: line 3: function 'f', op 0 (%c = constant): out "
+                                    "of memory (the values live at the interpreter's peak need {} "
+                                    "bytes; the machine could not give them)\n",
+                                    4 * n));
   }
   for (const char* bad : {"0", "-1", "8X", "1.5G", "99999999999T"}) {
     const testing::CliResult r = testing::run_argv(
