@@ -173,10 +173,10 @@ void kiln_search_options_init(kiln_search_options* o) {
 
 int kiln_generate(kiln_model* model, const kiln_tensor* src, const kiln_search_options* options,
                   kiln_generation* out) {
+  if (out) std::memset(out, 0, sizeof *out);  // a refused call leaves nothing to free
   if (!model) return 1;
   try {
     if (!src || !options || !out) fail("kiln_generate: src, options and out must not be null");
-    std::memset(out, 0, sizeof *out);
     if (options->struct_size != sizeof(kiln_search_options))
       fail(
           "kiln_generate: options.struct_size is {}, this runtime's kiln_search_options has {} "
@@ -209,8 +209,7 @@ void kiln_generation_free(kiln_generation* g) {
   std::free(g->ids);
   std::free(g->lengths);
   std::free(g->scores);
-  g->ids = g->lengths = nullptr;
-  g->scores = nullptr;
+  std::memset(g, 0, sizeof *g);  // a second call frees nothing
 }
 
 const char* kiln_model_error(const kiln_model* model) {

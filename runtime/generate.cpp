@@ -21,6 +21,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
@@ -160,6 +161,10 @@ class Search {
     sampling_ = o.sampling_top_k != 1;  // 1: the best token (greedy or beam search)
     if (sampling_ && o.beam_size != 1)
       fail("sampling (sampling_top_k {}) needs beam_size 1, got {}", o.sampling_top_k, o.beam_size);
+    // -1, and only -1, means the model's bos_id or eos_id.
+    for (auto [what, id, key] :
+         {std::tuple{"start_id", o.start_id, "bos_id"}, std::tuple{"end_id", o.end_id, "eos_id"}})
+      if (id < -1) fail("{} is {}; it must be a token id, or -1 for the model's {}", what, id, key);
     start_ = o.start_id >= 0 ? o.start_id : config_int(m_, "bos_id", -1);
     end_ = o.end_id >= 0 ? o.end_id : config_int(m_, "eos_id", -1);
     if (start_ < 0) fail("no start token: set start_id (the model config has no bos_id)");
@@ -243,6 +248,23 @@ class Search {
     }
     if (kiln_model_run(m_, "decode_step", in.data(), in.size(), out.data(), out.size()))
       fail("{}", kiln_model_error(m_));
+    // A NaN or +inf never becomes a token: the search would pick an arbitrary one (or none)
+    // and return a plausible-looking result. -inf is a token that cannot be chosen, as long
+    // as some token can.
+    constexpr const char* kWhy = "the model's weights or its input hold NaN or infinity";
+    for (int64_t i = 0; i < n; ++i) {
+      bool any = false;
+      for (int64_t v = 0; v < vocab_; ++v) {
+        const float x = logits_[static_cast<size_t>(i * vocab_ + v)];
+        if (std::isnan(x) || x == std::numeric_limits<float>::infinity())
+          fail("non-finite logit at step {} of batch row {}: token {} has logit {} ({})", t,
+               alive[i].sentence, v, x, kWhy);
+        any = any || x != -std::numeric_limits<float>::infinity();
+      }
+      if (!any)
+        fail("non-finite logits at step {} of batch row {}: every token has logit -inf ({})", t,
+             alive[i].sentence, kWhy);
+    }
   }
 
   // Beam search (greedy when beam_size is 1) for the hypotheses [begin, end) of one sentence.

@@ -5,10 +5,15 @@
 //    every step as beam search moves them) and in the compiled code;
 //  - greedy and beam search over the compiled model give the ids and scores of the PyTorch
 //    reference search (tests/golden/make_decode_golden.py);
-//  - bad options and inputs are refused with clear errors, and the model stays usable.
+//  - bad options and inputs are refused with clear errors, and the model stays usable;
+//  - issue 25: a refused kiln_generate leaves a zeroed result (free accepts it, twice), only
+//    -1 means the default start_id / end_id, and a NaN or +inf logit is an error naming the
+//    step and the batch row, over random garbage, ids, tokens and rows.
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -481,6 +486,175 @@ TEST(Generate, SamplingIsReproducibleBySeedAndGreedyStreams) {
   };
   const auto greedy = model.generate(src, g);
   for (size_t s = 0; s < greedy.size(); ++s) EXPECT_EQ(streamed[s], greedy[s][0].ids);
+}
+
+// Issue 25: kiln_generate zeroes its result first, so a refused call (any reason, a NULL
+// model included) leaves a struct that kiln_generation_free accepts, whatever garbage the
+// caller left in it; free is a no-op on a zeroed struct and the second time.
+TEST(Generate, RefusedCallsLeaveAResultThatFreeAccepts) {
+  kiln_models::golden_tiny model(golden("tiny.weights.safetensors").c_str());
+  std::vector<int64_t> ids = {3, 4, 5, 6, 7, 8, 0, 0};
+  kiln_tensor in;
+  std::memset(&in, 0, sizeof in);
+  in.dtype = KILN_I64;
+  in.rank = 2;
+  in.shape[0] = 2;
+  in.shape[1] = 4;
+  in.data = ids.data();
+  in.capacity = ids.size() * sizeof(int64_t);
+  kiln_search_options ok;
+  kiln_search_options_init(&ok);
+  ok.max_decoding_length = 5;
+  std::mt19937_64 rng(25);
+  const auto zero_result = [](const kiln_generation& g) {
+    return g.batch == 0 && g.hypotheses == 0 && g.max_length == 0 && !g.ids && !g.lengths &&
+           !g.scores;
+  };
+  for (int trial = 0; trial < 60; ++trial) {
+    kiln_generation g;
+    for (size_t i = 0; i < sizeof g; ++i)  // what an uninitialized struct may hold
+      reinterpret_cast<unsigned char*>(&g)[i] = static_cast<unsigned char>(rng() | 1);
+    kiln_search_options o = ok;
+    kiln_tensor src = in;
+    kiln_model* m = model.get();
+    const kiln_tensor* src_arg = &src;
+    const kiln_search_options* o_arg = &o;
+    switch (trial % 7) {
+      case 0:
+        m = nullptr;
+        break;
+      case 1:
+        src_arg = nullptr;
+        break;
+      case 2:
+        o_arg = nullptr;
+        break;
+      case 3:
+        o.struct_size = static_cast<size_t>(rng() % 1000) + sizeof o + 1;
+        break;
+      case 4:
+        o.beam_size = -static_cast<int32_t>(rng() % 100);
+        break;
+      case 5:
+        o.start_id = -2 - static_cast<int64_t>(rng() % 1000);
+        break;
+      default:
+        src.rank = 3;
+        break;
+    }
+    EXPECT_NE(kiln_generate(m, src_arg, o_arg, &g), 0) << trial;
+    ASSERT_TRUE(zero_result(g)) << "trial " << trial << ": the result was left as it was";
+    kiln_generation_free(&g);
+    kiln_generation_free(&g);
+    EXPECT_TRUE(zero_result(g));
+  }
+  kiln_generation_free(nullptr);
+  kiln_generation g;
+  ASSERT_EQ(kiln_generate(model.get(), &in, &ok, &g), 0) << kiln_model_error(model.get());
+  EXPECT_EQ(g.batch, 2);
+  kiln_generation_free(&g);
+  EXPECT_TRUE(zero_result(g));
+  kiln_generation_free(&g);  // a second free frees nothing
+}
+
+// Issue 25: only -1 means "the model's bos_id / eos_id"; any other negative id, INT64_MIN
+// included, is refused naming the option and the value.
+TEST(Generate, OnlyMinusOneMeansTheModelsStartAndEndId) {
+  kiln_models::golden_tiny model(golden("tiny.weights.safetensors").c_str());
+  kiln::Tensor<int64_t> src{{2, 4}, {3, 4, 5, 6, 7, 8, 0, 0}};
+  kiln::SearchOptions by_default;
+  by_default.max_decoding_length = 8;
+  kiln::SearchOptions given = by_default;
+  given.start_id = 1;  // tiny's bos_id and eos_id
+  given.end_id = 2;
+  const auto a = model.generate(src, by_default), b = model.generate(src, given);
+  for (size_t s = 0; s < a.size(); ++s) EXPECT_EQ(a[s][0].ids, b[s][0].ids);
+  std::mt19937_64 rng(4);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int64_t id = trial < 2   ? std::numeric_limits<int64_t>::min() + trial
+                       : trial < 4 ? -2
+                                   : -2 - static_cast<int64_t>(rng() >> (rng() % 63));
+    kiln::SearchOptions o = by_default;
+    const bool start = trial % 2 == 0;
+    (start ? o.start_id : o.end_id) = id;
+    EXPECT_EQ(error_of([&] { model.generate(src, o); }),
+              fmt::format("{} is {}; it must be a token id, or -1 for the model's {}",
+                          start ? "start_id" : "end_id", id, start ? "bos_id" : "eos_id"));
+  }
+}
+
+// Issue 25: a NaN or +inf logit (here from weights) is an error naming the step and the batch
+// row, never a result; -inf logits are tokens that cannot be chosen, unless all are.
+TEST(Generate, NonFiniteLogitsAreRefusedNamingTheRowAndStep) {
+  const rt::SafeTensors tiny = rt::SafeTensors::load(golden("tiny.weights.safetensors"));
+  const std::string path = ::testing::TempDir() + "decode_nonfinite.safetensors";
+  auto model_with = [&](const std::string& name,
+                        const std::function<void(std::vector<float>&)>& f) {
+    std::vector<rt::TensorData> out;
+    for (const rt::TensorInfo& t : tiny.tensors()) {
+      std::vector<float> v = tiny.to_f32(t);
+      if (t.name == name) f(v);
+      out.push_back(rt::make_f32(t.name, t.shape, v));
+    }
+    rt::write_safetensors(path, out, tiny.metadata());
+    return std::make_unique<kiln_models::golden_tiny>(path.c_str());
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::string why = " (the model's weights or its input hold NaN or infinity)";
+  std::mt19937 rng(52);
+  auto random_src = [&](int64_t batch, int64_t length) {
+    kiln::Tensor<int64_t> src{{batch, length}, std::vector<int64_t>(batch * length)};
+    for (int64_t& x : src.data) x = std::uniform_int_distribution<int64_t>(3, 20)(rng);
+    return src;
+  };
+  for (int trial = 0; trial < 12; ++trial) {
+    const int64_t v = std::uniform_int_distribution<int64_t>(0, 40)(rng);
+    const float value = trial % 2 ? inf : nan;
+    auto model = model_with("generator.bias", [&](std::vector<float>& b) { b[v] = value; });
+    kiln::SearchOptions o;
+    o.max_decoding_length = 6;
+    if (trial % 3 == 1) o.beam_size = 3;
+    if (trial % 3 == 2) o.sampling_top_k = 0;
+    const kiln::Tensor<int64_t> src =
+        random_src(std::uniform_int_distribution<int64_t>(1, 4)(rng), 5);
+    EXPECT_EQ(error_of([&] { model->generate(src, o); }),
+              fmt::format("non-finite logit at step 0 of batch row 0: token {} has logit {}{}", v,
+                          value, why));
+  }
+  {  // every logit -inf
+    auto model = model_with("generator.bias", [&](std::vector<float>& b) {
+      for (float& x : b) x = -inf;
+    });
+    EXPECT_EQ(error_of([&] { model->generate(random_src(2, 3), kiln::SearchOptions()); }),
+              "non-finite logits at step 0 of batch row 0: every token has logit -inf" + why);
+  }
+  {  // one token's logit -inf: never chosen, the others as they were
+    const int64_t v = 7;
+    auto model = model_with("generator.bias", [&](std::vector<float>& b) { b[v] = -inf; });
+    kiln::SearchOptions o;
+    o.max_decoding_length = 12;
+    o.beam_size = 2;
+    for (const auto& hyps : model->generate(random_src(3, 6), o))
+      for (int64_t id : hyps[0].ids) EXPECT_NE(id, v);
+  }
+  // NaN in the source embedding of a token only sentence k holds: row k, step 0.
+  for (int trial = 0; trial < 8; ++trial) {
+    const int64_t u = 30 + trial % 7;  // random_src never draws it
+    auto model = model_with("src_embed.weight", [&](std::vector<float>& e) {
+      for (int d = 0; d < 24; ++d) e[u * 24 + d] = nan;
+    });
+    const int64_t batch = std::uniform_int_distribution<int64_t>(1, 4)(rng);
+    const int64_t k = std::uniform_int_distribution<int64_t>(0, batch - 1)(rng);
+    kiln::Tensor<int64_t> src = random_src(batch, 6);
+    src.data[k * 6 + std::uniform_int_distribution<int64_t>(0, 5)(rng)] = u;
+    kiln::SearchOptions o;
+    o.max_decoding_length = 4;
+    o.beam_size = 1 + trial % 2;
+    EXPECT_EQ(
+        error_of([&] { model->generate(src, o); }),
+        fmt::format("non-finite logit at step 0 of batch row {}: token 0 has logit nan{}", k, why));
+  }
 }
 
 }  // namespace

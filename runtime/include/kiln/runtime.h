@@ -213,7 +213,8 @@ typedef struct kiln_search_options {
                                 * 0 (default): the model's max_len */
   int32_t min_decoding_length; /* tokens before the end token may be generated; default 0 */
   float length_penalty;        /* default 0: scores are plain sums */
-  int64_t start_id, end_id;    /* -1 (default): the model config's bos_id and eos_id */
+  int64_t start_id, end_id;    /* -1 (default): the model config's bos_id and eos_id;
+                                * else a token id (other negative values are refused) */
   int32_t sampling_top_k;      /* 1 (default): no sampling; 0: sample from all tokens */
   float sampling_temperature;  /* default 1 */
   uint64_t seed;               /* for sampling; default 0 */
@@ -227,7 +228,8 @@ typedef struct kiln_search_options {
  * binds its options to a struct this fills, so its --help shows them). */
 void kiln_search_options_init(kiln_search_options* options);
 
-/* What kiln_generate returns; release with kiln_generation_free. */
+/* What kiln_generate returns; release with kiln_generation_free. kiln_generate zeroes it
+ * first, so a refused call leaves a struct that kiln_generation_free accepts. */
 typedef struct kiln_generation {
   int64_t batch, hypotheses, max_length;
   int64_t* ids;     /* [batch, hypotheses, max_length], -1 past each hypothesis's length */
@@ -238,11 +240,15 @@ typedef struct kiln_generation {
 /* Generates for the source ids `src` [batch, length] (i64 or i32; sentences of different
  * lengths padded with the model's pad_id at the end). Bad options or input (an id out of
  * range, beam_size 0 or above max_beam, max_decoding_length above max_len, an empty
- * batch, ...) are refused with an error naming them, and the model stays usable. Returns 0
- * and fills *out, or non-zero with the message in kiln_model_error(). Thread-safe like
- * kiln_model_run: every call has its own caches. */
+ * batch, a start_id or end_id below -1, ...) are refused with an error naming them, and the
+ * model stays usable. A logit that is NaN or infinite (e.g. from NaN weights) is an error
+ * naming the step and the batch row, never a result. Returns 0 and fills *out, or non-zero
+ * with the message in kiln_model_error() (*out is zeroed either way, a NULL model
+ * included). Thread-safe like kiln_model_run: every call has its own caches. */
 int kiln_generate(kiln_model* model, const kiln_tensor* src, const kiln_search_options* options,
                   kiln_generation* out);
+/* Frees what kiln_generate allocated and zeroes *generation: NULL, a zeroed struct and a
+ * second call are no-ops. */
 void kiln_generation_free(kiln_generation* generation);
 
 /* Reads tensor `name` of a safetensors file into `out` (dtype F32 -> KILN_F32; I64 or
