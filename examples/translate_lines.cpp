@@ -64,6 +64,8 @@ int main(int argc, char** argv) {
     model.set_num_threads(2);
     const kiln::Vocabulary src_vocab = kiln::Vocabulary::load(argv[2]);
     const kiln::Vocabulary tgt_vocab = kiln::Vocabulary::load(argv[3]);
+    src_vocab.check_model("source", model.get());  // sizes and special tokens as the model's
+    tgt_vocab.check_model("target", model.get());
     const int beam = argc > 4 ? std::atoi(argv[4]) : 1;
     std::vector<std::string> lines, references;
     if (argc > 5) {
@@ -77,9 +79,14 @@ int main(int argc, char** argv) {
         references.push_back(line.substr(tab + 1));
       }
     } else {
-      std::string line;
-      while (std::getline(std::cin, line))
+      std::string line;  // bounded: an endless line is an error, not all of memory
+      for (int got; (got = kiln::read_line(std::cin, line, kiln::kMaxSentenceBytes)) != 0;) {
+        if (got < 0)
+          throw std::runtime_error("standard input: line " + std::to_string(lines.size() + 1) +
+                                   " is longer than " + std::to_string(kiln::kMaxSentenceBytes) +
+                                   " bytes: " + kiln::quote_start(line));
         if (!line.empty()) lines.push_back(line);
+      }
     }
     const std::vector<std::string> out = translate(model, src_vocab, tgt_vocab, lines, beam);
     if (references.empty()) {

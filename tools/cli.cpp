@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "kiln/vocab.h"  // quote: user text in messages, cut to a prefix and its length
 #include "runtime/weights.h"
 #include "support/file_io.h"
 #include "support/read_file.h"
@@ -134,9 +135,9 @@ bool parse_command(CLI::App& app, const std::vector<std::string>& argv) {
   }
   for (const std::string& extra : app.remaining()) {
     if (extra.size() > 1 && extra[0] == '-')
-      fail("{}: unknown option '{}' (see 'kiln {} --help')", command,
-           extra.substr(0, extra.find('=')), command);
-    fail("{}: unexpected argument '{}' (see 'kiln {} --help')", command, extra, command);
+      fail("{}: unknown option {} (see 'kiln {} --help')", command,
+           kiln::quote(extra.substr(0, extra.find('='))), command);
+    fail("{}: unexpected argument {} (see 'kiln {} --help')", command, kiln::quote(extra), command);
   }
   return true;
 }
@@ -148,7 +149,7 @@ CLI::Validator whole_number(int64_t lo, int64_t hi) {
         int64_t v = 0;
         auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
         if (ec != std::errc() || end != value.data() + value.size() || v < lo || v > hi)
-          return fmt::format("must be {}, got '{}'", what, value);
+          return fmt::format("must be {}, got {}", what, kiln::quote(value));
         return "";
       },
       "");  // no description: the help shows only the value's name
@@ -159,7 +160,7 @@ CLI::Validator at_least(int64_t lo) {
   const std::string what = fmt::format("a whole number >= {}", lo);
   return CLI::Validator(
       [=](std::string& value) -> std::string {
-        return v(value).empty() ? "" : fmt::format("must be {}, got '{}'", what, value);
+        return v(value).empty() ? "" : fmt::format("must be {}, got {}", what, kiln::quote(value));
       },
       "");
 }
@@ -206,7 +207,7 @@ CLI::Validator finite_number() {
         double v = 0;
         auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
         if (ec != std::errc() || end != value.data() + value.size() || !std::isfinite(v))
-          return fmt::format("must be a number, got '{}'", value);
+          return fmt::format("must be a number, got {}", kiln::quote(value));
         return "";
       },
       "");
@@ -289,7 +290,11 @@ std::unique_ptr<CLI::App> translate_command(TranslateArgs& a) {
       "pad_id), or text with --src-vocab and --tgt-vocab: each TEXT argument, or without any,\n"
       "each line of standard input, is a source sentence; one line 'SOURCE -> TRANSLATION' is\n"
       "printed per sentence (and per hypothesis with --num-hypotheses). The vocabularies are\n"
-      "character-level files, one token per line (see examples/numbers/README.md).\n"
+      "character-level files, one token per line (see examples/numbers/README.md), that fit\n"
+      "the model: as many tokens as its src_vocab and tgt_vocab, <pad> at its pad_id, <s> and\n"
+      "</s> at its bos_id and eos_id. Limits: a vocabulary line of 4096 bytes, 1048576 tokens;\n"
+      "a sentence of 1048576 bytes, 100000 lines of standard input. Text that is not UTF-8 and\n"
+      "a NaN or infinite logit are errors.\n"
       "\n"
       "Output: with -o, a safetensors file with 'ids' I64 [batch, hypotheses, max_len] (-1 "
       "after\neach hypothesis), 'lengths' I64 [batch, hypotheses] and 'scores' F32 [batch, "

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <span>
@@ -16,7 +17,6 @@
 namespace kiln::tools {
 namespace fs = std::filesystem;
 
-namespace {
 // The C ABI, resolved from one library handle.
 struct Api {
   kiln_model* (*create)(const char*, char**);
@@ -33,6 +33,7 @@ struct Api {
   const char* (*profile)(kiln_model*);
 };
 
+namespace {
 template <typename F>
 void resolve(void* handle, const std::string& lib, const std::string& symbol, F* out) {
   void* p = dlsym(handle, symbol.c_str());
@@ -41,9 +42,8 @@ void resolve(void* handle, const std::string& lib, const std::string& symbol, F*
 }
 }  // namespace
 
-namespace {
 // A compiled model's library, opened, and a model created from it.
-struct Loaded {
+struct LoadedLibrary {
   Api api{};
   std::string name;
   std::unique_ptr<kiln_model, void (*)(kiln_model*)> model{nullptr, nullptr};
@@ -51,10 +51,13 @@ struct Loaded {
                   kiln_generation*) = nullptr;
   void (*generation_free)(kiln_generation*) = nullptr;
   int64_t (*symbol_max)(const kiln_model*, const char*) = nullptr;
+  const char* (*config)(const kiln_model*, const char*) = nullptr;
 };
 
-Loaded open_compiled(const std::string& dir, const std::string& weights_path,
-                     const std::string& command) {
+namespace {
+
+LoadedLibrary open_compiled(const std::string& dir, const std::string& weights_path,
+                            const std::string& command) {
   if (weights_path == "-") fail("{} --compiled: weights must be a file, not '-'", command);
   std::vector<fs::path> libs;
   std::error_code ec;
@@ -68,7 +71,7 @@ Loaded open_compiled(const std::string& dir, const std::string& weights_path,
     fail("{} --compiled: expected one lib*.so in '{}' (from kiln compile --emit=shared), found {}",
          command, dir, libs.size());
   const std::string lib = libs[0].string();
-  Loaded l;
+  LoadedLibrary l;
   l.name = libs[0].filename().string().substr(3, libs[0].filename().string().size() - 6);
   void* handle = dlopen(fs::absolute(libs[0]).c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle) fail("{} --compiled: cannot load '{}': {}", command, lib, dlerror());
@@ -88,6 +91,7 @@ Loaded open_compiled(const std::string& dir, const std::string& weights_path,
   resolve(handle, lib, "kiln_generate", &l.generate);
   resolve(handle, lib, "kiln_generation_free", &l.generation_free);
   resolve(handle, lib, "kiln_model_symbol_max", &l.symbol_max);
+  resolve(handle, lib, "kiln_model_config", &l.config);
 
   char* error = nullptr;
   kiln_model* model = api.create(weights_path.c_str(), &error);
@@ -107,7 +111,7 @@ std::vector<rt::TensorData> run_compiled(const std::string& dir, const std::stri
                                          const CompiledRunOptions& options) {
   if (options.repeat < 1)
     fail("run --compiled: --repeat must be at least 1, got {}", options.repeat);
-  Loaded loaded = open_compiled(dir, weights_path, "run");
+  LoadedLibrary loaded = open_compiled(dir, weights_path, "run");
   const Api& api = loaded.api;
   const std::string& name = loaded.name;
   kiln_model* model = loaded.model.get();
@@ -179,16 +183,35 @@ std::vector<rt::TensorData> run_compiled(const std::string& dir, const std::stri
 
 namespace kiln::tools {
 
-Generated generate_compiled(const std::string& dir, const std::string& weights_path,
-                            const std::vector<int64_t>& src, int64_t batch, int64_t length,
-                            const kiln_search_options& search, int threads) {
-  Loaded loaded = open_compiled(dir, weights_path, "translate");
-  kiln_model* model = loaded.model.get();
-  if (threads > 0) loaded.api.set_num_threads(model, threads);
+CompiledGenerator::CompiledGenerator(const std::string& dir, const std::string& weights_path,
+                                     int threads)
+    : loaded_(std::make_unique<LoadedLibrary>(open_compiled(dir, weights_path, "translate"))) {
+  if (threads > 0) loaded_->api.set_num_threads(loaded_->model.get(), threads);
+}
+
+CompiledGenerator::~CompiledGenerator() = default;
+
+int64_t CompiledGenerator::config(const char* key) const {
+  const char* v = loaded_->config(loaded_->model.get(), key);
+  if (!v) return -1;
+  int64_t out = 0;
+  auto [end, ec] = std::from_chars(v, v + std::strlen(v), out);
+  if (ec != std::errc() || *end) fail("model config '{}' is '{}', not an integer", key, v);
+  return out;
+}
+
+int64_t CompiledGenerator::symbol_max(const char* symbol) const {
+  return loaded_->symbol_max(loaded_->model.get(), symbol);
+}
+
+Generated CompiledGenerator::generate(const std::vector<int64_t>& src, int64_t batch,
+                                      int64_t length, const kiln_search_options& search,
+                                      const std::function<std::string(int64_t)>& sentence) const {
+  kiln_model* model = loaded_->model.get();
   kiln_search_options o = search;
   o.on_token = nullptr;
   // In chunks of at most the model's max_batch sentences.
-  const int64_t chunk = std::max<int64_t>(1, loaded.symbol_max(model, "B"));
+  const int64_t chunk = std::max<int64_t>(1, symbol_max("B"));
   Generated out;
   out.batch = batch;
   for (int64_t first = 0; first < std::max<int64_t>(batch, 1); first += chunk) {
@@ -203,14 +226,25 @@ Generated generate_compiled(const std::string& dir, const std::string& weights_p
     in.data = const_cast<int64_t*>(src.data() + first * length);
     in.capacity = static_cast<size_t>(n * length) * sizeof(int64_t);
     kiln_generation g;
-    if (loaded.generate(model, &in, &o, &g) != 0) fail("{}", loaded.api.error(model));
+    if (loaded_->generate(model, &in, &o, &g) != 0) {
+      // "... batch row R ...": row R of this chunk is the input's sentence first + R.
+      const std::string message = loaded_->api.error(model);
+      const size_t at = message.find("batch row ");
+      int64_t row = -1;
+      if (at != std::string::npos && sentence) {
+        const char* digits = message.c_str() + at + 10;
+        std::from_chars(digits, message.c_str() + message.size(), row);
+      }
+      if (row >= 0 && row < n) fail("{}: {}", sentence(first + row), message);
+      fail("{}", message);
+    }
     out.hypotheses = g.hypotheses;
     out.max_length = g.max_length;
     const size_t m = static_cast<size_t>(g.batch * g.hypotheses);
     out.ids.insert(out.ids.end(), g.ids, g.ids + m * static_cast<size_t>(g.max_length));
     out.lengths.insert(out.lengths.end(), g.lengths, g.lengths + m);
     out.scores.insert(out.scores.end(), g.scores, g.scores + m);
-    loaded.generation_free(&g);
+    loaded_->generation_free(&g);
   }
   return out;
 }

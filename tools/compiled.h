@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -32,11 +34,29 @@ struct Generated {
   std::vector<float> scores;     // [batch, hypotheses]
 };
 
-// Runs kiln_generate of the shared library in `dir` on source ids [batch, length] with
-// `search` (whose callback must be null), in chunks of the model's max_batch sentences, with
-// `threads` kernel threads (0: the Halide runtime's default).
-Generated generate_compiled(const std::string& dir, const std::string& weights_path,
-                            const std::vector<int64_t>& src, int64_t batch, int64_t length,
-                            const kiln_search_options& search, int threads);
+struct LoadedLibrary;  // compiled.cpp
+
+// A compiled model's shared library in `dir`, opened, with a model created from
+// `weights_path`, for kiln_generate (kiln translate).
+class CompiledGenerator {
+ public:
+  // `threads` kernel threads (0: the Halide runtime's default).
+  CompiledGenerator(const std::string& dir, const std::string& weights_path, int threads);
+  ~CompiledGenerator();
+  // The integer of the model's config `key` (kiln_model_config), or -1 where it has none.
+  int64_t config(const char* key) const;
+  // The declared maximum of a shape symbol ("B", "S"), or -1.
+  int64_t symbol_max(const char* symbol) const;
+  // kiln_generate on source ids [batch, length] with `search` (its callback is not used), in
+  // chunks of the model's max_batch sentences. A refused chunk is a kiln::Error with the
+  // runtime's message; where it names a batch row, `sentence(i)` describes the input's
+  // sentence i (from 0) after it (e.g. "sentence 3 'three...'").
+  Generated generate(const std::vector<int64_t>& src, int64_t batch, int64_t length,
+                     const kiln_search_options& search,
+                     const std::function<std::string(int64_t)>& sentence) const;
+
+ private:
+  std::unique_ptr<LoadedLibrary> loaded_;
+};
 
 }  // namespace kiln::tools

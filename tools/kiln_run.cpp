@@ -33,12 +33,54 @@ int cmd_run(const std::vector<std::string>& argv) {
                         run_compiled(a.compiled, a.function, a.weights, ifile, a.compiled_options));
 }
 
+// At most this many sentences are read from standard input (each with its translation held
+// in memory until all are done): an endless input (`yes |`) is refused, not read forever.
+constexpr size_t kMaxSentences = 100000;
+
 kiln::Vocabulary load_vocab(const std::string& path) {
   try {
     return kiln::Vocabulary::load(path);
   } catch (const std::runtime_error& e) {
     fail("translate: {}", e.what());
   }
+}
+
+// Refuses a vocabulary that does not fit the model (kiln/vocab.h, Vocabulary::check_model).
+void check_vocab(const kiln::Vocabulary& v, const std::string& role,
+                 const CompiledGenerator& model) {
+  try {
+    v.check_model(role, model.config(role == "source" ? "src_vocab" : "tgt_vocab"),
+                  model.config("pad_id"), model.config("bos_id"), model.config("eos_id"));
+  } catch (const std::runtime_error& e) {
+    fail("translate: {}", e.what());
+  }
+}
+
+// The sentences of TEXT arguments or, without any, of standard input's lines, each at most
+// kiln::kMaxSentenceBytes, at most kMaxSentences of them.
+std::vector<std::string> read_sentences(const std::vector<std::string>& text) {
+  for (size_t i = 0; i < text.size(); ++i)
+    if (text[i].size() > kiln::kMaxSentenceBytes)
+      fail("translate: sentence {} is longer than {} bytes (the limit for a sentence): {}", i + 1,
+           kiln::kMaxSentenceBytes, kiln::quote(text[i]));
+  if (!text.empty()) return text;
+  std::vector<std::string> lines;
+  std::string line;
+  for (;;) {
+    const int got = kiln::read_line(std::cin, line, kiln::kMaxSentenceBytes);
+    if (got == 0) break;
+    if (got < 0)
+      fail(
+          "translate: standard input: line {} is longer than {} bytes (the limit for a "
+          "sentence): {}",
+          lines.size() + 1, kiln::kMaxSentenceBytes, kiln::quote_start(line));
+    if (lines.size() == kMaxSentences)
+      fail("translate: standard input has more than {} lines (the limit for one run; split it)",
+           kMaxSentences);
+    lines.push_back(line);
+  }
+  if (std::cin.bad()) fail("translate: cannot read standard input");
+  return lines;
 }
 
 // kiln translate (see its --help).
@@ -51,9 +93,10 @@ int cmd_translate(const std::vector<std::string>& argv) {
   if (text == !a.inputs.empty())
     fail("translate: give either --inputs IN.safetensors or --src-vocab and --tgt-vocab");
   if (!text && !a.text.empty())
-    fail("translate: TEXT arguments need --src-vocab and --tgt-vocab (got '{}')", a.text[0]);
+    fail("translate: TEXT arguments need --src-vocab and --tgt-vocab (got {})",
+         kiln::quote(a.text[0]));
 
-  std::vector<std::vector<int64_t>> sentences;
+  const CompiledGenerator model(a.compiled, a.weights, a.threads);
   std::vector<std::string> lines;
   std::optional<kiln::Vocabulary> src_vocab, tgt_vocab;
   std::vector<int64_t> src;
@@ -61,24 +104,32 @@ int cmd_translate(const std::vector<std::string>& argv) {
   if (text) {
     src_vocab = load_vocab(a.src_vocab);
     tgt_vocab = load_vocab(a.tgt_vocab);
-    lines = a.text;
-    if (lines.empty()) {
-      std::string line;
-      while (std::getline(std::cin, line)) {
-        if (!line.empty() && line.back() == '\r') line.pop_back();
-        lines.push_back(line);
-      }
-    }
-    const int64_t pad = src_vocab->id("<pad>");
+    const int64_t src_size = model.config("src_vocab"), tgt_size = model.config("tgt_vocab");
+    if (src_size != tgt_size && src_vocab->size() == tgt_size && tgt_vocab->size() == src_size)
+      fail(
+          "translate: the vocabularies are swapped: --src-vocab '{}' has {} tokens and "
+          "--tgt-vocab '{}' has {}, the model's src_vocab is {} and its tgt_vocab {}",
+          a.src_vocab, src_vocab->size(), a.tgt_vocab, tgt_vocab->size(), src_size, tgt_size);
+    check_vocab(*src_vocab, "source", model);
+    check_vocab(*tgt_vocab, "target", model);
+    lines = read_sentences(a.text);
+    const int64_t max_length = model.symbol_max("S");
+    const int64_t pad =
+        model.config("pad_id") >= 0 ? model.config("pad_id") : src_vocab->id("<pad>");
     if (pad < 0) fail("translate: the source vocabulary has no <pad> token");
+    std::vector<std::vector<int64_t>> sentences;
     for (size_t i = 0; i < lines.size(); ++i) {
       try {
         sentences.push_back(src_vocab->encode(lines[i]));
       } catch (const std::runtime_error& e) {
         fail("translate: sentence {}: {}", i + 1, e.what());
       }
-      if (sentences.back().empty()) fail("translate: sentence {} is empty", i + 1);
-      length = std::max<int64_t>(length, static_cast<int64_t>(sentences.back().size()));
+      const int64_t n = static_cast<int64_t>(sentences.back().size());
+      if (n == 0) fail("translate: sentence {} is empty", i + 1);
+      if (max_length > 0 && n > max_length)
+        fail("translate: sentence {} has {} characters, the model reads at most {} (max_len): {}",
+             i + 1, n, max_length, kiln::quote(lines[i]));
+      length = std::max(length, n);
     }
     batch = static_cast<int64_t>(sentences.size());
     src.assign(static_cast<size_t>(batch * length), pad);
@@ -94,7 +145,13 @@ int cmd_translate(const std::vector<std::string>& argv) {
     length = t->shape[1];
     src = ifile.to_i64(*t);
   }
-  Generated g = generate_compiled(a.compiled, a.weights, src, batch, length, a.search, a.threads);
+  auto sentence = [&](int64_t i) {
+    if (text)
+      return fmt::format("translate: sentence {} {}", i + 1,
+                         kiln::quote(lines[static_cast<size_t>(i)]));
+    return fmt::format("translate: row {} of 'src'", i);
+  };
+  Generated g = model.generate(src, batch, length, a.search, sentence);
   if (!a.output.empty()) {
     std::vector<rt::TensorData> data;
     data.push_back(rt::make_i64("ids", {g.batch, g.hypotheses, g.max_length}, g.ids));

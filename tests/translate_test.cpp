@@ -1,0 +1,379 @@
+// `kiln translate` (run as kiln-run translate, the binary it execs) under hostile input
+// (issue 25), over generated families (random permutations, sizes, byte values and
+// positions, fixed seeds), with the number translator of examples/numbers compiled as a
+// shared library: vocabularies that do not fit the model (shuffled, swapped, a token more
+// or less), NaN and infinite weights (the error names the sentence and the step), endless
+// and oversized input (bounded reads, messages that quote a prefix and the length), and
+// text or tokens that are not UTF-8. Each refusal is exit 1 with one `kiln: error:` line.
+// The binary and the model may be given by KILN_RUN and KILN_TRANSLATE_MODEL (the
+// sanitizer stage of scripts/test.sh runs an instrumented kiln-run).
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "kiln/vocab.h"
+#include "runtime/safetensors.h"
+#include "tests/cli_run.h"
+
+namespace kiln {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string from_env(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : fallback;
+}
+const std::string kRunner = from_env("KILN_RUN", KILN_RUN_BINARY);
+const std::string kModel = from_env("KILN_TRANSLATE_MODEL", KILN_TRANSLATE_MODEL_DIR);
+const std::string kNumbers = std::string(KILN_TEST_DATA_DIR) + "/../examples/numbers/";
+
+std::vector<std::string> read_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> out;
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+class TranslateTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("kiln_translate_" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    std::filesystem::create_directories(dir_);
+    src_ = read_lines(kNumbers + "vocab.src.txt");
+    tgt_ = read_lines(kNumbers + "vocab.tgt.txt");
+    ASSERT_EQ(src_.size(), 24u);
+    ASSERT_EQ(tgt_.size(), 13u);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string path(const std::string& f) const { return (dir_ / f).string(); }
+  std::string write(const std::string& name, const std::vector<std::string>& lines) {
+    std::ofstream out(path(name), std::ios::binary);
+    for (const std::string& l : lines) out << l << '\n';
+    return path(name);
+  }
+  // kiln-run translate with the numbers model, `weights` and `vocabs` (source, target).
+  testing::CliResult translate(std::vector<std::string> args, testing::CliOptions options = {},
+                               const std::string& weights = kNumbers +
+                                                            "numbers.weights.safetensors") {
+    std::vector<std::string> argv = {kRunner, "translate", "--compiled",
+                                     kModel,  "--weights", weights};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return testing::run_argv(argv, options);
+  }
+  testing::CliResult text(const std::string& src_vocab, const std::string& tgt_vocab,
+                          std::vector<std::string> extra = {}, testing::CliOptions options = {},
+                          const std::string& weights = kNumbers + "numbers.weights.safetensors") {
+    std::vector<std::string> args = {"--src-vocab", src_vocab, "--tgt-vocab", tgt_vocab};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return translate(args, options, weights);
+  }
+  // The numbers weights with `change` applied to tensor `name`.
+  std::string weights_with(const std::string& name,
+                           const std::function<void(std::vector<float>&)>& change) {
+    rt::SafeTensors w = rt::SafeTensors::load(kNumbers + "numbers.weights.safetensors");
+    std::vector<rt::TensorData> out;
+    for (const rt::TensorInfo& t : w.tensors()) {
+      std::vector<float> v = w.to_f32(t);
+      if (t.name == name) change(v);
+      out.push_back(rt::make_f32(t.name, t.shape, v));
+    }
+    rt::write_safetensors(path("w.safetensors"), out, w.metadata());
+    return path("w.safetensors");
+  }
+  std::filesystem::path dir_;
+  std::vector<std::string> src_, tgt_;
+};
+
+// The first special token (<pad>, <s>, </s>) a vocabulary in `lines` does not hold at the
+// model's id (0, 1, 2), as Vocabulary::check_model reports it; "" when all are in place.
+std::string misplaced(const std::string& role, const std::string& file,
+                      const std::vector<std::string>& lines) {
+  const std::vector<std::pair<std::string, std::string>> specials = {
+      {"<pad>", "pad_id"}, {"<s>", "bos_id"}, {"</s>", "eos_id"}};
+  for (size_t id = 0; id < specials.size(); ++id) {
+    const auto& [token, key] = specials[id];
+    const size_t at = std::find(lines.begin(), lines.end(), token) - lines.begin();
+    if (at == id) continue;
+    return fmt::format(
+        "kiln: error: translate: {} vocabulary '{}' has {} at id {} (line {}), the model's {} "
+        "is {} (line {} holds {})\n",
+        role, file, token, at, at + 1, key, id, id + 1, quote(lines[id]));
+  }
+  return "";
+}
+
+TEST_F(TranslateTest, TranslatesWithTheShippedVocabularies) {
+  const testing::CliResult r = text(kNumbers + "vocab.src.txt", kNumbers + "vocab.tgt.txt",
+                                    {"three hundred and twelve", "forty thousand and seventeen"});
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output, "three hundred and twelve -> 312\nforty thousand and seventeen -> 40017\n");
+}
+
+TEST_F(TranslateTest, VocabulariesThatDoNotFitTheModelAreRefused) {
+  const std::string src = kNumbers + "vocab.src.txt", tgt = kNumbers + "vocab.tgt.txt";
+  const std::vector<std::string> words = {"two thousand and five"};
+  // Swapped.
+  testing::CliResult r = text(tgt, src, words);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.output, "kiln: error: translate: the vocabularies are swapped: --src-vocab '" + tgt +
+                          "' has 13 tokens and --tgt-vocab '" + src +
+                          "' has 24, the model's src_vocab is 24 and its tgt_vocab 13\n");
+  std::mt19937 rng(2025);
+  for (int trial = 0; trial < 16; ++trial) {
+    const bool source = trial % 2 == 0;
+    std::vector<std::string> lines = source ? src_ : tgt_;
+    const std::string role = source ? "source" : "target";
+    std::string want;
+    if (trial % 4 < 2) {  // a permutation that moves a special token
+      do {
+        std::shuffle(lines.begin(), lines.end(), rng);
+      } while (misplaced(role, "", lines).empty());
+      want = misplaced(role, path("v.txt"), lines);
+    } else {  // a token more or less
+      const size_t size = lines.size();
+      if (trial % 8 < 4) {
+        lines.erase(lines.begin() + std::uniform_int_distribution<size_t>(3, size - 1)(rng));
+      } else {
+        const size_t at = std::uniform_int_distribution<size_t>(0, size)(rng);
+        lines.insert(lines.begin() + at, trial % 3 ? "Q" : "\xC3\xA9");
+      }
+      want = fmt::format(
+          "kiln: error: translate: {} vocabulary '{}' has {} tokens, the model's {} "
+          "is {}\n",
+          role, path("v.txt"), lines.size(), source ? "src_vocab" : "tgt_vocab", size);
+    }
+    const std::string v = write("v.txt", lines);
+    r = source ? text(v, tgt, words) : text(src, v, words);
+    EXPECT_EQ(r.status, 1) << trial;
+    EXPECT_EQ(r.output, want) << trial;
+  }
+}
+
+TEST_F(TranslateTest, NonFiniteLogitsAreAnErrorNamingTheSentenceAndStep) {
+  const std::string src = kNumbers + "vocab.src.txt", tgt = kNumbers + "vocab.tgt.txt";
+  const std::vector<std::string> examples = read_lines(kNumbers + "examples.txt");
+  const float kNan = std::numeric_limits<float>::quiet_NaN();
+  const float kInf = std::numeric_limits<float>::infinity();
+  std::mt19937 rng(31);
+  // A NaN or +inf in the generator's bias: token v's logit, every row, the first step.
+  for (int trial = 0; trial < 6; ++trial) {
+    const int64_t v = std::uniform_int_distribution<int64_t>(0, 12)(rng);
+    const float value = trial % 2 ? kInf : kNan;
+    const std::string w =
+        weights_with("generator.bias", [&](std::vector<float>& b) { b[v] = value; });
+    const std::string beam = trial % 3 == 0 ? "2" : "1";
+    const testing::CliResult r =
+        text(src, tgt, {"--beam", beam}, {.input_path = kNumbers + "examples.txt"}, w);
+    EXPECT_EQ(r.status, 1);
+    EXPECT_EQ(r.output, fmt::format("kiln: error: translate: sentence 1 'three hundred and "
+                                    "twelve': non-finite logit at step 0 of batch row 0: token "
+                                    "{} has logit {} (the model's weights or its input hold NaN "
+                                    "or infinity)\n",
+                                    v, value));
+  }
+  // NaN in the source embedding of 'x' ("six"), in one sentence of 40 (two chunks of the
+  // model's max_batch 32): that sentence's row, named by its place in the input.
+  std::vector<std::string> plain, with_x;
+  for (const std::string& line : read_lines(kNumbers + "heldout.tsv")) {
+    const std::string s = line.substr(0, line.find('\t'));
+    (s.find('x') == std::string::npos ? plain : with_x).push_back(s);
+  }
+  ASSERT_GE(plain.size(), 40u);
+  ASSERT_FALSE(with_x.empty());
+  const int64_t x = std::find(src_.begin(), src_.end(), "x") - src_.begin();
+  const std::string w = weights_with("src_embed.weight", [&](std::vector<float>& e) {
+    for (int d = 0; d < 64; ++d) e[x * 64 + d] = kNan;
+  });
+  for (int trial = 0; trial < 4; ++trial) {
+    std::vector<std::string> batch(plain.begin() + trial, plain.begin() + trial + 40);
+    const size_t k = std::uniform_int_distribution<size_t>(0, 39)(rng);
+    batch[k] = with_x[static_cast<size_t>(trial) % with_x.size()];
+    std::string input;
+    for (const std::string& s : batch) input += s + "\n";
+    const testing::CliResult r = text(src, tgt, {}, {.input = input}, w);
+    EXPECT_EQ(r.status, 1);
+    EXPECT_EQ(r.output,
+              fmt::format("kiln: error: translate: sentence {} {}: non-finite logit at step 0 of "
+                          "batch row {}: token 0 has logit nan (the model's weights or its input "
+                          "hold NaN or infinity)\n",
+                          k + 1, quote(batch[k]), k % 32));
+  }
+  // NaN in the target embedding of a digit: the first step that feeds it, and the first
+  // sentence that does at that step.
+  const testing::CliResult clean = text(src, tgt, {}, {.input_path = kNumbers + "examples.txt"});
+  ASSERT_EQ(clean.status, 0) << clean.output;
+  std::vector<std::string> outputs;
+  for (const std::string& line : read_lines(kNumbers + "examples.txt")) {
+    const size_t at = clean.output.find(line + " -> ");
+    ASSERT_NE(at, std::string::npos);
+    const size_t begin = at + line.size() + 4;
+    outputs.push_back(clean.output.substr(begin, clean.output.find('\n', begin) - begin));
+  }
+  for (char digit : std::string("0123456789")) {
+    size_t step = std::string::npos, row = 0;
+    for (size_t b = 0; b < outputs.size(); ++b) {
+      const size_t j = outputs[b].find(digit);
+      if (j != std::string::npos && j + 1 < step) step = j + 1, row = b;
+    }
+    if (step == std::string::npos) continue;
+    const int64_t id = std::find(tgt_.begin(), tgt_.end(), std::string(1, digit)) - tgt_.begin();
+    const std::string wd = weights_with("tgt_embed.weight", [&](std::vector<float>& e) {
+      for (int d = 0; d < 64; ++d) e[id * 64 + d] = kNan;
+    });
+    const testing::CliResult r = text(src, tgt, {}, {.input_path = kNumbers + "examples.txt"}, wd);
+    EXPECT_EQ(r.status, 1);
+    EXPECT_EQ(r.output,
+              fmt::format("kiln: error: translate: sentence {} {}: non-finite logit at step {} of "
+                          "batch row {}: token 0 has logit nan (the model's weights or its input "
+                          "hold NaN or infinity)\n",
+                          row + 1, quote(examples[row]), step, row))
+        << digit;
+  }
+}
+
+TEST_F(TranslateTest, EndlessAndHugeInputIsRefusedAfterBoundedReads) {
+  const std::string src = kNumbers + "vocab.src.txt", tgt = kNumbers + "vocab.tgt.txt";
+  const std::string zeros40 = [] {
+    std::string s;
+    for (int i = 0; i < 40; ++i) s += "\\x00";
+    return s;
+  }();
+  testing::CliResult r = text(src, tgt, {}, {.input_path = "/dev/zero"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.output,
+            "kiln: error: translate: standard input: line 1 is longer than 1048576 bytes (the "
+            "limit for a sentence): '" +
+                zeros40 + "...'\n");
+  r = text("/dev/zero", tgt, {"one"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.output,
+            "kiln: error: translate: /dev/zero:1: line is longer than 4096 bytes (the limit for a "
+            "token): '" +
+                zeros40 + "...'\n");
+  // `yes one |`: more lines than one run takes.
+  std::string many;
+  for (int i = 0; i <= 100000; ++i) many += "one\n";
+  r = text(src, tgt, {}, {.input = many});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.output,
+            "kiln: error: translate: standard input has more than 100000 lines (the limit for one "
+            "run; split it)\n");
+  std::mt19937 rng(77);
+  for (int trial = 0; trial < 6; ++trial) {
+    // A line above 1 MiB among good ones.
+    std::vector<std::string> lines(std::uniform_int_distribution<size_t>(0, 5)(rng), "ten");
+    const size_t at = lines.size();
+    const size_t length = std::uniform_int_distribution<size_t>((1 << 20) + 1, 3 << 20)(rng);
+    lines.push_back(std::string(length, 'e'));
+    lines.push_back("one");
+    std::string input;
+    for (const std::string& l : lines) input += l + "\n";
+    r = text(src, tgt, {}, {.input = input});
+    EXPECT_EQ(r.status, 1);
+    EXPECT_EQ(r.output, fmt::format("kiln: error: translate: standard input: line {} is longer "
+                                    "than 1048576 bytes (the limit for a sentence): '{}...'\n",
+                                    at + 1, std::string(40, 'e')));
+    // A long sentence within the limit: above the model's max_len, quoted as prefix and length.
+    const size_t chars = std::uniform_int_distribution<size_t>(81, 1 << 20)(rng);
+    std::string sentence;
+    while (sentence.size() < chars) sentence += "seven ";
+    sentence.resize(chars);
+    r = text(src, tgt, {}, {.input = "one\n" + sentence + "\n"});
+    EXPECT_EQ(r.status, 1);
+    EXPECT_EQ(r.output, fmt::format("kiln: error: translate: sentence 2 has {} characters, the "
+                                    "model reads at most 80 (max_len): {}\n",
+                                    chars, quote(sentence)));
+    EXPECT_LT(r.output.size(), 200u);
+    // A character outside the vocabulary at the end of a long TEXT argument.
+    std::string arg(std::uniform_int_distribution<size_t>(100, 100000)(rng), 'o');
+    arg += "Q";
+    r = text(src, tgt, {arg});
+    EXPECT_EQ(r.status, 1);
+    EXPECT_EQ(r.output, fmt::format("kiln: error: translate: sentence 1: character 'Q' at column "
+                                    "{} of {} is not in the vocabulary\n",
+                                    arg.size(), quote(arg)));
+    EXPECT_LT(r.output.size(), 200u);
+  }
+}
+
+TEST_F(TranslateTest, TextAndTokensThatAreNotUtf8AreRefused) {
+  const std::string src = kNumbers + "vocab.src.txt", tgt = kNumbers + "vocab.tgt.txt";
+  const std::vector<std::string> examples = read_lines(kNumbers + "examples.txt");
+  std::mt19937 rng(101);
+  for (int trial = 0; trial < 10; ++trial) {
+    // A byte that breaks UTF-8, anywhere in one sentence of several.
+    std::vector<std::string> lines = examples;
+    const size_t k = std::uniform_int_distribution<size_t>(0, lines.size() - 1)(rng);
+    const size_t at = std::uniform_int_distribution<size_t>(0, lines[k].size())(rng);
+    const char bad = static_cast<char>(std::uniform_int_distribution<int>(0x80, 0xFF)(rng));
+    lines[k].insert(at, 1, bad);
+    std::string input;
+    for (const std::string& l : lines) input += l + "\n";
+    testing::CliResult r = text(src, tgt, {}, {.input = input});
+    EXPECT_EQ(r.status, 1);
+    EXPECT_EQ(r.output, fmt::format("kiln: error: translate: sentence {}: {} is not valid UTF-8 "
+                                    "(byte {})\n",
+                                    k + 1, quote(lines[k]), at));
+    // A vocabulary token that is not UTF-8, at a random line.
+    std::vector<std::string> vocab = src_;
+    const size_t line = std::uniform_int_distribution<size_t>(3, vocab.size() - 1)(rng);
+    vocab[line] = std::string(1, bad);
+    const std::string v = write("v.txt", vocab);
+    r = text(v, tgt, {"one"});
+    EXPECT_EQ(r.status, 1);
+    EXPECT_EQ(r.output, fmt::format("kiln: error: translate: {}:{}: token {} is not valid UTF-8 "
+                                    "(byte 0)\n",
+                                    v, line + 1, quote(vocab[line])));
+  }
+}
+
+// Only -1 means "the model's bos_id / eos_id": the CLI refuses every other negative id; and
+// every refused value is quoted short.
+TEST_F(TranslateTest, OptionValuesAreCheckedAndQuotedShort) {
+  std::mt19937_64 rng(5);
+  for (int trial = 0; trial < 6; ++trial) {
+    const int64_t id = trial == 0   ? std::numeric_limits<int64_t>::min()
+                       : trial == 1 ? -2
+                                    : -static_cast<int64_t>(rng() % 1000000) - 2;
+    const std::string option = trial % 2 ? "--end-id" : "--start-id";
+    const testing::CliResult r =
+        translate({"--inputs", "x.safetensors", option, std::to_string(id)});
+    EXPECT_EQ(r.status, 1);
+    EXPECT_EQ(r.output, fmt::format("kiln: error: translate: {} must be a whole number in [-1, "
+                                    "9223372036854775807], got '{}'\n",
+                                    option, id));
+  }
+  // A huge option value or argument is quoted as a prefix and its length.
+  for (size_t length : {49, 1000, 100000}) {
+    const std::string value(length, '7');
+    testing::CliResult r = translate({"--inputs", "x.safetensors", "--beam", value + "x"});
+    EXPECT_EQ(r.status, 1);
+    EXPECT_EQ(r.output, fmt::format("kiln: error: translate: --beam must be a whole number in [0, "
+                                    "2147483647], got {}\n",
+                                    quote(value + "x")));
+    r = translate({"--inputs", "x.safetensors", "--" + value});
+    EXPECT_EQ(r.output,
+              fmt::format("kiln: error: translate: unknown option {} (see 'kiln translate "
+                          "--help')\n",
+                          quote("--" + value)));
+    EXPECT_LT(r.output.size(), 200u);
+  }
+}
+
+}  // namespace
+}  // namespace kiln
