@@ -24,10 +24,10 @@
 #include <cstring>
 #include <fstream>
 #include <istream>
-#include <map>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "kiln/runtime.h"
@@ -187,10 +187,10 @@ class Vocabulary {
       if (line.empty() || (!special && utf8_length(line) != 1))
         throw std::runtime_error(where + "token " + quote(line) +
                                  " is neither one character nor <special>");
-      if (v.ids_.count(line))
+      const auto [it, added] = v.ids_.emplace(line, id);
+      if (!added)
         throw std::runtime_error(where + "token " + quote(line) + " appears twice (first at line " +
-                                 std::to_string(v.ids_[line] + 1) + ")");
-      v.ids_[line] = id;
+                                 std::to_string(it->second + 1) + ")");
       v.tokens_.push_back(line);
       v.special_.push_back(special);
     }
@@ -311,7 +311,7 @@ class Vocabulary {
     for (size_t i = 0; i < s.size(); ++n) i += char_bytes(static_cast<unsigned char>(s[i]));
     return n;
   }
-  std::map<std::string, int64_t> ids_;
+  std::unordered_map<std::string, int64_t> ids_;  // lookups only: no order
   std::vector<std::string> tokens_;
   std::vector<bool> special_;
   std::string path_;
