@@ -213,6 +213,25 @@ TEST_F(TranslateTest, NonFiniteLogitsAreAnErrorNamingTheSentenceAndStep) {
                           "hold NaN or infinity)\n",
                           k + 1, quote(batch[k]), k % 32));
   }
+  // Source ids (--inputs) instead of text: the row of 'src' that holds the token, over two
+  // chunks.
+  for (int trial = 0; trial < 4; ++trial) {
+    const int64_t batch = std::uniform_int_distribution<int64_t>(1, 40)(rng);
+    const int64_t k = std::uniform_int_distribution<int64_t>(0, batch - 1)(rng);
+    std::vector<int64_t> ids(static_cast<size_t>(batch * 3));
+    for (int64_t& id : ids) {
+      id = std::uniform_int_distribution<int64_t>(3, 22)(rng);
+      if (id == x) id = 23;
+    }
+    ids[k * 3 + std::uniform_int_distribution<int64_t>(0, 2)(rng)] = x;
+    rt::write_safetensors(path("in.safetensors"), {rt::make_i64("src", {batch, 3}, ids)});
+    const testing::CliResult r = translate({"--inputs", path("in.safetensors")}, {}, w);
+    EXPECT_EQ(r.status, 1);
+    EXPECT_EQ(r.output, fmt::format("kiln: error: translate: row {} of 'src': non-finite logit at "
+                                    "step 0 of batch row {}: token 0 has logit nan (the model's "
+                                    "weights or its input hold NaN or infinity)\n",
+                                    k, k % 32));
+  }
   // NaN in the target embedding of a digit: the first step that feeds it, and the first
   // sentence that does at that step.
   const testing::CliResult clean = text(src, tgt, {}, {.input_path = kNumbers + "examples.txt"});
