@@ -292,6 +292,12 @@ TEST_F(TranslateTest, EndlessAndHugeInputIsRefusedAfterBoundedReads) {
   EXPECT_EQ(r.output,
             "kiln: error: translate: standard input has more than 100000 lines (the limit for one "
             "run; split it)\n");
+  // A bad sentence stops the reading: `yes $'\xff' |` is refused at its first line.
+  std::string bad;
+  for (int i = 0; i <= 100000; ++i) bad += "\xff\n";
+  r = text(src, tgt, {}, {.input = bad});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.output, "kiln: error: translate: sentence 1: '\\xFF' is not valid UTF-8 (byte 0)\n");
   std::mt19937 rng(77);
   for (int trial = 0; trial < 6; ++trial) {
     // A line above 1 MiB among good ones.

@@ -5,6 +5,7 @@
 // process that also holds libHalide's LLVM. Output, errors and exit status are kiln's.
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -56,31 +57,33 @@ void check_vocab(const kiln::Vocabulary& v, const std::string& role,
   }
 }
 
-// The sentences of TEXT arguments or, without any, of standard input's lines, each at most
+// Hands each sentence of the TEXT arguments or, without any, of standard input's lines to
+// `add` as it is read (so a bad sentence stops the reading): each at most
 // kiln::kMaxSentenceBytes, at most kMaxSentences of them.
-std::vector<std::string> read_sentences(const std::vector<std::string>& text) {
-  for (size_t i = 0; i < text.size(); ++i)
+void read_sentences(const std::vector<std::string>& text,
+                    const std::function<void(const std::string&)>& add) {
+  for (size_t i = 0; i < text.size(); ++i) {
     if (text[i].size() > kiln::kMaxSentenceBytes)
       fail("translate: sentence {} is longer than {} bytes (the limit for a sentence): {}", i + 1,
            kiln::kMaxSentenceBytes, kiln::quote(text[i]));
-  if (!text.empty()) return text;
-  std::vector<std::string> lines;
+    add(text[i]);
+  }
+  if (!text.empty()) return;
   std::string line;
-  for (;;) {
+  for (size_t n = 0;; ++n) {
     const int got = kiln::read_line(std::cin, line, kiln::kMaxSentenceBytes);
     if (got == 0) break;
     if (got < 0)
       fail(
           "translate: standard input: line {} is longer than {} bytes (the limit for a "
           "sentence): {}",
-          lines.size() + 1, kiln::kMaxSentenceBytes, kiln::quote_start(line));
-    if (lines.size() == kMaxSentences)
+          n + 1, kiln::kMaxSentenceBytes, kiln::quote_start(line));
+    if (n == kMaxSentences)
       fail("translate: standard input has more than {} lines (the limit for one run; split it)",
            kMaxSentences);
-    lines.push_back(line);
+    add(line);
   }
   if (std::cin.bad()) fail("translate: cannot read standard input");
-  return lines;
 }
 
 // kiln translate (see its --help).
@@ -112,15 +115,15 @@ int cmd_translate(const std::vector<std::string>& argv) {
           a.src_vocab, src_vocab->size(), a.tgt_vocab, tgt_vocab->size(), src_size, tgt_size);
     check_vocab(*src_vocab, "source", model);
     check_vocab(*tgt_vocab, "target", model);
-    lines = read_sentences(a.text);
     const int64_t max_length = model.symbol_max("S");
     const int64_t pad =
         model.config("pad_id") >= 0 ? model.config("pad_id") : src_vocab->id("<pad>");
     if (pad < 0) fail("translate: the source vocabulary has no <pad> token");
     std::vector<std::vector<int64_t>> sentences;
-    for (size_t i = 0; i < lines.size(); ++i) {
+    read_sentences(a.text, [&](const std::string& line) {
+      const size_t i = lines.size();
       try {
-        sentences.push_back(src_vocab->encode(lines[i]));
+        sentences.push_back(src_vocab->encode(line));
       } catch (const std::runtime_error& e) {
         fail("translate: sentence {}: {}", i + 1, e.what());
       }
@@ -128,9 +131,10 @@ int cmd_translate(const std::vector<std::string>& argv) {
       if (n == 0) fail("translate: sentence {} is empty", i + 1);
       if (max_length > 0 && n > max_length)
         fail("translate: sentence {} has {} characters, the model reads at most {} (max_len): {}",
-             i + 1, n, max_length, kiln::quote(lines[i]));
+             i + 1, n, max_length, kiln::quote(line));
       length = std::max(length, n);
-    }
+      lines.push_back(line);
+    });
     batch = static_cast<int64_t>(sentences.size());
     src.assign(static_cast<size_t>(batch * length), pad);
     for (int64_t b = 0; b < batch; ++b)
