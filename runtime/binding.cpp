@@ -168,4 +168,41 @@ void check_outputs(const FunctionDesc& f, const std::vector<int64_t>& syms,
   }
 }
 
+std::vector<Span> host_spans(const std::vector<const kiln_tensor*>& ordered) {
+  std::vector<Span> spans;
+  for (const kiln_tensor* t : ordered) {
+    const uint64_t at = reinterpret_cast<uintptr_t>(t->data);
+    const int64_t n = numel_of(std::vector<int64_t>(t->shape, t->shape + t->rank));
+    spans.push_back({0, at, at + static_cast<uint64_t>(n) * kiln_dtype_size(t->dtype)});
+  }
+  return spans;
+}
+
+void check_disjoint(const FunctionDesc& f, const std::vector<Span>& params,
+                    const std::vector<Span>& results) {
+  KILN_ASSERT(params.size() == f.params.size() && results.size() == f.results.size(),
+              "a span per input and output");
+  auto overlap = [](const Span& a, const Span& b) {
+    return a.space == b.space && a.begin < b.end && b.begin < a.end;
+  };
+  // Output `r` shares bytes with `other` (`what`, named `other_name`).
+  auto refuse = [&](size_t r, const Span& other, const char* what, const std::string& other_name) {
+    const Span& a = results[r];
+    const uint64_t lo = std::max(a.begin, other.begin), hi = std::min(a.end, other.end);
+    fail(
+        "output '{}' overlaps {} '{}' (its bytes [{}, {}) are bytes [{}, {}) of '{}'): an "
+        "output must not share memory with an input or another output (a cache updated in "
+        "place is the one exception)",
+        f.results[r].name, what, other_name, lo - a.begin, hi - a.begin, lo - other.begin,
+        hi - other.begin, other_name);
+  };
+  for (size_t r = 0; r < results.size(); ++r) {
+    for (size_t p = 0; p < params.size(); ++p)
+      if (overlap(results[r], params[p]) && f.results[r].updates_param != static_cast<int32_t>(p))
+        refuse(r, params[p], "input", f.params[p].name);
+    for (size_t o = 0; o < r; ++o)
+      if (overlap(results[r], results[o])) refuse(r, results[o], "output", f.results[o].name);
+  }
+}
+
 }  // namespace kiln::rt

@@ -37,8 +37,8 @@ DeviceMirror::DeviceMirror(const kiln_device_ops& ops, uint8_t* host, int64_t by
 }
 
 DeviceMirror::DeviceMirror(const kiln_device_ops& ops, const halide_buffer_t& external,
-                           int64_t bytes)
-    : ops_(ops), owned_(false) {
+                           int64_t bytes, uint64_t origin)
+    : ops_(ops), owned_(false), origin_(origin) {
   KILN_ASSERT(bytes <= INT32_MAX, "a device tensor's bytes are checked against its shape");
   dim_ = halide_dimension_t(0, static_cast<int32_t>(std::max<int64_t>(bytes, 1)), 1);
   buf_.device = external.device;
@@ -88,7 +88,8 @@ halide_buffer_t* DeviceViews::attach(DeviceMirror& mirror, int64_t offset, halid
   view->device_interface = one.device_interface;
   crops_.push_back(view);
   view->set_device_dirty(!output && !host_current);
-  if (offset % alignment_ == 0) return view;
+  if ((mirror.origin() + static_cast<uint64_t>(offset)) % static_cast<uint64_t>(alignment_) == 0)
+    return view;
   Temp& t = temps_.emplace_back();
   t.dims.assign(view->dim, view->dim + view->dimensions);
   int32_t stride = 1;
@@ -195,6 +196,19 @@ DeviceTensors stage_device(const kiln_device_ops& ops, const char* what, const k
     if (bytes > INT32_MAX)
       fail("{} has {} bytes, more than a device buffer of this runtime holds ({})", label, bytes,
            INT32_MAX);
+    // The allocation, where the library can tell it: a shape that claims more bytes than the
+    // buffer has from its start would be read or written past the allocation's end.
+    Span span{b.device, 0, static_cast<uint64_t>(bytes)};
+    uint64_t allocation = 0, offset = 0, room = 0;
+    if (ops.allocation && ops.allocation(&b, &allocation, &offset, &room) == 0) {
+      if (static_cast<uint64_t>(bytes) > room)
+        fail(
+            "{} of shape {} needs {} bytes of {}, its device allocation holds {} from the "
+            "buffer's start",
+            label, shape_string(shape), bytes, kiln::dtype_name(t.dtype), room);
+      span = {allocation, offset, offset + static_cast<uint64_t>(bytes)};
+    }
+    out.spans.push_back(span);
     kiln_tensor& staged = out.tensors.emplace_back(t);
     staged.capacity = static_cast<size_t>(bytes);
     out.buffers.push_back(&b);

@@ -11,6 +11,7 @@
 
 #include "HalideRuntime.h"
 #include "kiln/runtime.h"
+#include "runtime/binding.h"
 
 namespace kiln::rt {
 
@@ -24,9 +25,11 @@ void check_device(int status, const std::string& what);
 class DeviceMirror {
  public:
   DeviceMirror(const kiln_device_ops& ops, uint8_t* host, int64_t bytes, const std::string& what);
-  // A view of a caller's device allocation (kiln_model_run_device) as `bytes` bytes: never
-  // copied to or from the host, never freed here.
-  DeviceMirror(const kiln_device_ops& ops, const halide_buffer_t& external, int64_t bytes);
+  // A view of a caller's device allocation (kiln_model_run_device) as `bytes` bytes, which
+  // start `origin` bytes into the allocation (a crop's offset; 0 where unknown): never copied
+  // to or from the host, never freed here.
+  DeviceMirror(const kiln_device_ops& ops, const halide_buffer_t& external, int64_t bytes,
+               uint64_t origin);
   ~DeviceMirror();
   DeviceMirror(const DeviceMirror&) = delete;
   DeviceMirror& operator=(const DeviceMirror&) = delete;
@@ -34,18 +37,21 @@ class DeviceMirror {
   void upload(const std::string& what);
   void download(const std::string& what);
   halide_buffer_t* buffer() { return &buf_; }
+  uint64_t origin() const { return origin_; }
 
  private:
   const kiln_device_ops& ops_;
   bool owned_ = true;
+  uint64_t origin_ = 0;
   halide_buffer_t buf_{};
   halide_dimension_t dim_{};
 };
 
 // A kernel call's buffers on the device: each view of a mirror becomes a device crop at its
-// byte offset, or, where that offset is off the device's view alignment (OpenCL
-// sub-buffers), a dense temporary that inputs are copied into and outputs out of (device to
-// device). Releases the crops and frees the temporaries when destroyed.
+// byte offset, or, where that offset (from the allocation's start: a caller's crop adds its
+// own) is off the device's view alignment (OpenCL sub-buffers), a dense temporary that inputs
+// are copied into and outputs out of (device to device). Releases the crops and frees the
+// temporaries when destroyed.
 class DeviceViews {
  public:
   DeviceViews(const kiln_device_ops& ops, int64_t alignment) : ops_(ops), alignment_(alignment) {}
@@ -79,14 +85,20 @@ class DeviceViews {
 // Device tensors (kiln_model_run_device): every tensor's `data` is a halide_buffer_t with
 // an allocation on the library's device.
 struct DeviceTensors {
-  std::vector<kiln_tensor> tensors;         // as host tensors for bind() and run()'s checks
-  std::vector<halide_buffer_t*> buffers;    // the caller's, by position
+  std::vector<kiln_tensor> tensors;       // as host tensors for bind() and run()'s checks
+  std::vector<halide_buffer_t*> buffers;  // the caller's, by position
+  // Where each tensor's bytes lie: in its device allocation where the library tells it
+  // (kiln_device_ops::allocation), else the buffer's device handle from 0 (so only tensors
+  // of one handle are known to overlap).
+  std::vector<Span> spans;
   std::deque<std::vector<uint8_t>> values;  // host copies of ids and bools, for their checks
 };
 
 // Checks each of `given` (`what`: "input" or "output") against the buffer it points to:
-// a device allocation of `ops`'s device interface, the tensor's element type, and its shape
-// dense and row-major. The returned tensors hold the buffer's bytes as their capacity; with
+// a device allocation of `ops`'s device interface, the tensor's element type, its shape
+// dense and row-major, and (where the library tells an allocation's size) its bytes within
+// the allocation from the buffer's start. The returned tensors hold the buffer's bytes as
+// their capacity; with
 // `read_values`, ids and bools (whose values bind() checks) are copied to the host (a
 // device-to-host copy of those few bytes), and an input whose newest data is on the host
 // (host_dirty) is refused.

@@ -192,6 +192,24 @@ void kiln_model::run(const char* fname, const kiln_tensor* inputs, size_t n_in,
   std::vector<uint8_t*> result_data;
   std::vector<int64_t> result_bytes;
   kiln::rt::check_outputs(f, syms, ordered, outputs, n_out, &result_data, &result_bytes);
+  // No output may overlap an input or another output (in host memory, or in device
+  // allocations for device tensors): kernels would read what they already overwrote.
+  std::vector<uint64_t> param_origin;  // device tensors: their offsets in their allocations
+  if (on_device) {
+    std::vector<kiln::rt::Span> param_spans;
+    for (const kiln_tensor* t : ordered) {
+      param_spans.push_back(device_in->spans[static_cast<size_t>(t - inputs)]);
+      param_origin.push_back(param_spans.back().begin);
+    }
+    kiln::rt::check_disjoint(f, param_spans, device_out->spans);
+  } else {
+    std::vector<kiln::rt::Span> result_spans;
+    for (size_t r = 0; r < n_out; ++r) {
+      const uint64_t at = reinterpret_cast<uintptr_t>(result_data[r]);
+      result_spans.push_back({0, at, at + static_cast<uint64_t>(result_bytes[r])});
+    }
+    kiln::rt::check_disjoint(f, kiln::rt::host_spans(ordered), result_spans);
+  }
 
   ArenaPool::Lease arena(arenas);  // after the checks: a refused call takes no arena
   // A GPU library: the inputs are copied to the device once, the outputs get device memory
@@ -209,8 +227,8 @@ void kiln_model::run(const char* fname, const kiln_tensor* inputs, size_t n_in,
             std::make_unique<DeviceMirror>(*device, arena.data(), arena.bytes().size, "the arena");
       for (size_t p = 0; p < n_in; ++p) {
         if (on_device) {
-          param_device[p] =
-              std::make_unique<DeviceMirror>(*device, *param_buffer[p], param_bytes[p]);
+          param_device[p] = std::make_unique<DeviceMirror>(*device, *param_buffer[p],
+                                                           param_bytes[p], param_origin[p]);
           continue;
         }
         param_device[p] = std::make_unique<DeviceMirror>(
@@ -223,7 +241,8 @@ void kiln_model::run(const char* fname, const kiln_tensor* inputs, size_t n_in,
           continue;
         }
         result_device[r] =
-            on_device ? std::make_unique<DeviceMirror>(*device, *result_buffer[r], result_bytes[r])
+            on_device ? std::make_unique<DeviceMirror>(*device, *result_buffer[r], result_bytes[r],
+                                                       device_out->spans[r].begin)
                       : std::make_unique<DeviceMirror>(*device, result_data[r], result_bytes[r],
                                                        output_what(r));
         result_mirror[r] = result_device[r].get();

@@ -4,8 +4,10 @@
 // buffer. Every buffer sits between guard bytes: a refused call leaves every byte of
 // every output as it was, a correct one writes exactly its result, which matches the
 // reference interpreter. The suite runs this file under ASan as well (scripts/test.sh).
+#include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -172,6 +174,7 @@ const std::vector<std::pair<std::string, std::vector<Result>>>& entry_points() {
       {"floats", {{"y", KILN_F32, 40}}},
       {"ids", {{"u", KILN_I64, 80}}},
       {"masks", {{"n", KILN_BOOL, 10}}},
+      {"pair", {{"y", KILN_F32, 40}, {"z", KILN_F32, 40}}},
       {"mixed", {{"s", KILN_F32, 40}, {"i", KILN_I64, 80}, {"b", KILN_BOOL, 10}}},
   };
   return all;
@@ -436,6 +439,228 @@ TEST(AbiClass, WrongTensorsThrowAndLeaveOutputsUntouched) {
   EXPECT_EQ(f.data, want[0].f);
   EXPECT_EQ(i.data, want[1].ints);
   EXPECT_EQ(std::vector<int64_t>(b.data.begin(), b.data.end()), want[2].ints);
+}
+
+// What kiln_model_run says of an output that shares bytes with an input or another output.
+std::string overlap_error(const std::string& output, const char* what, const std::string& other,
+                          size_t out_from, size_t out_to, size_t other_from, size_t other_to) {
+  return "output '" + output + "' overlaps " + what + " '" + other + "' (its bytes [" +
+         std::to_string(out_from) + ", " + std::to_string(out_to) + ") are bytes [" +
+         std::to_string(other_from) + ", " + std::to_string(other_to) + ") of '" + other +
+         "'): an output must not share memory with an input or another output (a cache " +
+         "updated in place is the one exception)";
+}
+
+// A generated family of placements: every input and output of every entry point at random
+// offsets (aligned to its element) in one guarded block, ids as i64 or i32. Where an output
+// shares a byte with an input or an earlier output, the call is refused naming the first such
+// pair (outputs in order, each against the inputs in order, then the earlier outputs) and the
+// bytes they share, and no byte of the block changes; where none does (tensors may touch), the
+// call runs and writes exactly the interpreter's results into exactly the outputs' bytes.
+TEST_F(AbiTest, OutputsOverlappingInputsOrEachOtherAreRefused) {
+  std::mt19937 rng(25);
+  int refused = 0, ran = 0, partial = 0;
+  const std::vector<int32_t> t32(kT.begin(), kT.end());
+  for (const auto& [function, results] : entry_points()) {
+    const std::vector<kiln_tensor> proto = inputs(function);
+    for (int sample = 0; sample < 300; ++sample) {
+      std::vector<kiln_tensor> in = proto;
+      for (kiln_tensor& t : in)
+        if (t.dtype == KILN_I64 && rng() % 2) t = tensor("t", KILN_I32, t32.data(), 40);
+      struct Placed {
+        std::string name;
+        size_t bytes, at;
+      };
+      std::vector<Placed> placed;  // inputs, then outputs
+      size_t total = 0;
+      for (const kiln_tensor& t : in) {
+        placed.push_back({t.name, t.capacity, 0});
+        total += t.capacity;
+      }
+      for (const Result& r : results) {
+        placed.push_back({r.name, r.bytes, 0});
+        total += r.bytes;
+      }
+      const size_t block = (total * 3 / 2 + 7) / 8 * 8;
+      for (size_t i = 0; i < placed.size(); ++i) {
+        const size_t align = i < in.size() ? kiln_dtype_size(in[i].dtype)
+                                           : kiln_dtype_size(results[i - in.size()].dtype);
+        placed[i].at = rng() % ((block - placed[i].bytes) / align + 1) * align;
+      }
+      auto overlap = [&](size_t a, size_t b) {
+        return placed[a].at < placed[b].at + placed[b].bytes &&
+               placed[b].at < placed[a].at + placed[a].bytes;
+      };
+      bool inputs_overlap = false;  // allowed, but their values would clash here
+      for (size_t a = 0; a < in.size(); ++a)
+        for (size_t b = 0; b < a; ++b) inputs_overlap = inputs_overlap || overlap(a, b);
+      if (inputs_overlap) continue;
+      std::string want;
+      for (size_t r = in.size(); r < placed.size() && want.empty(); ++r)
+        for (size_t o = 0; o < r && want.empty(); ++o)
+          if (overlap(r, o)) {
+            const size_t lo = std::max(placed[r].at, placed[o].at),
+                         hi = std::min(placed[r].at + placed[r].bytes,
+                                       placed[o].at + placed[o].bytes);
+            want = overlap_error(placed[r].name, o < in.size() ? "input" : "output", placed[o].name,
+                                 lo - placed[r].at, hi - placed[r].at, lo - placed[o].at,
+                                 hi - placed[o].at);
+            partial += hi - lo < placed[r].bytes || hi - lo < placed[o].bytes;
+          }
+      Guarded mem(block);
+      for (size_t i = 0; i < in.size(); ++i) {
+        std::memcpy(mem.data() + placed[i].at, in[i].data, in[i].capacity);
+        in[i].data = mem.data() + placed[i].at;
+      }
+      std::vector<kiln_tensor> out;
+      for (size_t r = 0; r < results.size(); ++r) {
+        const Placed& p = placed[in.size() + r];
+        out.push_back(tensor(results[r].name, results[r].dtype, mem.data() + p.at, p.bytes));
+      }
+      const std::vector<uint8_t> before = mem.mem;
+      SCOPED_TRACE(function + " sample " + std::to_string(sample));
+      if (!want.empty()) {
+        EXPECT_NE(run(function, in, out), 0);
+        EXPECT_EQ(std::string(kiln_model_error(model_)), want);
+        EXPECT_EQ(mem.mem, before) << "a refused call wrote";
+        ++refused;
+        continue;
+      }
+      ASSERT_EQ(run(function, in, out), 0) << kiln_model_error(model_);
+      ++ran;
+      std::vector<uint8_t> expected = before;
+      const std::vector<ir::Tensor> ref = reference(function);
+      for (size_t r = 0; r < results.size(); ++r) {
+        const Placed& p = placed[in.size() + r];
+        std::vector<uint8_t> bytes(p.bytes);
+        if (ref[r].dtype == ir::DType::f32) {
+          std::memcpy(bytes.data(), ref[r].f.data(), p.bytes);
+        } else if (ref[r].dtype == ir::DType::i64) {
+          std::memcpy(bytes.data(), ref[r].ints.data(), p.bytes);
+        } else {
+          for (size_t e = 0; e < p.bytes; ++e) bytes[e] = static_cast<uint8_t>(ref[r].ints[e]);
+        }
+        std::copy(bytes.begin(), bytes.end(), expected.begin() + kGuard + p.at);
+      }
+      EXPECT_EQ(mem.mem, expected) << "results, or bytes outside them";
+    }
+  }
+  std::printf("[ alias ] %d placements refused (%d partial overlaps), %d disjoint ones ran\n",
+              refused, partial, ran);
+  EXPECT_GE(refused, 300);
+  EXPECT_GE(partial, 100);
+  EXPECT_GE(ran, 100);
+}
+
+// The C++ API: an output tensor that is an input (`model.floats(x, x)`), holds an input's
+// memory at any offset (an Input viewing part of it), or is given twice, throws before that
+// tensor changes. Reshaping such an output would free or move the input's storage under the
+// call (ASan's stage runs this): a generated family of storage sizes, offsets, element types
+// and entry points, with random 0/1 bytes (valid for every dtype's checks).
+TEST(AbiClass, AnOutputSharingAnInputsMemoryThrowsBeforeItIsTouched) {
+  kiln_models::abi_dtypes model(nullptr);
+  std::mt19937 rng(2500);
+  const std::string not_shared =
+      "'): an output must not share memory with an input or another output (a cache updated in "
+      "place is the one exception)";
+  int by_wrapper = 0, by_runtime = 0;
+  for (int sample = 0; sample < 400; ++sample) {
+    SCOPED_TRACE("sample " + std::to_string(sample));
+    // The output tensor (the storage) and the input viewing it, of any element types.
+    const int out_kind = static_cast<int>(rng() % 3), in_kind = static_cast<int>(rng() % 3);
+    const size_t out_elem = out_kind == 0 ? 4 : out_kind == 1 ? 8 : 1;
+    const int32_t in_dtype = in_kind == 0 ? KILN_F32 : in_kind == 1 ? KILN_I64 : KILN_BOOL;
+    const size_t in_bytes = 10 * kiln_dtype_size(in_dtype);
+    const size_t elements = (in_bytes + out_elem - 1) / out_elem + (rng() % 4 ? rng() % 12 : 0);
+    std::vector<uint8_t> bytes(elements * out_elem);
+    for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng() % 2);
+    const size_t offset = rng() % ((bytes.size() - in_bytes) / kiln_dtype_size(in_dtype) + 1) *
+                          kiln_dtype_size(in_dtype);
+    std::vector<int64_t> shape = {static_cast<int64_t>(elements)};
+    if (elements == 10 && rng() % 2) shape = kShape;
+    kiln::Tensor<float> f;
+    kiln::Tensor<int64_t> i;
+    kiln::Tensor<uint8_t> b;
+    // The storage (the output of kind out_kind) holds `bytes`; the other two stay empty.
+    auto fill = [&](auto& t) {
+      t.shape = shape;
+      t.data.resize(elements);
+      std::memcpy(t.data.data(), bytes.data(), bytes.size());
+      return static_cast<const void*>(t.data.data());
+    };
+    const void* storage = out_kind == 0 ? fill(f) : out_kind == 1 ? fill(i) : fill(b);
+    auto storage_intact = [&] {
+      auto same = [&](const auto& t) {
+        return t.shape == shape && t.data.size() == elements &&
+               std::memcmp(t.data.data(), bytes.data(), bytes.size()) == 0;
+      };
+      return out_kind == 0 ? same(f) : out_kind == 1 ? same(i) : same(b);
+    };
+    const kiln::Input view(static_cast<const uint8_t*>(storage) + offset, in_dtype, kShape,
+                           in_bytes);
+    const char* in_name = in_kind == 0 ? "x" : in_kind == 1 ? "t" : "m";
+    const char* out_name = out_kind == 0 ? "s" : out_kind == 1 ? "i" : "b";
+    // The other inputs and outputs, apart.
+    const kiln::Tensor<float> x{kShape, std::vector<float>(10, 1.f)};
+    const kiln::Tensor<int64_t> t{kShape, std::vector<int64_t>(10, 1)};
+    const kiln::Tensor<uint8_t> m{kShape, std::vector<uint8_t>(10, 1)};
+    kiln::Tensor<float> f2;
+    kiln::Tensor<int64_t> i2;
+    kiln::Tensor<uint8_t> b2;
+    std::vector<kiln::Input> ins = {x, t, m};
+    ins[static_cast<size_t>(in_kind)] = view;
+    std::vector<kiln::Output> outs = {out_kind == 0 ? kiln::Output(f) : kiln::Output(f2),
+                                      out_kind == 1 ? kiln::Output(i) : kiln::Output(i2),
+                                      out_kind == 2 ? kiln::Output(b) : kiln::Output(b2)};
+    // Left as it is only where it is exactly the input and already of the result's shape:
+    // then the runtime refuses it, naming the bytes.
+    const bool exact = offset == 0 && shape == kShape;
+    const std::string shared = std::to_string(std::min(in_bytes, out_elem * 10));
+    const std::string want =
+        exact
+            ? "output '" + std::string(out_name) + "' overlaps input '" + in_name +
+                  "' (its bytes [0, " + shared + ") are bytes [0, " + shared + ") of '" + in_name +
+                  not_shared
+            : "kiln: output '" + std::string(out_name) + "' of 'mixed' shares memory with input '" +
+                  in_name + "': pass a separate tensor (an output is written while the inputs " +
+                  "are read)";
+    EXPECT_EQ(error_of<std::exception>([&] { model.run("mixed", ins, outs); }), want);
+    (exact ? by_runtime : by_wrapper) += 1;
+    EXPECT_TRUE(storage_intact()) << "the shared tensor changed";
+    // The wrapper refuses before binding any output; the runtime's refusal comes after the
+    // others were reshaped (as for any error the runtime finds), never written.
+    if (!exact) EXPECT_TRUE(f2.data.empty() && i2.data.empty() && b2.data.empty());
+  }
+  std::printf("[ alias ] C++ API: %d refused by the wrapper, %d by the runtime\n", by_wrapper,
+              by_runtime);
+  EXPECT_GE(by_wrapper, 300);
+  EXPECT_GE(by_runtime, 8);
+  // model.floats(x, x) and model.ids(t, t): the same tensor in and out.
+  kiln::Tensor<float> x{kShape, kX};
+  EXPECT_EQ(
+      error_of<std::exception>([&] { model.floats(x, x); }),
+      "output 'y' overlaps input 'x' (its bytes [0, 40) are bytes [0, 40) of 'x" + not_shared);
+  EXPECT_EQ(x.data, kX);
+  kiln::Tensor<int64_t> t{kShape, kT};
+  EXPECT_EQ(
+      error_of<std::exception>([&] { model.ids(t, t); }),
+      "output 'u' overlaps input 't' (its bytes [0, 80) are bytes [0, 80) of 't" + not_shared);
+  EXPECT_EQ(t.data, kT);
+  // The same tensor for two outputs, of any shape it held (reshaping it for the second would
+  // free the first's memory).
+  for (size_t held : {0, 3, 10, 40}) {
+    kiln::Tensor<float> y{{static_cast<int64_t>(held)}, std::vector<float>(held, 2.f)};
+    const kiln::Tensor<float> y_before = y;
+    EXPECT_EQ(error_of<std::exception>([&] { model.pair(x, y, y); }),
+              "kiln: outputs 'y' and 'z' of 'pair' are the same tensor: pass a tensor for each");
+    EXPECT_EQ(y.shape, y_before.shape);
+    EXPECT_EQ(y.data, y_before.data);
+  }
+  // Apart, they run.
+  kiln::Tensor<float> y, z;
+  model.pair(x, y, z);
+  EXPECT_EQ(y.data, reference("pair")[0].f);
+  EXPECT_EQ(z.data, reference("pair")[1].f);
 }
 
 }  // namespace

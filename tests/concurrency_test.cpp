@@ -55,14 +55,35 @@ void run(kiln_models::golden_tiny& model, const Call& c, kiln::Tensor<float>& ou
     model.encode(c.src, out);
 }
 
-// 8 threads × 1000 calls on one object, on 24 mixed shapes, some calls bad: every good
-// result equals the single-threaded one bit for bit, every bad call gets its own error.
+// 8 threads × 1000 calls on one object, on 24 mixed shapes, some calls bad (an id out of
+// range; an output overlapping its input, refused untouched): every good result equals the
+// single-threaded one bit for bit, every bad call gets its own error.
 TEST(Concurrency, OneModelFromEightThreadsMatchesSingleThreadedBitwise) {
   kiln_models::golden_tiny model(golden("tiny.weights.safetensors").c_str());
   model.set_num_threads(2);
   const std::vector<Call> calls = mixed_calls();
   std::vector<kiln::Tensor<float>> want(calls.size());
   for (size_t i = 0; i < calls.size(); ++i) run(model, calls[i], want[i]);
+
+  // An output overlapping its input (through the C ABI): [1,3] ids, the output from byte 8 on.
+  kiln_tensor alias_in{}, alias_out{};
+  alias_in.name = "src";
+  alias_in.dtype = KILN_I64;
+  alias_in.rank = 2;
+  alias_in.shape[0] = 1;
+  alias_in.shape[1] = 3;
+  alias_in.capacity = 24;
+  const std::vector<int64_t> ones(3, 1);
+  alias_in.data = const_cast<int64_t*>(ones.data());
+  ASSERT_EQ(kiln_model_output_shapes(model.get(), "encode", &alias_in, 1, &alias_out, 1), 0)
+      << kiln_model_error(model.get());
+  size_t out_bytes = 4;
+  for (int32_t d = 0; d < alias_out.rank; ++d) out_bytes *= static_cast<size_t>(alias_out.shape[d]);
+  const std::string alias_error =
+      std::string("output '") + alias_out.name +
+      "' overlaps input 'src' (its bytes [0, 16) are bytes [8, 24) of 'src'): an output must "
+      "not share memory with an input or another output (a cache updated in place is the one "
+      "exception)";
 
   constexpr int kThreads = 8, kCallsPerThread = 1000;
   std::atomic<int> mismatches{0}, wrong_errors{0}, done{0};
@@ -71,8 +92,20 @@ TEST(Concurrency, OneModelFromEightThreadsMatchesSingleThreadedBitwise) {
     threads.emplace_back([&, t] {
       kiln::Tensor<float> out;
       const kiln::Tensor<int64_t> bad{{1, 3}, {1, 99, 2}};  // 99 is outside tiny's 37 ids
+      std::vector<int64_t> shared(1 + out_bytes / 8, 1);    // this thread's ids and output
       for (int i = 0; i < kCallsPerThread; ++i) {
         const size_t k = static_cast<size_t>(t * 7 + i * 5) % calls.size();
+        if (i % 100 == 75) {  // every other bad call: refused for the overlap, nothing written
+          kiln_tensor in = alias_in, o = alias_out;
+          in.data = shared.data();
+          o.data = shared.data() + 1;
+          o.capacity = out_bytes;
+          if (kiln_model_run(model.get(), "encode", &in, 1, &o, 1) == 0 ||
+              kiln_model_error(model.get()) != alias_error ||
+              shared != std::vector<int64_t>(shared.size(), 1))
+            ++wrong_errors;
+          continue;
+        }
         if (i % 50 == 25) {  // a bad call now and then: its error is this thread's
           try {
             model.encode(bad, out);

@@ -933,6 +933,254 @@ TEST(GpuOpenCL, DeviceTensorsErrors) {
               HasSubstr("entry point 'step' writes a cache on the host between its kernels"));
 }
 
+// A device tensor `offset` floats into `pool`'s allocation (a 1-D device crop of it, as an
+// application makes one with halide_device_crop), seen as a dense f32 tensor of `shape`, or
+// with `crop` false the pool's own device handle seen so. The crop is released when
+// destroyed.
+class PoolView {
+ public:
+  PoolView(DeviceBuffer& pool, int64_t offset, std::vector<int64_t> shape, const char* name,
+           bool crop = true)
+      : shape_(std::move(shape)), name_(name) {
+    int64_t n = 1;
+    for (int64_t d : shape_) n *= d;
+    line_dim_ = halide_dimension_t(static_cast<int32_t>(offset), static_cast<int32_t>(n), 1);
+    line_.type = halide_type_t(halide_type_float, 32);
+    line_.dimensions = 1;
+    line_.dim = &line_dim_;
+    if (crop) {
+      status_ = halide_device_crop(nullptr, pool.buffer(), &line_);
+    } else {
+      status_ = 0;
+      line_.device = pool.buffer()->device;
+      line_.device_interface = pool.buffer()->device_interface;
+    }
+    cropped_ = crop && status_ == 0;
+    int64_t stride = 1;
+    for (size_t d = shape_.size(); d-- > 0;) {
+      dims_.insert(dims_.end(), halide_dimension_t(0, static_cast<int32_t>(shape_[d]),
+                                                   static_cast<int32_t>(stride)));
+      stride *= shape_[d];
+    }
+    view_.device = line_.device;
+    view_.device_interface = line_.device_interface;
+    view_.type = line_.type;
+    view_.dimensions = static_cast<int32_t>(dims_.size());
+    view_.dim = dims_.data();
+  }
+  ~PoolView() {
+    if (cropped_) halide_device_release_crop(nullptr, &line_);
+  }
+  PoolView(const PoolView&) = delete;
+  PoolView& operator=(const PoolView&) = delete;
+  int status() const { return status_; }
+  kiln_tensor tensor() {
+    kiln_tensor t{};
+    t.name = name_;
+    t.dtype = KILN_F32;
+    t.rank = static_cast<int32_t>(shape_.size());
+    for (size_t d = 0; d < shape_.size(); ++d) t.shape[d] = shape_[d];
+    t.data = &view_;
+    return t;
+  }
+
+ private:
+  std::vector<int64_t> shape_;
+  const char* name_;
+  halide_dimension_t line_dim_{};
+  halide_buffer_t line_{}, view_{};
+  std::vector<halide_dimension_t> dims_;
+  int status_ = -1;
+  bool cropped_ = false;
+};
+
+// `pool`'s device memory, copied to its host memory.
+std::vector<uint8_t> pool_bytes(DeviceBuffer& pool) {
+  pool.buffer()->set_device_dirty(true);
+  EXPECT_EQ(halide_copy_to_host(nullptr, pool.buffer()), 0);
+  return pool.host();
+}
+
+// A generated family of placements of residual's inputs (x, y, g, b) and outputs (n, s) at
+// random offsets in one device allocation (crops of it, as the application makes them),
+// random batches and lengths: where an output shares a byte of the allocation with an input or
+// the other output, the call is refused naming the first such pair (the outputs in order, each
+// against the inputs, then the earlier output) and the bytes they share, and the allocation is
+// unchanged; otherwise (inputs may overlap each other) the call runs, its outputs are the host
+// path's bytes for the inputs the allocation holds, and no other byte changed.
+TEST(GpuOpenCL, DeviceTensorsSharingAnAllocationAreRefused) {
+  SKIP_WITHOUT_OPENCL();
+  ModelPtr model = create_model();
+  ASSERT_NE(model, nullptr);
+  kiln_model* m = model.get();
+  std::mt19937 rng(2525);
+  int refused = 0, ran = 0, partial = 0;
+  for (int sample = 0; sample < 60; ++sample) {
+    SCOPED_TRACE("sample " + std::to_string(sample));
+    const int64_t B = 1 + rng() % 3, S = 1 + rng() % 4, row = B * S * 129;
+    const std::vector<int64_t> big = {B, S, 129}, small = {129};
+    struct Place {
+      const char* name;
+      int64_t floats, at;
+    };
+    std::vector<Place> places = {{"x", row, 0}, {"y", row, 0}, {"g", 129, 0},
+                                 {"b", 129, 0}, {"n", row, 0}, {"s", row, 0}};
+    int64_t total = 0;
+    for (const Place& p : places) total += p.floats;
+    const int64_t pool_floats = total * 3;
+    // A quarter of the samples put an output exactly on an input or the other output.
+    for (Place& p : places) p.at = static_cast<int64_t>(rng() % (pool_floats - p.floats + 1));
+    if (rng() % 4 == 0) places[4 + rng() % 2].at = places[rng() % 2].at;
+    std::vector<float> values(static_cast<size_t>(pool_floats));
+    for (float& v : values) v = static_cast<float>(static_cast<int>(rng() % 2001) - 1000) / 250.f;
+    DeviceBuffer pool(m, KILN_F32, {pool_floats});
+    ASSERT_EQ(pool.malloc_status(), 0);
+    ASSERT_EQ(pool.upload(values.data()), 0);
+    std::vector<std::unique_ptr<PoolView>> views;
+    for (const Place& p : places) {
+      const bool vector = views.size() == 2 || views.size() == 3;  // g and b
+      views.push_back(std::make_unique<PoolView>(pool, p.at, vector ? small : big, p.name));
+      ASSERT_EQ(views.back()->status(), 0);
+    }
+    std::vector<kiln_tensor> in, out;
+    for (size_t i = 0; i < 4; ++i) in.push_back(views[i]->tensor());
+    for (size_t i = 4; i < 6; ++i) out.push_back(views[i]->tensor());
+    auto overlap = [&](size_t a, size_t b) {
+      return places[a].at < places[b].at + places[b].floats &&
+             places[b].at < places[a].at + places[a].floats;
+    };
+    std::string want;
+    for (size_t r = 4; r < 6 && want.empty(); ++r)
+      for (size_t o = 0; o < r && want.empty(); ++o)
+        if (overlap(r, o)) {
+          const int64_t lo = std::max(places[r].at, places[o].at),
+                        hi = std::min(places[r].at + places[r].floats,
+                                      places[o].at + places[o].floats);
+          auto bytes = [](int64_t from, int64_t to) {
+            return "[" + std::to_string(from * 4) + ", " + std::to_string(to * 4) + ")";
+          };
+          want = std::string("output '") + places[r].name + "' overlaps " +
+                 (o < 4 ? "input" : "output") + " '" + places[o].name + "' (its bytes " +
+                 bytes(lo - places[r].at, hi - places[r].at) + " are bytes " +
+                 bytes(lo - places[o].at, hi - places[o].at) + " of '" + places[o].name +
+                 "'): an output must not share memory with an input or another output (a cache "
+                 "updated in place is the one exception)";
+          partial += hi - lo < places[r].floats;
+        }
+    const int status =
+        kiln_model_run_device(m, "residual", in.data(), in.size(), out.data(), out.size());
+    const std::vector<uint8_t> after = pool_bytes(pool);
+    std::vector<uint8_t> before(values.size() * 4);
+    std::memcpy(before.data(), values.data(), before.size());
+    if (!want.empty()) {
+      EXPECT_NE(status, 0);
+      EXPECT_EQ(std::string(kiln_model_error(m)), want);
+      EXPECT_EQ(after, before) << "a refused call wrote to the device";
+      ++refused;
+      continue;
+    }
+    ASSERT_EQ(status, 0) << kiln_model_error(m);
+    ++ran;
+    std::vector<ir::Tensor> x;
+    for (size_t i = 0; i < 4; ++i) {
+      const Place& p = places[i];
+      x.push_back(ir::Tensor::from_f32(
+          i >= 2 ? small : big,
+          std::vector<float>(values.begin() + p.at, values.begin() + p.at + p.floats)));
+    }
+    const std::vector<std::vector<uint8_t>> host = run_host(m, "residual", x);
+    std::vector<uint8_t> expected = before;
+    for (size_t r = 0; r < 2; ++r)
+      std::copy(host[r].begin(), host[r].end(), expected.begin() + places[4 + r].at * 4);
+    EXPECT_EQ(after, expected) << "the outputs, or bytes beside them";
+  }
+  std::printf("[ alias ] device: %d placements refused (%d partial overlaps), %d ran\n", refused,
+              partial, ran);
+  EXPECT_GE(refused, 20);
+  EXPECT_GE(partial, 10);
+  EXPECT_GE(ran, 5);
+}
+
+// A generated family of device tensors whose shape claims more than their allocation holds
+// from their start (an allocation of random size, the tensor at a random crop offset or the
+// allocation's own handle): an input (norm129's x or g) or the output (y) that would be read or
+// written past the allocation's end is refused naming its bytes and the allocation's, and
+// writes nothing; one that fits runs and gives the host path's result.
+TEST(GpuOpenCL, DeviceTensorsBeyondTheirAllocationAreRefused) {
+  SKIP_WITHOUT_OPENCL();
+  ModelPtr model = create_model();
+  ASSERT_NE(model, nullptr);
+  kiln_model* m = model.get();
+  std::mt19937 rng(2526);
+  int refused = 0, ran = 0;
+  for (int sample = 0; sample < 60; ++sample) {
+    SCOPED_TRACE("sample " + std::to_string(sample));
+    const int64_t R = 1 + rng() % 6;
+    const std::vector<ir::Tensor> x = random_inputs("norm129", {{"R", R}}, 3000 + sample);
+    const size_t bad = rng() % 3;  // 0: x, 1: g, 2: y
+    const char* names[] = {"x", "g", "b", "y"};
+    const std::vector<std::vector<int64_t>> shapes = {{R, 129}, {129}, {129}, {R, 129}};
+    const size_t which = bad == 0 ? 0 : bad == 1 ? 1 : 3;
+    const int64_t need = which == 1 ? 129 : R * 129;
+    const int64_t floats = 1 + static_cast<int64_t>(rng() % (2 * need));
+    const bool crop = rng() % 4 != 0;
+    const int64_t offset = crop ? static_cast<int64_t>(rng() % floats) : 0;
+    std::vector<std::unique_ptr<DeviceBuffer>> own;  // each tensor's allocation
+    std::vector<std::unique_ptr<PoolView>> views;
+    std::vector<kiln_tensor> tensors;
+    for (size_t i = 0; i < 4; ++i) {
+      const bool this_one = i == which;
+      int64_t n = 1;
+      for (int64_t d : shapes[i]) n *= d;
+      own.push_back(
+          std::make_unique<DeviceBuffer>(m, KILN_F32, std::vector<int64_t>{this_one ? floats : n}));
+      ASSERT_EQ(own.back()->malloc_status(), 0);
+      std::vector<float> fill(static_cast<size_t>(this_one ? floats : n), 0.5f);
+      if (i < 3) {
+        const std::vector<float>& v = x[i].f;
+        if (this_one)
+          std::copy(v.begin(), v.begin() + std::min<int64_t>(n, floats - offset),
+                    fill.begin() + offset);
+        else
+          fill = v;
+      }
+      ASSERT_EQ(own.back()->upload(fill.data()), 0);
+      views.push_back(std::make_unique<PoolView>(*own.back(), this_one ? offset : 0, shapes[i],
+                                                 names[i], this_one ? crop : true));
+      ASSERT_EQ(views.back()->status(), 0);
+      tensors.push_back(views.back()->tensor());
+    }
+    const std::vector<uint8_t> before = pool_bytes(*own[which]), y_before = pool_bytes(*own[3]);
+    const int status = kiln_model_run_device(m, "norm129", tensors.data(), 3, &tensors[3], 1);
+    const int64_t room = (floats - offset) * 4;
+    if (need * 4 > room) {
+      std::string shape = "[" + std::to_string(shapes[which][0]);
+      if (shapes[which].size() == 2) shape += "," + std::to_string(shapes[which][1]);
+      shape += "]";
+      EXPECT_NE(status, 0);
+      EXPECT_EQ(std::string(kiln_model_error(m)),
+                std::string(which == 3 ? "output '" : "input '") + names[which] + "' of shape " +
+                    shape + " needs " + std::to_string(need * 4) +
+                    " bytes of f32, its device allocation holds " + std::to_string(room) +
+                    " from the buffer's start");
+      EXPECT_EQ(pool_bytes(*own[which]), before);
+      EXPECT_EQ(pool_bytes(*own[3]), y_before) << "a refused call wrote its output";
+      ++refused;
+      continue;
+    }
+    ASSERT_EQ(status, 0) << kiln_model_error(m);
+    ++ran;
+    const std::vector<uint8_t> y = pool_bytes(*own[3]);
+    const std::vector<std::vector<uint8_t>> host = run_host(m, "norm129", x);
+    const int64_t y_at = which == 3 ? offset * 4 : 0;
+    EXPECT_EQ(std::vector<uint8_t>(y.begin() + y_at, y.begin() + y_at + R * 129 * 4), host[0]);
+  }
+  std::printf("[ alias ] device: %d tensors beyond their allocation refused, %d that fit ran\n",
+              refused, ran);
+  EXPECT_GE(refused, 20);
+  EXPECT_GE(ran, 10);
+}
+
 // The C++ API: kiln::Model's device_interface, device_output_shapes and run_device, against
 // the host path; a host-only buffer throws with the runtime's message.
 TEST(GpuOpenCL, DeviceTensorsCppApi) {

@@ -55,7 +55,12 @@ struct halide_device_interface_t;
  * kernel buffer's offset into a device allocation needs (OpenCL sub-buffers:
  * CL_DEVICE_MEM_BASE_ADDR_ALIGN; 1 for CUDA); a view off that alignment goes through a
  * device-to-device copy. `kernel_outputs[k]`: how many of kernel k's buffers (the last) it
- * writes. */
+ * writes. `allocation` (optional, NULL where the device cannot tell) names the device
+ * allocation a buffer lies in: an identity of the allocation (the same for every buffer in
+ * it), the byte offset of the buffer's start in it, and the bytes from that start to the
+ * allocation's end; it returns 0, or non-zero where it cannot tell for this buffer. The
+ * generated OpenCL glue asks clGetMemObjectInfo (CL_MEM_SIZE, and a sub-buffer's parent and
+ * offset), the CUDA glue cuMemGetAddressRange. */
 typedef struct kiln_device_ops {
   const struct halide_device_interface_t* (*interface)(void);
   int (*device_malloc)(void* user_context, struct halide_buffer_t* buf,
@@ -72,6 +77,8 @@ typedef struct kiln_device_ops {
                      struct halide_buffer_t* dst);
   int64_t (*view_alignment)(void);
   const int32_t* kernel_outputs;
+  int (*allocation)(const struct halide_buffer_t* buf, uint64_t* id, uint64_t* offset,
+                    uint64_t* bytes);
 } kiln_device_ops;
 /* A parallel loop's body and a runner of the loop: Halide's halide_task_t and
  * halide_do_par_for_t (HalideRuntime.h). */
@@ -117,6 +124,14 @@ int kiln_model_output_shapes(kiln_model* model, const char* function, const kiln
  * written: on an error no output byte has changed. Returns 0, or non-zero with the
  * message in kiln_model_error().
  *
+ * Memory: no byte of an output may be a byte of an input or of another output (the bytes
+ * of each tensor's shape count, not its capacity). Kernels write outputs while others still
+ * read the inputs, so kiln never runs in place: a call with the same or partly overlapping
+ * memory for an input and an output, or for two outputs, is refused before anything is
+ * written, with an error naming both tensors and the bytes they share. The one exception is
+ * a cache an entry point updates in place (decode_step's), whose output must be the very
+ * buffer of its input. Inputs may share memory with each other.
+ *
  * Threads: one model may be used from any number of threads at once, and every call
  * computes exactly what it computes alone. The weights are shared read-only; each call
  * that overlaps another gets an arena of its own (the model keeps one per concurrent
@@ -140,16 +155,20 @@ int kiln_model_run(kiln_model* model, const char* function, const kiln_tensor* i
  * checked the same way, and against the buffer: a host-only buffer, another device
  * interface, a type or shape the buffer does not have, an input whose newest data is on
  * the host (host_dirty set: copy it first, halide_copy_to_device) and i32 ids are refused
- * with an error naming the tensor. Ids and bools are copied to the host (only those few
- * bytes) to check their values. Outputs are the caller's device buffers of the shapes
- * kiln_model_output_shapes_device gives; the kernels write them on the device, and the
- * call leaves them device_dirty (halide_copy_to_host brings them to the host memory the
- * buffer has, if any). The caller frees them (halide_device_free). A check that fails
- * writes nothing; a device that fails while the kernels run may leave outputs partly
- * written. Entry points that update a cache on the host between kernels (cache_write,
- * as decode_step does) are refused: run them with host tensors. Threads as
- * kiln_model_run. A CPU library returns an error. Returns 0, or non-zero with the message
- * in kiln_model_error(). */
+ * with an error naming the tensor. So is a shape that needs more bytes than the buffer's
+ * allocation holds from the buffer's start (a crop: from its offset), and outputs that
+ * share device memory with an input or another output, as kiln_model_run's (the same
+ * buffer, or overlapping bytes of one allocation, crops included): the generated OpenCL
+ * and CUDA glue tells the runtime each buffer's allocation (kiln_device_ops::allocation).
+ * Ids and bools are copied to the host (only those few bytes) to check their values.
+ * Outputs are the caller's device buffers of the shapes kiln_model_output_shapes_device
+ * gives; the kernels write them on the device, and the call leaves them device_dirty
+ * (halide_copy_to_host brings them to the host memory the buffer has, if any). The caller
+ * frees them (halide_device_free). A check that fails writes nothing; a device that fails
+ * while the kernels run may leave outputs partly written. Entry points that update a cache
+ * on the host between kernels (cache_write, as decode_step does) are refused: run them
+ * with host tensors. Threads as kiln_model_run. A CPU library returns an error. Returns 0,
+ * or non-zero with the message in kiln_model_error(). */
 int kiln_model_run_device(kiln_model* model, const char* function, const kiln_tensor* inputs,
                           size_t num_inputs, kiln_tensor* outputs, size_t num_outputs);
 /* kiln_model_output_shapes for device-tensor inputs (as kiln_model_run_device takes them). */
@@ -338,10 +357,21 @@ class Output {
   template <typename T>
   Output(Tensor<T>& t) : Output(&t) {}
   template <typename T>
-  Output(Tensor<T>* t) : tensor_(t), dtype_(dtype_of<T>()), prepare_(&prepare<T>) {}
+  Output(Tensor<T>* t)
+      : tensor_(t),
+        dtype_(dtype_of<T>()),
+        prepare_(&prepare<T>),
+        fits_(&fit<T>),
+        storage_(&store<T>) {}
 
   int32_t dtype() const { return dtype_; }
   bool null() const { return tensor_ == nullptr; }
+  const void* tensor() const { return tensor_; }
+  /* Whether binding to `out` (a result's shape) would keep the tensor as it is: its shape
+   * is that shape already, and its storage holds exactly that many elements. */
+  bool fits(const kiln_tensor& out) const { return fits_(tensor_, out); }
+  /* The tensor's storage now: its first byte and its bytes (0 when empty). */
+  std::pair<const void*, size_t> storage() const { return storage_(tensor_); }
   /* Reshapes the tensor (reusing its storage) and points `out` at it. */
   void bind(kiln_tensor* out) const { prepare_(tensor_, out); }
 
@@ -354,9 +384,22 @@ class Output {
     out->data = t.data.data();
     out->capacity = t.data.size() * sizeof(T);
   }
+  template <typename T>
+  static bool fit(const void* tensor, const kiln_tensor& out) {
+    const Tensor<T>& t = *static_cast<const Tensor<T>*>(tensor);
+    return t.shape == std::vector<int64_t>(out.shape, out.shape + out.rank) &&
+           static_cast<int64_t>(t.data.size()) == t.numel();
+  }
+  template <typename T>
+  static std::pair<const void*, size_t> store(const void* tensor) {
+    const Tensor<T>& t = *static_cast<const Tensor<T>*>(tensor);
+    return {t.data.data(), t.data.size() * sizeof(T)};
+  }
   void* tensor_;
   int32_t dtype_;
   void (*prepare_)(void*, kiln_tensor*);
+  bool (*fits_)(const void*, const kiln_tensor&);
+  std::pair<const void*, size_t> (*storage_)(const void*);
 };
 
 /* A device tensor (kiln_model_run_device): a halide_buffer_t on the model's device, the
@@ -396,7 +439,10 @@ class Model {
    * `function`, in order, each a Tensor of the result's element type): each is reshaped
    * and its storage reused, so repeated calls allocate nothing once every output has held
    * a result at least as large (e.g. one call at the maximum batch and lengths). A wrong
-   * count or element type throws before any output is touched. */
+   * count or element type throws before any output is touched, and so does an output that
+   * is also an input or another output (`forward(x, x)`; as kiln_model_run, outputs share
+   * no memory with inputs or each other, but a cache updated in place: decode_step's
+   * caches, passed as input and output, keep their shape and storage). */
   void run(const char* function, const std::vector<Input>& inputs,
            const std::vector<Output>& outputs) {
     std::vector<kiln_tensor> in(inputs.size());
@@ -425,6 +471,30 @@ class Model {
         throw std::runtime_error(std::string("kiln: output '") + out[i].name + "' of '" + function +
                                  "' is " + dtype_name(out[i].dtype) + ", given a " +
                                  dtype_name(outputs[i].dtype()) + " tensor");
+    }
+    // Before any output is reshaped: reshaping an output that is also an input would free
+    // or change the input's memory under the call. An output tensor whose storage is an
+    // input's and already has the result's shape is left as it is for the runtime to judge
+    // (a cache updated in place; any other overlap it refuses).
+    for (size_t i = 0; i < out.size(); ++i) {
+      for (size_t j = 0; j < i; ++j)
+        if (outputs[j].tensor() == outputs[i].tensor())
+          throw std::runtime_error(std::string("kiln: outputs '") + out[j].name + "' and '" +
+                                   out[i].name + "' of '" + function +
+                                   "' are the same tensor: pass a tensor for each");
+      const auto [at, bytes] = outputs[i].storage();
+      const uintptr_t first = reinterpret_cast<uintptr_t>(at);
+      for (size_t j = 0; j < in.size() && bytes > 0; ++j) {
+        const uintptr_t input = reinterpret_cast<uintptr_t>(in[j].data);
+        if (!input || input >= first + bytes || first >= input + in[j].capacity) continue;
+        if (input == first && outputs[i].fits(out[i])) continue;
+        const char* name = kiln_model_input_name(model_.get(), function, static_cast<int>(j));
+        throw std::runtime_error(std::string("kiln: output '") + out[i].name + "' of '" + function +
+                                 "' shares memory with input '" +
+                                 (name ? name : std::to_string(j)) +
+                                 "': pass a separate tensor (an output is written while the "
+                                 "inputs are read)");
+      }
     }
     for (size_t i = 0; i < out.size(); ++i) outputs[i].bind(&out[i]);
     check(kiln_model_run(model_.get(), function, in.data(), in.size(), out.data(), out.size()));
