@@ -25,12 +25,16 @@ using Halide::Var;
 
 namespace {
 Expr round_to_bf16_bits(const Expr& f) {
-  // Round to nearest, ties to even, on the bits (the runtime rounds weights the same way);
-  // NaN keeps a quiet NaN's top bits.
+  // Round to nearest, ties to even, on the bits, as vcvtne2ps2bf16 does (and the runtime
+  // rounds weights, rt::f32_to_bf16): zero and subnormals become a zero of their sign (an f32
+  // subnormal just below 2^-126 would otherwise round up to the smallest normal, where the
+  // instruction gives 0); NaN keeps a quiet NaN's top bits.
   Expr bits = Halide::reinterpret(Halide::UInt(32), f);
   Expr rounded = (bits + 0x7fff + ((bits >> 16) & 1)) >> 16;
   Expr nan = (bits & 0x7fffffff) > 0x7f800000;
-  return Halide::cast(Halide::UInt(16), Halide::select(nan, (bits >> 16) | 0x40, rounded));
+  Expr tiny = (bits & 0x7f800000) == 0;
+  return Halide::cast(Halide::UInt(16), Halide::select(nan, (bits >> 16) | 0x40, tiny,
+                                                       (bits >> 16) & 0x8000, rounded));
 }
 
 }  // namespace
@@ -54,8 +58,7 @@ KernelPipeline build_linear_bf16(const LinearKernel& spec, const Halide::Target&
   Func xb("xb");  // x rounded to bf16
   if (K % 2 == 0 && K >= 2 * lanes) {
     // vcvtne2ps2bf16: 32 roundings per instruction (xb is vectorized by 32 and shifted
-    // inwards within [0, K)), the same rounding as round_to_bf16_bits but for inputs below
-    // the smallest normal float, which become ±0 (as vdpbf16ps reads them anyway).
+    // inwards within [0, K)), the same rounding as round_to_bf16_bits (subnormals to ±0).
     xb(k, m) = Halide::cast(Halide::BFloat(16), x(k, m));
   } else if (K % 2 == 0) {
     xb(k, m) = Halide::reinterpret(Halide::BFloat(16), round_to_bf16_bits(x(k, m)));

@@ -727,12 +727,17 @@ Tensor eval_argmax(const Op& op, const Tensor& x, const Shape& shape, const std:
   return r;
 }
 
-// f32 rounded to the nearest bf16 (ties to even), kept as an f32; NaN stays NaN.
+// f32 rounded to bf16 as the bf16 kernels do (AVX512-BF16's vcvtne2ps2bf16, and vdpbf16ps
+// reading bf16 subnormals as zero), kept as an f32: to the nearest bf16, ties to even; zero
+// and subnormals (exponent 0) to a zero of their sign; NaN stays NaN.
 float round_to_bf16(float x) {
   uint32_t bits;
   std::memcpy(&bits, &x, 4);
   if ((bits & 0x7fffffffu) > 0x7f800000u) return x;
-  bits = ((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16) << 16;
+  if ((bits & 0x7f800000u) == 0)
+    bits &= 0x80000000u;
+  else
+    bits = ((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16) << 16;
   std::memcpy(&x, &bits, 4);
   return x;
 }

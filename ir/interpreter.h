@@ -60,8 +60,9 @@ struct InterpretOptions {
   // A run that would need more than this many bytes at once throws kiln::Error naming the
   // op and the total before any op runs (kiln run --max-memory).
   int64_t max_bytes = kDefaultInterpreterMemoryBytes;
-  // `linear` rounds its input and weight to bf16 (to nearest, ties to even) before the
-  // products, as the kernels of `kiln compile --weights bf16` do: the reference for them.
+  // `linear` rounds its input and weight to bf16 (to nearest, ties to even; zero and f32
+  // subnormals to a zero of their sign, NaN kept) before the products, as the kernels of
+  // `kiln compile --weights bf16` do (AVX512-BF16 flushes subnormals): the reference for them.
   bool bf16_linear = false;
 };
 std::vector<Tensor> interpret(const Module& module, const Function& function,

@@ -267,6 +267,9 @@ uint16_t f32_to_bf16(float x) {
   uint32_t bits;
   std::memcpy(&bits, &x, 4);
   if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  // Zero and subnormals (exponent 0) become a zero of their sign, as AVX512-BF16 converts
+  // them (vcvtne2ps2bf16) and reads bf16 subnormals (vdpbf16ps): the kernels never see one.
+  if ((bits & 0x7f800000u) == 0) return static_cast<uint16_t>((bits >> 16) & 0x8000u);
   return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 

@@ -130,7 +130,9 @@ void lay_out_linear_weight_rows(const uint8_t* w_rows, int64_t n0, int64_t rows,
 // `source_bf16`) rows of K. The padding is left as it is: zero `wt` first.
 void lay_out_linear_weight_bf16_rows(const uint8_t* w_rows, int64_t n0, int64_t rows, int64_t N,
                                      int64_t K, uint16_t* wt, bool source_bf16 = false);
-// f32 -> bf16 bits, rounded to nearest, ties to even (NaN stays NaN); bf16 bits -> f32.
+// f32 -> bf16 bits as AVX512-BF16 converts (vcvtne2ps2bf16): rounded to nearest, ties to
+// even; zero and subnormals (below 2^-126) to a zero of their sign (so a bf16 subnormal, which
+// vdpbf16ps would read as zero, is never made); NaN stays NaN. bf16 bits -> f32.
 uint16_t f32_to_bf16(float x);
 float bf16_to_f32(uint16_t bits);
 

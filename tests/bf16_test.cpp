@@ -17,6 +17,7 @@
 // round the other way in the kernel (a 2^-8 step of that element), and later roundings
 // amplify it, so it ranges from 2e-7 to the size of the bf16 effect itself.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -24,10 +25,13 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <immintrin.h>
 
 #include "bf16_base.h"
 #include "bf16_linears.h"
@@ -39,6 +43,7 @@
 #include "f32_numbers.h"
 #include "frontend/models.h"
 #include "ir/interpreter.h"
+#include "ir/parser.h"
 #include "kiln/vocab.h"
 #include "noise.h"
 #include "pass_harness.h"
@@ -203,6 +208,308 @@ TEST(Bf16Kernels, MatchADoubleSumOfRoundedInputs) {
     }
   }
   std::printf("[ bf16 ] %d kernel outputs within the f32 summation bound\n", checked);
+}
+
+// Subnormals. AVX512-BF16 reads a bf16 subnormal as zero (vdpbf16ps) and converts an f32
+// subnormal to a zero of its sign (vcvtne2ps2bf16); kiln rounds to bf16 as that conversion does
+// everywhere (weights at load, inputs in the kernels, the interpreter's bf16_linear), so a
+// bf16 subnormal never reaches the kernels and the interpreter agrees with the library.
+
+// The conversion as Intel's pseudo-code for vcvtne2ps2bf16 states it, written out here.
+uint16_t hardware_bf16(uint32_t bits) {
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  if ((bits & 0x7f800000u) == 0) return static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+std::vector<int64_t> static_shape(const ir::Weight& w) {
+  std::vector<int64_t> shape;
+  for (const ir::Dim& d : w.type.shape) shape.push_back(d.value);
+  return shape;
+}
+
+float float_of(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// The instruction itself on `bits` (a multiple of 32 of them).
+__attribute__((target("avx512f,avx512bf16"))) std::vector<uint16_t> converted_by_the_cpu(
+    const std::vector<uint32_t>& bits) {
+  std::vector<uint16_t> out(bits.size());
+  for (size_t i = 0; i + 32 <= bits.size(); i += 32) {
+    const __m512 lo = _mm512_castsi512_ps(_mm512_loadu_si512(bits.data() + i));
+    const __m512 hi = _mm512_castsi512_ps(_mm512_loadu_si512(bits.data() + i + 16));
+    const __m512bh r = _mm512_cvtne2ps_pbh(hi, lo);
+    std::memcpy(out.data() + i, &r, 64);
+  }
+  return out;
+}
+
+// A generated family of f32 bit patterns over every class: random words; f32 subnormals (a
+// random mantissa), those just below 2^-126 that round up to it; the f32 images of bf16
+// subnormals, with and without low bits; both zeros, the smallest normal, ties; the largest
+// finite values (rounding to infinity), infinities and NaNs; every one with either sign.
+std::vector<uint32_t> bit_patterns(uint32_t seed, size_t per_class, bool finite_only) {
+  std::mt19937 rng(seed);
+  std::vector<uint32_t> out;
+  for (size_t i = 0; i < per_class; ++i) {
+    const uint32_t sign = (rng() & 1u) << 31;
+    out.push_back(rng());
+    out.push_back(sign | (1u + rng() % 0x7fffffu));       // f32 subnormal
+    out.push_back(sign | (0x7f8000u + rng() % 0x8000u));  // rounds up to 2^-126
+    out.push_back(sign | ((1u + rng() % 0x7fu) << 16));   // a bf16 subnormal
+    out.push_back(sign | ((1u + rng() % 0x7fu) << 16) | (rng() & 0xffffu));
+    out.push_back(sign | (rng() % 0x7f000000u + 0x800000u));                              // normal
+    out.push_back(sign | (((rng() % 0x7f00000u + 0x80000u) << 4) & ~0xffffu) | 0x8000u);  // ties
+  }
+  for (uint32_t sign : {0u, 0x80000000u})
+    for (uint32_t v :
+         {0u, 1u, 0x7fffffu, 0x7f8000u, 0x7f7fffu, 0x800000u, 0x10000u, 0x7f0000u, 0x7f7f7fffu,
+          0x7f7f8000u, 0x7f7fffffu, 0x7f800000u, 0x7f800001u, 0x7fc00000u, 0x7fffffffu})
+      out.push_back(sign | v);
+  if (finite_only)  // nothing that is or rounds to infinity or NaN
+    out.erase(std::remove_if(out.begin(), out.end(),
+                             [](uint32_t b) { return (b & 0x7fffffffu) >= 0x7f7f8000u; }),
+              out.end());
+  while (out.size() % 32) out.push_back(0);
+  return out;
+}
+
+bool same_value(float got, float want) {
+  return std::isnan(want) ? std::isnan(got) : got == want;  // ±0 alike (a bias of 0 is added)
+}
+
+// rt::f32_to_bf16 (the weights' conversion at load) is the hardware's conversion on every
+// class, bit for bit, and so is the CPU (where it has AVX512-BF16). Through the bf16 library's
+// linears with one weight of 1 per output (K 1, 20 and 21: the kernels' own rounding; K 64:
+// vcvtne2ps2bf16) and through the interpreter's bf16_linear on the same weights, each output
+// is its input so converted.
+TEST(Bf16Subnormals, RoundingIsTheHardwaresEverywhere) {
+  const std::vector<uint32_t> all = bit_patterns(7, 400, false);
+  size_t mismatches = 0;
+  for (uint32_t b : all)
+    if (rt::f32_to_bf16(float_of(b)) != hardware_bf16(b) && ++mismatches <= 5)
+      ADD_FAILURE() << "f32_to_bf16(0x" << std::hex << b << ") = 0x" << rt::f32_to_bf16(float_of(b))
+                    << ", the hardware gives 0x" << hardware_bf16(b);
+  EXPECT_EQ(mismatches, 0u);
+  if (__builtin_cpu_supports("avx512bf16")) {
+    const std::vector<uint16_t> cpu = converted_by_the_cpu(all);
+    for (size_t i = 0; i < all.size(); ++i)
+      ASSERT_EQ(cpu[i], hardware_bf16(all[i])) << std::hex << "0x" << all[i];
+  }
+
+  struct Entry {
+    std::string name;
+    int64_t K, N;
+    bool relu;
+  };
+  const std::vector<Entry> entries = {{"k1_n17", 1, 17, false},
+                                      {"k20_n36", 20, 36, true},
+                                      {"k21_n29", 21, 29, false},
+                                      {"k64_n64", 64, 64, false}};
+  std::ifstream kir(std::string(KILN_TEST_DATA_DIR) + "/abi/linears.kir");
+  std::stringstream text;
+  text << kir.rdbuf();
+  const ir::Module m = ir::parse_and_verify(text.str(), "linears.kir");
+  // Output n reads input n % K with weight 1; every other weight and bias is 0.
+  ir::WeightMap wm;
+  std::vector<rt::TensorData> tensors;
+  for (const ir::Weight& w : m.weights) {
+    ir::Tensor t = ir::Tensor::zeros(ir::DType::f32, static_shape(w));
+    if (t.shape.size() == 2)
+      for (int64_t n = 0; n < t.shape[0]; ++n) t.f[n * t.shape[1] + n % t.shape[1]] = 1.f;
+    tensors.push_back(rt::make_f32(w.name, t.shape, t.f));
+    wm[w.name] = std::move(t);
+  }
+  const std::string path = ::testing::TempDir() + "bf16_identity.safetensors";
+  rt::write_safetensors(path, tensors);
+  char* error = nullptr;
+  std::unique_ptr<kiln_model, void (*)(kiln_model*)> model(
+      bf16_linears_create(path.c_str(), &error), kiln_model_destroy);
+  ASSERT_TRUE(model) << error;
+  ir::InterpretOptions options;
+  options.bf16_linear = true;
+  size_t checked = 0;
+  for (const Entry& e : entries) {
+    // K 1 takes infinities and NaNs too; a longer row would multiply them by the zeros.
+    const std::vector<uint32_t> pats = bit_patterns(100 + static_cast<uint32_t>(e.K), 60, e.K > 1);
+    for (size_t first = 0; first < pats.size(); first += static_cast<size_t>(200 * e.K)) {
+      const int64_t M =
+          std::min<int64_t>(200, (static_cast<int64_t>(pats.size() - first) + e.K - 1) / e.K);
+      std::vector<float> x(static_cast<size_t>(M * e.K), 0.f);
+      for (size_t i = 0; i < x.size() && first + i < pats.size(); ++i)
+        x[i] = float_of(pats[first + i]);
+      std::vector<float> y(static_cast<size_t>(M * e.N), 12345.f);
+      kiln_tensor in{}, out{};
+      in.dtype = out.dtype = KILN_F32;
+      in.rank = out.rank = 2;
+      in.shape[0] = out.shape[0] = M;
+      in.shape[1] = e.K;
+      out.shape[1] = e.N;
+      in.data = x.data();
+      in.capacity = x.size() * 4;
+      out.data = y.data();
+      out.capacity = y.size() * 4;
+      ASSERT_EQ(kiln_model_run(model.get(), e.name.c_str(), &in, 1, &out, 1), 0)
+          << kiln_model_error(model.get());
+      const std::vector<ir::Tensor> interpreted = ir::interpret(
+          m, *m.find_function(e.name), wm, {ir::Tensor::from_f32({M, e.K}, x)}, options);
+      size_t failures = 0;
+      for (int64_t r = 0; r < M; ++r)
+        for (int64_t n = 0; n < e.N; ++n) {
+          uint32_t bits;
+          const float xv = x[r * e.K + n % e.K];
+          std::memcpy(&bits, &xv, 4);
+          float want = rt::bf16_to_f32(hardware_bf16(bits));
+          if (e.relu && !std::isnan(want)) want = std::max(want, 0.f);
+          const float got = y[r * e.N + n], ref = interpreted[0].f[r * e.N + n];
+          if ((!same_value(got, want) || !same_value(ref, want)) && ++failures <= 5)
+            ADD_FAILURE() << e.name << ": input 0x" << std::hex << bits << std::dec << " gives "
+                          << got << " (library), " << ref << " (interpreter), want " << want;
+          ++checked;
+        }
+      ASSERT_EQ(failures, 0u);
+    }
+  }
+  std::printf(
+      "[ bf16 ] %zu bit patterns rounded as the hardware does; %zu outputs of the library "
+      "and the interpreter each equal to their input so rounded\n",
+      all.size(), checked);
+}
+
+// A generated family of checkpoints (f32 and bf16 files) whose weights are bf16 or f32
+// subnormals of either sign, whole rows of them or mixed with small normals, on inputs of
+// magnitude 2^118..2^126 (so a subnormal weight's product, 2^-15..2^-1, would show): every
+// linear of the bf16 library equals the interpreter's bf16_linear within the f32 summation
+// bound, and an output whose weights are all subnormal is exactly its bias (flushed: 0·x).
+TEST(Bf16Subnormals, SubnormalWeightsGiveTheInterpretersResults) {
+  std::ifstream kir(std::string(KILN_TEST_DATA_DIR) + "/abi/linears.kir");
+  std::stringstream text;
+  text << kir.rdbuf();
+  const ir::Module m = ir::parse_and_verify(text.str(), "linears.kir");
+  ir::InterpretOptions options;
+  options.bf16_linear = true;
+  size_t checked = 0, flushed_rows = 0;
+  for (uint32_t seed : {1u, 2u, 3u}) {
+    std::mt19937 rng(seed);
+    const bool bf16_file = seed % 2 == 0;
+    auto subnormal = [&] {  // an f32 subnormal, or a bf16 one (its low bits 0)
+      const uint32_t sign = (rng() & 1u) << 31;
+      uint32_t bits = sign | (1u + rng() % 0x7fffffu);
+      if (bf16_file || rng() % 2) bits = sign | ((1u + rng() % 0x7fu) << 16);
+      return float_of(bits);
+    };
+    std::vector<rt::TensorData> tensors;
+    ir::WeightMap wm;
+    std::map<std::string, std::vector<bool>> all_subnormal;  // per weight, per row
+    for (const ir::Weight& w : m.weights) {
+      const std::vector<int64_t> shape = static_shape(w);
+      std::vector<float> v(static_cast<size_t>(shape[0] * (shape.size() == 2 ? shape[1] : 1)));
+      if (shape.size() == 2) {
+        std::vector<bool>& rows = all_subnormal[w.name];
+        for (int64_t n = 0; n < shape[0]; ++n) {
+          rows.push_back(rng() % 3 == 0);
+          for (int64_t k = 0; k < shape[1]; ++k) {
+            float& x = v[static_cast<size_t>(n * shape[1] + k)];
+            x = rows.back() || rng() % 2 ? subnormal()
+                                         : std::ldexp(1.f + (rng() % 1000) / 1000.f,
+                                                      -126 + static_cast<int>(rng() % 8)) *
+                                               (rng() % 2 ? 1.f : -1.f);
+          }
+        }
+      } else {
+        v = testing::noise(v.size(), seed * 100 + static_cast<uint32_t>(v.size()));
+      }
+      if (bf16_file) {  // the interpreter sees what the file holds
+        for (float& x : v)
+          x = rt::bf16_to_f32(static_cast<uint16_t>(std::bit_cast<uint32_t>(x) >> 16));
+      }
+      wm[w.name] = ir::Tensor::from_f32(shape, v);
+      if (bf16_file) {
+        rt::TensorData d;
+        d.name = w.name;
+        d.dtype = rt::DType::bf16;
+        d.shape = shape;
+        d.data.resize(v.size() * 2);
+        for (size_t i = 0; i < v.size(); ++i) {
+          uint32_t bits;
+          std::memcpy(&bits, &v[i], 4);
+          const uint16_t top = static_cast<uint16_t>(bits >> 16);  // as it is, subnormal or not
+          std::memcpy(d.data.data() + 2 * i, &top, 2);
+        }
+        tensors.push_back(std::move(d));
+      } else {
+        tensors.push_back(rt::make_f32(w.name, shape, v));
+      }
+    }
+    const std::string path =
+        ::testing::TempDir() + "bf16_subnormal_" + std::to_string(seed) + ".safetensors";
+    rt::write_safetensors(path, tensors);
+    char* error = nullptr;
+    std::unique_ptr<kiln_model, void (*)(kiln_model*)> model(
+        bf16_linears_create(path.c_str(), &error), kiln_model_destroy);
+    ASSERT_TRUE(model) << error;
+    for (const ir::Function& f : m.functions) {
+      SCOPED_TRACE(f.name + " seed " + std::to_string(seed));
+      const std::string wname = "w_" + f.name;
+      const ir::Tensor& w = wm.at(wname);
+      const int64_t N = w.shape[0], K = w.shape[1];
+      const ir::Tensor* bias = wm.count("b_" + f.name) ? &wm.at("b_" + f.name) : nullptr;
+      const int64_t M = 1 + static_cast<int64_t>(rng() % 9);
+      std::vector<float> x(static_cast<size_t>(M * K));
+      for (float& v : x)
+        v = std::ldexp(1.f + (rng() % 1000) / 1000.f, 118 + static_cast<int>(rng() % 8)) *
+            (rng() % 2 ? 1.f : -1.f);
+      std::vector<float> y(static_cast<size_t>(M * N), NAN);
+      kiln_tensor in{}, out{};
+      in.dtype = out.dtype = KILN_F32;
+      in.rank = out.rank = 2;
+      in.shape[0] = out.shape[0] = M;
+      in.shape[1] = K;
+      out.shape[1] = N;
+      in.data = x.data();
+      in.capacity = x.size() * 4;
+      out.data = y.data();
+      out.capacity = y.size() * 4;
+      ASSERT_EQ(kiln_model_run(model.get(), f.name.c_str(), &in, 1, &out, 1), 0)
+          << kiln_model_error(model.get());
+      const std::vector<ir::Tensor> want =
+          ir::interpret(m, f, wm, {ir::Tensor::from_f32({M, K}, x)}, options);
+      const bool relu =
+          f.name == "k7_n5" || f.name == "k20_n36" || f.name == "k64_n200" || f.name == "k512_n130";
+      size_t failures = 0;
+      for (int64_t r = 0; r < M; ++r)
+        for (int64_t n = 0; n < N; ++n) {
+          double magnitude = bias ? std::abs(bias->f[n]) : 0.0;
+          for (int64_t k = 0; k < K; ++k)
+            magnitude +=
+                std::abs(static_cast<double>(rt::bf16_to_f32(rt::f32_to_bf16(x[r * K + k]))) *
+                         rt::bf16_to_f32(rt::f32_to_bf16(w.f[n * K + k])));
+          const double tolerance = static_cast<double>(K + 4) * 0x1p-24 * magnitude;
+          const float got = y[r * N + n], ref = want[0].f[r * N + n];
+          if (!(std::abs(static_cast<double>(got) - ref) <= tolerance) && ++failures <= 5)
+            ADD_FAILURE() << "out[" << r << "," << n << "] = " << got << ", the interpreter " << ref
+                          << " ± " << tolerance;
+          if (all_subnormal[wname][static_cast<size_t>(n)]) {
+            float b = bias ? bias->f[n] : 0.f;
+            if (relu) b = std::max(b, 0.f);
+            if (got != b && ++failures <= 5)
+              ADD_FAILURE() << "out[" << r << "," << n << "] = " << got
+                            << " from subnormal weights only, want the bias " << b;
+            flushed_rows += r == 0;
+          }
+          ++checked;
+        }
+      ASSERT_EQ(failures, 0u);
+    }
+  }
+  std::printf(
+      "[ bf16 ] %zu outputs of subnormal-weight checkpoints equal to the interpreter (%zu "
+      "outputs of subnormal weights only: their bias)\n",
+      checked, flushed_rows);
+  EXPECT_GE(flushed_rows, 100u);
 }
 
 TEST(Bf16Golden, TinyMatchesTheBf16Reference) {
