@@ -931,7 +931,7 @@ class Interpreter {
             where(static_cast<int>(i)), peak_bytes_);
       }
       // A value is freed after its last reader (results live to the end).
-      for (ValueId v : f_.ops[i].operands)
+      for (ValueId v : reads(f_.ops[i]))
         if (last[v] == i) values_[v].reset();
       if (last[f_.ops[i].result] == i) values_[f_.ops[i].result].reset();
     }
@@ -1060,10 +1060,24 @@ class Interpreter {
     std::vector<size_t> last(f_.values.size(), 0);
     for (size_t i = 0; i < f_.ops.size(); ++i) {
       last[f_.ops[i].result] = i;
-      for (ValueId v : f_.ops[i].operands) last[v] = i;
+      for (ValueId v : reads(f_.ops[i])) last[v] = i;
     }
     for (ValueId r : f_.results) last[r] = f_.ops.size();
     return last;
+  }
+
+  // The values op `op` reads: its operands and, for add_layernorm_sum, which recomputes the
+  // sum of an add_layernorm, that op's operands too.
+  std::vector<ValueId> reads(const Op& op) const {
+    std::vector<ValueId> out = op.operands;
+    if (op.kind == OpKind::add_layernorm_sum && !op.operands.empty()) {
+      const int def = f_.defining_op(op.operands[0]);
+      if (def >= 0) {
+        const std::vector<ValueId>& more = f_.ops[static_cast<size_t>(def)].operands;
+        out.insert(out.end(), more.begin(), more.end());
+      }
+    }
+    return out;
   }
 
   static int64_t storage_bytes(DType dtype, const Shape& shape) {
@@ -1090,7 +1104,7 @@ class Interpreter {
       live += bytes[op.result];
       if (live > peak) peak = live, peak_op = static_cast<int>(i);
       if (last[op.result] == i) live -= bytes[op.result];
-      for (ValueId v : op.operands)
+      for (ValueId v : reads(op))
         if (last[v] == i && v != op.result) {
           live -= bytes[v];
           bytes[v] = 0;  // an op may read a value twice
