@@ -125,6 +125,18 @@ class CompileMisuse : public ::testing::Test {
 // staging directory the killed one left, by its free lock.
 TEST_F(CompileMisuse, SignalsAtRandomMomentsLeaveNothingBehind) {
   ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  // kiln keeps a signal ignored when it starts (under nohup, say), and the compiles below
+  // inherit this process's dispositions: they start with the defaults, as from a shell.
+  struct DefaultSignals {
+    int signals[3] = {SIGINT, SIGTERM, SIGHUP};
+    sighandler_t former[3];
+    DefaultSignals() {
+      for (int i = 0; i < 3; ++i) former[i] = ::signal(signals[i], SIG_DFL);
+    }
+    ~DefaultSignals() {
+      for (int i = 0; i < 3; ++i) ::signal(signals[i], former[i]);
+    }
+  } defaults;
   write("small.kir", small_module("alpha_entry"));
   const std::string out = path("out");
   auto compile = [&](const std::vector<std::string>& prefix, const std::string& marker) {
