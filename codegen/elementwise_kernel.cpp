@@ -99,6 +99,11 @@ Expr halide_div(const Node&, const Operands& in) {
   return Halide::select(b == zero, zero, b == minus_one, zero - a,
                         Halide::div_round_to_zero(a, safe));
 }
+Expr halide_minimum(const Node&, const Operands& in) {
+  const Expr &a = in[0], &b = in[1];
+  if (!a.type().is_float()) return Halide::min(a, b);
+  return Halide::select(is_nan_bits(a), a, is_nan_bits(b), b, Halide::min(a, b));
+}
 Expr halide_maximum(const Node&, const Operands& in) {
   const Expr &a = in[0], &b = in[1];
   if (!a.type().is_float()) return Halide::max(a, b);
@@ -140,6 +145,15 @@ Expr halide_sigmoid(const Node&, const Operands& in) { return math(OpKind::sigmo
 Expr halide_gelu(const Node&, const Operands& in) { return math(OpKind::gelu, in); }
 Expr halide_gelu_tanh(const Node&, const Operands& in) { return math(OpKind::gelu_tanh, in); }
 Expr halide_silu(const Node&, const Operands& in) { return math(OpKind::silu, in); }
+Expr halide_sin(const Node&, const Operands& in) { return math(OpKind::sin, in); }
+Expr halide_cos(const Node&, const Operands& in) { return math(OpKind::cos, in); }
+Expr halide_rsqrt(const Node&, const Operands& in) { return math(OpKind::rsqrt, in); }
+Expr halide_abs(const Node&, const Operands& in) {
+  const Expr& a = in[0];
+  // Halide::abs of an integer is unsigned; wrap back (the most negative value stays itself).
+  if (!a.type().is_float()) return Halide::select(a < 0, Halide::cast(a.type(), 0) - a, a);
+  return Halide::abs(a);  // fabs: a NaN stays NaN (its sign cleared, as std::fabs)
+}
 Expr halide_sign(const Node&, const Operands& in) {
   const Expr& a = in[0];
   KILN_ASSERT(a.type().is_float(), "elementwise sign of a non-f32 operand");

@@ -65,6 +65,9 @@ Halide::Expr finite_function(const std::string& op, const Halide::Expr& x) {
   if (op == "log") return Halide::log(x);
   if (op == "sqrt") return Halide::sqrt(x);
   if (op == "tanh") return tanh_accurate(x);
+  if (op == "sin") return Halide::sin(x);
+  if (op == "cos") return Halide::cos(x);
+  if (op == "rsqrt") return 1.0f / Halide::sqrt(x);
   if (op == "erf") return erf(x);
   // 1/(1 + exp(-x)): exp overflows to inf for x < -88, giving 0 as it should.
   if (op == "sigmoid") return 1.0f / (1.0f + exp(-x));

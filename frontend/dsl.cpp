@@ -186,6 +186,8 @@ Tensor sub(Tensor a, Tensor b, Loc loc) { return emit(OpKind::sub, {a, b}, {}, l
 Tensor mul(Tensor a, Tensor b, Loc loc) { return emit(OpKind::mul, {a, b}, {}, loc); }
 Tensor div(Tensor a, Tensor b, Loc loc) { return emit(OpKind::div, {a, b}, {}, loc); }
 Tensor maximum(Tensor a, Tensor b, Loc loc) { return emit(OpKind::maximum, {a, b}, {}, loc); }
+Tensor minimum(Tensor a, Tensor b, Loc loc) { return emit(OpKind::minimum, {a, b}, {}, loc); }
+
 namespace {
 // A scalar constant like the operand's tensor, which must be a tensor of a function.
 Tensor scalar_like(const Operand& like, double value, const char* op) {
@@ -224,6 +226,11 @@ Tensor neg(Tensor x, Loc loc) { return emit(OpKind::neg, {x}, {}, loc); }
 Tensor exp(Tensor x, Loc loc) { return emit(OpKind::exp, {x}, {}, loc); }
 Tensor log(Tensor x, Loc loc) { return emit(OpKind::log, {x}, {}, loc); }
 Tensor sqrt(Tensor x, Loc loc) { return emit(OpKind::sqrt, {x}, {}, loc); }
+Tensor rsqrt(Tensor x, Loc loc) { return emit(OpKind::rsqrt, {x}, {}, loc); }
+Tensor sin(Tensor x, Loc loc) { return emit(OpKind::sin, {x}, {}, loc); }
+Tensor cos(Tensor x, Loc loc) { return emit(OpKind::cos, {x}, {}, loc); }
+Tensor abs(Tensor x, Loc loc) { return emit(OpKind::abs, {x}, {}, loc); }
+Tensor sign(Tensor x, Loc loc) { return emit(OpKind::sign, {x}, {}, loc); }
 Tensor tanh(Tensor x, Loc loc) { return emit(OpKind::tanh, {x}, {}, loc); }
 Tensor erf(Tensor x, Loc loc) { return emit(OpKind::erf, {x}, {}, loc); }
 Tensor sigmoid(Tensor x, Loc loc) { return emit(OpKind::sigmoid, {x}, {}, loc); }

@@ -120,6 +120,8 @@ Tensor sub(Tensor a, Tensor b, Loc loc = Loc::current());
 Tensor mul(Tensor a, Tensor b, Loc loc = Loc::current());
 Tensor div(Tensor a, Tensor b, Loc loc = Loc::current());
 Tensor maximum(Tensor a, Tensor b, Loc loc = Loc::current());
+Tensor minimum(Tensor a, Tensor b, Loc loc = Loc::current());
+
 // An operand of the operators below: a Tensor and the place of the expression it is used
 // in. An operator cannot take a defaulted std::source_location; the defaulted argument of
 // this conversion is evaluated where the operand is converted, in the user's expression,
@@ -155,7 +157,9 @@ Tensor logical_or(Tensor a, Tensor b, Loc loc = Loc::current());
 Tensor logical_not(Tensor a, Loc loc = Loc::current());
 Tensor relu(Tensor x, Loc loc = Loc::current());
 Tensor neg(Tensor x, Loc loc = Loc::current());
-// Math functions of f32 tensors, as PyTorch defines them:
+Tensor abs(Tensor x, Loc loc = Loc::current());  // integers wrap: |most negative| is itself
+// Math functions of f32 tensors, as PyTorch defines them (rsqrt(x) = 1/√x; sin and cos in
+// radians; sign(x) is -1, 0 or +1, NaN for NaN):
 //   sigmoid(x) = 1 / (1 + exp(-x)), silu(x) = x · sigmoid(x),
 //   gelu(x) = 0.5 · x · (1 + erf(x / √2))                     (torch GELU()),
 //   gelu_tanh(x) = 0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³)))
@@ -163,6 +167,10 @@ Tensor neg(Tensor x, Loc loc = Loc::current());
 Tensor exp(Tensor x, Loc loc = Loc::current());
 Tensor log(Tensor x, Loc loc = Loc::current());
 Tensor sqrt(Tensor x, Loc loc = Loc::current());
+Tensor rsqrt(Tensor x, Loc loc = Loc::current());
+Tensor sin(Tensor x, Loc loc = Loc::current());
+Tensor cos(Tensor x, Loc loc = Loc::current());
+Tensor sign(Tensor x, Loc loc = Loc::current());
 Tensor tanh(Tensor x, Loc loc = Loc::current());
 Tensor erf(Tensor x, Loc loc = Loc::current());
 Tensor sigmoid(Tensor x, Loc loc = Loc::current());

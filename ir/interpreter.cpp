@@ -158,6 +158,12 @@ float max_f32(float a, float b) {
   return a < b ? b : a;
 }
 
+// NaN-propagating float minimum.
+float min_f32(float a, float b) {
+  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<float>::quiet_NaN();
+  return b < a ? b : a;
+}
+
 // Softmax of one lane: max-subtracted, exponentials and their sum in double, each
 // result rounded to float once.
 std::vector<float> softmax_of(const std::vector<float>& x) {
@@ -366,6 +372,10 @@ Elem point_maximum(const Elem* x, const PointCtx& c) {
   if (c.in == DType::f32) return real(max_f32(x[0].f, x[1].f));
   return integer(std::max(x[0].i, x[1].i));
 }
+Elem point_minimum(const Elem* x, const PointCtx& c) {
+  if (c.in == DType::f32) return real(min_f32(x[0].f, x[1].f));
+  return integer(std::min(x[0].i, x[1].i));
+}
 Elem point_eq(const Elem* x, const PointCtx& c) { return compare(x, c, std::equal_to<>()); }
 Elem point_ne(const Elem* x, const PointCtx& c) { return compare(x, c, std::not_equal_to<>()); }
 Elem point_lt(const Elem* x, const PointCtx& c) { return compare(x, c, std::less<>()); }
@@ -421,6 +431,19 @@ Elem point_sign(const Elem* x, const PointCtx&) {
   const float v = x[0].f;
   if (std::isnan(v)) return real(v);
   return real(v > 0.0f ? 1.0f : (v < 0.0f ? -1.0f : 0.0f));
+}
+Elem point_sin(const Elem* x, const PointCtx&) {
+  return in_double(x, [](double v) { return std::sin(v); });
+}
+Elem point_cos(const Elem* x, const PointCtx&) {
+  return in_double(x, [](double v) { return std::cos(v); });
+}
+Elem point_rsqrt(const Elem* x, const PointCtx&) {
+  return in_double(x, [](double v) { return 1.0 / std::sqrt(v); });
+}
+Elem point_abs(const Elem* x, const PointCtx& c) {
+  if (c.in == DType::f32) return real(std::fabs(x[0].f));
+  return integer(x[0].i < 0 ? fit_int(wrap_sub(0, x[0].i), c.out) : x[0].i);
 }
 Elem point_select(const Elem* x, const PointCtx&) { return x[0].i != 0 ? x[1] : x[2]; }
 // f32 -> integer truncates (f32_to_int), i64 -> i32 wraps, -> bool is "nonzero".

@@ -392,6 +392,39 @@ TEST(InterpreterTest, Sign) {
   EXPECT_THAT(format_diagnostic(d[0]), HasSubstr("sign: operand must be f32"));
 }
 
+// sin, cos, rsqrt, abs and minimum: values by hand, the edge cases PyTorch defines,
+// and their type rules.
+TEST(InterpreterTest, MoreMath) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const Tensor x = F({5}, {0.0f, 1.5707963267948966f, -3.0f, 4.0f, nan});
+  // In double, rounded once (the float nearest pi/2 is not pi/2: its cosine is -4.4e-8).
+  auto d = [](double (*f)(double), float v) { return static_cast<float>(f(v)); };
+  EXPECT_THAT(run_op(OpKind::sin, {x}, F32({C(5)})).f,
+              ElementsAre(0.0f, 1.0f, d(std::sin, -3.0f), d(std::sin, 4.0f), ::testing::IsNan()));
+  EXPECT_THAT(run_op(OpKind::cos, {x}, F32({C(5)})).f,
+              ElementsAre(1.0f, d(std::cos, 1.5707963267948966f), d(std::cos, -3.0f),
+                          d(std::cos, 4.0f), ::testing::IsNan()));
+  EXPECT_THAT(run_op(OpKind::rsqrt, {F({4}, {4.0f, 0.0f, -1.0f, inf})}, F32({C(4)})).f,
+              ElementsAre(0.5f, inf, ::testing::IsNan(), 0.0f));
+  EXPECT_THAT(run_op(OpKind::abs, {F({3}, {-2.5f, 0.0f, 3.0f})}, F32({C(3)})).f,
+              ElementsAre(2.5f, 0.0f, 3.0f));
+  const int64_t lo = std::numeric_limits<int64_t>::min();
+  EXPECT_THAT(run_op(OpKind::abs, {I({3}, {-4, 5, lo})}, I64({C(3)})).ints,
+              ElementsAre(4, 5, lo));  // wraps, as torch.abs
+  EXPECT_THAT(
+      run_op(OpKind::minimum, {F({3}, {1.0f, nan, -inf}), F({3}, {2.0f, 0.0f, 3.0f})}, F32({C(3)}))
+          .f,
+      ElementsAre(1.0f, ::testing::IsNan(), -inf));
+  EXPECT_THAT(run_op(OpKind::minimum, {I({2}, {3, -7}), I({2}, {1, 9})}, I64({C(2)})).ints,
+              ElementsAre(1, -7));
+  // The f32 functions take f32 operands only: a verifier error.
+  const std::vector<Diagnostic> diags =
+      verify(one_op_module(OpKind::sin, {I({2}, {1, 2})}, I64({C(2)})));
+  ASSERT_EQ(diags.size(), 1u);
+  EXPECT_THAT(format_diagnostic(diags[0]), HasSubstr("sin: operand must be f32"));
+}
+
 // A linear op applies its activation after the bias, as the unfused op would.
 TEST(InterpreterTest, LinearActivations) {
   const Tensor x = F({2, 3}, {1, -2, 0.5f, -1, 0.25f, 2});

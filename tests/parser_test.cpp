@@ -209,7 +209,12 @@ const RoundTripCase kRoundTrips[] = {
     %5 = gelu_tanh(%4) : f32[2,3]
     %6 = silu(%5) : f32[2,3]
     %7 = sign(%6) : f32[2,3]
-    return %7
+    %8 = sin(%7) : f32[2,3]
+    %9 = cos(%8) : f32[2,3]
+    %10 = rsqrt(%9) : f32[2,3]
+    %11 = abs(%10) : f32[2,3]
+    %12 = minimum(%11, %10) : f32[2,3]
+    return %12
   }
 }
 )kir"},
