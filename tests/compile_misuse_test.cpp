@@ -12,7 +12,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -28,6 +27,7 @@
 
 #include "runtime/safetensors.h"
 #include "tests/cli_run.h"
+#include "tests/marked_processes.h"
 
 namespace kiln {
 namespace {
@@ -37,6 +37,7 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::StartsWith;
 using Clock = std::chrono::steady_clock;
+using testing::wait_for_marked;
 namespace fs = std::filesystem;
 
 double seconds_since(Clock::time_point t) {
@@ -70,34 +71,6 @@ std::vector<std::string> temporaries(const fs::path& dir) {
     if (e.path().filename().string().find(".kiln-tmp.") != std::string::npos)
       out.push_back(e.path().filename().string());
   return out;
-}
-
-// The live (not zombie) processes whose environment holds `marker`.
-std::vector<pid_t> marked_processes(const std::string& marker) {
-  std::vector<pid_t> out;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
-    const std::string stat = read_all(entry.path() / "stat");
-    const size_t paren = stat.rfind(')');
-    if (paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] == 'Z') continue;
-    if (read_all(entry.path() / "environ").find(marker) != std::string::npos)
-      out.push_back(std::stoi(name));
-  }
-  return out;
-}
-
-std::vector<pid_t> wait_for_marked(const std::string& marker, double seconds) {
-  const auto start = Clock::now();
-  std::vector<pid_t> left = marked_processes(marker);
-  while (!left.empty() && seconds_since(start) < seconds) {
-    while (::waitpid(-1, nullptr, WNOHANG) > 0) {  // orphans come to us (subreaper)
-    }
-    ::usleep(20000);
-    left = marked_processes(marker);
-  }
-  return left;
 }
 
 class CompileMisuse : public ::testing::Test {

@@ -714,10 +714,10 @@ TEST_P(ElementwiseKernelTest, MathFunctionsMatchInterpreter) {
   }
 }
 
-// sign (one row in ir/ops.def, its interpreter semantics and its Halide expression) end to
-// end: after the default pipeline, lowering fuses it with its users into a single
-// elementwise kernel, which matches the interpreter (NaN stays NaN, -0.0 gives 0).
-ElementwiseKernel lowered_sign_kernel(const ir::Module& m) {
+// The one elementwise kernel `m` lowers to after the default pipeline (an op added by its
+// row in ir/ops.def, its interpreter semantics and its Halide expression, end to end). A
+// value read twice is a kernel of its own: then this fails rather than test a part.
+ElementwiseKernel lowered_single_kernel(const ir::Module& m) {
   ir::Module optimized = m;
   passes::run_passes(optimized, passes::default_pipeline(), {});
   const codegen::LoweredModel lowered = codegen::lower_module(optimized);
@@ -727,6 +727,16 @@ ElementwiseKernel lowered_sign_kernel(const ir::Module& m) {
   return k ? *k : ElementwiseKernel{};
 }
 
+// The names of a kernel's op nodes, in their order.
+std::vector<std::string> op_names(const ElementwiseKernel& spec) {
+  std::vector<std::string> ops;
+  for (const Node& n : spec.nodes)
+    if (n.kind == Node::Kind::op) ops.push_back(ir::op_name(n.op));
+  return ops;
+}
+
+// sign fuses with its users into a single elementwise kernel, which matches the
+// interpreter (NaN stays NaN, -0.0 gives 0).
 const char* const kSignModule = R"kir(module @m {
   symbol B max 8
   symbol L max 256
@@ -741,11 +751,8 @@ const char* const kSignModule = R"kir(module @m {
 
 TEST_P(ElementwiseKernelTest, SignFusesAndMatchesInterpreter) {
   const ir::Module m = ir::parse_module(kSignModule);
-  const ElementwiseKernel spec = lowered_sign_kernel(m);
-  std::vector<std::string> ops;
-  for (const Node& n : spec.nodes)
-    if (n.kind == Node::Kind::op) ops.push_back(ir::op_name(n.op));
-  EXPECT_EQ(ops, (std::vector<std::string>{"sign", "mul", "add"}));
+  const ElementwiseKernel spec = lowered_single_kernel(m);
+  EXPECT_EQ(op_names(spec), (std::vector<std::string>{"sign", "mul", "add"}));
   const JitKernel kernel = jit(spec);
   std::mt19937 rng(14);
   for (int64_t l : {1, 7, 33, 129})
@@ -782,10 +789,8 @@ const char* const kMoreMathModule = R"kir(module @m {
 
 TEST_P(ElementwiseKernelTest, MoreMathFusesAndMatchesInterpreter) {
   const ir::Module m = ir::parse_module(kMoreMathModule);
-  const ElementwiseKernel spec = lowered_sign_kernel(m);
-  std::vector<std::string> ops;
-  for (const Node& n : spec.nodes)
-    if (n.kind == Node::Kind::op) ops.push_back(ir::op_name(n.op));
+  const ElementwiseKernel spec = lowered_single_kernel(m);
+  std::vector<std::string> ops = op_names(spec);
   std::sort(ops.begin(), ops.end());
   EXPECT_EQ(ops, (std::vector<std::string>{"abs", "add", "add", "cos", "minimum", "mul", "rsqrt",
                                            "sin"}));
@@ -812,7 +817,7 @@ TEST_P(ElementwiseKernelTest, IntegerAbsAndMinimumMatchInterpreter) {
   }
 }
 )kir");
-  const JitKernel kernel = jit(lowered_sign_kernel(m));
+  const JitKernel kernel = jit(lowered_single_kernel(m));
   const int64_t lo = std::numeric_limits<int64_t>::min();
   check(kernel, m,
         {ir::Tensor::from_ints(DType::i64, {6}, {lo, -5, 0, 7, lo + 1, -1}),
@@ -822,7 +827,7 @@ TEST_P(ElementwiseKernelTest, IntegerAbsAndMinimumMatchInterpreter) {
 
 // The same kernel compiles ahead of time, as kiln compile compiles it.
 TEST(ElementwiseSign, CompilesAheadOfTime) {
-  jit::expect_compiles_ahead_of_time(lowered_sign_kernel(ir::parse_module(kSignModule)));
+  jit::expect_compiles_ahead_of_time(lowered_single_kernel(ir::parse_module(kSignModule)));
 }
 
 // maximum and relu propagate NaN, as the interpreter's do.

@@ -10,7 +10,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cctype>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -28,11 +27,13 @@
 #include "support/error.h"
 #include "support/file_io.h"
 #include "support/process.h"
+#include "tests/marked_processes.h"
 
 namespace kiln {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::wait_for_marked;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) {
@@ -174,39 +175,6 @@ TEST(JobRunner, SigintKillsTheChildrenAndInterrupts) {
 
 // ---------------------------------------------------------------------------------
 // Issue 25: children die with kiln however it dies, and staging directories.
-
-// The pids of the live (not zombie) processes whose environment holds `marker`: what a
-// test run started, however deep (each inherits the environment).
-std::vector<pid_t> marked_processes(const std::string& marker) {
-  std::vector<pid_t> out;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
-    std::ifstream stat(entry.path() / "stat");
-    std::string line;
-    std::getline(stat, line);
-    const size_t paren = line.rfind(')');
-    if (paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] == 'Z') continue;
-    std::ifstream env(entry.path() / "environ", std::ios::binary);
-    const std::string text((std::istreambuf_iterator<char>(env)), std::istreambuf_iterator<char>());
-    if (text.find(marker) != std::string::npos) out.push_back(std::stoi(name));
-  }
-  return out;
-}
-
-// Waits up to `seconds` for every marked process to end; returns those still alive.
-std::vector<pid_t> wait_for_marked(const std::string& marker, double seconds) {
-  const auto start = Clock::now();
-  std::vector<pid_t> left = marked_processes(marker);
-  while (!left.empty() && seconds_since(start) < seconds) {
-    while (::waitpid(-1, nullptr, WNOHANG) > 0) {  // orphans come to us (subreaper)
-    }
-    ::usleep(20000);
-    left = marked_processes(marker);
-  }
-  return left;
-}
 
 // A family of runs: a process running a JobRunner (forked jobs that start programs, as a
 // kernel's child starts llc, and program jobs that start their own children, as c++ starts
