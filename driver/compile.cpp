@@ -91,7 +91,11 @@ CompileResult compile(ir::Module module, const CompileOptions& options, JobRunne
   const int jobs = options.jobs > 0 ? options.jobs : default_jobs();
 
   auto t = Clock::now();
-  passes::run_passes(module, passes::default_pipeline());
+  const std::vector<passes::LostFusion> lost =
+      passes::run_passes(module, passes::default_pipeline());
+  if (options.note)
+    for (const std::string& line : passes::format_lost_fusions(module, lost, options.ir_file))
+      options.note(line);
   progress(fmt::format("optimized the graph ({:.2f} s)", since(t)));
   runner.check_interrupt();
   codegen::LoweredModel lowered = codegen::lower_module(module, codegen::LowerOptions{bf16});

@@ -27,6 +27,9 @@ struct CompileOptions {
   bool emit_ir = false;
   int jobs = 0;  // child processes compiling at once (kernels, tools); 0: one per CPU
   std::function<void(const std::string&)> progress;  // one line per step; may be empty
+  // One line per lost-fusion note (passes/notes.h), right after the pipeline; may be empty.
+  std::function<void(const std::string&)> note;
+  std::string ir_file;  // the IR text's file name, for notes about hand-written IR
 };
 
 struct CompileResult {

@@ -138,7 +138,15 @@ Tensor FunctionBuilder::emit(OpKind kind, const std::vector<Tensor>& operands, i
       operand_list += (i ? ", " : "") + ir::to_string(types[i]);
     error(loc, fmt::format("{}({}): {}", ir::op_name(kind), operand_list, r.error));
   }
-  return Tensor(this, function().add_op(kind, std::move(ids), r.type, std::move(attrs)));
+  const ir::ValueId id = function().add_op(kind, std::move(ids), r.type, std::move(attrs));
+  // Where the user wrote it, for diagnostics after the passes (ir::SourceLoc).
+  ir::SourceLoc& src = function().ops.back().src;
+  if (loc.line() == 0) return Tensor(this, id);
+  src.file = module_->intern_source(basename(loc.file_name()));
+  src.line = static_cast<int32_t>(loc.line());
+  const std::string sc = scope();
+  if (!sc.empty()) src.scope = module_->intern_source(sc);
+  return Tensor(this, id);
 }
 
 ModelBuilder::ModelBuilder(std::string name) : module_(std::make_unique<ir::Module>()) {

@@ -114,6 +114,23 @@ ValueId Function::add_op(OpKind kind, std::vector<ValueId> operands, TensorType 
   return id;
 }
 
+int32_t Module::intern_source(std::string_view text) {
+  for (size_t i = sources.size(); i-- > 0;)  // the latest first: ops come in runs
+    if (sources[i] == text) return static_cast<int32_t>(i);
+  sources.emplace_back(text);
+  return static_cast<int32_t>(sources.size() - 1);
+}
+
+std::string Module::source_text(const SourceLoc& src) const {
+  const auto in_range = [&](int32_t i) {
+    return i >= 0 && static_cast<size_t>(i) < sources.size();
+  };
+  if (!in_range(src.file)) return {};
+  std::string out = sources[src.file] + ":" + std::to_string(src.line);
+  if (in_range(src.scope)) out += " (" + sources[src.scope] + ")";
+  return out;
+}
+
 int Function::defining_op(ValueId id) const {
   for (size_t i = 0; i < ops.size(); ++i)
     if (ops[i].result == id) return static_cast<int>(i);

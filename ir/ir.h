@@ -85,6 +85,20 @@ struct Loc {
 // an op when the IR text is not at hand (after the passes: codegen, the interpreter).
 std::string line_prefix(const Loc& loc);
 
+// Where the user wrote an op in the model's own source: the C++ DSL records each op's
+// std::source_location (file base name and line) and the builder's scope
+// ("layers.0.input_layernorm"), as indices into Module::sources. Printed after an op as
+// `src(FILE:LINE)` or `src(FILE:LINE, SCOPE)` and parsed back, so it survives `kiln emit`
+// -> .kir -> `kiln compile`. Used by diagnostics that speak to the model's author, such as
+// the lost-fusion notes (passes/notes.h). Unknown: file -1 (IR written by hand).
+struct SourceLoc {
+  int32_t file = -1;   // index into Module::sources, or -1
+  int32_t line = 0;    // line in that file (1-based)
+  int32_t scope = -1;  // index into Module::sources, or -1: no scope
+  bool known() const { return file >= 0; }
+  bool operator==(const SourceLoc&) const = default;
+};
+
 struct Op {
   OpKind kind;
   ValueId result = -1;
@@ -104,6 +118,8 @@ struct Op {
   // created for (passes/rewrite.h's make_op and insert_op take it from that op; the
   // merged linear of merge-projections and its weight ops: the first merged linear).
   Loc loc;
+  // Where the user wrote it (the DSL); moves and is copied like `loc`, by the same rule.
+  SourceLoc src;
 
   bool has_attr(const std::string& key) const { return attrs.count(key) != 0; }
   int64_t int_attr(const std::string& key) const;   // asserts presence and type
@@ -151,6 +167,15 @@ struct Module {
   std::vector<Symbol> symbols;
   std::vector<Weight> weights;
   std::vector<Function> functions;
+  // The strings SourceLoc indexes: source file names and DSL scopes, each once, in the
+  // order first recorded. Printed as `source N = "text"` lines before the functions.
+  std::vector<std::string> sources;
+
+  // Index of `text` in `sources`, appended when absent.
+  int32_t intern_source(std::string_view text);
+  // "llama.cpp:41 (layers.0.input_layernorm)", "llama.cpp:41" without a scope; "" when
+  // `src` is unknown or its indices are out of range.
+  std::string source_text(const SourceLoc& src) const;
 
   const Symbol* find_symbol(std::string_view name) const;
   const Weight* find_weight(std::string_view name) const;

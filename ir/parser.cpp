@@ -247,12 +247,14 @@ class Parser {
         parse_symbol(&m);
       } else if (is_keyword("weight")) {
         parse_weight(&m);
+      } else if (is_keyword("source")) {
+        parse_source(&m);
       } else if (is_keyword("func")) {
         parse_function(&m);
       } else if (tok_.kind == Tok::kEof) {
         expected("'}'");
       } else {
-        expected("'config', 'symbol', 'weight', 'func' or '}'");
+        expected("'config', 'symbol', 'weight', 'source', 'func' or '}'");
       }
     }
     if (tok_.kind != Tok::kEof) expected("end of input after the module");
@@ -359,6 +361,48 @@ class Parser {
           advance();
         },
         [&] { return fmt::format("after config key '{}'", key); });
+  }
+
+  // source := 'source' INT '=' STRING, numbered in order from 0
+  void parse_source(Module* m) {
+    advance();
+    const Loc num_loc = tok_.loc;
+    const int64_t n = parse_non_negative("source number", "after 'source'");
+    if (n != static_cast<int64_t>(m->sources.size()))
+      error(num_loc,
+            fmt::format("source {} out of order, expected source {}", n, m->sources.size()));
+    expect_punct("=", fmt::format("after 'source {}'", n));
+    if (tok_.kind != Tok::kString) expected(fmt::format("string after 'source {} ='", n));
+    m->sources.push_back(tok_.str);
+    advance();
+  }
+
+  // src := 'src' '(' INT ':' INT (',' INT)? ')', indices into the module's sources
+  ir::SourceLoc parse_src(const Module& m, const std::string& shown) {
+    advance();
+    expect_punct("(", fmt::format("after 'src' in '{}'", shown));
+    ir::SourceLoc src;
+    const auto index = [&](const char* what) {
+      const Loc at = tok_.loc;
+      const int64_t i = parse_non_negative(what, fmt::format("in 'src' of '{}'", shown));
+      if (i >= static_cast<int64_t>(m.sources.size()))
+        error(at, fmt::format("{} {} is not a declared source (the module has {})", what, i,
+                              m.sources.size()));
+      return static_cast<int32_t>(i);
+    };
+    src.file = index("source file");
+    expect_punct(":", fmt::format("after the source file in 'src' of '{}'", shown));
+    const Loc line_loc = tok_.loc;
+    const int64_t line = parse_non_negative("source line", fmt::format("in 'src' of '{}'", shown));
+    if (line < 1 || line > std::numeric_limits<int32_t>::max())
+      error(line_loc, fmt::format("source line {} out of range", line));
+    src.line = static_cast<int32_t>(line);
+    if (is_punct(",")) {
+      advance();
+      src.scope = index("source scope");
+    }
+    expect_punct(")", fmt::format("after 'src' of '{}'", shown));
+    return src;
   }
 
   // symbol := 'symbol' IDENT 'max' INT
@@ -547,7 +591,7 @@ class Parser {
     expect_punct("{", "before the body of " + fname);
     while (true) {
       if (tok_.kind == Tok::kValue) {
-        parse_op(&f, &scope);
+        parse_op(*m, &f, &scope);
       } else if (is_keyword("return")) {
         parse_return(&f, scope, result_types);
         break;
@@ -559,7 +603,7 @@ class Parser {
   }
 
   // op := value '=' OPNAME '(' (value (',' value)*)? ')' attrs? ':' type 'fused'? ('at' INT)?
-  void parse_op(Function* f, Scope* scope) {
+  void parse_op(const Module& m, Function* f, Scope* scope) {
     check_new_value(*scope);
     const std::string written = tok_.str;
     const std::string shown(tok_.text);
@@ -592,11 +636,14 @@ class Parser {
       advance();
       arena_offset = parse_non_negative("arena offset", fmt::format("after 'at' in '{}'", shown));
     }
+    ir::SourceLoc src;
+    if (is_keyword("src")) src = parse_src(m, shown);
     const ValueId id =
         f->add_op(*kind, std::move(operands), std::move(type), std::move(attrs), loc);
     f->values[id].name = value_name(written);
     f->ops.back().arena_offset = arena_offset;
     f->ops.back().fused = fused;
+    f->ops.back().src = src;
     scope->ids[written] = id;
   }
 

@@ -109,6 +109,11 @@ std::string print_function(const Module&, const Function& f, int indent) {
     out += ")" + print_attrs(op.attrs) + " : " + to_string(f.type(op.result));
     if (op.fused) out += " fused";
     if (op.arena_offset >= 0) out += " at " + std::to_string(op.arena_offset);
+    if (op.src.known()) {
+      out += fmt::format(" src({}:{}", op.src.file, op.src.line);
+      if (op.src.scope >= 0) out += fmt::format(", {}", op.src.scope);
+      out += ")";
+    }
     out += "\n";
   }
   out += pad + "  return";
@@ -140,6 +145,8 @@ std::string print_module(const Module& m) {
     }
     out += "\n";
   }
+  for (size_t i = 0; i < m.sources.size(); ++i)
+    out += fmt::format("  source {} = {}\n", i, quote(m.sources[i]));
   for (const Function& f : m.functions) out += print_function(m, f);
   out += "}\n";
   return out;

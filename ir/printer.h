@@ -19,14 +19,16 @@
 //
 // Grammar (whitespace and `# comments` between tokens are ignored):
 //   module     := 'module' '@' NAME '{' item* '}'
-//   item       := config | symbol | weight | func
+//   item       := config | symbol | weight | source | func
 //   config     := 'config' '{' (IDENT '=' STRING (',' IDENT '=' STRING)*)? '}'
 //   symbol     := 'symbol' IDENT 'max' INT
 //   weight     := 'weight' '@' NAME ':' type ('=' 'concat' '(' '@' NAME (',' '@' NAME)* ')' attrs)?
+//   source     := 'source' INT '=' STRING      (numbered 0, 1, ... in order, before any use)
 //   func       := 'func' '@' NAME '(' (param (',' param)*)? ')' '->' '(' type (',' type)* ')'
 //                 ('arena' INT)? '{' op* 'return' value (',' value)* '}'
 //   param      := value ':' type
-//   op         := value '=' OPNAME '(' (value (',' value)*)? ')' attrs? ':' type ('at' INT)?
+//   op         := value '=' OPNAME '(' (value (',' value)*)? ')' attrs? ':' type 'fused'?
+//                 ('at' INT)? ('src' '(' INT ':' INT (',' INT)? ')')?
 //   value      := '%' (IDENT | INT)
 //   attrs      := '{' IDENT '=' attr (',' IDENT '=' attr)* '}'
 //   attr       := INT | FLOAT | STRING | '[' (INT (',' INT)*)? ']'
@@ -35,7 +37,8 @@
 // NAME is [A-Za-z0-9_.]+; a FLOAT always has '.', 'e', "inf" or "nan" in it, which
 // tells it from an INT. Unnamed values print as %0, %1, ... in definition order.
 // The memory plan (passes/plan_memory.h), when present, is `arena BYTES` on the
-// function and `at OFFSET` on each op whose result lives in the arena.
+// function and `at OFFSET` on each op whose result lives in the arena. `src(F:LINE, S)` is
+// where the user wrote the op (ir::SourceLoc): file `source F`, that line, scope `source S`.
 #pragma once
 
 #include <string>

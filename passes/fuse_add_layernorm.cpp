@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "passes/notes.h"
 #include "passes/rewrite.h"
 #include "support/error.h"
 
@@ -74,6 +75,10 @@ bool can_fuse_add_layernorm(const Graph& g, int pos, bool* keep_sum) {
     debug_log(kPass, "{}: add {} broadcasts {} and {} other than over leading dims",
               value_label(f, norm.result), value_label(f, s), ir::to_string(f.type(x)),
               ir::to_string(f.type(y)));
+    note_lost_fusion(f, norm, kPass, "norm-shaped subgraph",
+                     fmt::format("the residual add of {} and {} broadcasts other than over "
+                                 "leading dims",
+                                 ir::to_string(f.type(x)), ir::to_string(f.type(y))));
     return false;
   }
   *keep_sum = g.uses[s] != 1;
@@ -82,6 +87,11 @@ bool can_fuse_add_layernorm(const Graph& g, int pos, bool* keep_sum) {
     debug_log(kPass, "{}: add {} has {} uses, one of them ({}) before the layernorm",
               value_label(f, norm.result), value_label(f, s), g.uses[s],
               value_label(f, f.ops[g.first_user[s]].result));
+    note_lost_fusion(f, norm, kPass, "norm-shaped subgraph",
+                     fmt::format("the residual sum is also read before the norm (by {} {}), "
+                                 "and add_layernorm gives its sum only to later ops",
+                                 ir::op_name(f.ops[g.first_user[s]].kind),
+                                 value_label(f, f.ops[g.first_user[s]].result)));
     return false;
   }
   return true;

@@ -83,8 +83,9 @@ std::vector<std::string> parse_pass_list(const std::string& spec) {
   return names;
 }
 
-void run_passes(ir::Module& module, const std::vector<std::string>& names,
-                const PipelineOptions& options) {
+std::vector<LostFusion> run_passes(ir::Module& module, const std::vector<std::string>& names,
+                                   const PipelineOptions& options) {
+  LostFusionCollector notes;
   for (const std::string& name : names) {
     const PassInfo* pass = find_pass(name);
     if (!pass) fail("unknown pass '{}'", name);
@@ -106,6 +107,7 @@ void run_passes(ir::Module& module, const std::vector<std::string>& names,
     }
   }
   ir::verify_or_throw(module, "<after passes>");
+  return notes.take();
 }
 
 }  // namespace kiln::passes

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ir/ir.h"
+#include "passes/notes.h"
 
 namespace kiln::passes {
 
@@ -41,8 +42,10 @@ struct PipelineOptions {
 };
 
 // Runs the named passes in order. Verifies after each pass when `verify_each` (a
-// failure names the pass that broke the module) and always at the end.
-void run_passes(ir::Module& module, const std::vector<std::string>& names,
-                const PipelineOptions& options = {});
+// failure names the pass that broke the module) and always at the end. Returns the
+// lost-fusion notes the passes recorded (passes/notes.h), in the order noted; the caller
+// prints them with format_lost_fusions().
+std::vector<LostFusion> run_passes(ir::Module& module, const std::vector<std::string>& names,
+                                   const PipelineOptions& options = {});
 
 }  // namespace kiln::passes

@@ -56,6 +56,7 @@ ir::Op make_op(ir::Function& f, const ir::Op& origin, ir::OpKind kind,
                std::vector<ir::ValueId> operands, ir::TensorType type, ir::Attrs attrs) {
   ir::Op op{kind, f.add_value(std::move(type)), std::move(operands), std::move(attrs)};
   op.loc = origin.loc;
+  op.src = origin.src;
   return op;
 }
 

@@ -40,8 +40,8 @@ std::string value_label(const ir::Function& f, ir::ValueId v);
 void replace_all_uses(ir::Function& f, ir::ValueId from, ir::ValueId to);
 
 // A new op created for `origin` (the op it replaces or is derived from), defining a new
-// value of `type`; it takes origin's location (the rule at ir::Op::loc). The caller places
-// it in f.ops.
+// value of `type`; it takes origin's locations (loc and src: the rule at ir::Op::loc). The caller
+// places it in f.ops.
 ir::Op make_op(ir::Function& f, const ir::Op& origin, ir::OpKind kind,
                std::vector<ir::ValueId> operands, ir::TensorType type, ir::Attrs attrs = {});
 

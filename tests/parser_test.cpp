@@ -191,6 +191,18 @@ const RoundTripCase kRoundTrips[] = {
   }
 }
 )kir"},
+    {"SourceLocations", R"kir(module @located {
+  source 0 = "llama.cpp"
+  source 1 = "layers.0.input_layernorm"
+  source 2 = "a \"quoted\" name"
+  func @f(%x: f32[4]) -> (f32[4]) {
+    %0 = relu(%x) : f32[4] src(0:41, 1)
+    %1 = neg(%0) : f32[4] fused at 0 src(2:7)
+    %2 = exp(%1) : f32[4]
+    return %2
+  }
+}
+)kir"},
     {"UnnamedParameters", R"kir(module @unnamed {
   func @f(%0: f32[2], %x: f32[2], %1: f32[2]) -> (f32[2], f32[2]) {
     %2 = add(%0, %1) : f32[2]
@@ -485,6 +497,29 @@ TEST(Parser, MemoryPlan) {
   EXPECT_EQ(m.functions.at(1).arena_bytes, -1);
 }
 
+TEST(Parser, SourceLocations) {
+  const Module m = parse_module(R"(module @m {
+  source 0 = "llama.cpp"
+  source 1 = "layers.0.mlp"
+  func @f(%x: f32[4]) -> (f32[4]) {
+    %a = relu(%x) : f32[4] src(0:41, 1)
+    %b = neg(%a) : f32[4] src(0:1234567)
+    %c = exp(%b) : f32[4]
+    return %c
+  }
+}
+)");
+  ASSERT_EQ(m.sources, (std::vector<std::string>{"llama.cpp", "layers.0.mlp"}));
+  const Function& f = m.functions.at(0);
+  EXPECT_EQ(f.ops[0].src, (ir::SourceLoc{0, 41, 1}));
+  EXPECT_EQ(f.ops[1].src, (ir::SourceLoc{0, 1234567, -1}));
+  EXPECT_FALSE(f.ops[2].src.known());
+  EXPECT_EQ(m.source_text(f.ops[0].src), "llama.cpp:41 (layers.0.mlp)");
+  EXPECT_EQ(m.source_text(f.ops[1].src), "llama.cpp:1234567");
+  EXPECT_EQ(m.source_text(f.ops[2].src), "");
+  EXPECT_EQ(m.source_text(ir::SourceLoc{2, 1, -1}), "");  // out of range: unknown
+}
+
 TEST(Parser, CommentsWhitespaceAndItemOrder) {
   const Module m = parse_module(
       "# leading comment\r\n"
@@ -558,16 +593,34 @@ const ErrorCase kErrors[] = {
     {"OnlyComments", "# nothing here\n  ",
      "<input>:2:3: error: unexpected end of input, expected 'module'"},
     {"NotAModule", "func @f() -> () {}", "<input>:1:1: error: expected 'module', got 'func'"},
+    {"SourceOutOfOrder", "module @m {\n  source 1 = \"a.cpp\"\n}",
+     "<input>:2:10: error: source 1 out of order, expected source 0"},
+    {"SourceWithoutString", "module @m {\n  source 0 = a\n}",
+     "<input>:2:14: error: expected string after 'source 0 =', got 'a'"},
+    {"SrcOfUndeclaredSource",
+     "module @m {\n  source 0 = \"a.cpp\"\n  func @f(%x: f32[2]) -> (f32[2]) {\n"
+     "    %y = relu(%x) : f32[2] src(0:3, 1)\n    return %y\n  }\n}",
+     "<input>:4:37: error: source scope 1 is not a declared source (the module has 1)"},
+    {"SrcLineZero",
+     "module @m {\n  source 0 = \"a.cpp\"\n  func @f(%x: f32[2]) -> (f32[2]) {\n"
+     "    %y = relu(%x) : f32[2] src(0:0)\n    return %y\n  }\n}",
+     "<input>:4:34: error: source line 0 out of range"},
+    {"SrcWithoutColon",
+     "module @m {\n  source 0 = \"a.cpp\"\n  func @f(%x: f32[2]) -> (f32[2]) {\n"
+     "    %y = relu(%x) : f32[2] src(0)\n    return %y\n  }\n}",
+     "<input>:4:33: error: expected ':' after the source file in 'src' of '%y', got ')'"},
     {"MissingModuleName", "module {\n}\n",
      "<input>:1:8: error: expected module name (@NAME) after 'module', got '{'"},
     {"MissingModuleBrace", "module @m\n  symbol S max 4\n}\n",
      "<input>:2:3: error: expected '{' after module name '@m', got 'symbol'"},
     {"StrayTokenAtTopLevel", "module @m {\n  symbol S max 4\n  foo\n}\n",
-     "<input>:3:3: error: expected 'config', 'symbol', 'weight', 'func' or '}', got 'foo'"},
+     "<input>:3:3: error: expected 'config', 'symbol', 'weight', 'source', 'func' or '}', got "
+     "'foo'"},
     {"StrayCharacter", "module @m {\n  $\n}\n",
-     "<input>:2:3: error: expected 'config', 'symbol', 'weight', 'func' or '}', got '$'"},
+     "<input>:2:3: error: expected 'config', 'symbol', 'weight', 'source', 'func' or '}', got '$'"},
     {"NonAsciiCharacter", "module @m {\n  \xc3\xa9\n}\n",
-     "<input>:2:3: error: expected 'config', 'symbol', 'weight', 'func' or '}', got '\\xc3'"},
+     "<input>:2:3: error: expected 'config', 'symbol', 'weight', 'source', 'func' or '}', got "
+     "'\\xc3'"},
     {"TokenAfterModule", "module @m {\n}\nmodule @n {\n}\n",
      "<input>:3:1: error: expected end of input after the module, got 'module'"},
     {"UnexpectedEndOfInput", "module @m {\n  symbol S max 4\n",
@@ -729,16 +782,18 @@ INSTANTIATE_TEST_SUITE_P(Malformed, ParserErrorTest, testing::ValuesIn(kErrors),
                          });
 
 TEST(ParserErrors, NameTheFile) {
-  EXPECT_EQ(parse_error("module @m {\n  bogus\n}\n", "models/tiny.kir"),
-            "models/tiny.kir:2:3: error: expected 'config', 'symbol', 'weight', 'func' or '}', "
-            "got 'bogus'");
+  EXPECT_EQ(
+      parse_error("module @m {\n  bogus\n}\n", "models/tiny.kir"),
+      "models/tiny.kir:2:3: error: expected 'config', 'symbol', 'weight', 'source', 'func' or '}', "
+      "got 'bogus'");
 }
 
 TEST(ParserErrors, LongTokensAreShortenedInMessages) {
   const std::string name(100, 'x');
-  EXPECT_EQ(parse_error("module @m {\n  " + name + "\n}\n"),
-            "<input>:2:3: error: expected 'config', 'symbol', 'weight', 'func' or '}', got '" +
-                std::string(40, 'x') + "...'");
+  EXPECT_EQ(
+      parse_error("module @m {\n  " + name + "\n}\n"),
+      "<input>:2:3: error: expected 'config', 'symbol', 'weight', 'source', 'func' or '}', got '" +
+          std::string(40, 'x') + "...'");
 }
 
 // True for "<input>:LINE:COL: error: MESSAGE".

@@ -58,6 +58,14 @@ ir::Module read_module(const std::string& path) {
   return ir::parse_and_verify(text, path == "-" ? "<stdin>" : path);
 }
 
+// The lost-fusion notes of a pipeline run (passes/notes.h), on stderr after its output.
+void print_notes(const ir::Module& m, const std::vector<passes::LostFusion>& lost,
+                 const std::string& ir_file) {
+  std::fflush(stdout);
+  for (const std::string& line : passes::format_lost_fusions(m, lost, ir_file))
+    fmt::print(stderr, "{}\n", line);
+}
+
 int cmd_models() {
   for (const auto& m : models::registry()) fmt::print("{}", models::describe(m));
   return 0;
@@ -273,8 +281,9 @@ int cmd_opt(const std::vector<std::string>& argv) {
   }
   if (!split) {
     ir::Module m = read_module(path);
-    passes::run_passes(m, names, options);
+    const std::vector<passes::LostFusion> lost = passes::run_passes(m, names, options);
     write_output(output, ir::print_module(m));
+    print_notes(m, lost, path == "-" ? "<stdin>" : path);
     return 0;
   }
   // Each part on its own; to standard output as each is done, so that its errors and logs
@@ -295,8 +304,9 @@ int cmd_opt(const std::vector<std::string>& argv) {
     if (i) emit("# -----\n");
     try {
       ir::Module m = ir::parse_and_verify(parts[i], file);
-      passes::run_passes(m, names, options);
+      const std::vector<passes::LostFusion> lost = passes::run_passes(m, names, options);
       emit(ir::print_module(m));
+      print_notes(m, lost, file);
     } catch (const Error& e) {
       print_error(e);
       failed = true;
@@ -418,6 +428,8 @@ int cmd_compile(const std::vector<std::string>& argv) {
   options.progress = [](const std::string& line) {
     fmt::print(stderr, "kiln compile: {}\n", line);
   };
+  options.note = [](const std::string& line) { fmt::print(stderr, "{}\n", line); };
+  options.ir_file = file == "-" ? "<stdin>" : file;
   driver::CompileResult r = driver::compile_model(std::move(m), options);
   fmt::print(stderr, "kiln compile: {} kernels in {:.1f} s\n", r.kernels, r.seconds);
   return 0;
