@@ -143,12 +143,13 @@ std::string kernel_name(const KernelSpec& spec) {
     return fmt::format("kiln_{}_attention_h{}_dk{}_dv{}_s{}", k->memory ? "memory" : "cache",
                        k->heads, k->dk, k->dv, scale_tag(k->scale));
   if (const auto* k = std::get_if<LayerNormKernel>(&spec))
-    return fmt::format("kiln_{}layernorm{}{}{}_d{}_e{}",
+    return fmt::format("kiln_{}{}{}{}{}_d{}_e{}",
                        k->with_sum   ? "add_sum_"
                        : k->with_add ? "add_"
                                      : "",
-                       k->broadcast_y ? "_bcast" : "", k->unbiased ? "_unbiased" : "",
-                       k->eps_outside ? "_epsout" : "", k->D, scale_tag(k->eps));
+                       k->rms ? "rmsnorm" : "layernorm", k->broadcast_y ? "_bcast" : "",
+                       k->unbiased ? "_unbiased" : "", k->eps_outside ? "_epsout" : "", k->D,
+                       scale_tag(k->eps));
   auto flags = [](const std::vector<bool>& v) {
     std::string s;
     for (bool b : v) s += b ? '1' : '0';

@@ -103,6 +103,9 @@ struct LayerNormKernel {
   bool broadcast_y = false;
   bool unbiased = false;
   bool eps_outside = false;
+  // RMSNorm: s / sqrt(Σs² / D + eps) · gamma, no mean and no beta (its arguments: x [, y],
+  // gamma).
+  bool rms = false;
 };
 
 // A fused group of elementwise ops (with numpy broadcasting), gathers, transposes and

@@ -1,7 +1,8 @@
 // The LayerNorm kernel (kernels.h): for each row, the mean and the biased variance of
 // x [+ y] over the feature dim, then (s - mean) / sqrt(var + eps) * gamma + beta. The
 // variants divide the sum of squares by D - 1 (unbiased) and take 1 / (sqrt(var) + eps)
-// (eps_outside); the default variant's pipeline has neither change.
+// (eps_outside); the default variant's pipeline has neither change. RMSNorm (rms): one pass,
+// s · 1 / sqrt(Σs² / D + eps) · gamma, with the same row sums and schedules, no beta.
 //
 // Numerics: float throughout, in two passes over the row shifted by its first value
 // (t = s - s[0], exact where the values are close): the mean of t, then the variance of
@@ -133,6 +134,8 @@ KernelPipeline build_layernorm(const LayerNormKernel& spec, const Halide::Target
               "layernorm kernel: bad feature dim");
   KILN_ASSERT(spec.eps > 0, "layernorm kernel: eps must be positive");
   KILN_ASSERT(!spec.unbiased || spec.D >= 2, "layernorm kernel: unbiased variance needs D >= 2");
+  KILN_ASSERT(!spec.rms || (!spec.unbiased && !spec.eps_outside),
+              "layernorm kernel: rms has no variance variants");
   const int64_t D = spec.D;
   const int d32 = static_cast<int>(D);
   const int lanes = vector_lanes(target);
@@ -164,26 +167,35 @@ KernelPipeline build_layernorm(const LayerNormKernel& spec, const Halide::Target
   shift(r) = s(0, r);
   t(c, r) = s(c, r) - shift(r);
 
-  Func out("layernorm");
+  Func out(spec.rms ? "rmsnorm" : "layernorm");
   Var ro("ro"), ri("ri");
   // GPU: a block per row, its threads across the row (up to 256, fewer for a short row).
   const bool gpu = target.has_gpu_feature();
   const int threads = threads_for(D, 256);
-  Func sum = gpu ? row_sum_gpu(t, D, threads, "sum", out, r) : row_sum(t, D, lanes, "sum", out, ri);
-  Func mean("mean");  // of t
-  mean(r) = sum(r) / static_cast<float>(D);
-
-  Func sq("sq");
-  Expr centered = t(c, r) - mean(r);
-  sq(c, r) = centered * centered;
-  Func sumsq =
-      gpu ? row_sum_gpu(sq, D, threads, "sumsq", out, r) : row_sum(sq, D, lanes, "sumsq", out, ri);
-  Func inv_std("inv_std");
+  Func inv_std("inv_std"), mean("mean");
   const float eps = static_cast<float>(spec.eps);
-  const Expr var = sumsq(r) / static_cast<float>(spec.unbiased ? D - 1 : D);
-  inv_std(r) = spec.eps_outside ? 1.0f / (Halide::sqrt(var) + eps) : 1.0f / Halide::sqrt(var + eps);
-
-  out(c, r) = (t(c, r) - mean(r)) * inv_std(r) * gamma(c) + beta(c);
+  if (spec.rms) {
+    // The mean of squares of the row itself (no shift: nothing is subtracted).
+    Func sq("sq");
+    sq(c, r) = s(c, r) * s(c, r);
+    Func sumsq = gpu ? row_sum_gpu(sq, D, threads, "sumsq", out, r)
+                     : row_sum(sq, D, lanes, "sumsq", out, ri);
+    inv_std(r) = 1.0f / Halide::sqrt(sumsq(r) / static_cast<float>(D) + eps);
+    out(c, r) = s(c, r) * inv_std(r) * gamma(c);
+  } else {
+    Func sum =
+        gpu ? row_sum_gpu(t, D, threads, "sum", out, r) : row_sum(t, D, lanes, "sum", out, ri);
+    mean(r) = sum(r) / static_cast<float>(D);  // of t
+    Func sq("sq");
+    Expr centered = t(c, r) - mean(r);
+    sq(c, r) = centered * centered;
+    Func sumsq = gpu ? row_sum_gpu(sq, D, threads, "sumsq", out, r)
+                     : row_sum(sq, D, lanes, "sumsq", out, ri);
+    const Expr var = sumsq(r) / static_cast<float>(spec.unbiased ? D - 1 : D);
+    inv_std(r) =
+        spec.eps_outside ? 1.0f / (Halide::sqrt(var) + eps) : 1.0f / Halide::sqrt(var + eps);
+    out(c, r) = (t(c, r) - mean(r)) * inv_std(r) * gamma(c) + beta(c);
+  }
 
   // Buffers: the feature dim starts at 0 everywhere and the output is exactly D wide
   // (this also makes ShiftInwards vector tails below stay inside the row).
@@ -191,7 +203,7 @@ KernelPipeline build_layernorm(const LayerNormKernel& spec, const Halide::Target
   y.dim(0).set_min(0);
   y.dim(1).set_min(0);
   gamma.dim(0).set_min(0);
-  beta.dim(0).set_min(0);
+  if (!spec.rms) beta.dim(0).set_min(0);
   out.output_buffer().dim(0).set_bounds(0, d32);
   if (spec.with_sum) {
     sum_out.output_buffer().dim(0).set_bounds(0, d32);
@@ -201,7 +213,7 @@ KernelPipeline build_layernorm(const LayerNormKernel& spec, const Halide::Target
   kp.args.push_back(x);
   if (spec.with_add) kp.args.push_back(y);
   kp.args.push_back(gamma);
-  kp.args.push_back(beta);
+  if (!spec.rms) kp.args.push_back(beta);
 
   if (gpu) {
     // The row's statistics are computed once per block (by one thread, from the partial
@@ -212,8 +224,10 @@ KernelPipeline build_layernorm(const LayerNormKernel& spec, const Halide::Target
         .reorder(ci, co, r)
         .gpu_blocks(r)
         .gpu_threads(ci);
-    shift.compute_at(out, r);
-    mean.compute_at(out, r);
+    if (!spec.rms) {
+      shift.compute_at(out, r);
+      mean.compute_at(out, r);
+    }
     inv_std.compute_at(out, r);
     kp.gpu_threads = threads;
     // The partial sums (two rows of `threads` floats) and the row's scalars.
@@ -236,9 +250,14 @@ KernelPipeline build_layernorm(const LayerNormKernel& spec, const Halide::Target
   // The shifted row is stored per row (it is read three times). Stored, it also keeps
   // Halide's simplifier, which reassociates float arithmetic, from turning t - mean back
   // into s - (s[0] + mean).
-  shift.compute_at(out, ri);
-  t.compute_at(out, ri).vectorize(c, vw, TailStrategy::ShiftInwards);
-  mean.compute_at(out, ri);
+  if (spec.rms) {
+    // The row (x + y with the add) is read twice: stored per row, like t below.
+    if (spec.with_add) s.compute_at(out, ri).vectorize(c, vw, TailStrategy::ShiftInwards);
+  } else {
+    shift.compute_at(out, ri);
+    t.compute_at(out, ri).vectorize(c, vw, TailStrategy::ShiftInwards);
+    mean.compute_at(out, ri);
+  }
   inv_std.compute_at(out, ri);
 
   if (spec.with_sum) {

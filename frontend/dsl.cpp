@@ -285,6 +285,10 @@ Tensor matmul(Tensor a, Tensor b, Loc loc) { return emit(OpKind::matmul, {a, b},
 Tensor softmax(Tensor x, int64_t axis, Loc loc) {
   return emit(OpKind::softmax, {x}, {{"axis", axis}}, loc);
 }
+Tensor rmsnorm(Tensor x, Tensor gamma, double eps, Loc loc) {
+  return emit(OpKind::layernorm, {x, gamma}, {{"eps", eps}, {"rms", int64_t{1}}}, loc);
+}
+
 Tensor layernorm(Tensor x, Tensor gamma, Tensor beta, double eps, Loc loc) {
   return emit(OpKind::layernorm, {x, gamma, beta}, {{"eps", eps}}, loc);
 }

@@ -202,6 +202,10 @@ struct LayerNormOptions {
 };
 Tensor layernorm(Tensor x, Tensor gamma, Tensor beta, const LayerNormOptions& options,
                  Loc loc = Loc::current());
+// RMSNorm over the last axis as one op (layernorm {rms = 1}): gamma · x / sqrt(mean(x²) + eps),
+// gamma [D]. Written out instead (x * rsqrt(mean(x*x, -1, keepdim) + eps) * w and the other
+// spellings of passes/fuse_rmsnorm.h), it becomes this op in the default pipeline.
+Tensor rmsnorm(Tensor x, Tensor gamma, double eps, Loc loc = Loc::current());
 Tensor reduce_sum(Tensor x, std::vector<int64_t> axes, bool keepdims = false,
                   Loc loc = Loc::current());
 Tensor reduce_max(Tensor x, std::vector<int64_t> axes, bool keepdims = false,

@@ -127,6 +127,38 @@ Tensor LayerNorm::operator()(Tensor x, Loc loc) const {
   return dsl::layernorm(x, gamma, beta, dsl::LayerNormOptions{eps, unbiased, eps_outside}, loc);
 }
 
+Tensor RMSNorm::operator()(Tensor x, Loc loc) const {
+  FunctionBuilder& fb = fb_of(x, loc);
+  PathScope scope(fb, prefix);
+  check_positive(fb, loc, "dim", dim);
+  check(eps > 0 && std::isfinite(eps), fb, loc, "eps = {}, expected a positive number", eps);
+  check_last_dim(fb, loc, x, "input", "dim", dim);
+  Tensor w = fb.weight(prefix + ".weight", {dim}, loc);
+  if (unit_offset) w = dsl::add(dsl::scalar(w, 1.0), w, loc);
+  // As LlamaRMSNorm: variance = x.pow(2).mean(-1, keepdim=True);
+  // x * torch.rsqrt(variance + eps) * weight.
+  Tensor variance = dsl::reduce_mean(dsl::mul(x, x, loc), {-1}, /*keepdims=*/true, loc);
+  Tensor inv = dsl::rsqrt(dsl::add(variance, dsl::scalar(variance, eps), loc), loc);
+  return dsl::mul(dsl::mul(x, inv, loc), w, loc);
+}
+
+Tensor GatedFeedForward::operator()(Tensor x, Loc loc) const {
+  FunctionBuilder& fb = fb_of(x, loc);
+  PathScope scope(fb, prefix);
+  check_positive(fb, loc, "d_model", d_model);
+  check_positive(fb, loc, "d_ff", d_ff);
+  check(!gate.empty() && !up.empty() && !down.empty() && gate != up && gate != down && up != down,
+        fb, loc, "projection names '{}', '{}' and '{}' must be distinct and non-empty", gate, up,
+        down);
+  check_last_dim(fb, loc, x, "input", "d_model", d_model);
+  const Linear g{prefix + "." + gate, d_model, d_ff, false};
+  const Linear u{prefix + "." + up, d_model, d_ff, false};
+  const Linear d{prefix + "." + down, d_ff, d_model, false};
+  // The gate first: weights are declared in state_dict order.
+  Tensor gated = activate(act, g(x, loc), loc);
+  return d(dsl::mul(gated, u(x, loc), loc), loc);
+}
+
 Tensor Embedding::operator()(Tensor ids, Loc loc) const {
   FunctionBuilder& fb = fb_of(ids, loc);
   PathScope scope(fb, prefix);

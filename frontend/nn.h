@@ -14,6 +14,9 @@
 //                          qkv_bias, o_bias, e.g. W_q ... without bias)
 //   FeedForward            <p>.w_1 [d_ff, d_model], <p>.w_2 [d_model, d_ff]   (Linear; other
 //                          names: its fields w1, w2, e.g. linear1/linear2)
+//   RMSNorm                <p>.weight [dim]                           (LlamaRMSNorm)
+//   GatedFeedForward       <p>.gate_proj, <p>.up_proj [d_ff, d_model], <p>.down_proj
+//                          [d_model, d_ff] (LlamaMLP: Linears without bias)
 //   EncoderBlock           <p>.self_attn, <p>.ffn, <p>.norm1, <p>.norm2
 //   DecoderBlock           <p>.self_attn, <p>.cross_attn, <p>.ffn, <p>.norm1..norm3
 // Weight tying (Embedding::tied_projection) stores the shared weight once, under the
@@ -69,6 +72,19 @@ struct LayerNorm {
   Tensor operator()(Tensor x, Loc loc = Loc::current()) const;
 };
 
+// RMSNorm over the last axis (LLaMA, Mistral, Qwen, T5; `<p>.weight` [dim]), written as
+// PyTorch code writes it, with plain DSL ops that the default pipeline fuses into one op
+// (passes/fuse_rmsnorm.h):
+//   x * rsqrt(mean(x * x, -1, keepdim) + eps) * weight
+// `unit_offset` scales by (1 + weight) instead (Gemma, whose checkpoints store weight - 1).
+struct RMSNorm {
+  std::string prefix;
+  int64_t dim = 0;
+  double eps = 1e-6;
+  bool unit_offset = false;
+  Tensor operator()(Tensor x, Loc loc = Loc::current()) const;
+};
+
 // A token embedding: `prefix.weight` [vocab, dim] gathered by ids [...] -> [..., dim].
 struct Embedding {
   std::string prefix;
@@ -95,6 +111,19 @@ struct FeedForward {
   int64_t d_model = 0, d_ff = 0;
   Activation act = Activation::relu;
   std::string w1 = "w_1", w2 = "w_2";  // the two Linears' names under prefix
+  Tensor operator()(Tensor x, Loc loc = Loc::current()) const;
+};
+
+// The gated feed-forward of LLaMA-style models (SwiGLU; GeGLU with gelu_tanh):
+//   down(act(gate(x)) * up(x))
+// three bias-free Linears named as Hugging Face's checkpoints name them by default
+// (`<p>.gate_proj.weight` [d_ff, d_model], `<p>.up_proj.weight` [d_ff, d_model],
+// `<p>.down_proj.weight` [d_model, d_ff]); T5's names are `wi_0`, `wi_1`, `wo`.
+struct GatedFeedForward {
+  std::string prefix;
+  int64_t d_model = 0, d_ff = 0;
+  Activation act = Activation::silu;
+  std::string gate = "gate_proj", up = "up_proj", down = "down_proj";
   Tensor operator()(Tensor x, Loc loc = Loc::current()) const;
 };
 

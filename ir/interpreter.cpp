@@ -205,6 +205,22 @@ std::vector<float> layernorm_of(const std::vector<float>& x, const std::vector<f
   return y;
 }
 
+// RMSNorm of one row: the mean of squares in double, y = x / sqrt(ms + eps) * gamma in
+// double, rounded once.
+std::vector<float> rmsnorm_of(const std::vector<float>& x, const std::vector<float>& gamma,
+                              double eps) {
+  KILN_ASSERT(gamma.size() == x.size(), "rmsnorm parameter size");
+  std::vector<float> y(x.size());
+  if (x.empty()) return y;
+  double ms = 0;
+  for (float v : x) ms += static_cast<double>(v) * v;
+  ms /= static_cast<double>(x.size());
+  const double inv = 1.0 / std::sqrt(ms + eps);
+  for (size_t i = 0; i < x.size(); ++i)
+    y[i] = static_cast<float>(x[i] * inv * static_cast<double>(gamma[i]));
+  return y;
+}
+
 // Normalizes an attribute axis that the type rule has already accepted.
 int64_t axis_of(int64_t axis, int64_t rank) {
   const int64_t a = normalize_axis(axis, rank);
@@ -650,11 +666,14 @@ Tensor eval_softmax(const Op& op, const Tensor& x, const Shape& shape) {
 
 // layernorm over the last axis; `x` is the (already summed, for add_layernorm) input and
 // `op` the layernorm or add_layernorm (its eps, unbiased and eps_outside).
-Tensor eval_layernorm(const Op& op, const Tensor& x, const Tensor& gamma, const Tensor& beta,
+// `beta` is null for an RMSNorm (rms = 1).
+Tensor eval_layernorm(const Op& op, const Tensor& x, const Tensor& gamma, const Tensor* beta,
                       const Shape& shape) {
   KILN_ASSERT(x.dtype == DType::f32 && x.shape == shape && !shape.empty(), "layernorm operand");
   const int64_t d = shape.back();
-  KILN_ASSERT(gamma.shape == Shape{d} && beta.shape == Shape{d}, "layernorm gamma/beta shape");
+  const bool rms = op.has_attr("rms") && op.int_attr("rms") == 1;
+  KILN_ASSERT(gamma.shape == Shape{d} && (rms ? !beta : beta && beta->shape == Shape{d}),
+              "layernorm gamma/beta shape");
   const double eps = op.float_attr("eps");
   const bool unbiased = op.has_attr("unbiased") && op.int_attr("unbiased") == 1;
   const bool eps_outside = op.has_attr("eps_outside") && op.int_attr("eps_outside") == 1;
@@ -663,7 +682,9 @@ Tensor eval_layernorm(const Op& op, const Tensor& x, const Tensor& gamma, const 
   std::vector<float> row(d);
   for (int64_t i = 0; i < rows; ++i) {
     std::copy(x.f.begin() + i * d, x.f.begin() + (i + 1) * d, row.begin());
-    const std::vector<float> y = layernorm_of(row, gamma.f, beta.f, eps, unbiased, eps_outside);
+    const std::vector<float> y =
+        rms ? rmsnorm_of(row, gamma.f, eps)
+            : layernorm_of(row, gamma.f, beta->f, eps, unbiased, eps_outside);
     std::copy(y.begin(), y.end(), r.f.begin() + i * d);
   }
   return r;
@@ -1240,13 +1261,15 @@ class Interpreter {
         r = eval_softmax(op, operand(op, 0), shape);
         break;
       case OpKind::layernorm:
-        r = eval_layernorm(op, operand(op, 0), operand(op, 1), operand(op, 2), shape);
+        r = eval_layernorm(op, operand(op, 0), operand(op, 1),
+                           op.operands.size() > 2 ? &operand(op, 2) : nullptr, shape);
         break;
       case OpKind::add_layernorm: {
         // The sum is rounded to float first, exactly as a separate add would.
         const Tensor sum =
             eval_pointwise(OpKind::add, {&operand(op, 0), &operand(op, 1)}, DType::f32, shape, at);
-        r = eval_layernorm(op, sum, operand(op, 2), operand(op, 3), shape);
+        r = eval_layernorm(op, sum, operand(op, 2),
+                           op.operands.size() > 3 ? &operand(op, 3) : nullptr, shape);
         break;
       }
       case OpKind::add_layernorm_sum: {

@@ -203,6 +203,13 @@ TypeResult broadcast_types(const TensorType& a, const TensorType& b, DType resul
 
 bool needs_declared_type(OpKind kind) { return op_info(kind).has(kDeclaredType); }
 
+bool broadcasts_over_leading_dims(const TensorType& y, const TensorType& x) {
+  if (y.dtype != x.dtype || y.rank() < 1 || y.rank() > x.rank() || y == x) return false;
+  int64_t ones = 0;  // y's leading dims of 1
+  while (ones < y.rank() - 1 && y.shape[ones].is_const(1)) ++ones;
+  return std::equal(y.shape.begin() + ones, y.shape.end(), x.shape.end() - (y.rank() - ones));
+}
+
 TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType>& in,
                       const Attrs& attrs, const TensorType* declared) {
   const size_t n = in.size();
@@ -410,17 +417,22 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
     case OpKind::layernorm:
     case OpKind::add_layernorm: {
       const bool fused = kind == OpKind::add_layernorm;
+      const bool rms = attrs.count("rms") && int_at(attrs, "rms") == 1;
+      const int params = fused ? 2 : 1;  // operands before gamma
+      KILN_CHECK(want_operands(params + (rms ? 1 : 2), params + (rms ? 1 : 2)));
+      if (rms && ((attrs.count("unbiased") && int_at(attrs, "unbiased") == 1) ||
+                  (attrs.count("eps_outside") && int_at(attrs, "eps_outside") == 1)))
+        return err("rms takes neither unbiased nor eps_outside");
       const TensorType& x = in[0];
-      // y is x's type, or broadcasts over x's leading dims (its shape a suffix of x's, e.g.
-      // learned positions [S,D] added to token embeddings [B,S,D]).
-      if (fused && !(in[1] == x) &&
-          !(in[1].dtype == x.dtype && in[1].rank() >= 1 && in[1].rank() < x.rank() &&
-            std::equal(in[1].shape.begin(), in[1].shape.end(), x.shape.end() - in[1].rank())))
+      // y is x's type, or broadcasts over x's leading dims (learned positions [S,D] or
+      // [1,S,D] added to token embeddings [B,S,D]).
+      if (fused && !(in[1] == x) && !broadcasts_over_leading_dims(in[1], x))
         return err("addends differ: {} and {}", to_string(x), to_string(in[1]));
       if (x.dtype != DType::f32 || x.rank() < 1) return err("input must be f32 of rank >= 1");
-      const TensorType& g = in[fused ? 2 : 1];
-      const TensorType& bta = in[fused ? 3 : 2];
+      const TensorType& g = in[params];
       TensorType want{DType::f32, {x.shape.back()}};
+      if (rms && !(g == want)) return err("gamma {} must be {}", to_string(g), to_string(want));
+      const TensorType& bta = in[rms ? params : params + 1];
       if (!(g == want) || !(bta == want))
         return err("gamma {} and beta {} must be {}", to_string(g), to_string(bta),
                    to_string(want));

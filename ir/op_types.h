@@ -41,6 +41,11 @@ bool needs_declared_type(OpKind kind);
 // Numpy-style broadcast of two shapes; empty optional-like error when incompatible.
 TypeResult broadcast_types(const TensorType& a, const TensorType& b, DType result_dtype);
 
+// Whether y broadcasts over x's leading dims: y is not x's type, has x's dtype, and its shape
+// after any leading 1s is a suffix of x's (the last dim included): the addend y of an
+// add_layernorm whose rows repeat over x's rows ([S,D] or [1,S,D] over [B,S,D]).
+bool broadcasts_over_leading_dims(const TensorType& y, const TensorType& x);
+
 // Normalizes a possibly negative axis against `rank`; returns -1 when out of range.
 int64_t normalize_axis(int64_t axis, int64_t rank);
 

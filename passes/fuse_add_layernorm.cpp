@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include "ir/op_types.h"
 #include "passes/notes.h"
 #include "passes/rewrite.h"
 #include "support/error.h"
@@ -41,18 +42,15 @@ struct Graph : UseInfo {
 };
 
 // The add's operands as add_layernorm's (x, y): y of x's type, or broadcast over x's
-// leading dims (y's shape a proper suffix of x's, either operand order: float addition
-// commutes); (-1, -1) for any other broadcast.
+// leading dims (ir::broadcasts_over_leading_dims: [S,D] or ViT's [1,S,D] positions over
+// [B,S,D]; either operand order: float addition commutes); (-1, -1) for any other
+// broadcast. x must have the sum's type (y the one repeated).
 std::pair<ValueId, ValueId> addend_order(const Function& f, const Op& add) {
   const ValueId a = add.operands[0], b = add.operands[1];
   if (f.type(a) == f.type(b)) return {a, b};
-  const auto suffix = [&](ValueId big, ValueId small) {
-    const ir::TensorType &bt = f.type(big), &st = f.type(small);
-    return bt.dtype == st.dtype && st.rank() >= 1 && st.rank() < bt.rank() &&
-           std::equal(st.shape.begin(), st.shape.end(), bt.shape.end() - st.rank());
-  };
-  if (suffix(a, b)) return {a, b};
-  if (suffix(b, a)) return {b, a};
+  const ir::TensorType& sum = f.type(add.result);
+  if (f.type(a) == sum && ir::broadcasts_over_leading_dims(f.type(b), sum)) return {a, b};
+  if (f.type(b) == sum && ir::broadcasts_over_leading_dims(f.type(a), sum)) return {b, a};
   return {-1, -1};
 }
 
@@ -62,7 +60,7 @@ std::pair<ValueId, ValueId> addend_order(const Function& f, const Op& add) {
 bool can_fuse_add_layernorm(const Graph& g, int pos, bool* keep_sum) {
   const Function& f = g.f;
   const Op& norm = f.ops[pos];
-  KILN_ASSERT(norm.kind == OpKind::layernorm && norm.operands.size() == 3,
+  KILN_ASSERT(norm.kind == OpKind::layernorm && norm.operands.size() >= 2,
               "can_fuse_add_layernorm: not a layernorm");
   const ValueId s = norm.operands[0];
   const Op* add = def_op(f, g.defs, s);
@@ -135,7 +133,9 @@ bool fuse_function(Function& f) {
     const int add_pos = g.defs[s];
     const auto [x, y] = addend_order(f, f.ops[add_pos]);
     norm.kind = OpKind::add_layernorm;
-    norm.operands = {x, y, norm.operands[1], norm.operands[2]};
+    std::vector<ValueId> operands = {x, y};  // then gamma [, beta]
+    operands.insert(operands.end(), norm.operands.begin() + 1, norm.operands.end());
+    norm.operands = std::move(operands);
     if (!keep) continue;
     Op sum = make_op(f, f.ops[add_pos], OpKind::add_layernorm_sum, {norm.result}, f.type(s));
     f.values[sum.result].name = std::move(f.values[s].name);

@@ -14,6 +14,7 @@
 #include "passes/fuse_attention.h"
 #include "passes/fuse_elementwise.h"
 #include "passes/fuse_linear.h"
+#include "passes/fuse_rmsnorm.h"
 #include "passes/merge_projections.h"
 #include "passes/plan_memory.h"
 #include "passes/schedule.h"
@@ -31,6 +32,9 @@ const std::vector<PassInfo>& all_passes() {
       // Before fuse-linear: the attention pattern starts at the projections' outputs,
       // whatever form they take, and needs the head reshapes/transposes intact.
       {"fuse-attention", fuse_attention, "Q·Kᵀ, scale, mask, softmax, ·V -> attention"},
+      // After canonicalize (one constant per eps, identity chains folded) and before
+      // fuse-add-layernorm, which then absorbs a residual add into the RMSNorm it makes.
+      {"fuse-rmsnorm", fuse_rmsnorm, "x * rsqrt(mean(x*x) + eps) * w -> layernorm {rms}"},
       {"fuse-add-layernorm", fuse_add_layernorm, "layernorm(x + y) -> add_layernorm"},
       // After fuse-attention: the residual adds it must not absorb are now unambiguous.
       {"fuse-linear", fuse_linear, "matmul(x, Wᵀ) + b [relu] -> linear"},

@@ -176,7 +176,7 @@ TEST_P(DeviceTest, LayerNormRows) {
   ModelPtr m = norms();
   ASSERT_NE(m, nullptr);
   for (int64_t rows : {1, 7, 33, 129}) {
-    for (const char* f : {"norm7", "norm129"})
+    for (const char* f : {"norm7", "norm129", "rms129"})
       EXPECT_LE(norms_error(m.get(), f, norms_inputs(f, {{"R", rows}}, 3 + rows)), kTolerance)
           << f << " with " << rows << " rows";
   }
@@ -186,7 +186,7 @@ TEST_P(DeviceTest, AddLayerNormWithSumAndBroadcast) {
   ModelPtr m = norms();
   ASSERT_NE(m, nullptr);
   for (auto [b, s] : {std::pair<int64_t, int64_t>{1, 1}, {1, 7}, {3, 33}, {2, 5}}) {
-    for (const char* f : {"residual", "positions"})
+    for (const char* f : {"residual", "positions", "rms_residual", "positions1"})
       EXPECT_LE(norms_error(m.get(), f, norms_inputs(f, {{"B", b}, {"S", s}}, 5 + b * s)),
                 kTolerance)
           << f << " with B=" << b << " S=" << s;

@@ -645,6 +645,23 @@ TEST(InterpreterTest, Softmax) {
   EXPECT_THAT(d.f, ElementsAre(0, 1, 0));
 }
 
+TEST(InterpreterTest, RmsNorm) {
+  // Row [1, 2, 2]: mean of squares 3, so y = x / sqrt(3 + eps) * gamma; no mean subtracted,
+  // no beta. Row [3, 4, 0]: mean of squares 25/3.
+  const double eps = 1e-6;
+  Tensor r = run_op(OpKind::layernorm, {F({2, 3}, {1, 2, 2, 3, 4, 0}), F({3}, {1, 0.5f, 2})},
+                    F32({C(2), C(3)}), {{"eps", eps}, {"rms", int64_t{1}}});
+  const double a = 1.0 / std::sqrt(3.0 + eps), b = 1.0 / std::sqrt(25.0 / 3.0 + eps);
+  EXPECT_THAT(r.f,
+              ElementsAre(static_cast<float>(a), static_cast<float>(a), static_cast<float>(4 * a),
+                          static_cast<float>(3 * b), static_cast<float>(2 * b), 0.0f));
+  // add_layernorm {rms}: the norm of x + y, with y one row repeated ([1, 3] over [2, 3]).
+  Tensor s = run_op(OpKind::add_layernorm,
+                    {F({2, 3}, {0, 1, 1, 2, 3, -1}), F({1, 3}, {1, 1, 1}), F({3}, {1, 0.5f, 2})},
+                    F32({C(2), C(3)}), {{"eps", eps}, {"rms", int64_t{1}}});
+  EXPECT_EQ(s.f, r.f);
+}
+
 TEST(InterpreterTest, Layernorm) {
   // [1,2,3]: mean 2, biased variance 2/3, so y = (x - 2) / sqrt(2/3 + eps).
   const double eps = 1e-5;

@@ -365,6 +365,71 @@ INSTANTIATE_TEST_SUITE_P(All, LayerNormVariantTest, ::testing::ValuesIn(variant_
                                   (p.eps_outside ? "_epsout" : "");
                          });
 
+// RMSNorm (rms: no mean, no beta; arguments x [, y], gamma, out [, sum]) as layernorm,
+// add_layernorm, add_layernorm with its sum and with a broadcast y (rows of y repeated over
+// x's rows, ViT's [1, N, D] positions), against the interpreter's layernorm {rms = 1} on odd
+// sizes (D 1, 7, 33, 512; 1, 7, 33 rows), off-centre data included (a mean the kernel must
+// not subtract), and compared with a plain layernorm's output, which it must miss.
+TEST(RmsNormKernelTest, MatchesInterpreter) {
+  for (const char* target_name : {"host", kAvx2Target}) {
+    const Halide::Target target = target_named(target_name);
+    for (int64_t d : {1, 7, 33, 512}) {
+      for (int kind = 0; kind < 4; ++kind) {  // rmsnorm, add, add with the sum, broadcast y
+        const bool with_add = kind > 0, with_sum = kind >= 2, bcast = kind == 3;
+        SCOPED_TRACE(testing::Message() << target_name << " d " << d << " kind " << kind);
+        codegen::LayerNormKernel spec{d, 1e-6, with_add, with_sum, bcast};
+        spec.rms = true;
+        const JitKernel kernel(codegen::build_layernorm(spec, target), target);
+        for (int64_t rows : {1, 7, 33}) {
+          const int64_t y_rows = bcast ? 1 : rows;  // broadcast: one row of y for all
+          ir::Module m;
+          m.name = "test";
+          ir::Function f;
+          f.name = "f";
+          const ir::Dim cd = ir::Dim::constant(d);
+          const ir::TensorType xt{ir::DType::f32, {ir::Dim::constant(rows), cd}};
+          const ir::TensorType yt{ir::DType::f32, {ir::Dim::constant(y_rows), cd}};
+          std::vector<ir::ValueId> operands{f.add_param("x", xt)};
+          if (with_add) operands.push_back(f.add_param("y", bcast ? yt : xt));
+          operands.push_back(f.add_param("gamma", ir::TensorType{ir::DType::f32, {cd}}));
+          const ir::Attrs attrs{{"eps", 1e-6}, {"rms", int64_t{1}}};
+          const ir::ValueId n = f.add_op(
+              with_add ? ir::OpKind::add_layernorm : ir::OpKind::layernorm, operands, xt, attrs);
+          f.results = {n};
+          if (with_add) f.results.push_back(f.add_op(ir::OpKind::add_layernorm_sum, {n}, xt));
+          m.functions.push_back(std::move(f));
+
+          std::mt19937 rng(static_cast<uint32_t>(41 + rows + d + kind));
+          Matrix x = random_matrix(rng, rows, d, d + 3, -1.0f, 1.0f);
+          Matrix y = random_matrix(rng, y_rows, d, d + 5, 0.0f, 2.0f);
+          Matrix gamma = random_matrix(rng, 1, d, d, 0.5f, 1.5f);
+          Halide::Buffer<float> g(gamma.buffer.get()->sliced(1, 0));
+          Halide::Buffer<float> out(static_cast<int>(d), static_cast<int>(rows));
+          Halide::Buffer<float> sum(static_cast<int>(d), static_cast<int>(rows));
+          std::vector<Halide::Buffer<>> buffers{x.buffer};
+          if (with_add) buffers.push_back(y.buffer);
+          buffers.insert(buffers.end(), {g, out});
+          if (with_sum) buffers.push_back(sum);
+          ASSERT_EQ(kernel.run(buffers), 0);
+          std::vector<ir::Tensor> inputs{x.tensor};
+          if (with_add) inputs.push_back(y.tensor);
+          inputs.push_back(ir::Tensor::from_f32({d}, gamma.tensor.f));
+          const std::vector<ir::Tensor> want = ir::interpret(m, m.functions[0], {}, inputs);
+          float worst = 0;
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < d; ++c) {
+              const int ci = static_cast<int>(c), ri = static_cast<int>(r);
+              if (with_sum) ASSERT_EQ(sum(ci, ri), want[1].f[r * d + c]) << "row " << r;
+              const float diff = std::fabs(out(ci, ri) - want[0].f[r * d + c]);
+              if (!(diff <= worst)) worst = diff;  // NaN sticks
+            }
+          EXPECT_LE(worst, 1e-5f) << "rows " << rows;
+        }
+      }
+    }
+  }
+}
+
 // Each variant is its own kernel: names differ wherever a flag does, and the default
 // variant keeps the name it always had (equal kernels share one function by name).
 TEST(LayerNormKernelNames, EncodeTheVariant) {
@@ -382,6 +447,9 @@ TEST(LayerNormKernelNames, EncodeTheVariant) {
   annotated.unbiased = annotated.eps_outside = true;
   EXPECT_EQ(codegen::kernel_name(annotated),
             "kiln_add_layernorm_bcast_unbiased_epsout_d512_e3eb0c6f7a0b5ed8d");
+  codegen::LayerNormKernel rms{512, 1e-6, true, true};
+  rms.rms = true;
+  EXPECT_EQ(codegen::kernel_name(rms), "kiln_add_sum_rmsnorm_d512_e3eb0c6f7a0b5ed8d");
 }
 
 // The AOT path: the kernel compiles to an object (without the runtime) for both targets.
@@ -391,6 +459,9 @@ TEST(LayerNormKernelAotTest, CompilesToObject) {
   codegen::LayerNormKernel annotated{512, 1e-6, true, true};
   annotated.unbiased = annotated.eps_outside = true;
   jit::expect_compiles_ahead_of_time(annotated);
+  codegen::LayerNormKernel rms{512, 1e-6, true, true, true};
+  rms.rms = true;
+  jit::expect_compiles_ahead_of_time(rms);
 }
 
 }  // namespace

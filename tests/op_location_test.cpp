@@ -175,9 +175,9 @@ TEST(OpLocations, TinyTransformerKeepsThemThroughEveryPass) {
 }
 
 // Every pass changes something here: canonicalize folds %quarter, merges %a2 into %a and
-// %m2 into %m (CSE) and drops %wqt2; fuse-attention, fuse-add-layernorm and fuse-linear
-// fuse; merge-projections merges the q/k/v linears; schedule reorders @g's interleaved
-// chains; plan-memory plans both functions.
+// %m2 into %m (CSE) and drops %wqt2; fuse-attention, fuse-rmsnorm (@h), fuse-add-layernorm
+// and fuse-linear fuse; merge-projections merges the q/k/v linears; schedule reorders @g's
+// interleaved chains; plan-memory plans both functions.
 constexpr const char* kHand = R"(module @hand {
   symbol B max 2
   symbol S max 8
@@ -252,6 +252,16 @@ constexpr const char* kHand = R"(module @hand {
     %sum = add(%s1, %sa2) : f32[]
     return %sum
   }
+  func @h(%x: f32[B,8], %w: f32[8]) -> (f32[B,8]) {
+    %sq = mul(%x, %x) : f32[B,8]
+    %ms = reduce_mean(%sq) {axes = [-1], keepdims = 1} : f32[B,1]
+    %eps = constant() {value = 1e-06} : f32[]
+    %me = add(%ms, %eps) : f32[B,1]
+    %inv = rsqrt(%me) : f32[B,1]
+    %xn = mul(%x, %inv) : f32[B,8]
+    %rms = mul(%xn, %w) : f32[B,8]
+    return %rms
+  }
 }
 )";
 
@@ -313,6 +323,10 @@ TEST(OpLocations, HandWrittenModuleKeepsThemThroughReorderingsAndMerges) {
   EXPECT_EQ(op_named(after, "g", "a2"), nullptr);
   ASSERT_NE(op_named(after, "g", "a"), nullptr);
   EXPECT_EQ(op_named(after, "g", "a")->loc.line, line_of("a"));
+  // The RMSNorm is its final product, in place.
+  ASSERT_NE(op_named(after, "h", "rms"), nullptr);
+  EXPECT_EQ(op_named(after, "h", "rms")->kind, OpKind::layernorm);
+  EXPECT_EQ(op_named(after, "h", "rms")->loc.line, line_of("rms"));
   // schedule moved %sa up to %a: @g's ops are no longer in line order.
   const ir::Function& g = *after.find_function("g");
   ASSERT_GE(g.ops.size(), 2u);

@@ -443,6 +443,39 @@ TEST(VerifierTypeRules, LayernormGammaShape) {
                     HasSubstr("attribute 'eps' must be positive and finite, got 0")));
 }
 
+// RMSNorm (rms = 1) takes x [, y] and gamma, no beta, and none of the variance variants; y
+// may repeat over x's leading dims after leading 1s (ViT's [1, S, D] positions).
+TEST(VerifierTypeRules, RmsNormOperandsAndBroadcast) {
+  const auto message = [](const std::string& sig, const std::string& op) {
+    return only_message(function_module(sig, "    " + op + "\n    return %y\n"));
+  };
+  const std::string sig = "(%x: f32[B,4], %g: f32[4]) -> (f32[B,4])";
+  const std::string fine = "expected exactly one diagnostic, got 0:\n";
+  EXPECT_EQ(message(sig, "%y = layernorm(%x, %g) {eps = 1e-06, rms = 1} : f32[B,4]"), fine);
+  EXPECT_EQ(message(sig, "%y = add_layernorm(%x, %x, %g) {eps = 1e-06, rms = 1} : f32[B,4]"), fine);
+  EXPECT_THAT(message(sig, "%y = layernorm(%x, %g, %g) {eps = 1e-06, rms = 1} : f32[B,4]"),
+              AllOf(HasSubstr("[V8] layernorm"), HasSubstr("expects 2 operand(s), got 3")));
+  EXPECT_THAT(message(sig, "%y = layernorm(%x, %g) {eps = 1e-06} : f32[B,4]"),
+              AllOf(HasSubstr("[V8] layernorm"), HasSubstr("expects 3 operand(s), got 2")));
+  EXPECT_THAT(message(sig, "%y = add_layernorm(%x, %x, %g) {eps = 1e-06} : f32[B,4]"),
+              AllOf(HasSubstr("[V8] add_layernorm"), HasSubstr("expects 4 operand(s), got 3")));
+  EXPECT_THAT(
+      message(sig, "%y = layernorm(%x, %g) {eps = 1e-06, rms = 1, unbiased = 1} : f32[B,4]"),
+      AllOf(HasSubstr("[V8] layernorm"), HasSubstr("rms takes neither unbiased nor eps_outside")));
+  EXPECT_THAT(message("(%x: f32[B,4], %g: f32[3]) -> (f32[B,4])",
+                      "%y = layernorm(%x, %g) {eps = 1e-06, rms = 1} : f32[B,4]"),
+              AllOf(HasSubstr("[V8] layernorm"), HasSubstr("gamma f32[3] must be f32[4]")));
+  EXPECT_THAT(message(sig, "%y = layernorm(%x, %g) {eps = 1e-06, rms = 2} : f32[B,4]"),
+              HasSubstr("[V10] layernorm: attribute 'rms' must be 0 or 1, got 2"));
+  const std::string three =
+      "(%x: f32[B,S,4], %p: f32[1,S,4], %q: f32[B,1,4], %g: f32[4]) -> "
+      "(f32[B,S,4])";
+  EXPECT_EQ(message(three, "%y = add_layernorm(%x, %p, %g, %g) {eps = 1e-06} : f32[B,S,4]"), fine);
+  EXPECT_THAT(message(three, "%y = add_layernorm(%x, %q, %g, %g) {eps = 1e-06} : f32[B,S,4]"),
+              AllOf(HasSubstr("[V8] add_layernorm"),
+                    HasSubstr("addends differ: f32[B,S,4] and f32[B,1,4]")));
+}
+
 // The unbiased variance of a row of one value divides by D - 1 = 0: a type error naming the
 // op (V8), where the biased one is fine.
 TEST(VerifierTypeRules, LayernormUnbiasedNeedsTwoFeatures) {

@@ -21,10 +21,11 @@ void lower_layernorm(FunctionLowering& L, const ir::Op& op) {
   bool with_add = op.kind == OpKind::add_layernorm;
   auto sum = L.sum_of.find(op.result);
   const bool with_sum = sum != L.sum_of.end();
-  const bool broadcast_y = with_add && f.type(op.operands[1]).rank() < type.rank();
+  const bool broadcast_y = with_add && !(f.type(op.operands[1]) == type);
   LayerNormKernel k{type.shape.back().value, op.float_attr("eps"), with_add, with_sum, broadcast_y};
   k.unbiased = op.has_attr("unbiased") && op.int_attr("unbiased") == 1;
   k.eps_outside = op.has_attr("eps_outside") && op.int_attr("eps_outside") == 1;
+  k.rms = op.has_attr("rms") && op.int_attr("rms") == 1;
   View out = L.output_view(op);
   rt::StepDesc s{L.kernel_index(k), fmt::format("{} %{}", ir::op_name(op.kind), op.result), {}};
   s.args.push_back(L.rows_arg(op, 0));
