@@ -1384,6 +1384,25 @@ void materialize_weights(const Module& module, WeightMap& weights) {
   for (const Weight& w : module.weights) {
     if (!w.derivation) continue;
     const WeightDerivation& d = *w.derivation;
+    if (d.op == "transpose") {
+      // W[K, N] stored as [in, out] (GPT-2's Conv1D): its transpose [N, K].
+      if (d.inputs.size() != 1) fail("weight '{}': transpose takes one weight", w.name);
+      auto it = weights.find(d.inputs[0]);
+      if (it == weights.end())
+        fail("weight '{}' is built from '{}', which was not loaded", w.name, d.inputs[0]);
+      const Tensor& t = it->second;
+      check_tensor_data(t, fmt::format("weight '{}'", d.inputs[0]));
+      if (t.dtype != DType::f32 || rank_of(t) != 2 || !w.type.shape[0].is_const(t.shape[1]) ||
+          !w.type.shape[1].is_const(t.shape[0]))
+        fail("weight '{}' is the transpose of {}, expected the transpose of {}", w.name,
+             t.type_string(), to_string(w.type));
+      const int64_t K = t.shape[0], N = t.shape[1];
+      std::vector<float> data(static_cast<size_t>(K * N));
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t n = 0; n < N; ++n) data[n * K + k] = t.f[k * N + n];
+      weights[w.name] = Tensor::from_f32({N, K}, std::move(data));
+      continue;
+    }
     if (d.op != "concat") fail("weight '{}' has an unknown derivation '{}'", w.name, d.op);
     if (d.inputs.empty()) fail("weight '{}' derives from no weights", w.name);
     auto axis_it = d.attrs.find("axis");

@@ -75,6 +75,23 @@ class Verifier {
 
   void check_derivation(const Weight& w) {
     const WeightDerivation& d = *w.derivation;
+    if (d.op == "transpose" && d.inputs.size() == 1) {
+      // transpose(@W) {perm = [1, 0]} of a plain rank-2 weight (an [in, out] linear weight).
+      const Weight* src = m_.find_weight(d.inputs[0]);
+      if (!src || src->derivation) {
+        module_error("[V9] weight '{}' derives from '{}', which is not a declared plain weight",
+                     w.name, d.inputs[0]);
+        return;
+      }
+      TypeResult r = infer_type(m_, OpKind::transpose, {src->type}, d.attrs, nullptr);
+      if (!r.ok() || src->type.rank() != 2)
+        module_error("[V9] weight '{}': transpose {}", w.name,
+                     r.ok() ? "of a weight of rank other than 2" : r.error);
+      else if (!(r.type == w.type))
+        module_error("[V9] weight '{}' has type {}, its derivation gives {}", w.name,
+                     to_string(w.type), to_string(r.type));
+      return;
+    }
     if (d.op != "concat" || d.inputs.empty()) {
       module_error("[V9] weight '{}' has an unknown derivation '{}'", w.name, d.op);
       return;

@@ -149,6 +149,61 @@ void fuse(Function& f, const Graph& g, const LinearMatch& match) {
   last.attrs = {{"act", std::string(act)}};
 }
 
+// GPT-2's Conv1D: matmul(x, W) with W a plain weight [K, N] stored [in, out] becomes
+// matmul(x, transpose(W.T)) where W.T = transpose(@W) {perm = [1, 0]} is a module weight
+// [N, K] derived at load time (it names the same checkpoint tensor): the form fused below.
+// Returns whether anything changed.
+bool expose_in_out_weights(ir::Module& m, Function& f) {
+  const std::vector<int> defs = def_index(f);
+  std::vector<std::string> rewrite(f.ops.size());  // the [in, out] weight's name, or empty
+  bool any = false;
+  for (size_t i = 0; i < f.ops.size(); ++i) {
+    const Op& mm = f.ops[i];
+    if (mm.kind != OpKind::matmul || f.type(mm.operands[0]).rank() < 2) continue;
+    const Op* w = def_op(f, defs, mm.operands[1]);
+    if (!w || w->kind != OpKind::weight) continue;
+    const TensorType& wt = f.type(w->result);
+    const ir::Weight* decl = m.find_weight(w->str_attr("name"));
+    if (wt.dtype != DType::f32 || wt.rank() != 2 || !decl || decl->derivation) continue;
+    const ir::WeightDerivation want{
+        "transpose", {decl->name}, {{"perm", std::vector<int64_t>{1, 0}}}};
+    const ir::Weight* t = m.find_weight(decl->name + ".T");
+    if (t && !(t->derivation && *t->derivation == want)) {
+      debug_log(kPass, "matmul {}: weight '{}.T' exists and is not the transpose of '{}'",
+                value_label(f, mm.result), decl->name, decl->name);
+      continue;
+    }
+    rewrite[i] = decl->name;  // before the push_back below, which may move *decl
+    any = true;
+    if (!t)
+      m.weights.push_back(
+          ir::Weight{rewrite[i] + ".T", TensorType{DType::f32, {wt.shape[1], wt.shape[0]}}, want});
+  }
+  if (!any) return false;
+  std::vector<Op> ops;
+  ops.reserve(f.ops.size());
+  for (size_t i = 0; i < f.ops.size(); ++i) {
+    if (!rewrite[i].empty()) {
+      const Op& mm = f.ops[i];
+      const TensorType wt = f.type(mm.operands[1]);
+      const std::string name = rewrite[i] + ".T";
+      Op tw = make_op(f, mm, OpKind::weight, {}, TensorType{DType::f32, {wt.shape[1], wt.shape[0]}},
+                      {{"name", name}});
+      Op tr = make_op(f, mm, OpKind::transpose, {tw.result}, wt,
+                      {{"perm", std::vector<int64_t>{1, 0}}});
+      debug_log(kPass, "matmul {}: [in, out] weight '{}' read as transpose(@{})",
+                value_label(f, mm.result), rewrite[i], name);
+      f.ops[i].operands[1] = tr.result;
+      ops.push_back(std::move(tw));
+      ops.push_back(std::move(tr));
+    }
+    ops.push_back(std::move(f.ops[i]));
+  }
+  f.ops = std::move(ops);
+  remove_dead_code(f);  // the [in, out] weight op, when nothing else reads it
+  return true;
+}
+
 bool fuse_function(Function& f) {
   const Graph g(f);
   bool changed = false;
@@ -170,7 +225,8 @@ bool fuse_function(Function& f) {
 bool fuse_linear(ir::Module& module) {
   bool changed = false;
   for (Function& f : module.functions) {
-    if (!fuse_function(f)) continue;
+    const bool exposed = expose_in_out_weights(module, f);
+    if (!fuse_function(f) && !exposed) continue;
     changed = true;
     drop_fused_marks(f);  // readers changed
   }

@@ -1,6 +1,7 @@
 // Today's blocks written the way PyTorch code writes them, through the default pipeline
 // (issue 26): a pre-norm LLaMA-style decoder (RMSNorm in two spellings, SwiGLU, a final
-// norm), T5's RMSNorm, Gemma's (1 + w), and ViT's positions [1, N+1, D] + LayerNorm. Each
+// norm), T5's RMSNorm, Gemma's (1 + w), GPT-2's Conv1D weights, and ViT's positions
+// [1, N+1, D] + LayerNorm. Each
 // asserts the op list after the pipeline (every residual + norm one add_layernorm, every
 // norm fused: no reduce_mean, rsqrt or sqrt left, every GEMM a linear) and that the
 // interpreter gives the same outputs before and after (random weights and inputs,
@@ -190,6 +191,67 @@ TEST(VitBlock, PositionsFuseIntoTheNorm) {
   EXPECT_EQ(count_ops(fwd, OpKind::attention), 1);
   EXPECT_TRUE(o.notes.empty()) << o.notes[0];
   EXPECT_LE(testing::max_difference(o.before, o.after, {1}), kTolerance);
+}
+
+// GPT-2: Conv1D weights stored [in, out] (matmul(x, W) + b), a pre-norm block with the
+// attention written out over the split c_attn output, and the final ln_f.
+ir::Module gpt2() {
+  dsl::ModelBuilder mb("gpt2");
+  Dim B = mb.symbol("B", 2), S = mb.symbol("S", 9);
+  dsl::FunctionBuilder& f = mb.function("forward");
+  Tensor ids = f.input("input_ids", DType::i64, {B, S});
+  Tensor x = nn::Embedding{"wte", kVocab, kD}(ids);
+  x = nn::PositionEmbedding{"wpe", 9, kD}(x);
+  const auto conv1d = [&](const std::string& p, Tensor in, int64_t nx, int64_t nf) {
+    // transformers.pytorch_utils.Conv1D: x @ weight [nx, nf] + bias.
+    return dsl::matmul(in, f.weight(p + ".weight", {nx, nf})) + f.weight(p + ".bias", {nf});
+  };
+  const int64_t hd = kD / kHeads;
+  const auto heads = [&](Tensor t) {  // [B,S,D] -> [B,H,S,hd]
+    return dsl::transpose(dsl::reshape(t, {B, S, Dim::constant(kHeads), Dim::constant(hd)}),
+                          {0, 2, 1, 3});
+  };
+  Tensor a = nn::LayerNorm{"h.0.ln_1", kD}(x);
+  Tensor qkv = conv1d("h.0.attn.c_attn", a, kD, 3 * kD);
+  Tensor q = heads(dsl::slice(qkv, 2, 0, Dim::constant(kD)));
+  Tensor k = heads(dsl::slice(qkv, 2, kD, Dim::constant(kD)));
+  Tensor v = heads(dsl::slice(qkv, 2, 2 * kD, Dim::constant(kD)));
+  Tensor scores = dsl::matmul(q, dsl::transpose(k, {0, 1, 3, 2})) / std::sqrt(double(hd));
+  Tensor masked = dsl::select(nn::causal_mask(ids), dsl::scalar(scores, -1e9), scores);
+  Tensor ctx = dsl::matmul(dsl::softmax(masked, -1), v);
+  ctx = dsl::reshape(dsl::transpose(ctx, {0, 2, 1, 3}), {B, S, Dim::constant(kD)});
+  x = x + conv1d("h.0.attn.c_proj", ctx, kD, kD);
+  Tensor m = nn::LayerNorm{"h.0.ln_2", kD}(x);
+  x = x + conv1d("h.0.mlp.c_proj", dsl::gelu_tanh(conv1d("h.0.mlp.c_fc", m, kD, kFf)), kFf, kD);
+  f.output(nn::LayerNorm{"ln_f", kD}(x), "hidden");
+  return mb.finish();
+}
+
+// Every Conv1D is a linear reading W.T = transpose(@W), derived at load time from the same
+// checkpoint tensor; the residuals fuse into the norms; the outputs stay the same.
+TEST(Gpt2Block, Conv1DWeightsBecomeLinears) {
+  const Optimized o = optimize(gpt2());
+  const ir::Function& fwd = function(o.after, "forward");
+  EXPECT_EQ(count_ops(fwd, OpKind::linear), 4) << op_list(fwd);
+  for (const ir::Op& op : fwd.ops) {
+    if (op.kind == OpKind::matmul) {
+      // Only attention's own products may stay (if not fused): never a weight.
+      const int d = fwd.defining_op(op.operands[1]);
+      EXPECT_FALSE(d >= 0 && fwd.ops[d].kind == OpKind::weight) << op_list(fwd);
+    }
+    if (op.kind != OpKind::linear) continue;
+    const ir::Op& w = fwd.ops[fwd.defining_op(op.operands[1])];
+    ASSERT_EQ(w.kind, OpKind::weight);
+    const ir::Weight* decl = o.after.find_weight(w.str_attr("name"));
+    ASSERT_NE(decl, nullptr);
+    ASSERT_TRUE(decl->derivation.has_value()) << decl->name;
+    EXPECT_EQ(decl->derivation->op, "transpose");
+    EXPECT_EQ(decl->name, decl->derivation->inputs.at(0) + ".T");
+  }
+  // ln_2(x + attn) with its sum, ln_f(x + mlp); ln_1 reads the positions' sum.
+  EXPECT_EQ(count_ops(fwd, OpKind::add_layernorm), 3) << op_list(fwd);
+  EXPECT_EQ(count_ops(fwd, OpKind::reduce_mean), 0);
+  EXPECT_LE(testing::max_difference(o.before, o.after, {1, 7, 9}), kTolerance);
 }
 
 // A norm that cannot fuse says so, at the user's line: the mean over the wrong axis.

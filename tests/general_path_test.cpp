@@ -308,6 +308,60 @@ TEST(GeneralPath, ModelsWrittenWithNnBlocks) {
   std::printf("[ general ] nn-block models: max relative error %.3g\n", worst);
 }
 
+// Today's blocks as PyTorch code writes them (issue 26), compiled: a LLaMA-style pre-norm
+// decoder layer (nn::RMSNorm written out, fused into add_layernorm {rms} with its sum; SwiGLU),
+// Gemma's (1 + w) final norm, GPT-2's Conv1D MLP (weights [in, out] read as stored by the
+// linear kernel) and ViT's positions [1, S, D] into a LayerNorm, against the interpreter.
+TEST(GeneralPath, TodaysNormsAndConv1DCompiled) {
+  using dsl::DType;
+  const int64_t d = 16, vocab = 11;
+  dsl::ModelBuilder mb("today");
+  dsl::Dim B = mb.symbol("B", 3), S = mb.symbol("S", 9);
+  dsl::FunctionBuilder& f = mb.function("forward");
+  dsl::Tensor ids = f.input("ids", DType::i64, {B, S});
+  dsl::Tensor x = nn::Embedding{"embed_tokens", vocab, d}(ids);
+  dsl::Tensor pos = f.weight("position_embeddings", {1, 9, d});
+  x = x + dsl::slice(pos, 1, 0, S);  // ViT-style [1, S, D] positions
+  x = nn::LayerNorm{"pre", d}(x);
+  nn::MultiHeadAttention attn{
+      "layers.0.self_attn", d, 2, "q_proj", "k_proj", "v_proj", "o_proj", false, false};
+  dsl::Tensor n = nn::RMSNorm{"layers.0.input_layernorm", d}(x);
+  dsl::Tensor h = x + attn(n, n, nn::causal_mask(ids));
+  x = h + nn::GatedFeedForward{"layers.0.mlp", d,
+                               24}(nn::RMSNorm{"layers.0.post_attention_layernorm", d}(h));
+  // GPT-2's Conv1D: x @ W[in, out] + b.
+  dsl::Tensor fc =
+      dsl::matmul(x, f.weight("mlp.c_fc.weight", {d, 32})) + f.weight("mlp.c_fc.bias", {32});
+  x = x + dsl::matmul(dsl::gelu_tanh(fc), f.weight("mlp.c_proj.weight", {32, d}));
+  x = nn::RMSNorm{"norm", d, 1e-6, /*unit_offset=*/true}(x);
+  f.output(nn::Linear{"lm_head", d, vocab, false}(x), "logits");
+  ir::Module m = mb.finish();
+  ir::WeightMap weights = testing::random_weights(m, 13);
+  jit::JitModel model(m, weights, weights_file("today"));
+  // Fused as the issue wants: no norm written out, every GEMM a linear.
+  const ir::Function& opt = *model.module().find_function("forward");
+  std::map<std::string, int> ops;
+  for (const ir::Op& op : opt.ops) ++ops[ir::op_name(op.kind)];
+  EXPECT_EQ(ops["reduce_mean"], 0);
+  EXPECT_EQ(ops["matmul"], 0);
+  EXPECT_EQ(ops["add_layernorm"], 3);  // positions, post_attention, Gemma's final norm
+  EXPECT_EQ(ops["layernorm"], 1);      // input_layernorm reads the `pre` norm
+  EXPECT_EQ(ops["attention"], 1);
+  double worst = 0;
+  uint32_t seed = 9;
+  for (const auto& sizes : kSizes) {
+    std::vector<ir::Tensor> inputs =
+        testing::random_inputs(m, m.functions[0], sizes, seed++, false);
+    std::vector<ir::Tensor> want = ir::interpret(m, m.functions[0], weights, inputs);
+    std::vector<ir::Tensor> got = model.run("forward", inputs);
+    ASSERT_EQ(got.size(), want.size());
+    const double e = relative_error(got[0], want[0]);
+    EXPECT_LE(e, kTolerance);
+    worst = std::max(worst, e);
+  }
+  std::printf("[ general ] today's norms and Conv1D: max relative error %.3g\n", worst);
+}
+
 // The layernorm variants (ir.h: unbiased, eps_outside) through the whole compiler: per
 // variant a layernorm of the input, a post-norm residual (fused to add_layernorm) and a
 // pre-norm one whose sum is read again (add_layernorm with its sum), all with one D and

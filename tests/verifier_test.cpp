@@ -8,6 +8,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "ir/interpreter.h"
 #include "ir/parser.h"
 #include "support/error.h"
 
@@ -233,6 +234,41 @@ TEST(VerifierInvariants, V9WeightDerivations) {
 }
 )"),
               AllOf(HasSubstr("[V9]"), HasSubstr("weight 'w': concat axis 2 out of range")));
+  // transpose(@W) {perm = [1, 0]}: an [in, out] weight read as a linear's [out, in].
+  EXPECT_EQ(only_message(R"(module @m {
+  weight @a : f32[2,3]
+  weight @a.T : f32[3,2] = transpose(@a) {perm = [1, 0]}
+}
+)"),
+            "expected exactly one diagnostic, got 0:\n");
+  EXPECT_THAT(only_message(R"(module @m {
+  weight @a : f32[2,3]
+  weight @a.T : f32[2,3] = transpose(@a) {perm = [1, 0]}
+}
+)"),
+              AllOf(HasSubstr("[V9]"),
+                    HasSubstr("weight 'a.T' has type f32[2,3], its derivation gives f32[3,2]")));
+  EXPECT_THAT(only_message(R"(module @m {
+  weight @a : f32[2,3,4]
+  weight @a.T : f32[3,2,4] = transpose(@a) {perm = [1, 0, 2]}
+}
+)"),
+              AllOf(HasSubstr("[V9]"),
+                    HasSubstr("weight 'a.T': transpose of a weight of rank other than 2")));
+}
+
+// materialize_weights builds a transpose(@W) weight from the loaded W.
+TEST(VerifierInvariants, TransposedWeightsMaterialize) {
+  const ir::Module m = parse_and_verify(R"(module @m {
+  weight @a : f32[2,3]
+  weight @a.T : f32[3,2] = transpose(@a) {perm = [1, 0]}
+}
+)");
+  ir::WeightMap w;
+  w["a"] = ir::Tensor::from_f32({2, 3}, {1, 2, 3, 4, 5, 6});
+  ir::materialize_weights(m, w);
+  EXPECT_EQ(w.at("a.T").shape, (std::vector<int64_t>{3, 2}));
+  EXPECT_EQ(w.at("a.T").f, (std::vector<float>{1, 4, 2, 5, 3, 6}));
 }
 
 // The message of the only diagnostic of a module with weight @w : f32[2,4] and one function

@@ -176,6 +176,24 @@ int32_t ModuleLowering::weight_index(const std::string& name, bool linear, int64
     for (const ir::Dim& dd : t.shape) s.push_back(dd.value);
     return s;
   };
+  if (w->derivation && w->derivation->op == "transpose") {
+    // transpose(@W) of an [in, out] weight W[K, N] (GPT-2's Conv1D), read only by linear
+    // kernels without panels or bf16 (lower_linear): their layout Wᵀ [K, N] is W as stored.
+    if (!linear || panel != 0 || bf16)
+      fail(
+          "weight '{}': a transposed [in, out] weight is supported only as an f32 linear "
+          "weight without panels",
+          name);
+    const ir::Weight* src = m.find_weight(w->derivation->inputs.at(0));
+    KILN_ASSERT(src, "weight_index: transpose of an undeclared weight");
+    d.sources.push_back(src->name);
+    d.source_shapes.push_back(shape_of(src->type));
+    d.shape = shape_of(src->type);
+    int32_t index = static_cast<int32_t>(out.plan.weights.size());
+    out.plan.weights.push_back(std::move(d));
+    weights_[key] = index;
+    return index;
+  }
   if (w->derivation) {
     if (w->derivation->op != "concat" || (w->derivation->attrs.count("axis") &&
                                           std::get<int64_t>(w->derivation->attrs.at("axis")) != 0))

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "codegen/lower/lowering.h"
+#include "passes/rewrite.h"
 #include "support/error.h"
 
 namespace kiln::codegen::lowering {
@@ -19,6 +20,20 @@ using rt::Storage;
 void lower_weight(FunctionLowering& L, const ir::Op& op) {
   const ir::Function& f = L.f;
   const ir::TensorType& type = f.type(op.result);
+  const ir::Weight* w = L.module.m.find_weight(op.str_attr("name"));
+  if (w && w->derivation && w->derivation->op == "transpose") {
+    // An [in, out] weight read as W.T (fuse-linear): only linears read it, laying out the
+    // stored tensor themselves (lower_linear); the transposed tensor itself never exists.
+    for (const ir::Op& user : f.ops)
+      for (size_t i = 0; i < user.operands.size(); ++i)
+        if (user.operands[i] == op.result && !(user.kind == OpKind::linear && i == 1))
+          fail(
+              "{}function '{}': weight '{}' (the transpose of an [in, out] weight) is read by "
+              "{} {}, and only a linear's weight operand can read it",
+              ir::line_prefix(user.loc), f.name, w->name, ir::op_name(user.kind),
+              passes::value_label(f, user.result));
+    return;
+  }
   L.views[op.result] =
       L.dense_view(type, Storage::weight, L.module.weight_index(op.str_attr("name"), false), 0);
 }
