@@ -28,6 +28,15 @@
 // (batch, head); NaN is written through the bits, as Halide's fast math may drop a NaN
 // constant. Other rows are those of -1e9, whose masked keys weigh exactly 0, like -inf's.
 //
+// Issue 26's variants. Grouped-query heads only change which columns of k and v a head reads
+// (h / group). Soft-capping and the score bias are applied to the scores in natural units before
+// the change to base 2; a sliding window is one more masking term. A window keeps the diagonal, so
+// with Lq <= Lk rows are fully masked only where padding masks them, which the paragraphs above
+// cover (with -1e9; the type rule leaves out a window with key padding and fill_inf, whose NaN
+// rows this kernel could not tell); rows i >= Lk - 1 + W of a longer query have no key left: with
+// -1e9 every key block is visited for them and they come out uniform by themselves, with fill_inf
+// they are NaN by their index.
+//
 // Schedule. Parallel over (batch, head). Once per (batch, head), K is transposed into
 // contiguous key blocks (kt) and V copied contiguous (vc). Per row block: the QK product in
 // register tiles of 6 rows × KB keys with the dk reduction innermost (12 vector accumulators),
@@ -88,21 +97,23 @@ int lanes_dividing(int n, int lanes) {
 // The kernel's buffer shapes: channel extents are the spec's, all mins 0, the batch and the
 // lengths shared between the tensors.
 void constrain_buffers(ImageParam& q, ImageParam& k, ImageParam& v, ImageParam& mask,
-                       ImageParam& qmask, Func& out, int heads, int dk, int dv) {
+                       ImageParam& qmask, ImageParam& bias, Func& out, int heads, int kv_heads,
+                       int dk, int dv) {
   const Expr lq = q.dim(1).extent(), lk = k.dim(1).extent(), batch = q.dim(2).extent();
   q.dim(0).set_bounds(0, heads * dk);
   q.dim(1).set_min(0);
   q.dim(2).set_min(0);
-  k.dim(0).set_bounds(0, heads * dk);
+  k.dim(0).set_bounds(0, kv_heads * dk);
   k.dim(1).set_min(0);
   k.dim(2).set_bounds(0, batch);
-  v.dim(0).set_bounds(0, heads * dv);
+  v.dim(0).set_bounds(0, kv_heads * dv);
   v.dim(1).set_bounds(0, lk);
   v.dim(2).set_bounds(0, batch);
   mask.dim(0).set_bounds(0, lk);
   mask.dim(1).set_bounds(0, batch);
   qmask.dim(0).set_bounds(0, lq);
   qmask.dim(1).set_bounds(0, batch);
+  for (int d = 0; d < 4; ++d) bias.dim(d).set_min(0);
   out.output_buffer().dim(0).set_bounds(0, heads * dv);
   out.output_buffer().dim(1).set_bounds(0, lq);
   out.output_buffer().dim(2).set_bounds(0, batch);
@@ -122,6 +133,26 @@ Expr nan_where(const Expr& where, const Expr& result) {
   return Halide::reinterpret(
       Halide::Float(32),
       bits | Halide::select(where, Expr(uint32_t{0x7fc00000}), Expr(uint32_t{0})));
+}
+
+// The score of key `key` for query row `row` of head h, batch b, in base 2 (times log2 e),
+// from the dot product: scaled, soft-capped (tanh(s / softcap) · softcap), plus the bias
+// (read at clamped indices: a dim of extent 1 broadcasts, and rows and keys past the ends
+// read the last ones). Without softcap or bias, log2 e is folded into the scale.
+Expr base2_score(const AttentionKernel& spec, const Expr& dot, const ImageParam& bias,
+                 const Expr& key, const Expr& row, const Expr& h, const Expr& b) {
+  const double log2e = 1.44269504088896340736;
+  if (spec.softcap == 0 && !spec.bias) return dot * static_cast<float>(spec.scale * log2e);
+  Expr s = dot * static_cast<float>(spec.scale);
+  if (spec.softcap != 0) {
+    const float cap = static_cast<float>(spec.softcap);
+    s = Halide::tanh(s / cap) * cap;
+  }
+  if (spec.bias) {
+    auto at = [&](int dim, const Expr& x) { return Halide::min(x, bias.dim(dim).extent() - 1); };
+    s = s + bias(at(0, key), at(1, row), at(2, h), at(3, b));
+  }
+  return s * static_cast<float>(log2e);
 }
 
 // Tile sizes of the GPU form: qt query rows per block, kt keys per tile.
@@ -166,12 +197,15 @@ KernelPipeline build_attention_gpu(const AttentionKernel& spec) {
   const int dk = static_cast<int>(spec.dk), dv = static_cast<int>(spec.dv);
   const bool causal = spec.causal, padded = spec.key_padding;
   const bool query_padded = spec.query_padding, fill_inf = spec.fill_inf;
+  const int kv_heads = static_cast<int>(spec.kv_heads ? spec.kv_heads : spec.heads);
+  const int group = heads / kv_heads;
   const GpuAttentionTiles tiles = gpu_attention_tiles(dk, dv);
   const int qt = tiles.qt, kt = tiles.kt;
 
   ImageParam q(Halide::Float(32), 3, "q"), k(Halide::Float(32), 3, "k");
   ImageParam v(Halide::Float(32), 3, "v");
   ImageParam mask(Halide::UInt(8), 2, "mask"), qmask(Halide::UInt(8), 2, "qmask");
+  ImageParam bias(Halide::Float(32), 4, "bias");
   Func out("attention_out");
 
   const Expr lq = q.dim(1).extent(), lk = k.dim(1).extent();
@@ -182,8 +216,8 @@ KernelPipeline build_attention_gpu(const AttentionKernel& spec) {
 
   Func qs("attention_qs"), ks("attention_ks"), vs("attention_vs");
   qs(d, ii, io, h, b) = q(h * dk + d, qrow, b);
-  ks(d, jj, t, h, b) = k(h * dk + d, kkey, b);
-  vs(e, jj, t, h, b) = v(h * dv + e, kkey, b);
+  ks(d, jj, t, h, b) = k(h / group * dk + d, kkey, b);
+  vs(e, jj, t, h, b) = v(h / group * dv + e, kkey, b);
 
   RDom rd(0, dk, "rd");
   Func dot("attention_dot");
@@ -192,11 +226,11 @@ KernelPipeline build_attention_gpu(const AttentionKernel& spec) {
   Expr is_masked;
   auto either_mask = [&](const Expr& m) { is_masked = is_masked.defined() ? is_masked || m : m; };
   if (causal) either_mask(key > row);
+  if (spec.window) either_mask(row - key >= static_cast<int>(spec.window));
   if (padded) either_mask(mask(kkey, b) != 0);
   if (query_padded) either_mask(qmask(qrow, b) != 0);
-  // Scores in base 2 (log2 e folded into the scale); keys past Lk weigh exactly 0.
-  const double log2e = 1.44269504088896340736;
-  const Expr scaled = dot(jj, ii, t, io, h, b) * static_cast<float>(spec.scale * log2e);
+  // Scores in base 2; keys past Lk weigh exactly 0.
+  const Expr scaled = base2_score(spec, dot(jj, ii, t, io, h, b), bias, key, row, h, b);
   Func score("attention_score");
   score(jj, ii, t, io, h, b) =
       is_masked.defined() ? Halide::select(key >= lk, kNoKey, is_masked, kMaskedScore, scaled)
@@ -251,6 +285,8 @@ KernelPipeline build_attention_gpu(const AttentionKernel& spec) {
       define_first_key(first_key, mask, lk, b);
       either(first_key(b) > (causal ? Halide::min(i, lk - 1) : lk - 1));
     }
+    // A window leaves a row no key when even the last key is too far (rows past Lk + W - 1).
+    if (spec.window) either(i - (lk - 1) >= static_cast<int>(spec.window));
     if (all_masked.defined()) result = nan_where(all_masked, result);
   } else {
     // Causal skipping leaves out keys that a row whose keys are all masked must average over.
@@ -258,14 +294,14 @@ KernelPipeline build_attention_gpu(const AttentionKernel& spec) {
     if (all_masked.defined()) {  // the uniform average of v over all Lk keys
       RDom rk(0, lk, "rk");
       mean_v(e, h, b) = 0.0f;
-      mean_v(e, h, b) += v(h * dv + e, rk, b);
+      mean_v(e, h, b) += v(h / group * dv + e, rk, b);
       result =
           Halide::select(all_masked, mean_v(out_e, out_h, b) / Halide::cast<float>(lk), result);
     }
   }
   out(c, i, b) = result;
 
-  constrain_buffers(q, k, v, mask, qmask, out, heads, dk, dv);
+  constrain_buffers(q, k, v, mask, qmask, bias, out, heads, kv_heads, dk, dv);
 
   // Schedule. Threads: x over up to 16 channels (or head dims, or keys), y over up to 16 rows
   // (or keys); every stage of a block uses at most tx × ty of them.
@@ -310,6 +346,7 @@ KernelPipeline build_attention_gpu(const AttentionKernel& spec) {
   std::vector<Halide::Argument> args = {q, k, v};
   if (padded) args.push_back(mask);
   if (query_padded) args.push_back(qmask);
+  if (spec.bias) args.push_back(bias);
   KernelPipeline kp{Halide::Pipeline(out), args};
   kp.gpu_threads = tx * ty;
   kp.gpu_shared_bytes = tiles.shared_bytes + (first_key.defined() ? 4 : 0);
@@ -322,6 +359,9 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
   KILN_ASSERT(spec.heads >= 1 && spec.dk >= 1 && spec.dv >= 1, "attention kernel spec");
   KILN_ASSERT(spec.heads * std::max(spec.dk, spec.dv) < (int64_t{1} << 24),
               "attention kernel feature size");
+  KILN_ASSERT(spec.kv_heads >= 0 && spec.heads % (spec.kv_heads ? spec.kv_heads : spec.heads) == 0,
+              "attention kernel kv heads");
+  KILN_ASSERT(spec.window == 0 || spec.causal, "attention kernel window without causal");
   if (target.has_gpu_feature()) return build_attention_gpu(spec);
   const int heads = static_cast<int>(spec.heads);
   const int dk = static_cast<int>(spec.dk), dv = static_cast<int>(spec.dv);
@@ -329,10 +369,13 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
   const int kb = 2 * lanes;  // keys per block
   const bool causal = spec.causal, padded = spec.key_padding;
   const bool query_padded = spec.query_padding, fill_inf = spec.fill_inf;
+  const int kv_heads = static_cast<int>(spec.kv_heads ? spec.kv_heads : spec.heads);
+  const int group = heads / kv_heads;
 
   ImageParam q(Halide::Float(32), 3, "q"), k(Halide::Float(32), 3, "k");
   ImageParam v(Halide::Float(32), 3, "v");
   ImageParam mask(Halide::UInt(8), 2, "mask"), qmask(Halide::UInt(8), 2, "qmask");
+  ImageParam bias(Halide::Float(32), 4, "bias");
   Func out("attention_out");
 
   const Expr lq = q.dim(1).extent(), lk = k.dim(1).extent(), batch = q.dim(2).extent();
@@ -348,7 +391,7 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
 
   // K transposed per (batch, head) into key blocks: kt(jj, d, jb) = k[jb·KB + jj][d].
   Func kt("attention_kt");
-  kt(jj, d, jb, h, b) = k(h * dk + d, Halide::min(jb * kb + jj, lk - 1), b);
+  kt(jj, d, jb, h, b) = k(h / group * dk + d, Halide::min(jb * kb + jj, lk - 1), b);
 
   // The row block's queries, copied so that the QK tiles broadcast them from fixed offsets.
   const Expr row = io * kRowBlock + ii, key = jb * kb + jj;
@@ -362,6 +405,10 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
 
   Expr is_masked;
   if (causal) is_masked = key > row;
+  if (spec.window) {
+    Expr outside = row - key >= static_cast<int>(spec.window);
+    is_masked = is_masked.defined() ? (is_masked || outside) : outside;
+  }
   if (padded) {
     Expr pad = mask(Halide::min(key, lk - 1), b) != 0;
     is_masked = is_masked.defined() ? (is_masked || pad) : pad;
@@ -369,8 +416,7 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
   // Scores in base 2: exp(s - max) = 2^((s - max)·log2 e), with log2 e folded into the scale.
   // Masked scores are -1e9 in either base: a masked key weighs exactly 0 unless every key of
   // the row is masked, and then all weigh the same, as in the interpreter.
-  const double log2e = 1.44269504088896340736;
-  Expr scaled = dot(jj, ii, jb, io, h, b) * static_cast<float>(spec.scale * log2e);
+  Expr scaled = base2_score(spec, dot(jj, ii, jb, io, h, b), bias, key, row, h, b);
   Func score("attention_score");
   score(jj, ii, jb, io, h, b) =
       is_masked.defined() ? Halide::select(key >= lk, kNoKey, is_masked, kMaskedScore, scaled)
@@ -411,7 +457,7 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
   // V per (batch, head), copied contiguous: rows of v are 3·D apart in a merged QKV tensor,
   // and such power-of-two-ish strides make every row of one head compete for a few cache sets.
   Func vc("attention_v");
-  vc(e, jj, jb, h, b) = v(h * dv + e, Halide::min(jb * kb + jj, lk - 1), b);
+  vc(e, jj, jb, h, b) = v(h / group * dv + e, Halide::min(jb * kb + jj, lk - 1), b);
   // The V product of a row block, over the key blocks it needs.
   RDom rv(0, kb, 0, key_blocks, "rv");
   if (causal) rv.where(rv.y < blocks_io);
@@ -434,6 +480,8 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
       define_first_key(first_key, mask, lk, b);
       either(first_key(b) > (causal ? Halide::min(i, lk - 1) : lk - 1));
     }
+    // A window leaves a row no key when even the last key is too far (rows past Lk + W - 1).
+    if (spec.window) either(i - (lk - 1) >= static_cast<int>(spec.window));
     if (all_masked.defined()) result = nan_where(all_masked, result);
   } else {
     if (causal && padded) either(row_max(out_ii, out_io, out_h, b) <= 0.5f * kMaskedScore);
@@ -441,14 +489,14 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
       // The uniform average of v over all Lk keys.
       RDom rk(0, lk, "rk");
       mean_v(e, h, b) = 0.0f;
-      mean_v(e, h, b) += v(h * dv + e, rk, b);
+      mean_v(e, h, b) += v(h / group * dv + e, rk, b);
       result =
           Halide::select(all_masked, mean_v(out_e, out_h, b) / Halide::cast<float>(lk), result);
     }
   }
   out(c, i, b) = result;
 
-  constrain_buffers(q, k, v, mask, qmask, out, heads, dk, dv);
+  constrain_buffers(q, k, v, mask, qmask, bias, out, heads, kv_heads, dk, dv);
 
   // Schedule.
   const int ve = lanes_dividing(dv, lanes);  // vector width over V channels
@@ -514,6 +562,7 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
   std::vector<Halide::Argument> args = {q, k, v};
   if (padded) args.push_back(mask);
   if (query_padded) args.push_back(qmask);
+  if (spec.bias) args.push_back(bias);
   return {Halide::Pipeline(out), args};
 }
 

@@ -171,6 +171,10 @@ Expr halide_cast(const Node& node, const Operands& in) {
   return Halide::cast(to, a);  // f32 -> i64 truncates toward zero
 }
 
+// expand: nodes are evaluated at the kernel's output coordinates, where the operand's value
+// is already the broadcast one.
+Expr halide_expand(const Node&, const Operands& in) { return in[0]; }
+
 // The value of a pointwise node: its op's halide_<name>.
 Expr pointwise(const Node& node, const Operands& in) {
   if (in.size() == 2)

@@ -135,10 +135,13 @@ std::string kernel_name(const KernelSpec& spec) {
                        k->act == "none" ? "" : "_" + k->act,
                        k->panel ? fmt::format("_p{}", k->panel) : "", k->bf16 ? "_bf16" : "");
   if (const auto* k = std::get_if<AttentionKernel>(&spec))
-    return fmt::format("kiln_attention_h{}_dk{}_dv{}{}{}{}{}_s{}", k->heads, k->dk, k->dv,
-                       k->causal ? "_causal" : "", k->key_padding ? "_kpad" : "",
-                       k->query_padding ? "_qpad" : "", k->fill_inf ? "_inf" : "",
-                       scale_tag(k->scale));
+    return fmt::format(
+        "kiln_attention_h{}_dk{}_dv{}{}{}{}{}{}{}{}{}_s{}", k->heads, k->dk, k->dv,
+        k->causal ? "_causal" : "", k->key_padding ? "_kpad" : "", k->query_padding ? "_qpad" : "",
+        k->fill_inf ? "_inf" : "",
+        k->kv_heads && k->kv_heads != k->heads ? fmt::format("_kv{}", k->kv_heads) : "",
+        k->bias ? "_bias" : "", k->window ? fmt::format("_w{}", k->window) : "",
+        k->softcap ? "_cap" + scale_tag(k->softcap) : "", scale_tag(k->scale));
   if (const auto* k = std::get_if<StepAttentionKernel>(&spec))
     return fmt::format("kiln_{}_attention_h{}_dk{}_dv{}_s{}", k->memory ? "memory" : "cache",
                        k->heads, k->dk, k->dv, scale_tag(k->scale));

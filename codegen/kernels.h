@@ -59,6 +59,10 @@ inline int64_t linear_panel_for(int64_t N) { return N % kLinearPanel == 0 ? kLin
 //   v f32 (c, j, b) [heads·dv × Lk × B], mask uint8 (j, b) [Lk × B] (when key_padding),
 //   qmask uint8 (i, b) [Lq × B] (when query_padding), out f32 (c, i, b) [heads·dv × Lq × B]
 //   dense.
+//   Issue 26's variants (the fields below): with kv_heads, k and v are [kv_heads·dk] and
+//   [kv_heads·dv] wide and head h reads kv head g = h / (heads / kv_heads) (k(g·dk+d, j, b));
+//   s_j becomes tanh(s_j / softcap) · softcap (softcap), then s_j + bias(j, i, h, b) (bias,
+//   the last argument before out), before the masks; window also masks i - j >= window.
 // The score matrix is never stored: online softmax over blocks of keys.
 struct AttentionKernel {
   int64_t heads = 0, dk = 0, dv = 0;
@@ -67,6 +71,16 @@ struct AttentionKernel {
   double scale = 1.0;
   bool fill_inf = false;
   bool query_padding = false;
+  // Grouped-query attention: k and v have kv_heads heads (0: heads), query head h reading
+  // kv head h / (heads / kv_heads).
+  int64_t kv_heads = 0;
+  // An additive score bias f32 (j, i, h, b) [Lk' × Lq' × H' × B'], each extent 1 or the full
+  // one (broadcast), added to the scaled (and capped) scores before the masks.
+  bool bias = false;
+  // Sliding window (with causal): also masked where i - j >= window (0: none).
+  int64_t window = 0;
+  // Logit soft-capping: scaled scores s become tanh(s / softcap) · softcap (0: none).
+  double softcap = 0;
 };
 
 // Single-query attention of incremental decoding (the IR's cache_attention and

@@ -269,6 +269,10 @@ Tensor reshape(Tensor x, std::vector<Dim> shape, Loc loc) {
   TensorType t{x.dtype(), std::move(shape)};
   return emit(OpKind::reshape, {x}, {}, loc, &t);
 }
+Tensor expand(Tensor x, std::vector<Dim> shape, Loc loc) {
+  TensorType t{x.dtype(), std::move(shape)};
+  return emit(OpKind::expand, {x}, {}, loc, &t);
+}
 Tensor slice(Tensor x, int64_t axis, int64_t start, Dim extent, Loc loc) {
   TensorType t = x.type();
   int64_t a = ir::normalize_axis(axis, x.rank());

@@ -187,6 +187,8 @@ Tensor scalar(const Tensor& like, double value, DType dtype);
 Tensor gather(Tensor table, Tensor ids, Loc loc = Loc::current());
 Tensor transpose(Tensor x, std::vector<int64_t> perm, Loc loc = Loc::current());
 Tensor reshape(Tensor x, std::vector<Dim> shape, Loc loc = Loc::current());
+// x broadcast to `shape` (numpy rules, torch's x.expand(shape)): no copy where it fuses.
+Tensor expand(Tensor x, std::vector<Dim> shape, Loc loc = Loc::current());
 Tensor slice(Tensor x, int64_t axis, int64_t start, Dim extent, Loc loc = Loc::current());
 Tensor concat(const std::vector<Tensor>& xs, int64_t axis, Loc loc = Loc::current());
 Tensor matmul(Tensor a, Tensor b, Loc loc = Loc::current());

@@ -1,9 +1,11 @@
 // nn building blocks and the reference Transformer (see nn.h).
 #include "frontend/nn.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -330,6 +332,207 @@ Tensor causal_mask(Tensor ids, Loc loc) {
   Tensor row = dsl::iota(fb, DType::i64, {one, one, L, L}, 2, loc);
   Tensor col = dsl::iota(fb, DType::i64, {one, one, L, L}, 3, loc);
   return dsl::gt(col, row, loc);
+}
+
+std::pair<Tensor, Tensor> Rotary::tables(FunctionBuilder& fb, Dim L, Loc loc) const {
+  ScopeGuard scope(fb, "rotary");
+  check(head_dim >= 2 && head_dim % 2 == 0, fb, loc, "head_dim = {}, expected a positive even size",
+        head_dim);
+  check(base > 1 && std::isfinite(base), fb, loc, "base = {}, expected a finite number above 1",
+        base);
+  check(scaling > 0 && std::isfinite(scaling), fb, loc, "scaling = {}, expected a positive number",
+        scaling);
+  const Dim half = Dim::constant(head_dim / 2);
+  // inv_freq[k] = base^(-2k/d), positions t / scaling, freqs = t · inv_freq: [L, d/2].
+  Tensor k = dsl::cast(dsl::iota(fb, DType::i64, {L, half}, 1, loc), DType::f32, loc);
+  Tensor inv_freq = dsl::exp(
+      dsl::mul(k, dsl::scalar(k, -2.0 * std::log(base) / static_cast<double>(head_dim)), loc), loc);
+  Tensor t = dsl::cast(dsl::iota(fb, DType::i64, {L, half}, 0, loc), DType::f32, loc);
+  if (scaling != 1.0) t = dsl::div(t, dsl::scalar(t, scaling), loc);
+  Tensor freqs = dsl::mul(t, inv_freq, loc);
+  Tensor emb;
+  if (style == RotaryStyle::half) {
+    emb = dsl::concat({freqs, freqs}, 1, loc);  // cat((freqs, freqs), -1)
+  } else {
+    // repeat_interleave(freqs, 2, -1): [L, d/2, 1] twice along the last axis, then [L, d].
+    Tensor f3 = dsl::reshape(freqs, {L, half, Dim::constant(1)}, loc);
+    emb = dsl::reshape(dsl::concat({f3, f3}, 2, loc), {L, Dim::constant(head_dim)}, loc);
+  }
+  return {dsl::cos(emb, loc), dsl::sin(emb, loc)};
+}
+
+Tensor Rotary::operator()(Tensor x, Tensor cos, Tensor sin, Loc loc) const {
+  FunctionBuilder& fb = fb_of(x, loc);
+  ScopeGuard scope(fb, "rotary");
+  check(x.rank() == 4 && x.shape().back().is_const(head_dim) && head_dim % 2 == 0, fb, loc,
+        "rotary input is {}, expected [B, H, L, head_dim = {}] with an even head_dim",
+        ir::to_string(x.type()), head_dim);
+  const int64_t h2 = head_dim / 2;
+  Tensor rotated;
+  if (style == RotaryStyle::half) {
+    // rotate_half: cat((-x2, x1), -1).
+    Tensor x1 = dsl::slice(x, 3, 0, Dim::constant(h2), loc);
+    Tensor x2 = dsl::slice(x, 3, h2, Dim::constant(h2), loc);
+    rotated = dsl::concat({dsl::neg(x2, loc), x1}, 3, loc);
+  } else {
+    // stack((-x[..., 1::2], x[..., 0::2]), -1).reshape(x.shape), the strided slices taken
+    // from x viewed as [..., d/2, 2].
+    const Dim B = x.dim(0), H = x.dim(1), L = x.dim(2), one = Dim::constant(1);
+    Tensor pairs = dsl::reshape(x, {B, H, L, Dim::constant(h2), Dim::constant(2)}, loc);
+    Tensor even = dsl::slice(pairs, 4, 0, one, loc), odd = dsl::slice(pairs, 4, 1, one, loc);
+    rotated = dsl::reshape(dsl::concat({dsl::neg(odd, loc), even}, 4, loc), x.shape(), loc);
+  }
+  return dsl::add(dsl::mul(x, cos, loc), dsl::mul(rotated, sin, loc), loc);
+}
+
+Tensor repeat_kv(Tensor x, int64_t n_rep, RepeatKv how, Loc loc) {
+  FunctionBuilder& fb = fb_of(x, loc);
+  check(x.rank() == 4 && n_rep >= 1, fb, loc,
+        "repeat_kv of {} by {}, expected [B, KV, L, d] and n >= 1", ir::to_string(x.type()), n_rep);
+  if (n_rep == 1) return x;
+  const Dim B = x.dim(0), KV = x.dim(1), L = x.dim(2), d = x.dim(3);
+  check(!KV.is_symbolic(), fb, loc, "repeat_kv: kv heads of {} must be constant",
+        ir::to_string(x.type()));
+  Tensor unit = dsl::reshape(x, {B, KV, Dim::constant(1), L, d}, loc);  // x[:, :, None]
+  const Dim n = Dim::constant(n_rep);
+  Tensor r = how == RepeatKv::expand ? dsl::expand(unit, {B, KV, n, L, d}, loc)
+                                     : dsl::concat(std::vector<Tensor>(n_rep, unit), 2, loc);
+  return dsl::reshape(r, {B, Dim::constant(KV.value * n_rep), L, d}, loc);
+}
+
+Tensor GQAttention::operator()(Tensor x, Tensor mask, Tensor bias, Loc loc) const {
+  FunctionBuilder& fb = fb_of(x, loc);
+  PathScope scope(fb, prefix);
+  check_positive(fb, loc, "hidden", hidden);
+  check(heads >= 1, fb, loc, "heads = {}, expected a positive head count", heads);
+  const int64_t kvh = kv_heads ? kv_heads : heads;
+  check(kvh >= 1 && heads % kvh == 0, fb, loc, "kv_heads = {} does not divide heads = {}", kvh,
+        heads);
+  check(head_dim > 0 || hidden % heads == 0, fb, loc, "heads = {} does not divide hidden = {}",
+        heads, hidden);
+  const int64_t hd = head_dim ? head_dim : hidden / heads;
+  check(x.rank() == 3, fb, loc, "input is {}, expected [B, L, hidden]", ir::to_string(x.type()));
+  check_last_dim(fb, loc, x, "input", "hidden", hidden);
+  check_mask(fb, loc, mask, "mask");
+  const Dim B = x.dim(0), L = x.dim(1), D = Dim::constant(hd);
+  const Dim H = Dim::constant(heads), KV = Dim::constant(kvh);
+  Tensor q = Linear{prefix + ".q_proj", hidden, heads * hd, qkv_bias}(x, loc);
+  Tensor k = Linear{prefix + ".k_proj", hidden, kvh * hd, qkv_bias}(x, loc);
+  Tensor v = Linear{prefix + ".v_proj", hidden, kvh * hd, qkv_bias}(x, loc);
+  // view(B, L, heads, head_dim).transpose(1, 2)
+  Tensor qh = dsl::transpose(dsl::reshape(q, {B, L, H, D}, loc), {0, 2, 1, 3}, loc);
+  Tensor kh = dsl::transpose(dsl::reshape(k, {B, L, KV, D}, loc), {0, 2, 1, 3}, loc);
+  Tensor vh = dsl::transpose(dsl::reshape(v, {B, L, KV, D}, loc), {0, 2, 1, 3}, loc);
+  if (rotary) {
+    const Rotary rope{hd, rotary_base, rotary_scaling, rotary_style};
+    auto [cos, sin] = rope.tables(fb, L, loc);
+    qh = rope(qh, cos, sin, loc);
+    kh = rope(kh, cos, sin, loc);
+  }
+  kh = repeat_kv(kh, heads / kvh, repeat, loc);
+  vh = repeat_kv(vh, heads / kvh, repeat, loc);
+  Tensor scores = dsl::matmul(qh, dsl::transpose(kh, {0, 1, 3, 2}, loc), loc);
+  const double s = scaling != 0 ? scaling : 1.0 / std::sqrt(static_cast<double>(hd));
+  if (s != 1.0) scores = dsl::mul(scores, dsl::scalar(scores, s), loc);
+  if (softcap > 0) {
+    scores = dsl::div(scores, dsl::scalar(scores, softcap), loc);
+    scores = dsl::mul(dsl::tanh(scores, loc), dsl::scalar(scores, softcap), loc);
+  }
+  if (bias.valid()) scores = dsl::add(scores, bias, loc);
+  if (mask.valid()) scores = dsl::select(mask, dsl::scalar(scores, fill), scores, loc);
+  Tensor p = dsl::softmax(scores, -1, loc);
+  Tensor o = dsl::transpose(dsl::matmul(p, vh, loc), {0, 2, 1, 3}, loc);
+  o = dsl::reshape(o, {B, L, Dim::constant(heads * hd)}, loc);
+  return Linear{prefix + ".o_proj", heads * hd, hidden, o_bias}(o, loc);
+}
+
+Tensor T5RelativeBias::operator()(FunctionBuilder& fb, Dim Lq, Dim Lk, Loc loc) const {
+  PathScope scope(fb, prefix);
+  check(heads >= 1, fb, loc, "heads = {}, expected a positive head count", heads);
+  check(buckets >= (bidirectional ? 4 : 2) && max_distance > buckets / (bidirectional ? 4 : 2), fb,
+        loc, "buckets = {}, max_distance = {}: too few buckets or too short a distance", buckets,
+        max_distance);
+  // relative_position = memory_position - context_position = j - i.
+  Tensor i = dsl::iota(fb, DType::i64, {Lq, Lk}, 0, loc);
+  Tensor j = dsl::iota(fb, DType::i64, {Lq, Lk}, 1, loc);
+  Tensor rp = dsl::sub(j, i, loc);
+  int64_t nb = buckets;
+  Tensor bucket;
+  if (bidirectional) {
+    nb /= 2;
+    bucket = dsl::mul(dsl::cast(dsl::gt(rp, dsl::scalar(rp, 0), loc), DType::i64, loc),
+                      dsl::scalar(rp, static_cast<double>(nb)), loc);
+    rp = dsl::abs(rp, loc);
+  } else {
+    rp = dsl::neg(dsl::minimum(rp, dsl::scalar(rp, 0), loc), loc);
+  }
+  const int64_t max_exact = nb / 2;
+  Tensor is_small = dsl::lt(rp, dsl::scalar(rp, static_cast<double>(max_exact)), loc);
+  // max_exact + log(rp / max_exact) / log(max_distance / max_exact) · (nb - max_exact), to
+  // long; of max(rp, 1) so that the branch not taken (rp = 0) stays finite.
+  Tensor rpf = dsl::maximum(dsl::cast(rp, DType::f32, loc), fb.constant(1.0), loc);
+  Tensor scaled = dsl::mul(
+      dsl::div(dsl::log(dsl::div(rpf, dsl::scalar(rpf, static_cast<double>(max_exact)), loc), loc),
+               dsl::scalar(rpf, std::log(static_cast<double>(max_distance) /
+                                         static_cast<double>(max_exact))),
+               loc),
+      dsl::scalar(rpf, static_cast<double>(nb - max_exact)), loc);
+  Tensor large = dsl::add(dsl::cast(scaled, DType::i64, loc),
+                          dsl::scalar(rp, static_cast<double>(max_exact)), loc);
+  large = dsl::minimum(large, dsl::scalar(large, static_cast<double>(nb - 1)), loc);
+  Tensor b = dsl::select(is_small, rp, large, loc);
+  if (bucket.valid()) b = dsl::add(bucket, b, loc);
+  // relative_attention_bias(bucket): [Lq, Lk, H], permute([2, 0, 1]).unsqueeze(0).
+  Tensor values = dsl::gather(fb.weight(prefix + ".weight", {buckets, heads}, loc), b, loc);
+  Tensor bhl = dsl::transpose(values, {2, 0, 1}, loc);
+  return dsl::reshape(bhl, {Dim::constant(1), Dim::constant(heads), Lq, Lk}, loc);
+}
+
+Tensor alibi_slopes(FunctionBuilder& fb, int64_t heads, Loc loc) {
+  check(heads >= 1, fb, loc, "alibi: heads = {}, expected a positive head count", heads);
+  int64_t cp = 1;  // closest power of two at most heads
+  while (cp * 2 <= heads) cp *= 2;
+  const double ln2 = std::log(2.0);
+  // base^(1..cp) with base = 2^(-8/cp), then extra_base^(1, 3, ...) with extra_base =
+  // 2^(-4/cp): exp(power · log(base)).
+  auto powers = [&](int64_t n, double first, double step, double log_base) {
+    Tensor k = dsl::cast(dsl::iota(fb, DType::i64, {Dim::constant(n)}, 0, loc), DType::f32, loc);
+    Tensor p = dsl::add(dsl::mul(k, dsl::scalar(k, step), loc), dsl::scalar(k, first), loc);
+    return dsl::exp(dsl::mul(p, dsl::scalar(p, log_base), loc), loc);
+  };
+  Tensor slopes = powers(cp, 1, 1, -8.0 / static_cast<double>(cp) * ln2);
+  if (cp != heads) {
+    const int64_t extra = std::min(cp, heads - cp);
+    slopes =
+        dsl::concat({slopes, powers(extra, 1, 2, -4.0 / static_cast<double>(cp) * ln2)}, 0, loc);
+  }
+  return slopes;
+}
+
+Tensor alibi_bias(FunctionBuilder& fb, int64_t heads, Dim Lq, Dim Lk, bool relative, Loc loc) {
+  const Dim one = Dim::constant(1), H = Dim::constant(heads);
+  Tensor slopes = dsl::reshape(alibi_slopes(fb, heads, loc), {one, H, one, one}, loc);
+  Tensor dist;
+  if (relative) {
+    Tensor i = dsl::iota(fb, DType::i64, {Lq, Lk}, 0, loc);
+    Tensor j = dsl::iota(fb, DType::i64, {Lq, Lk}, 1, loc);
+    dist = dsl::cast(dsl::sub(j, i, loc), DType::f32, loc);  // [Lq, Lk]
+  } else {
+    dist = dsl::cast(dsl::iota(fb, DType::i64, {one, Lk}, 1, loc), DType::f32, loc);  // [1, Lk]
+  }
+  return dsl::mul(slopes, dist, loc);
+}
+
+Tensor sliding_window_mask(Tensor ids, int64_t window, Loc loc) {
+  FunctionBuilder& fb = fb_of(ids, loc);
+  check(ids.rank() == 2, fb, loc, "sliding_window_mask: ids are {}, expected [B, L]",
+        ir::to_string(ids.type()));
+  check_positive(fb, loc, "window", window);
+  const Dim one = Dim::constant(1), L = ids.dim(1);
+  Tensor row = dsl::iota(fb, DType::i64, {one, one, L, L}, 2, loc);
+  Tensor col = dsl::iota(fb, DType::i64, {one, one, L, L}, 3, loc);
+  Tensor far = dsl::ge(dsl::sub(row, col, loc), dsl::scalar(row, static_cast<double>(window)), loc);
+  return dsl::logical_or(dsl::gt(col, row, loc), far, loc);
 }
 
 Tensor EncoderLayer::operator()(Tensor x, Tensor src_mask) const {

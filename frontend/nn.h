@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "frontend/dsl.h"
 
@@ -142,6 +143,83 @@ struct MultiHeadAttention {
   Tensor operator()(Tensor xq, Tensor xkv, Tensor mask, Loc loc = Loc::current()) const;
   double fill = -1e9;  // the masked_fill value: -1e9 or -std::numeric_limits<double>::infinity()
 };
+
+// Rotary position embeddings (RoPE), as Hugging Face's models apply them to q and k in head
+// layout [B, H, L, head_dim] between the head split and the scores:
+//   half         (Llama, Mistral, Qwen, GPT-NeoX) rotate_half(x) = cat(-x2, x1), x1 and x2
+//                the halves of the last dim; the tables cat(freqs, freqs)
+//   interleaved  (GPT-J, RoFormer) rotate(x) = stack((-x[..., 1::2], x[..., 0::2]), -1)
+//                .reshape(x.shape) (written with a reshape to [..., d/2, 2] and slices of
+//                extent 1); the tables freqs repeated by pairs (repeat_interleave(2))
+// and x·cos + rotate(x)·sin. The tables [L, head_dim] are computed in the graph with sin and
+// cos: inv_freq[k] = base^(-2k/d), angle = (position / scaling) · inv_freq[k] (linear
+// scaling; 1 for none), positions 0..L-1.
+enum class RotaryStyle { half, interleaved };
+struct Rotary {
+  int64_t head_dim = 0;
+  double base = 10000.0;
+  double scaling = 1.0;
+  RotaryStyle style = RotaryStyle::half;
+  // cos and sin tables f32 [L, head_dim] of `fb` for positions 0..L-1.
+  std::pair<Tensor, Tensor> tables(dsl::FunctionBuilder& fb, dsl::Dim L,
+                                   Loc loc = Loc::current()) const;
+  // x·cos + rotate(x)·sin for x [B, H, L, head_dim] and tables [L, head_dim] (broadcast).
+  Tensor operator()(Tensor x, Tensor cos, Tensor sin, Loc loc = Loc::current()) const;
+};
+
+// How K and V heads are repeated for grouped-query attention, [B, KV, L, d] -> [B, KV·n, L,
+// d], each KV head n times in a row: `expand` is Hugging Face's repeat_kv
+// (x[:, :, None].expand(B, KV, n, L, d).reshape(B, KV·n, L, d)), `concat` is
+// torch.repeat_interleave(x, n, dim=1) written as n copies of x[:, :, None] concatenated.
+enum class RepeatKv { expand, concat };
+Tensor repeat_kv(Tensor x, int64_t n_rep, RepeatKv how = RepeatKv::expand,
+                 Loc loc = Loc::current());
+
+// Attention as today's decoder models write it (Hugging Face's LlamaAttention and kin):
+// `prefix.q_proj` [heads·head_dim, hidden], `prefix.k_proj` and `prefix.v_proj`
+// [kv_heads·head_dim, hidden], `prefix.o_proj` [hidden, heads·head_dim] (biases when
+// qkv_bias / o_bias), heads split and transposed, the rotary embedding applied to q and k
+// when given (tables of `rotary`), K and V repeated to the query heads (`repeat`),
+// scores = q·kᵀ · scaling (1/√head_dim; T5 uses 1), soft-capped to tanh(s/softcap)·softcap
+// when softcap > 0 (Gemma 2), plus `bias` (broadcasting to [B, heads, L, L]: T5's relative
+// position bias, ALiBi) when valid, masked_fill(mask, fill) when mask (bool, broadcasting
+// to the scores) is valid, softmax, ·V, heads merged, o_proj.
+struct GQAttention {
+  std::string prefix;
+  int64_t hidden = 0, heads = 0, kv_heads = 0, head_dim = 0;  // head_dim 0: hidden / heads
+  bool qkv_bias = false, o_bias = false;
+  bool rotary = false;  // apply Rotary{head_dim, rotary_base, rotary_scaling, rotary_style}
+  double rotary_base = 10000.0, rotary_scaling = 1.0;
+  RotaryStyle rotary_style = RotaryStyle::half;
+  RepeatKv repeat = RepeatKv::expand;
+  double scaling = 0;  // 0: 1/√head_dim
+  double softcap = 0;
+  double fill = -1e9;
+  Tensor operator()(Tensor x, Tensor mask, Tensor bias = Tensor(), Loc loc = Loc::current()) const;
+};
+
+// T5's relative position bias [1, heads, Lq, Lk]: `prefix.weight` [buckets, heads] (the
+// relative_attention_bias embedding) gathered at the bucket of j - i (Hugging Face's
+// T5Attention._relative_position_bucket: bidirectional or not, num_buckets, max_distance).
+struct T5RelativeBias {
+  std::string prefix;
+  int64_t heads = 0, buckets = 32, max_distance = 128;
+  bool bidirectional = true;
+  Tensor operator()(dsl::FunctionBuilder& fb, dsl::Dim Lq, dsl::Dim Lk,
+                    Loc loc = Loc::current()) const;
+};
+
+// ALiBi: slopes [heads] as the paper and Hugging Face's build_alibi_tensor compute them
+// (2^(-8(h+1)/n) for a power of two n, interleaved extra slopes otherwise), and the bias
+// slopes[h]·(j - i) [1, heads, Lq, Lk] (relative), or slopes[h]·j [1, heads, 1, Lk] (BLOOM:
+// equal to it under the softmax, as row constants cancel).
+Tensor alibi_slopes(dsl::FunctionBuilder& fb, int64_t heads, Loc loc = Loc::current());
+Tensor alibi_bias(dsl::FunctionBuilder& fb, int64_t heads, dsl::Dim Lq, dsl::Dim Lk,
+                  bool relative = true, Loc loc = Loc::current());
+
+// A sliding-window causal mask bool [1, 1, L, L] for ids [B, L]: true where key j > query i
+// or i - j >= window (Mistral's local attention).
+Tensor sliding_window_mask(Tensor ids, int64_t window, Loc loc = Loc::current());
 
 // One encoder block: self-attention and a feed-forward network, each with a residual
 // connection and a LayerNorm, either

@@ -474,6 +474,9 @@ Elem point_cast(const Elem* x, const PointCtx& c) {
   return integer(fit_int(x[0].i, c.out));
 }
 
+// expand: the operand's element at the broadcast position (eval_pointwise maps it).
+Elem point_expand(const Elem* x, const PointCtx&) { return x[0]; }
+
 // The point_<name> of each pointwise op, or nullptr.
 PointFn point_fn(OpKind kind) {
   switch (kind) {
@@ -497,7 +500,8 @@ Tensor eval_pointwise(OpKind kind, const std::vector<const Tensor*>& in, DType d
               fmt::format("{} is not a pointwise op of {} operands", op_name(kind), in.size()));
   // The operands' dtype: the last operand's (select's condition is bool, its branches not).
   const PointCtx ctx{in.back()->dtype, dtype, where};
-  Shape broadcast = in[0]->shape;
+  // expand broadcasts its operand to the declared shape.
+  Shape broadcast = kind == OpKind::expand ? shape : in[0]->shape;
   for (size_t k = 0; k < in.size(); ++k) {
     KILN_ASSERT(in[k]->dtype == ctx.in || (op_info(kind).rule == TypeRule::select && k == 0),
                 "pointwise operand dtypes differ");
@@ -825,51 +829,72 @@ Tensor eval_linear(const Op& op, const Tensor& x, const Tensor& w, const Tensor*
   return r;
 }
 
-// attention(q[B,Lq,H*Dk], k[B,Lk,H*Dk], v[B,Lk,H*Dv] [, key_pad bool[B,Lk]] [, query_pad
-// bool[B,Lq]]) {heads, scale, causal, fill_inf, query_pad}. Per batch b, head h and query i:
-// s_j = float(q·k in double) * float(scale) (in float), replaced by the fill (-1e9, or -inf
-// with fill_inf) where masked (causal and j > i, or key_pad[b,j], or query_pad[b,i]);
-// p = softmax(s) (NaN for a row of -inf); out[b,i,h*Dv+e] = float(sum_j p_j v[b,j,h*Dv+e] in
-// double).
+// attention(q[B,Lq,H*Dk], k[B,Lk,KV*Dk], v[B,Lk,KV*Dv] [, key_pad bool[B,Lk]] [, query_pad
+// bool[B,Lq]] [, bias f32[B',H',Lq',Lk']]) {heads, scale, causal, fill_inf, query_pad,
+// kv_heads, bias, window, softcap}. Per batch b, head h (reading kv head h / (H / KV)) and
+// query i: s_j = float(q·k in double) * float(scale) (in float), then tanh(s_j / softcap) *
+// softcap (in float) with softcap, then + bias[b,h,i,j] (broadcast), replaced by the fill
+// (-1e9, or -inf with fill_inf) where masked (causal and j > i, or window and i - j >= window,
+// or key_pad[b,j], or query_pad[b,i]); p = softmax(s) (NaN for a row of -inf);
+// out[b,i,h*Dv+e] = float(sum_j p_j v[b,j,g*Dv+e] in double), g the kv head.
 Tensor eval_attention(const Op& op, const Tensor& q, const Tensor& k, const Tensor& v,
-                      const Tensor* key_pad, const Tensor* query_pad, const Shape& shape) {
+                      const Tensor* key_pad, const Tensor* query_pad, const Tensor* bias,
+                      const Shape& shape) {
   const int64_t heads = op.int_attr("heads");
+  const int64_t kv_heads = op.has_attr("kv_heads") ? op.int_attr("kv_heads") : heads;
   const float scale = static_cast<float>(op.float_attr("scale"));
   const bool causal = op.has_attr("causal") && op.int_attr("causal") != 0;
+  const int64_t window = op.has_attr("window") ? op.int_attr("window") : 0;
+  const float softcap = op.has_attr("softcap") ? static_cast<float>(op.float_attr("softcap")) : 0;
   const float fill = op.has_attr("fill_inf") && op.int_attr("fill_inf") != 0
                          ? -std::numeric_limits<float>::infinity()
                          : -1e9f;
-  KILN_ASSERT(rank_of(q) == 3 && rank_of(k) == 3 && rank_of(v) == 3 && heads >= 1,
+  KILN_ASSERT(rank_of(q) == 3 && rank_of(k) == 3 && rank_of(v) == 3 && heads >= 1 &&
+                  kv_heads >= 1 && heads % kv_heads == 0,
               "attention operand ranks");
   const int64_t batch = q.shape[0], lq = q.shape[1], lk = k.shape[1];
+  const int64_t group = heads / kv_heads;
   KILN_ASSERT(k.shape[0] == batch && v.shape[0] == batch && v.shape[1] == lk &&
-                  k.shape[2] == q.shape[2] && q.shape[2] % heads == 0 && v.shape[2] % heads == 0,
+                  q.shape[2] % heads == 0 && v.shape[2] % kv_heads == 0 &&
+                  k.shape[2] == q.shape[2] / heads * kv_heads,
               "attention operand shapes");
   KILN_ASSERT(!key_pad || key_pad->shape == (Shape{batch, lk}), "attention key_pad shape");
   KILN_ASSERT(!query_pad || query_pad->shape == (Shape{batch, lq}), "attention query_pad shape");
-  const int64_t dk = q.shape[2] / heads, dv = v.shape[2] / heads;
+  KILN_ASSERT(!bias || rank_of(*bias) == 4, "attention bias rank");
+  const int64_t dk = q.shape[2] / heads, dv = v.shape[2] / kv_heads;
   KILN_ASSERT(shape == (Shape{batch, lq, heads * dv}), "attention result shape");
+  // The bias element of (b, h, i, j), broadcast over its dims of extent 1.
+  auto bias_at = [&](int64_t b, int64_t h, int64_t i, int64_t j) {
+    const Shape& bs = bias->shape;
+    const int64_t idx[4] = {bs[0] == 1 ? 0 : b, bs[1] == 1 ? 0 : h, bs[2] == 1 ? 0 : i,
+                            bs[3] == 1 ? 0 : j};
+    return bias->f[((idx[0] * bs[1] + idx[1]) * bs[2] + idx[2]) * bs[3] + idx[3]];
+  };
   Tensor r = Tensor::zeros(DType::f32, shape);
   std::vector<float> scores(lk);
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t h = 0; h < heads; ++h) {
+      const int64_t g = h / group;
       for (int64_t i = 0; i < lq; ++i) {
         const bool row_masked = query_pad && query_pad->ints[b * lq + i] != 0;
         for (int64_t j = 0; j < lk; ++j) {
           double dot = 0;
           for (int64_t d = 0; d < dk; ++d)
             dot += static_cast<double>(q.f[(b * lq + i) * heads * dk + h * dk + d]) *
-                   static_cast<double>(k.f[(b * lk + j) * heads * dk + h * dk + d]);
-          const bool masked =
-              row_masked || (causal && j > i) || (key_pad && key_pad->ints[b * lk + j] != 0);
-          scores[j] = masked ? fill : static_cast<float>(dot) * scale;
+                   static_cast<double>(k.f[(b * lk + j) * kv_heads * dk + g * dk + d]);
+          const bool masked = row_masked || (causal && j > i) || (window > 0 && i - j >= window) ||
+                              (key_pad && key_pad->ints[b * lk + j] != 0);
+          float s = static_cast<float>(dot) * scale;
+          if (softcap > 0) s = std::tanh(s / softcap) * softcap;
+          if (bias) s += bias_at(b, h, i, j);
+          scores[j] = masked ? fill : s;
         }
         const std::vector<float> p = softmax_of(scores);
         for (int64_t e = 0; e < dv; ++e) {
           double sum = 0;
           for (int64_t j = 0; j < lk; ++j)
             sum += static_cast<double>(p[j]) *
-                   static_cast<double>(v.f[(b * lk + j) * heads * dv + h * dv + e]);
+                   static_cast<double>(v.f[(b * lk + j) * kv_heads * dv + g * dv + e]);
           r.f[(b * lq + i) * heads * dv + h * dv + e] = static_cast<float>(sum);
         }
       }
@@ -1296,12 +1321,13 @@ class Interpreter {
                         options_.bf16_linear);
         break;
       case OpKind::attention: {
-        // Operands 3 and 4: key_pad, then query_pad (with query_pad = 1), each optional.
-        const bool query_pad = op.has_attr("query_pad") && op.int_attr("query_pad") != 0;
-        const size_t pads = op.operands.size() - 3;
-        r = eval_attention(op, operand(op, 0), operand(op, 1), operand(op, 2),
-                           pads > (query_pad ? 1u : 0u) ? &operand(op, 3) : nullptr,
-                           query_pad ? &operand(op, op.operands.size() - 1) : nullptr, shape);
+        // Optional operands: key_pad, query_pad (query_pad = 1), bias (bias = 1).
+        const ir::AttentionOperands at = ir::attention_operands(op.attrs, op.operands.size());
+        auto opt = [&](int index) {
+          return index >= 0 ? &operand(op, static_cast<size_t>(index)) : nullptr;
+        };
+        r = eval_attention(op, operand(op, 0), operand(op, 1), operand(op, 2), opt(at.key_pad),
+                           opt(at.query_pad), opt(at.bias), shape);
         break;
       }
       case OpKind::cache_write:

@@ -171,6 +171,22 @@ std::string shape_string(const std::vector<Dim>& shape) {
   return out + "]";
 }
 
+AttentionOperands attention_operands(const Attrs& attrs, size_t count) {
+  auto flag = [&](const char* key) {
+    auto it = attrs.find(key);
+    return it != attrs.end() && std::holds_alternative<int64_t>(it->second) &&
+           std::get<int64_t>(it->second) == 1;
+  };
+  const bool query_pad = flag("query_pad"), bias = flag("bias");
+  const int fixed = 3 + (query_pad ? 1 : 0) + (bias ? 1 : 0);
+  AttentionOperands r;
+  int next = 3;
+  if (static_cast<int>(count) > fixed) r.key_pad = next++;
+  if (query_pad) r.query_pad = next++;
+  if (bias) r.bias = next++;
+  return r;
+}
+
 int64_t normalize_axis(int64_t axis, int64_t rank) {
   if (axis < 0) axis += rank;
   return (axis < 0 || axis >= rank) ? -1 : axis;
@@ -317,6 +333,22 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
       if (in[0].shape != declared->shape)
         return err("result shape {} differs from operand shape {}", shape_string(declared->shape),
                    shape_string(in[0].shape));
+      return ok(*declared);
+    }
+    case OpKind::expand: {
+      // Numpy broadcasting of the operand to the declared shape: right-aligned, each operand
+      // dim 1 or equal to the result's.
+      const TensorType& x = in[0];
+      if (declared->dtype != x.dtype)
+        return err("result {} must have the operand's dtype ({})", to_string(*declared),
+                   to_string(x));
+      bool fits = x.rank() <= declared->rank();
+      for (int64_t d = 0; fits && d < x.rank(); ++d) {
+        const Dim& od = declared->shape[static_cast<size_t>(declared->rank() - x.rank() + d)];
+        fits = x.shape[static_cast<size_t>(d)].is_const(1) || x.shape[static_cast<size_t>(d)] == od;
+      }
+      if (!fits)
+        return err("operand {} does not broadcast to {}", to_string(x), to_string(*declared));
       return ok(*declared);
     }
     case OpKind::reshape: {
@@ -492,33 +524,63 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
       return ok(t);
     }
     case OpKind::attention: {
-      // attention(q[B,Lq,H*Dk], k[B,Lk,H*Dk], v[B,Lk,H*Dv] [, key_pad bool[B,Lk]]
-      //           [, query_pad bool[B,Lq] (with query_pad = 1)])
-      //   {heads, scale, causal, fill_inf, query_pad}
-      const bool query_pad = attrs.count("query_pad") && int_at(attrs, "query_pad") == 1;
-      KILN_CHECK(want_operands(query_pad ? 4 : 3, query_pad ? 5 : 4));
+      // attention(q[B,Lq,H*Dk], k[B,Lk,KV*Dk], v[B,Lk,KV*Dv] [, key_pad bool[B,Lk]]
+      //           [, query_pad bool[B,Lq] (with query_pad = 1)] [, bias f32 (with bias = 1)])
+      //   {heads, scale, causal, fill_inf, query_pad, kv_heads, bias, window, softcap}
+      const AttentionOperands ops = attention_operands(attrs, n);
+      const int fixed = 3 + (ops.query_pad >= 0 ? 1 : 0) + (ops.bias >= 0 ? 1 : 0);
+      KILN_CHECK(want_operands(fixed, fixed + 1));
       const int64_t heads = int_at(attrs, "heads");
+      const int64_t kv_heads = attrs.count("kv_heads") ? int_at(attrs, "kv_heads") : heads;
+      if (heads % kv_heads != 0)
+        return err("{} heads are not a multiple of {} kv_heads", heads, kv_heads);
+      if (attrs.count("window") && !(attrs.count("causal") && int_at(attrs, "causal") == 1))
+        return err("a sliding window needs causal = 1");
+      // (Which rows a window and key padding mask whole is not known to the kernel: they are
+      // the mean of v there, as with -1e9, but would have to be NaN with -inf.)
+      if (attrs.count("window") && ops.key_pad >= 0 && attrs.count("fill_inf") &&
+          int_at(attrs, "fill_inf") == 1)
+        return err("a sliding window with key padding needs the -1e9 fill, not fill_inf");
       const TensorType &q = in[0], &k = in[1], &v = in[2];
       for (const TensorType* t : {&q, &k, &v})
         if (t->dtype != DType::f32 || t->rank() != 3)
           return err("q, k, v must be f32 of rank 3, got {}", type_list(in));
       if (!(q.shape[0] == k.shape[0]) || !(k.shape[0] == v.shape[0]) ||
-          !(k.shape[1] == v.shape[1]) || !(q.shape[2] == k.shape[2]))
+          !(k.shape[1] == v.shape[1]) || (kv_heads == heads && !(q.shape[2] == k.shape[2])))
         return err("q {}, k {}, v {} do not agree", to_string(q), to_string(k), to_string(v));
-      for (const TensorType* t : {&q, &v})
-        if (t->shape[2].is_symbolic() || t->shape[2].value % heads != 0)
-          return err("feature size of {} is not divisible by {} heads", to_string(*t), heads);
-      if (n == (query_pad ? 5u : 4u)) {
+      if (q.shape[2].is_symbolic() || q.shape[2].value % heads != 0)
+        return err("feature size of {} is not divisible by {} heads", to_string(q), heads);
+      if (v.shape[2].is_symbolic() || v.shape[2].value % kv_heads != 0)
+        return err("feature size of {} is not divisible by {} {}", to_string(v), kv_heads,
+                   kv_heads == heads ? "heads" : "kv heads");
+      if (k.shape[2].is_symbolic() || k.shape[2].value != q.shape[2].value / heads * kv_heads)
+        return err("k {} must have {} kv heads of q {}'s head size", to_string(k), kv_heads,
+                   to_string(q));
+      if (ops.key_pad >= 0) {
         TensorType want{DType::boolean, {k.shape[0], k.shape[1]}};
-        if (!(in[3] == want))
-          return err("key padding mask {} must be {}", to_string(in[3]), to_string(want));
+        if (!(in[ops.key_pad] == want))
+          return err("key padding mask {} must be {}", to_string(in[ops.key_pad]), to_string(want));
       }
-      if (query_pad) {
+      if (ops.query_pad >= 0) {
         TensorType want{DType::boolean, {q.shape[0], q.shape[1]}};
-        if (!(in[n - 1] == want))
-          return err("query padding mask {} must be {}", to_string(in[n - 1]), to_string(want));
+        if (!(in[ops.query_pad] == want))
+          return err("query padding mask {} must be {}", to_string(in[ops.query_pad]),
+                     to_string(want));
       }
-      return ok(TensorType{DType::f32, {q.shape[0], q.shape[1], v.shape[2]}});
+      if (ops.bias >= 0) {
+        // f32 [B',H',Lq',Lk'], each dim 1 or the scores' [B,H,Lq,Lk].
+        const TensorType& b = in[ops.bias];
+        const std::vector<Dim> full = {q.shape[0], Dim::constant(heads), q.shape[1], k.shape[1]};
+        bool fits = b.dtype == DType::f32 && b.rank() == 4;
+        for (size_t d = 0; fits && d < 4; ++d)
+          fits = b.shape[d].is_const(1) || b.shape[d] == full[d];
+        if (!fits)
+          return err("score bias {} must be f32 of rank 4 broadcasting to the scores {}",
+                     to_string(b), to_string(TensorType{DType::f32, full}));
+      }
+      return ok(
+          TensorType{DType::f32,
+                     {q.shape[0], q.shape[1], Dim::constant(v.shape[2].value / kv_heads * heads)}});
     }
     case OpKind::cache_write: {
       // cache_write(cache f32[T,C,D], x f32[N,1,D], pos i64[1]) -> f32[T,C,D]

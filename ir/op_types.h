@@ -46,6 +46,14 @@ TypeResult broadcast_types(const TensorType& a, const TensorType& b, DType resul
 // add_layernorm whose rows repeat over x's rows ([S,D] or [1,S,D] over [B,S,D]).
 bool broadcasts_over_leading_dims(const TensorType& y, const TensorType& x);
 
+// Where an attention op's optional operands are among its `count` operands (-1: absent):
+// q, k, v, then key_pad (when the count leaves room for it), query_pad (attribute
+// query_pad = 1), bias (attribute bias = 1), in that order.
+struct AttentionOperands {
+  int key_pad = -1, query_pad = -1, bias = -1;
+};
+AttentionOperands attention_operands(const Attrs& attrs, size_t count);
+
 // Normalizes a possibly negative axis against `rank`; returns -1 when out of range.
 int64_t normalize_axis(int64_t axis, int64_t rank);
 

@@ -69,7 +69,22 @@ struct PadTerm {
 // (causal and j > i) or key padding[b, j] or query padding[b, i].
 struct MaskTerms {
   bool causal = false;
+  int64_t window = 0;  // also masked where i - j >= window (0: none)
   PadTerm key, query;
+};
+
+// `transpose(reshape(%x : f32[B,L,H*d]) : [B,L,H,d]) {perm}` with both single-use, or
+// (merge) any f32 value %x : [B,H,L,d] in head layout, whose heads the rewrite merges with an
+// inserted transpose and reshape (rotary embeddings, or any other computation on the heads).
+struct HeadSplit {
+  ValueId input = -1;
+  Dim batch, length;
+  int64_t heads = 0, head_dim = 0;
+  bool merge = false;
+  // The attention operand's type [B,L,H*d].
+  TensorType merged() const {
+    return TensorType{DType::f32, {batch, length, Dim::constant(heads * head_dim)}};
+  }
 };
 
 // What a match of the pattern becomes.
@@ -83,13 +98,13 @@ struct AttentionMatch {
   bool fill_inf = false;
   int64_t heads = 0;
   double scale = 0;
-};
-
-// `transpose(reshape(%x : f32[B,L,H*d]) : [B,L,H,d]) {perm}` with both single-use.
-struct HeadSplit {
-  ValueId input = -1;
-  Dim batch, length;
-  int64_t heads = 0, head_dim = 0;
+  // K and V's head operands (merge: inserted head merges), their head count (kv_heads when
+  // below heads: grouped-query attention).
+  HeadSplit qs, ks, vs;
+  int64_t kv_heads = 0;
+  // Additive score biases (outermost first), summed into the bias operand.
+  std::vector<ValueId> biases;
+  double softcap = 0;
 };
 
 bool is_perm(const Op& op, const std::vector<int64_t>& perm) {
@@ -151,6 +166,63 @@ bool match_head_split(const Graph& g, ValueId t, const std::vector<int64_t>& per
   }
   *split = HeadSplit{x, rt.shape[0], rt.shape[1], rt.shape[2].value, rt.shape[3].value};
   return true;
+}
+
+// A value in head layout [B,H,L,d]: its head split (transpose perm [0,2,1,3] of a reshape of
+// [B,L,H*d]) when it is one, else the value itself, to merge (`merge`).
+bool match_heads(const Graph& g, ValueId hv, const char* what, HeadSplit* split, std::string* why) {
+  if (match_head_split(g, hv, {0, 2, 1, 3}, what, split, why)) return true;
+  const TensorType& t = g.type(hv);
+  if (t.dtype != DType::f32 || t.rank() != 4 || t.shape[1].is_symbolic() ||
+      t.shape[3].is_symbolic()) {
+    *why = fmt::format("{} {} : {} is not f32 [B,H,L,d] with constant H and d", what, g.label(hv),
+                       ir::to_string(t));
+    return false;
+  }
+  *split = HeadSplit{hv, t.shape[0], t.shape[2], t.shape[1].value, t.shape[3].value, true};
+  return true;
+}
+
+// K or V in head layout [B,H,L,d] (`hv`), possibly with its KV heads repeated (grouped-query
+// attention): reshape(%r : [B,KV,n,L,d]) : [B,KV·n,L,d] where %r is expand(reshape(%x :
+// [B,KV,L,d]) : [B,KV,1,L,d]) (Hugging Face's repeat_kv) or concat of n times that reshape
+// along axis 2 (repeat_interleave), every step single-use; then %x's heads (KV of them).
+bool match_kv_heads(const Graph& g, ValueId hv, const char* what, HeadSplit* split,
+                    std::string* why) {
+  const TensorType& t = g.type(hv);
+  const Op* merge = g.def(hv, OpKind::reshape);
+  const ValueId r = merge ? merge->operands[0] : -1;
+  const bool repeat_shape = merge && g.uses[r] == 1 && g.type(r).rank() == 5 && t.rank() == 4 &&
+                            g.type(r).shape[0] == t.shape[0] && g.type(r).shape[3] == t.shape[2] &&
+                            g.type(r).shape[4] == t.shape[3];
+  if (repeat_shape) {
+    const TensorType& rt = g.type(r);
+    ValueId unit = -1;  // the [B,KV,1,L,d] value repeated
+    if (const Op* ex = g.def(r, OpKind::expand)) {
+      unit = ex->operands[0];
+    } else if (const Op* cat = g.def(r, OpKind::concat)) {
+      if (ir::normalize_axis(cat->int_attr("axis"), 5) == 2 &&
+          std::all_of(cat->operands.begin(), cat->operands.end(),
+                      [&](ValueId o) { return o == cat->operands[0]; }))
+        unit = cat->operands[0];
+    }
+    const Op* unit_rs = unit >= 0 ? g.def(unit, OpKind::reshape) : nullptr;
+    if (unit_rs) {
+      const TensorType& ut = g.type(unit);
+      const ValueId x = unit_rs->operands[0];
+      const TensorType& xt = g.type(x);
+      const size_t expected_uses =
+          g.def(r, OpKind::concat) ? g.def(r, OpKind::concat)->operands.size() : 1;
+      if (g.uses[unit] == static_cast<int>(expected_uses) && ut.rank() == 5 &&
+          ut.shape[2].is_const(1) && xt.rank() == 4 &&
+          ut ==
+              TensorType{xt.dtype,
+                         {xt.shape[0], xt.shape[1], Dim::constant(1), xt.shape[2], xt.shape[3]}} &&
+          rt.shape[1] == xt.shape[1] && !rt.shape[2].is_symbolic())
+        return match_heads(g, x, what, split, why);
+    }
+  }
+  return match_heads(g, hv, what, split, why);
 }
 
 // The scores' query and key dims, against which masks broadcast: [B,H,Lq,Lk].
@@ -327,6 +399,38 @@ bool collect_mask_terms(const Graph& g, ValueId m, bool polarity, const ScoreDim
     case OpKind::le:
     case OpKind::gt:
     case OpKind::ge: {
+      // A sliding window: (i - j) or (j - i) compared with a rank-0 integer constant.
+      for (int side = 0; side < 2; ++side) {
+        const Op* diff = g.def(op->operands[static_cast<size_t>(side)], OpKind::sub);
+        double c = 0;
+        if (!diff || !scalar_constant(g, op->operands[static_cast<size_t>(1 - side)], &c) ||
+            !ir::is_integer(g.type(op->operands[static_cast<size_t>(1 - side)]).dtype))
+          continue;
+        const int a = score_index(g, diff->operands[0], dims);
+        const int b = score_index(g, diff->operands[1], dims);
+        if (a < 0 || b < 0 || a == b) continue;
+        // The relation of i - j to the constant that the masked set is.
+        OpKind rel = side == 0 ? op->kind : swapped(op->kind);  // diff REL c
+        if (a == 3) {                                           // j - i REL c  <=>  i - j REL' -c
+          rel = swapped(rel);
+          c = -c;
+        }
+        if (!polarity) rel = negated(rel);
+        const double w = rel == OpKind::ge ? c : rel == OpKind::gt ? c + 1 : 0;
+        if (w < 1) {
+          *why = fmt::format(
+              "mask {} compares query - key with {}, not a sliding window (query - key >= W, W "
+              ">= 1)",
+              g.label(m), g.label(op->operands[static_cast<size_t>(1 - side)]));
+          return false;
+        }
+        if (terms->window != 0) {
+          *why = fmt::format("mask {} has two sliding windows", g.label(m));
+          return false;
+        }
+        terms->window = static_cast<int64_t>(w);
+        return true;
+      }
       const int a = score_index(g, op->operands[0], dims);
       const int b = score_index(g, op->operands[1], dims);
       if (a < 0 || b < 0 || a == b) {
@@ -373,6 +477,11 @@ bool match_mask(const Graph& g, ValueId m, bool polarity, const ScoreDims& dims,
                        ir::to_string(dims.lq), ir::to_string(dims.lk));
     return false;
   }
+  if (terms.window != 0 && !terms.causal) {
+    *why = fmt::format("mask {} has a sliding window without the causal mask (key > query)",
+                       g.label(m));
+    return false;
+  }
   match->causal = terms.causal;
   match->mask = terms;
   return true;
@@ -383,6 +492,10 @@ ir::Attrs attention_attrs(const AttentionMatch& m) {
   ir::Attrs attrs = {{"heads", m.heads}, {"scale", m.scale}, {"causal", int64_t{m.causal ? 1 : 0}}};
   if (m.fill_inf) attrs["fill_inf"] = int64_t{1};
   if (m.mask.query.value >= 0) attrs["query_pad"] = int64_t{1};
+  if (m.kv_heads != m.heads) attrs["kv_heads"] = m.kv_heads;
+  if (!m.biases.empty()) attrs["bias"] = int64_t{1};
+  if (m.mask.window != 0) attrs["window"] = m.mask.window;
+  if (m.softcap != 0) attrs["softcap"] = m.softcap;
   return attrs;
 }
 
@@ -437,10 +550,69 @@ bool can_fuse_attention(const Graph& g, int softmax_index, AttentionMatch* match
                                 ir::to_string(g.type(scaled)), ir::to_string(g.type(masked))));
   }
 
-  // Scale: div(%scores, c) or mul(%scores, c) (either order) with a rank-0 constant c.
+  // Additive score biases: add(%x, %bias), %x the side that leads to the Q·Kᵀ matmul.
+  auto leads_to_scores = [&](ValueId v) {
+    for (int hops = 0; hops < 6; ++hops) {
+      const Op* op = def_op(g.f, g.defs, v);
+      if (!op) return false;
+      if (op->kind == OpKind::matmul) return g.type(v).rank() == 4;
+      if (op->kind != OpKind::div && op->kind != OpKind::mul && op->kind != OpKind::tanh)
+        return false;
+      double c = 0;
+      v = op->operands.size() == 2 && f32_scalar_constant(g, op->operands[0], &c) ? op->operands[1]
+                                                                                  : op->operands[0];
+    }
+    return false;
+  };
+  while (const Op* add = g.def(scaled, OpKind::add)) {
+    const int side = leads_to_scores(add->operands[0])   ? 0
+                     : leads_to_scores(add->operands[1]) ? 1
+                                                         : -1;
+    if (side < 0)
+      return reject(fmt::format("scores {} are an add of which no side is Q·Kᵀ", g.label(scaled)));
+    const ValueId x = add->operands[static_cast<size_t>(side)];
+    const ValueId bias = add->operands[static_cast<size_t>(1 - side)];
+    if (g.uses[x] != 1) return reject(fmt::format("scores {} have {} uses", g.label(x), g.uses[x]));
+    if (!(g.type(x) == g.type(scaled)) || g.type(bias).dtype != DType::f32 ||
+        g.type(bias).rank() > 4)
+      return reject(fmt::format("score bias {} : {} is not f32 broadcasting to the scores {}",
+                                g.label(bias), ir::to_string(g.type(bias)),
+                                ir::to_string(g.type(scaled))));
+    match->biases.push_back(bias);
+    scaled = x;
+  }
+
+  // Logit soft-capping: mul(tanh(div(%s, c)), c) (either order) with c a rank-0 f32 constant.
+  if (const Op* mul = g.def(scaled, OpKind::mul)) {
+    for (int side = 0; side < 2; ++side) {
+      double c = 0, c2 = 0;
+      const Op* tanh = g.def(mul->operands[static_cast<size_t>(side)], OpKind::tanh);
+      if (!tanh || !f32_scalar_constant(g, mul->operands[static_cast<size_t>(1 - side)], &c))
+        continue;
+      const Op* div = g.def(tanh->operands[0], OpKind::div);
+      if (!div || !f32_scalar_constant(g, div->operands[1], &c2) || c2 != c || !(c > 0) ||
+          std::isinf(c) || g.uses[tanh->result] != 1 || g.uses[div->result] != 1)
+        return reject(fmt::format(
+            "scores {} are a mul of a tanh, not a soft-cap tanh(s / c) * c with c > 0 a rank-0 "
+            "f32 constant",
+            g.label(scaled)));
+      match->softcap = c;
+      scaled = div->operands[0];
+      if (g.uses[scaled] != 1)
+        return reject(
+            fmt::format("scaled scores {} have {} uses", g.label(scaled), g.uses[scaled]));
+      break;
+    }
+  }
+
+  // Scale: div(%scores, c) or mul(%scores, c) (either order) with a rank-0 constant c, or none
+  // (scale 1: T5).
   ValueId scores = -1;
   double c = 0;
-  if (const Op* div = g.def(scaled, OpKind::div)) {
+  if (g.def(scaled, OpKind::matmul)) {
+    scores = scaled;
+    match->scale = 1;
+  } else if (const Op* div = g.def(scaled, OpKind::div)) {
     if (f32_scalar_constant(g, div->operands[1], &c) && c != 0) {
       scores = div->operands[0];
       match->scale = 1.0 / c;
@@ -454,8 +626,10 @@ bool can_fuse_attention(const Graph& g, int softmax_index, AttentionMatch* match
     }
   }
   if (scores < 0)
-    return reject(fmt::format("scores {} are not a div or mul by a nonzero rank-0 f32 constant",
-                              g.label(scaled)));
+    return reject(
+        fmt::format("scores {} are not a matmul or a div or mul of one by a nonzero rank-0 f32 "
+                    "constant",
+                    g.label(scaled)));
   const Op* qk = g.def(scores, OpKind::matmul);
   if (!qk) return reject(fmt::format("unscaled scores {} are not a matmul", g.label(scores)));
   if (g.uses[scores] != 1)
@@ -475,14 +649,23 @@ bool can_fuse_attention(const Graph& g, int softmax_index, AttentionMatch* match
     return reject(
         fmt::format("transpose {} is not used only by a reshape", g.label(merge_tr->result)));
 
-  // The three head splits.
+  // The three head operands: head splits, or values in head layout (merged by the rewrite);
+  // K's transposed [B,H,dk,Lk] and K and V possibly with repeated KV heads.
   HeadSplit qs, ks, vs;
   std::string why;
-  if (!match_head_split(g, qk->operands[0], {0, 2, 1, 3}, "query", &qs, &why) ||
-      !match_head_split(g, qk->operands[1], {0, 2, 3, 1}, "key", &ks, &why) ||
-      !match_head_split(g, pv->operands[1], {0, 2, 1, 3}, "value", &vs, &why))
-    return reject(why);
-  if (qs.heads != ks.heads || ks.heads != vs.heads || qs.head_dim != ks.head_dim)
+  if (!match_heads(g, qk->operands[0], "query", &qs, &why)) return reject(why);
+  const ValueId kt = qk->operands[1];
+  if (!match_head_split(g, kt, {0, 2, 3, 1}, "key", &ks, &why)) {
+    const Op* tr = g.def(kt, OpKind::transpose);
+    if (!tr || !is_perm(*tr, {0, 1, 3, 2}) || g.uses[kt] != 1)
+      return reject(fmt::format(
+          "key {} is neither a head split transposed with perm [0,2,3,1] nor a single-use "
+          "transpose with perm [0,1,3,2]",
+          g.label(kt)));
+    if (!match_kv_heads(g, tr->operands[0], "key", &ks, &why)) return reject(why);
+  }
+  if (!match_kv_heads(g, pv->operands[1], "value", &vs, &why)) return reject(why);
+  if (ks.heads != vs.heads || qs.head_dim != ks.head_dim || qs.heads % ks.heads != 0)
     return reject(fmt::format("head splits disagree: q {}x{}, k {}x{}, v {}x{}", qs.heads,
                               qs.head_dim, ks.heads, ks.head_dim, vs.heads, vs.head_dim));
   if (!(qs.batch == ks.batch) || !(ks.batch == vs.batch) || !(ks.length == vs.length))
@@ -497,12 +680,27 @@ bool can_fuse_attention(const Graph& g, int softmax_index, AttentionMatch* match
   match->q = qs.input;
   match->k = ks.input;
   match->v = vs.input;
+  match->qs = qs;
+  match->ks = ks;
+  match->vs = vs;
   match->heads = qs.heads;
+  match->kv_heads = ks.heads;
 
   // The attention op must type as the reshape it replaces.
-  std::vector<TensorType> in = {g.type(match->q), g.type(match->k), g.type(match->v)};
+  std::vector<TensorType> in = {qs.merged(), ks.merged(), vs.merged()};
   if (match->mask.key.value >= 0) in.push_back(bool_type({qs.batch, ks.length}));
   if (match->mask.query.value >= 0) in.push_back(bool_type({qs.batch, qs.length}));
+  if (!match->biases.empty()) {
+    TensorType sum = g.type(match->biases[0]);
+    for (size_t i = 1; i < match->biases.size(); ++i) {
+      ir::TypeResult b = ir::broadcast_types(sum, g.type(match->biases[i]), DType::f32);
+      if (!b.ok()) return reject("score biases do not broadcast: " + b.error);
+      sum = b.type;
+    }
+    if (sum.rank() > 4) return reject("score bias sum has rank above 4");
+    while (sum.rank() < 4) sum.shape.insert(sum.shape.begin(), Dim::constant(1));
+    in.push_back(sum);
+  }
   ir::TypeResult t =
       ir::infer_type(g.module, OpKind::attention, in, attention_attrs(*match), nullptr);
   if (!t.ok()) return reject("attention op would not type: " + t.error);
@@ -528,7 +726,7 @@ void fuse_attention_at(Function& f, const Graph& g, int softmax_index) {
                          std::string* log) {
     ValueId value = pad.value;
     std::string label = g.label(value);
-    const TensorType pad_type = bool_type({f.type(m.q).shape[0], length});
+    const TensorType pad_type = bool_type({m.qs.batch, length});
     if (pad.reshape) {
       value = insert_op(f, pos, pos, OpKind::reshape, {value}, pad_type);
       ++pos;
@@ -542,12 +740,52 @@ void fuse_attention_at(Function& f, const Graph& g, int softmax_index) {
     *log += fmt::format(", {} padding {}", what, label);
     return value;
   };
-  std::vector<ValueId> operands = {m.q, m.k, m.v};
+  // A head operand in head layout [B,H,L,d]: transpose and reshape to [B,L,H*d].
+  auto head_operand = [&](const HeadSplit& hs, const char* what, std::string* log) {
+    if (!hs.merge) return hs.input;
+    const TensorType merged = hs.merged();
+    const TensorType tt{DType::f32,
+                        {hs.batch, hs.length, Dim::constant(hs.heads), Dim::constant(hs.head_dim)}};
+    const std::string label = g.label(hs.input);
+    ValueId t = insert_op(f, pos, pos, OpKind::transpose, {hs.input}, tt,
+                          {{"perm", std::vector<int64_t>{0, 2, 1, 3}}});
+    ++pos;
+    ValueId r = insert_op(f, pos, pos, OpKind::reshape, {t}, merged);
+    ++pos;
+    *log += fmt::format(", {} heads {}", what, label);
+    return r;
+  };
   std::string log;
-  if (m.mask.key.value >= 0)
-    operands.push_back(pad_operand(m.mask.key, f.type(m.k).shape[1], "key", &log));
+  std::vector<ValueId> operands = {head_operand(m.qs, "query", &log),
+                                   head_operand(m.ks, "key", &log),
+                                   head_operand(m.vs, "value", &log)};
+  if (m.mask.key.value >= 0) operands.push_back(pad_operand(m.mask.key, m.ks.length, "key", &log));
   if (m.mask.query.value >= 0)
-    operands.push_back(pad_operand(m.mask.query, f.type(m.q).shape[1], "query", &log));
+    operands.push_back(pad_operand(m.mask.query, m.qs.length, "query", &log));
+  if (!m.biases.empty()) {
+    // Innermost first, as the graph adds them; then leading 1s up to rank 4.
+    ValueId sum = m.biases.back();
+    std::string label = g.label(sum);
+    for (size_t i = m.biases.size() - 1; i-- > 0;) {
+      ir::TypeResult t = ir::broadcast_types(f.type(sum), f.type(m.biases[i]), DType::f32);
+      KILN_ASSERT(t.ok(), "fuse-attention: score biases broadcast");
+      sum = insert_op(f, pos, pos, OpKind::add, {sum, m.biases[i]}, t.type);
+      ++pos;
+      label = fmt::format("add({}, {})", label, g.label(m.biases[i]));
+    }
+    if (f.type(sum).rank() < 4) {
+      TensorType t4 = f.type(sum);
+      while (t4.rank() < 4) t4.shape.insert(t4.shape.begin(), Dim::constant(1));
+      sum = insert_op(f, pos, pos, OpKind::reshape, {sum}, t4);
+      ++pos;
+      label = "reshape(" + label + ")";
+    }
+    operands.push_back(sum);
+    log += ", bias " + label;
+  }
+  if (m.kv_heads != m.heads) log += fmt::format(", kv heads {}", m.kv_heads);
+  if (m.mask.window != 0) log += fmt::format(", window {}", m.mask.window);
+  if (m.softcap != 0) log += fmt::format(", softcap {}", m.softcap);
   Op& out = f.ops[pos];
   out.kind = OpKind::attention;
   out.operands = std::move(operands);

@@ -10,10 +10,36 @@
 //   %p  = softmax(%sm) {axis=-1}
 //   %o  = reshape(transpose(matmul(%p, %vh)) {perm=[0,2,1,3]}) : [B,Lq,H*dv]
 // =>
-//   %o  = attention(%q, %k, %v [, %key_pad] [, %query_pad])
-//           {causal = 0|1, heads = H, scale = 1/c [, fill_inf = 1] [, query_pad = 1]}
+//   %o  = attention(%q, %k, %v [, %key_pad] [, %query_pad] [, %bias])
+//           {causal = 0|1, heads = H, scale = 1/c [, fill_inf = 1] [, query_pad = 1]
+//            [, kv_heads = KV] [, bias = 1] [, window = W] [, softcap = c]}
 //
-// The attention op: q [B,Lq,H*dk], k [B,Lk,H*dk], v [B,Lk,H*dv], optional key_pad
+// Today's models (issue 26) fuse too, as Hugging Face writes them:
+//   head operands  a query, key or value that is not a head split but any f32 value in head
+//                  layout [B,H,L,d] (rotary embeddings applied to q and k between the head
+//                  split and the scores, in either convention, or anything else computed on
+//                  the heads) is merged back by an inserted transpose {perm=[0,2,1,3]} and
+//                  reshape to [B,L,H*d]: the rotation stays elementwise ops feeding the
+//                  attention op; the key is then `transpose(%kh) {perm=[0,1,3,2]}`.
+//   grouped heads  K and V of KV < H heads repeated: reshape(expand(reshape(%x : [B,KV,L,d])
+//                  : [B,KV,1,L,d]) : [B,KV,n,L,d]) : [B,KV*n,L,d] (repeat_kv), or the concat
+//                  of n copies of that [B,KV,1,L,d] along axis 2 (repeat_interleave)
+//                  -> kv_heads = KV, K and V of width KV*d.
+//   no scale       scores that are the matmul itself (T5) -> scale = 1.
+//   soft-cap       mul(tanh(div(%s, c)), c) after the scale, c a rank-0 f32 constant > 0
+//                  -> softcap = c.
+//   score bias     add(%s, %bias) (any number, either order) after the soft-cap, each bias
+//                  f32 broadcasting to [B,H,Lq,Lk] (T5's relative position bias, ALiBi, any
+//                  additive mask); with other uses allowed (layers share it) -> their sum,
+//                  reshaped to rank 4, as the last operand, bias = 1.
+//   sliding window a mask term comparing i - j (or j - i) with a rank-0 integer constant that
+//                  masks exactly i - j >= W, W >= 1, with the causal term -> window = W.
+//
+// The attention op: q [B,Lq,H*dk], k [B,Lk,KV*dk], v [B,Lk,KV*dv] (KV = kv_heads, default H;
+// query head h reads kv head h / (H / KV)), optional trailing bias f32 [B',H',Lq',Lk'] (each
+// dim 1 or the scores'; present iff bias = 1) added to the scaled (and soft-capped: s ->
+// tanh(s / softcap) * softcap) scores before the masks, window W (needs causal): also masked
+// where i - j >= W. Then as below. optional key_pad
 // bool [B,Lk] (true = padding key), optional query_pad bool [B,Lq] (true = padding query;
 // present iff query_pad = 1, and then the last operand); per batch b, head h and query i
 // the scores are s_j = (q_h[i]·k_h[j]) * scale, set to the fill where key_pad[b,j] or

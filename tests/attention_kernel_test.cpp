@@ -81,13 +81,16 @@ ir::TensorType type_of(ir::DType dtype, std::vector<int64_t> shape) {
   return t;
 }
 
-// The interpreter's result for `spec` on dense q, k, v (and mask).
+// The interpreter's result for `spec` on dense q, k, v (and masks, bias).
 ir::Tensor interpret_attention(const AttentionKernel& spec, const std::vector<ir::Tensor>& in) {
   ir::Module m;
   m.name = "attention_test";
   ir::Function f;
   f.name = "f";
-  const char* names[] = {"q", "k", "v", "mask", "qmask"};
+  std::vector<const char*> names = {"q", "k", "v"};
+  if (spec.key_padding) names.push_back("mask");
+  if (spec.query_padding) names.push_back("qmask");
+  if (spec.bias) names.push_back("bias");
   std::vector<ir::ValueId> params;
   for (size_t i = 0; i < in.size(); ++i)
     params.push_back(f.add_param(names[i], type_of(in[i].dtype, in[i].shape)));
@@ -95,6 +98,10 @@ ir::Tensor interpret_attention(const AttentionKernel& spec, const std::vector<ir
       {"heads", spec.heads}, {"scale", spec.scale}, {"causal", int64_t{spec.causal ? 1 : 0}}};
   if (spec.fill_inf) attrs["fill_inf"] = int64_t{1};
   if (spec.query_padding) attrs["query_pad"] = int64_t{1};
+  if (spec.kv_heads) attrs["kv_heads"] = spec.kv_heads;
+  if (spec.bias) attrs["bias"] = int64_t{1};
+  if (spec.window) attrs["window"] = spec.window;
+  if (spec.softcap) attrs["softcap"] = spec.softcap;
   const ir::TensorType result =
       type_of(ir::DType::f32, {in[0].shape[0], in[0].shape[1], spec.heads * spec.dv});
   f.results.push_back(f.add_op(ir::OpKind::attention, params, result, attrs));
@@ -122,19 +129,30 @@ std::vector<int64_t> padding_mask(int64_t batch, int64_t lk, std::mt19937& rng) 
   return mask;
 }
 
+// The shape of the score bias of `spec` for case (batch, lq, lk): bias_kind 1 is [B,H,Lq,Lk],
+// 2 is [1,H,Lq,Lk] (T5), 3 is [1,H,1,Lk] (BLOOM's ALiBi).
+std::vector<int64_t> bias_shape(int bias_kind, int64_t heads, int64_t batch, int64_t lq,
+                                int64_t lk) {
+  if (bias_kind == 1) return {batch, heads, lq, lk};
+  if (bias_kind == 2) return {1, heads, lq, lk};
+  return {1, heads, 1, lk};
+}
+
 // Runs `kernel` (built from `spec`) on random data of the given shape and compares it with
 // the interpreter. q, k, v are views into one merged QKV buffer when they can be (self
 // attention with dk == dv), else q into its own wider buffer and k, v into a merged KV one.
 // Returns the largest absolute error (or infinity after a failure).
 float check_case(const JitKernel& kernel, const AttentionKernel& spec, int64_t batch, int64_t lq,
-                 int64_t lk, uint32_t seed) {
+                 int64_t lk, uint32_t seed, int bias_kind = 0) {
   SCOPED_TRACE(testing::Message() << "B=" << batch << " Lq=" << lq << " Lk=" << lk
                                   << " seed=" << seed);
   std::mt19937 rng(seed);
+  const int64_t kv_heads = spec.kv_heads ? spec.kv_heads : spec.heads;
   const int64_t qd = spec.heads * spec.dk, vd = spec.heads * spec.dv;
-  const bool merged = lq == lk && spec.dk == spec.dv;
-  Wide kv(batch, lk, 1 + qd + vd + 2);  // NaN columns around k and v
-  const int64_t k_off = 1, v_off = 1 + qd;
+  const int64_t kd = kv_heads * spec.dk, vkd = kv_heads * spec.dv;  // k and v widths
+  const bool merged = lq == lk && spec.dk == spec.dv && kv_heads == spec.heads;
+  Wide kv(batch, lk, 1 + kd + vkd + 2);  // NaN columns around k and v
+  const int64_t k_off = 1, v_off = 1 + kd;
   Wide qw(batch, lq, qd + 5);
   int64_t q_off = 3;
   Wide* q_src = &qw;
@@ -145,11 +163,11 @@ float check_case(const JitKernel& kernel, const AttentionKernel& spec, int64_t b
   }
   const int64_t kk_off = merged ? qd : k_off, vv_off = merged ? 2 * qd : v_off;
   q_src->fill(q_off, qd, rng);
-  kv.fill(kk_off, qd, rng);
-  kv.fill(vv_off, vd, rng);
+  kv.fill(kk_off, kd, rng);
+  kv.fill(vv_off, vkd, rng);
 
-  std::vector<ir::Tensor> in = {q_src->tensor(q_off, qd), kv.tensor(kk_off, qd),
-                                kv.tensor(vv_off, vd)};
+  std::vector<ir::Tensor> in = {q_src->tensor(q_off, qd), kv.tensor(kk_off, kd),
+                                kv.tensor(vv_off, vkd)};
   std::vector<uint8_t> mask_bytes;
   if (spec.key_padding) {
     std::vector<int64_t> mask = padding_mask(batch, lk, rng);
@@ -168,16 +186,32 @@ float check_case(const JitKernel& kernel, const AttentionKernel& spec, int64_t b
     qmask_bytes.assign(qmask.begin(), qmask.end());
     in.push_back(ir::Tensor::from_ints(ir::DType::boolean, {batch, lq}, std::move(qmask)));
   }
+  // Score bias: uniform in [-3, 3] (ALiBi and T5 biases are of this order).
+  std::vector<float> bias_data;
+  std::vector<int64_t> bshape;
+  if (spec.bias) {
+    bshape = bias_shape(bias_kind, spec.heads, batch, lq, lk);
+    std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+    bias_data.resize(static_cast<size_t>(bshape[0] * bshape[1] * bshape[2] * bshape[3]));
+    for (float& x : bias_data) x = u(rng);
+    in.push_back(ir::Tensor::from_f32(bshape, bias_data));
+  }
   const ir::Tensor want = interpret_attention(spec, in);
 
-  Halide::Buffer<float> q = q_src->view(q_off, qd), k = kv.view(kk_off, qd);
-  Halide::Buffer<float> v = kv.view(vv_off, vd);
+  Halide::Buffer<float> q = q_src->view(q_off, qd), k = kv.view(kk_off, kd);
+  Halide::Buffer<float> v = kv.view(vv_off, vkd);
+  Halide::Buffer<float> bias;
+  if (spec.bias)
+    bias = Halide::Buffer<float>(bias_data.data(), static_cast<int>(bshape[3]),
+                                 static_cast<int>(bshape[2]), static_cast<int>(bshape[1]),
+                                 static_cast<int>(bshape[0]));
   Halide::Buffer<uint8_t> mask(mask_bytes.data(), static_cast<int>(lk), static_cast<int>(batch));
   Halide::Buffer<uint8_t> qmask(qmask_bytes.data(), static_cast<int>(lq), static_cast<int>(batch));
   Halide::Buffer<float> out(static_cast<int>(vd), static_cast<int>(lq), static_cast<int>(batch));
   std::vector<halide_buffer_t*> args = {q.raw_buffer(), k.raw_buffer(), v.raw_buffer()};
   if (spec.key_padding) args.push_back(mask.raw_buffer());
   if (spec.query_padding) args.push_back(qmask.raw_buffer());
+  if (spec.bias) args.push_back(bias.raw_buffer());
   args.push_back(out.raw_buffer());
   const int status = kernel(args);
   EXPECT_EQ(status, 0);
@@ -204,6 +238,12 @@ struct SpecCase {
   int64_t heads, dk, dv;
   bool causal, key_padding;
   bool fill_inf = false, query_padding = false;
+  // Issue 26: grouped-query heads, a score bias (its shape: bias_shape), a sliding window,
+  // soft-capping.
+  int64_t kv_heads = 0;
+  int bias_kind = 0;
+  int64_t window = 0;
+  double softcap = 0;
 };
 
 class AttentionKernelTest : public testing::TestWithParam<std::tuple<SpecCase, std::string>> {};
@@ -215,19 +255,23 @@ class AttentionKernelTest : public testing::TestWithParam<std::tuple<SpecCase, s
 TEST_P(AttentionKernelTest, MatchesInterpreter) {
   const auto& [c, target] = GetParam();
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.dk));
-  const AttentionKernel spec{c.heads,       c.dk,  c.dv,       c.causal,
-                             c.key_padding, scale, c.fill_inf, c.query_padding};
+  AttentionKernel spec{c.heads,       c.dk,  c.dv,       c.causal,
+                       c.key_padding, scale, c.fill_inf, c.query_padding};
+  spec.kv_heads = c.kv_heads;
+  spec.bias = c.bias_kind != 0;
+  spec.window = c.window;
+  spec.softcap = c.softcap;
   const JitKernel kernel(build_attention(spec, target_named(target)), target_named(target));
   uint32_t seed = 1;
   float max_err = 0;
   for (int64_t batch : {1, 3})
     for (int64_t lq : {1, 7, 33, 129})
       for (int64_t lk : {1, 7, 33, 129})
-        max_err = std::max(max_err, check_case(kernel, spec, batch, lq, lk, seed++));
+        max_err = std::max(max_err, check_case(kernel, spec, batch, lq, lk, seed++, c.bias_kind));
   for (int64_t l : {12, 13, 31, 32, 65, 200})
-    max_err = std::max(max_err, check_case(kernel, spec, 2, l, l, seed++));
-  max_err = std::max(max_err, check_case(kernel, spec, 1, 17, 300, seed++));
-  max_err = std::max(max_err, check_case(kernel, spec, 1, 300, 17, seed++));
+    max_err = std::max(max_err, check_case(kernel, spec, 2, l, l, seed++, c.bias_kind));
+  max_err = std::max(max_err, check_case(kernel, spec, 1, 17, 300, seed++, c.bias_kind));
+  max_err = std::max(max_err, check_case(kernel, spec, 1, 300, 17, seed++, c.bias_kind));
   char text[32];
   std::snprintf(text, sizeof text, "%.2g", max_err);
   RecordProperty("max_abs_error", text);
@@ -238,6 +282,9 @@ std::string case_name(const testing::TestParamInfo<AttentionKernelTest::ParamTyp
   return "h" + std::to_string(c.heads) + "_dk" + std::to_string(c.dk) + "_dv" +
          std::to_string(c.dv) + (c.causal ? "_causal" : "") + (c.key_padding ? "_pad" : "") +
          (c.query_padding ? "_qpad" : "") + (c.fill_inf ? "_inf" : "") +
+         (c.kv_heads ? "_kv" + std::to_string(c.kv_heads) : "") +
+         (c.bias_kind ? "_bias" + std::to_string(c.bias_kind) : "") +
+         (c.window ? "_w" + std::to_string(c.window) : "") + (c.softcap ? "_cap" : "") +
          (target == "host" ? "_host" : "_avx2");
 }
 
@@ -260,6 +307,22 @@ const SpecCase kSpecs[] = {
     {4, 16, 16, true, true, /*fill_inf=*/false, /*query_padding=*/true},
     {3, 5, 7, false, false, /*fill_inf=*/true, /*query_padding=*/true},
     {2, 12, 6, true, true, /*fill_inf=*/true, /*query_padding=*/true},
+    // Grouped-query (4 heads over 2 kv heads; 6 over 3) and multi-query (1 kv head), score
+    // biases of the three shapes, sliding windows (1: the diagonal only; 5; 40: wider than some
+    // rows), soft-capping, and all of them together with padding.
+    {4, 8, 8, true, false, false, false, /*kv_heads=*/2},
+    {6, 5, 7, false, true, false, false, /*kv_heads=*/3},
+    {4, 16, 16, true, true, false, false, /*kv_heads=*/1},
+    {2, 8, 8, false, false, false, false, 0, /*bias_kind=*/1},
+    {3, 5, 7, false, true, false, false, 0, /*bias_kind=*/2},
+    {4, 16, 16, true, false, false, false, 0, /*bias_kind=*/3},
+    {2, 8, 8, true, false, false, false, 0, 0, /*window=*/1},
+    {2, 12, 6, true, true, false, false, 0, 0, /*window=*/5},
+    {4, 8, 8, true, false, true, false, 2, 0, /*window=*/40},
+    {2, 8, 8, false, false, false, false, 0, 0, 0, /*softcap=*/2.5},
+    {4, 16, 16, true, true, false, true, /*kv_heads=*/2, /*bias_kind=*/2, /*window=*/7,
+     /*softcap=*/3.0},
+    {4, 8, 8, true, false, true, true, /*kv_heads=*/2, /*bias_kind=*/1, /*window=*/3},
 };
 
 INSTANTIATE_TEST_SUITE_P(Specs, AttentionKernelTest,

@@ -260,7 +260,7 @@ TEST_P(DeviceTest, Attention) {
   const int64_t lengths[] = {1, 7, 33, 129};
   uint32_t seed = 31;
   for (const char* f : {"self_kpad", "causal_kpad", "causal", "qpad", "fill_inf", "fill_inf_kpad",
-                        "cross", "wide"}) {
+                        "cross", "wide", "gqa_bias_window", "mqa_bias"}) {
     const bool fill_inf = std::string(f).rfind("fill_inf", 0) == 0;
     int nan_values = 0;
     for (int64_t b : {1, 3})

@@ -825,6 +825,45 @@ TEST_P(ElementwiseKernelTest, IntegerAbsAndMinimumMatchInterpreter) {
         2);
 }
 
+// expand (torch's x.expand: numpy broadcasting to the declared shape, here over a new
+// leading dim and a dim of 1) fuses into its user's kernel and matches the interpreter, and
+// alone it is one kernel of its own; also of bools (the masks repeat_kv-like code expands).
+TEST_P(ElementwiseKernelTest, ExpandFusesAndMatchesInterpreter) {
+  const ir::Module fused = ir::parse_module(R"kir(module @m {
+  symbol B max 8
+  symbol L max 64
+  func @f(%x: f32[L,1], %y: f32[B,1,3]) -> (f32[B,L,3]) {
+    %e = expand(%x) : f32[B,L,3]
+    %r = add(%e, %y) : f32[B,L,3]
+    return %r
+  }
+}
+)kir");
+  const ElementwiseKernel spec = lowered_single_kernel(fused);
+  EXPECT_EQ(op_names(spec), (std::vector<std::string>{"expand", "add"}));
+  const JitKernel kernel = jit(spec);
+  const ir::Module alone = ir::parse_module(R"kir(module @m {
+  symbol L max 64
+  func @f(%x: bool[1,L,1]) -> (bool[2,L,3]) {
+    %e = expand(%x) : bool[2,L,3]
+    return %e
+  }
+}
+)kir");
+  const ElementwiseKernel alone_spec = lowered_single_kernel(alone);
+  EXPECT_EQ(op_names(alone_spec), (std::vector<std::string>{"expand"}));
+  const JitKernel alone_kernel = jit(alone_spec);
+  std::mt19937 rng(31);
+  for (int64_t l : {1, 7, 33}) {
+    const ir::Tensor x = random_f32(rng, {l, 1}, -2, 2), y = random_f32(rng, {3, 1, 3}, -1, 1);
+    std::vector<int64_t> bits;
+    for (int64_t i = 0; i < l; ++i) bits.push_back(rng() % 2);
+    const ir::Tensor b = ir::Tensor::from_ints(DType::boolean, {1, l, 1}, bits);
+    check(kernel, fused, {x, y}, 2);
+    check(alone_kernel, alone, {b}, 1);
+  }
+}
+
 // The same kernel compiles ahead of time, as kiln compile compiles it.
 TEST(ElementwiseSign, CompilesAheadOfTime) {
   jit::expect_compiles_ahead_of_time(lowered_single_kernel(ir::parse_module(kSignModule)));

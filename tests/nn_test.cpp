@@ -55,6 +55,141 @@ TEST(NnMisuse, ZeroOrNegativeHeadsNameTheBlockAndTheUserLine) {
   EXPECT_EQ(msg, at(line, "attn") + "heads = -2, expected a positive head count");
 }
 
+TEST(NnMisuse, GroupedQueryAttentionConfiguration) {
+  int line = 0;
+  std::string msg = error_of([&] {
+    Fixture t(32);
+    line = __LINE__ + 1;
+    nn::GQAttention{.prefix = "layers.0.self_attn", .hidden = 32, .heads = 4, .kv_heads = 3}(t.x,
+                                                                                             {});
+  });
+  EXPECT_EQ(msg, at(line, "layers.0.self_attn") + "kv_heads = 3 does not divide heads = 4");
+  msg = error_of([&] {
+    Fixture t(32);
+    line = __LINE__ + 1;
+    nn::Rotary{.head_dim = 5}.tables(t.f, t.S);
+  });
+  EXPECT_EQ(msg, at(line, "rotary") + "head_dim = 5, expected a positive even size");
+}
+
+// The rotary embedding in both conventions against the rotation it is: head_dim 4, base
+// 10000 (inv_freq 1 and 0.01), positions 0..3. rotate_half pairs dims (0, 2) and (1, 3),
+// the interleaved form (0, 1) and (2, 3); each pair (a, b) at angle t·f becomes
+// (a cos - b sin, b cos + a sin). Linear scaling 2 halves the angles.
+TEST(NnValues, RotaryBothConventions) {
+  for (const nn::RotaryStyle style : {nn::RotaryStyle::half, nn::RotaryStyle::interleaved})
+    for (const double scaling : {1.0, 2.0}) {
+      dsl::ModelBuilder mb("rope");
+      const Dim S = mb.symbol("S", 8);
+      dsl::FunctionBuilder& f = mb.function("forward");
+      dsl::Tensor x =
+          f.input("x", DType::f32, {Dim::constant(1), Dim::constant(1), S, Dim::constant(4)});
+      const nn::Rotary rope{.head_dim = 4, .scaling = scaling, .style = style};
+      auto [cos, sin] = rope.tables(f, S);
+      f.output(rope(x, cos, sin), "y");
+      const ir::Module m = mb.finish();
+      std::vector<float> xs;
+      for (int i = 0; i < 16; ++i) xs.push_back(0.25f * static_cast<float>(i) - 1.5f);
+      const ir::Tensor in = ir::Tensor::from_f32({1, 1, 4, 4}, xs);
+      const ir::Tensor y = ir::interpret(m, m.functions[0], {}, {in})[0];
+      const bool half = style == nn::RotaryStyle::half;
+      for (int t = 0; t < 4; ++t)
+        for (int pair = 0; pair < 2; ++pair) {
+          const int i0 = half ? pair : 2 * pair, i1 = half ? pair + 2 : 2 * pair + 1;
+          const double angle = t / scaling * (pair == 0 ? 1.0 : 0.01);
+          const double a = xs[static_cast<size_t>(t * 4 + i0)],
+                       b = xs[static_cast<size_t>(t * 4 + i1)];
+          EXPECT_NEAR(y.f[static_cast<size_t>(t * 4 + i0)],
+                      a * std::cos(angle) - b * std::sin(angle), 1e-5)
+              << "t " << t << " pair " << pair << (half ? " half" : " interleaved");
+          EXPECT_NEAR(y.f[static_cast<size_t>(t * 4 + i1)],
+                      b * std::cos(angle) + a * std::sin(angle), 1e-5)
+              << "t " << t << " pair " << pair << (half ? " half" : " interleaved");
+        }
+    }
+}
+
+// Hugging Face's T5Attention._relative_position_bucket, in float as torch computes it.
+int64_t t5_bucket(int64_t rp, bool bidirectional, int64_t nb, int64_t max_distance) {
+  int64_t ret = 0;
+  if (bidirectional) {
+    nb /= 2;
+    ret += rp > 0 ? nb : 0;
+    rp = rp < 0 ? -rp : rp;
+  } else {
+    rp = rp < 0 ? -rp : 0;
+  }
+  const int64_t max_exact = nb / 2;
+  if (rp < max_exact) return ret + rp;
+  const float large = std::log(static_cast<float>(rp) / static_cast<float>(max_exact)) /
+                      static_cast<float>(std::log(static_cast<double>(max_distance) / max_exact)) *
+                      static_cast<float>(nb - max_exact);
+  return ret + std::min(max_exact + static_cast<int64_t>(large), nb - 1);
+}
+
+// T5's relative position bias reads relative_attention_bias.weight [buckets, heads] at the
+// bucket of j - i as Hugging Face computes it (bidirectional and not), as [1, H, Lq, Lk]:
+// with weight[bucket, h] = 100·bucket + h the result spells the bucket out.
+TEST(NnValues, T5RelativePositionBuckets) {
+  for (const bool bidirectional : {true, false}) {
+    dsl::ModelBuilder mb("t5");
+    const Dim S = mb.symbol("S", 64);
+    dsl::FunctionBuilder& f = mb.function("forward");
+    dsl::Tensor ids = f.input("ids", DType::i64, {Dim::constant(1), S});
+    (void)ids;
+    const nn::T5RelativeBias rel{.prefix = "block.0.layer.0.SelfAttention.relative_attention_bias",
+                                 .heads = 2,
+                                 .buckets = 32,
+                                 .max_distance = 100,
+                                 .bidirectional = bidirectional};
+    f.output(rel(f, S, S), "bias");
+    const ir::Module m = mb.finish();
+    std::vector<float> w;
+    for (int bucket = 0; bucket < 32; ++bucket)
+      for (int h = 0; h < 2; ++h)
+        w.push_back(100.0f * static_cast<float>(bucket) + static_cast<float>(h));
+    const ir::WeightMap weights = {{rel.prefix + ".weight", ir::Tensor::from_f32({32, 2}, w)}};
+    const int64_t L = 60;
+    const ir::Tensor out =
+        ir::interpret(m, m.functions[0], weights,
+                      {ir::Tensor::from_ints(DType::i64, {1, L}, std::vector<int64_t>(L, 1))})[0];
+    ASSERT_EQ(out.shape, (std::vector<int64_t>{1, 2, L, L}));
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t i = 0; i < L; ++i)
+        for (int64_t j = 0; j < L; ++j)
+          ASSERT_EQ(out.f[static_cast<size_t>((h * L + i) * L + j)],
+                    100.0f * static_cast<float>(t5_bucket(j - i, bidirectional, 32, 100)) +
+                        static_cast<float>(h))
+              << "h " << h << " i " << i << " j " << j << (bidirectional ? " bidirectional" : "");
+  }
+}
+
+// ALiBi slopes as Hugging Face's build_alibi_tensor computes them: 2^(-8(h+1)/n) for n a
+// power of two; for 6 heads the 4 of 2^(-2(h+1)) and then 2^-1, 2^-3.
+TEST(NnValues, AlibiSlopes) {
+  for (const auto& [heads, want] : std::vector<std::pair<int64_t, std::vector<double>>>{
+           {8, {0.5, 0.25, 0.125, 0.0625, 0.03125, 0.015625, 0.0078125, 0.00390625}},
+           {6, {0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125}},
+           {1, {0.00390625}}}) {
+    dsl::ModelBuilder mb("alibi");
+    const Dim S = mb.symbol("S", 8);
+    dsl::FunctionBuilder& f = mb.function("forward");
+    dsl::Tensor ids = f.input("ids", DType::i64, {Dim::constant(1), S});
+    (void)ids;
+    f.output(nn::alibi_slopes(f, heads), "slopes");
+    f.output(nn::alibi_bias(f, heads, S, S), "bias");
+    const ir::Module m = mb.finish();
+    const std::vector<ir::Tensor> out = ir::interpret(
+        m, m.functions[0], {}, {ir::Tensor::from_ints(DType::i64, {1, 3}, {1, 1, 1})});
+    ASSERT_EQ(out[0].f.size(), want.size());
+    for (size_t h = 0; h < want.size(); ++h) {
+      EXPECT_NEAR(out[0].f[h], want[h], 1e-6 * want[h]) << heads << " heads, head " << h;
+      // bias[0, h, i, j] = slope·(j - i): row 2, key 0 is -2·slope.
+      EXPECT_NEAR(out[1].f[(h * 3 + 2) * 3 + 0], -2 * want[h], 1e-6) << heads << " heads";
+    }
+  }
+}
+
 TEST(NnMisuse, HeadsNotDividingDModel) {
   int line = 0;
   std::string msg = error_of([&] {

@@ -239,6 +239,19 @@ const RoundTripCase kRoundTrips[] = {
   }
 }
 )kir"},
+    // Issue 26: expand (broadcast to the declared shape), and attention's grouped-query,
+    // bias, window and soft-cap attributes (the bias the last operand, after the paddings).
+    {"TodaysAttention", R"kir(module @todays {
+  symbol B max 2
+  symbol S max 8
+  func @f(%q: f32[B,S,8], %k: f32[B,S,4], %v: f32[B,S,4], %pad: bool[B,S], %bias: f32[1,4,S,S], %x: f32[B,2,1,S,2]) -> (f32[B,S,8], f32[B,S,8], f32[B,2,2,S,2]) {
+    %0 = attention(%q, %k, %v, %pad, %bias) {bias = 1, causal = 1, heads = 4, kv_heads = 2, scale = 0.5, softcap = 30.0, window = 4} : f32[B,S,8]
+    %1 = attention(%q, %k, %v) {causal = 0, heads = 4, kv_heads = 2, scale = 0.5} : f32[B,S,8]
+    %2 = expand(%x) : f32[B,2,2,S,2]
+    return %0, %1, %2
+  }
+}
+)kir"},
     // The layernorm variants' attributes (ir.h): each flag alone, both (the Annotated
     // Transformer's LayerNorm), and an explicit 0, printed in key order.
     {"LayerNormVariants", R"kir(module @variants {

@@ -534,6 +534,63 @@ TEST(VerifierTypeRules, LayernormUnbiasedNeedsTwoFeatures) {
             "expected exactly one diagnostic, got 0:\n");
 }
 
+// Issue 26's attention attributes and expand: each misuse a type error naming the op (V8).
+TEST(VerifierTypeRules, AttentionVariantsAndExpand) {
+  auto attention = [](const std::string& operands, const std::string& attrs,
+                      const std::string& params =
+                          "%q: f32[B,S,8], %k: f32[B,S,4], %pad: bool[B,S], "
+                          "%bias: f32[1,4,S,S]") {
+    return only_message(function_module(
+        "(" + params + ") -> (f32[B,S,8])",
+        "    %o = attention(" + operands + ") {" + attrs + "} : f32[B,S,8]\n    return %o\n"));
+  };
+  EXPECT_THAT(
+      attention("%q, %k, %k", "causal = 0, heads = 4, kv_heads = 3, scale = 0.5"),
+      AllOf(HasSubstr("[V8] attention"), HasSubstr("4 heads are not a multiple of 3 kv_heads")));
+  EXPECT_THAT(attention("%q, %k, %k", "causal = 0, heads = 4, kv_heads = 4, scale = 0.5"),
+              AllOf(HasSubstr("[V8] attention"), HasSubstr("q f32[B,S,8], k f32[B,S,4], v "
+                                                           "f32[B,S,4] do not agree")));
+  EXPECT_THAT(
+      attention("%q, %k, %k", "causal = 0, heads = 4, kv_heads = 2, scale = 0.5, window = 2"),
+      AllOf(HasSubstr("[V8] attention"), HasSubstr("a sliding window needs causal = 1")));
+  EXPECT_THAT(attention("%q, %k, %k, %pad",
+                        "causal = 1, fill_inf = 1, heads = 4, kv_heads = 2, "
+                        "scale = 0.5, window = 2"),
+              AllOf(HasSubstr("[V8] attention"),
+                    HasSubstr("a sliding window with key padding needs the -1e9 fill, not "
+                              "fill_inf")));
+  EXPECT_THAT(attention("%q, %k, %k, %q",
+                        "bias = 1, causal = 0, heads = 4, kv_heads = 2, "
+                        "scale = 0.5"),
+              AllOf(HasSubstr("[V8] attention"),
+                    HasSubstr("score bias f32[B,S,8] must be f32 of rank 4 broadcasting to the "
+                              "scores f32[B,4,S,S]")));
+  EXPECT_THAT(attention("%q, %k, %k, %bias",
+                        "bias = 1, causal = 0, heads = 2, kv_heads = 1, "
+                        "scale = 0.5"),
+              AllOf(HasSubstr("[V8] attention"),
+                    HasSubstr("score bias f32[1,4,S,S] must be f32 of rank 4 broadcasting to "
+                              "the scores f32[B,2,S,S]")));
+  EXPECT_EQ(attention("%q, %k, %k, %pad, %bias",
+                      "bias = 1, causal = 1, heads = 4, kv_heads = 2, "
+                      "scale = 0.5, softcap = 20.0, window = 3"),
+            "expected exactly one diagnostic, got 0:\n");
+  EXPECT_THAT(attention("%q, %k, %k",
+                        "causal = 0, heads = 4, kv_heads = 2, scale = 0.5, "
+                        "softcap = 0.0"),
+              AllOf(HasSubstr("[V10] attention"), HasSubstr("attribute 'softcap' must be")));
+  EXPECT_THAT(only_message(function_module("(%x: f32[B,3,1]) -> (f32[B,2,4])",
+                                           "    %y = expand(%x) : f32[B,2,4]\n"
+                                           "    return %y\n")),
+              AllOf(HasSubstr("[V8] expand"),
+                    HasSubstr("operand f32[B,3,1] does not broadcast to f32[B,2,4]")));
+  EXPECT_THAT(only_message(function_module("(%x: f32[B,3,1]) -> (i64[B,3,4])",
+                                           "    %y = expand(%x) : i64[B,3,4]\n"
+                                           "    return %y\n")),
+              AllOf(HasSubstr("[V8] expand"),
+                    HasSubstr("result i64[B,3,4] must have the operand's dtype (f32[B,3,1])")));
+}
+
 TEST(VerifierTypeRules, AttentionMaskShape) {
   EXPECT_THAT(only_message(function_module(
                   "(%q: f32[B,S,8], %k: f32[B,S,8], %pad: bool[B,T]) -> (f32[B,S,8])",

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "codegen/lower/lowering.h"
+#include "ir/op_types.h"
 #include "passes/rewrite.h"
 #include "support/error.h"
 
@@ -20,17 +21,23 @@ void lower_attention(FunctionLowering& L, const ir::Op& op) {
   const ir::Function& f = L.f;
   const ir::TensorType& q = f.type(op.operands[0]);
   const ir::TensorType& v = f.type(op.operands[2]);
-  int64_t heads = op.int_attr("heads");
+  const int64_t heads = op.int_attr("heads");
+  const int64_t kv_heads = op.has_attr("kv_heads") ? op.int_attr("kv_heads") : heads;
   auto flag = [&](const char* name) { return op.has_attr(name) && op.int_attr(name) == 1; };
-  const bool query_pad = flag("query_pad");
-  AttentionKernel k{heads,
-                    q.shape[2].value / heads,
-                    v.shape[2].value / heads,
-                    flag("causal"),
-                    op.operands.size() == (query_pad ? 5u : 4u),
-                    op.float_attr("scale"),
-                    flag("fill_inf"),
-                    query_pad};
+  const ir::AttentionOperands at = ir::attention_operands(op.attrs, op.operands.size());
+  AttentionKernel k;
+  k.heads = heads;
+  k.dk = q.shape[2].value / heads;
+  k.dv = v.shape[2].value / kv_heads;
+  k.causal = flag("causal");
+  k.key_padding = at.key_pad >= 0;
+  k.scale = op.float_attr("scale");
+  k.fill_inf = flag("fill_inf");
+  k.query_padding = at.query_pad >= 0;
+  k.kv_heads = kv_heads == heads ? 0 : kv_heads;
+  k.bias = at.bias >= 0;
+  k.window = op.has_attr("window") ? op.int_attr("window") : 0;
+  k.softcap = op.has_attr("softcap") ? op.float_attr("softcap") : 0;
   View out = L.output_view(op);
   rt::StepDesc s{L.kernel_index(k), fmt::format("attention %{}", op.result), {}};
   for (ir::ValueId operand : op.operands) s.args.push_back(L.view_of(operand, op).halide());
