@@ -20,6 +20,7 @@
 #include <fmt/ranges.h>
 
 #include "ir/op_types.h"
+#include "passes/notes.h"
 #include "passes/rewrite.h"
 #include "support/error.h"
 
@@ -499,14 +500,38 @@ ir::Attrs attention_attrs(const AttentionMatch& m) {
   return attrs;
 }
 
+// Whether `v` is computed from a matmul through the ops between scores and their softmax
+// (select, add, sub, mul, div, tanh, a few levels deep): a softmax of it is attention-shaped.
+bool over_scores(const Graph& g, ValueId v, int depth = 0) {
+  const Op* op = def_op(g.f, g.defs, v);
+  if (!op || depth > 8) return false;
+  if (op->kind == OpKind::matmul) return true;
+  switch (op->kind) {
+    case OpKind::select:
+    case OpKind::add:
+    case OpKind::sub:
+    case OpKind::mul:
+    case OpKind::div:
+    case OpKind::tanh:
+      return std::any_of(op->operands.begin(), op->operands.end(),
+                         [&](ValueId o) { return over_scores(g, o, depth + 1); });
+    default:
+      return false;
+  }
+}
+
 // Whether the softmax at `softmax_index` is the anchor of a fusable attention pattern;
 // fills *match when it is, logs why not otherwise.
 bool can_fuse_attention(const Graph& g, int softmax_index, AttentionMatch* match) {
   const Op& softmax = g.f.ops[softmax_index];
   KILN_ASSERT(softmax.kind == OpKind::softmax, "can_fuse_attention anchors at a softmax");
   const ValueId probs = softmax.result;
+  // Only a softmax over scores (its input reaches a matmul) is attention-shaped: its
+  // rejection is also a lost-fusion note at the softmax (a classifier's softmax is not).
   auto reject = [&](const std::string& why) {
     debug_log(kPass, "not fusing softmax {}: {}", g.label(probs), why);
+    if (over_scores(g, softmax.operands[0]))
+      note_lost_fusion(g.f, softmax, kPass, "attention-shaped subgraph", why);
     return false;
   };
   *match = AttentionMatch{};

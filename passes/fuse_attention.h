@@ -69,7 +69,9 @@
 // c must be a rank-0 f32 constant (div: scale=1/c, mul: scale=c).
 // Every intermediate (head splits, scores, scaled and masked scores, probabilities, P·V
 // and its transpose) must have exactly one use; anything else is left unfused, and with
-// KILN_DEBUG_PASSES=fuse-attention each rejected softmax is logged with the reason.
+// KILN_DEBUG_PASSES=fuse-attention each rejected softmax is logged with the reason, and a
+// rejected softmax over scores (its input computed from a matmul) is also a lost-fusion note
+// (passes/notes.h) at the softmax: "attention-shaped subgraph left unfused: <reason>".
 // Numerics: scaling by 1/c instead of dividing by c may differ in the last ulp.
 //
 // Pre: verified; canonicalize need not have run (duplicated constants are fine).
