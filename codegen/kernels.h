@@ -93,10 +93,16 @@ struct AttentionKernel {
 //   args: q f32 (c, n) [heads·dk × N], k f32 (c, a1, a0) [heads·dk × A1 × A0],
 //   v f32 (c, a1, a0) [heads·dv × A1 × A0], index i64 (j, n) [P × N] or (n) [N],
 //   mask uint8 (j, b) [S × B] (memory only), out f32 (c, n) [heads·dv × N] dense.
+// Cache form only: kv_heads G (grouped-query attention) reads k and v with G·dk and G·dv
+// channels, query head h using key/value head h / (heads / G); keys whose index is -1 are
+// skipped, and with window W > 0 so are those with keys - 1 - j >= W (a row whose keys are
+// all skipped is NaN, as in the interpreter).
 struct StepAttentionKernel {
   int64_t heads = 0, dk = 0, dv = 0;
   bool memory = false;
   double scale = 1.0;
+  int64_t kv_heads = 0;  // 0: heads
+  int64_t window = 0;    // 0: none
 };
 
 // out(c, r) = layernorm over c of (x(c, r) [+ y(c, r)]) · gamma(c) + beta(c), biased

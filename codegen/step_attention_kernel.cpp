@@ -5,6 +5,8 @@
 //
 // Algorithm, per (head h, hypothesis n): s_j = (q · k_j) · scale (-1e9 where masked), then
 // softmax over j and the weighted sum of v_j, as the interpreter computes them but in f32.
+// The cache form skips keys whose row is -1 or that lie outside a sliding window (weight 0),
+// and with kv_heads reads key/value head h / (heads / kv_heads) (grouped-query attention).
 // Indices are clamped into the buffers, so a bad index can never read outside them (the
 // runtime refuses such inputs before any kernel runs).
 //
@@ -111,22 +113,32 @@ KernelPipeline build_step_attention(const StepAttentionKernel& spec, const Halid
     a0(j, n) = Halide::clamp(j, 0, k.dim(2).extent() - 1);
   }
 
+  // Grouped-query attention: query head h reads key/value head g = h / rep.
+  const int rep = spec.kv_heads > 0 ? static_cast<int>(spec.heads / spec.kv_heads) : 1;
+  Expr g = rep == 1 ? Expr(h) : h / rep;
   RDom rd(0, dk, "rd");
   Func dot("step_dot");
   dot(j, h, n) = 0.0f;
-  dot(j, h, n) += q(h * dk + rd, n) * k(h * dk + rd, a1(j, n), a0(j, n));
+  dot(j, h, n) += q(h * dk + rd, n) * k(g * dk + rd, a1(j, n), a0(j, n));
   Expr scaled = dot(j, h, n) * static_cast<float>(spec.scale);
+  // Keys to skip (cache form): a row of -1 (padding), or outside the window.
+  Expr skip = Halide::Internal::const_false();
+  if (!memory) {
+    skip = index(j, n) == Expr(int64_t{-1});
+    if (spec.window > 0) skip = skip || keys - 1 - j >= static_cast<int>(spec.window);
+  }
   Func score("step_score");
   if (memory)
     score(j, h, n) = Halide::select(mask(a1(j, n), a0(j, n)) != 0, -1e9f, scaled);
-  else
-    score(j, h, n) = scaled;
+  else  // a skipped key never raises the maximum; its weight is 0 (below)
+    score(j, h, n) = Halide::select(skip, -3.0e38f, scaled);
 
   RDom rj(0, keys, "rj");
   Func mx("step_max"), e("step_exp"), total("step_sum"), out("step_attention_out");
   mx(h, n) = -3.0e38f;
   mx(h, n) = Halide::max(mx(h, n), score(rj, h, n));
-  e(j, h, n) = Halide::exp(score(j, h, n) - mx(h, n));
+  e(j, h, n) = memory ? Halide::exp(score(j, h, n) - mx(h, n))
+                      : Halide::select(skip, 0.0f, Halide::exp(score(j, h, n) - mx(h, n)));
   total(h, n) = 0.0f;
   total(h, n) += e(rj, h, n);
   // Per head: acc(ce, h, n) for channel h·dv + ce, so a vector of channels reads one head's
@@ -134,7 +146,8 @@ KernelPipeline build_step_attention(const StepAttentionKernel& spec, const Halid
   Var ce("ce");
   Func acc("step_acc");
   acc(ce, h, n) = 0.0f;
-  acc(ce, h, n) += e(rj, h, n) * v(h * dv + ce, a1(rj, n), a0(rj, n));
+  Expr gr = rep == 1 ? Expr(h) : h / rep;
+  acc(ce, h, n) += e(rj, h, n) * v(gr * dv + ce, a1(rj, n), a0(rj, n));
   out(c, n) = acc(c % dv, c / dv, n) / total(c / dv, n);
 
   q.dim(0).set_stride(1);

@@ -306,6 +306,9 @@ Tensor layernorm(Tensor x, Tensor gamma, Tensor beta, const LayerNormOptions& op
 Tensor cache_write(Tensor cache, Tensor x, Tensor pos, Loc loc) {
   return emit(OpKind::cache_write, {cache, x, pos}, {}, loc);
 }
+Tensor cache_write(Tensor cache, Tensor x, Loc loc) {
+  return emit(OpKind::cache_write, {cache, x}, {}, loc);
+}
 Tensor cache_attention(Tensor q, Tensor k, Tensor v, Tensor rows, int64_t heads, double scale,
                        Loc loc) {
   return emit(OpKind::cache_attention, {q, k, v, rows}, {{"heads", heads}, {"scale", scale}}, loc);

@@ -220,6 +220,8 @@ Tensor argmax(Tensor x, int64_t axis, Loc loc = Loc::current());
 // and single-query attention over a cache (through a row table) or over encoder memory
 // (through each query's source row, with a key padding mask).
 Tensor cache_write(Tensor cache, Tensor x, Tensor pos, Loc loc = Loc::current());
+// A prompt pass: the cache with rows [l, n, :] replaced by x[n, l, :] for every l < L.
+Tensor cache_write(Tensor cache, Tensor x, Loc loc = Loc::current());
 Tensor cache_attention(Tensor q, Tensor k, Tensor v, Tensor rows, int64_t heads, double scale,
                        Loc loc = Loc::current());
 Tensor memory_attention(Tensor q, Tensor k, Tensor v, Tensor src_row, Tensor key_pad, int64_t heads,

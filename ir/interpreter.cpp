@@ -913,17 +913,23 @@ int64_t checked_index(const Tensor& ids, int64_t p, int64_t limit, const std::st
   return id;
 }
 
-Tensor eval_cache_write(const Tensor& cache, const Tensor& x, const Tensor& pos, const Shape& shape,
+// pos null: x [N, L, D] goes to rows 0..L-1 (a prompt pass); else x [N, 1, D] to row pos.
+Tensor eval_cache_write(const Tensor& cache, const Tensor& x, const Tensor* pos, const Shape& shape,
                         const std::string& pos_name) {
-  KILN_ASSERT(rank_of(cache) == 3 && rank_of(x) == 3 && x.shape[1] == 1 &&
-                  x.shape[2] == cache.shape[2] && pos.numel() == 1 && shape == cache.shape,
+  KILN_ASSERT(rank_of(cache) == 3 && rank_of(x) == 3 && (!pos || x.shape[1] == 1) &&
+                  x.shape[2] == cache.shape[2] && (!pos || pos->numel() == 1) &&
+                  shape == cache.shape,
               "cache_write operand shapes");
-  const int64_t slots = cache.shape[1], d = cache.shape[2];
+  const int64_t slots = cache.shape[1], d = cache.shape[2], len = x.shape[1];
   if (x.shape[0] > slots) fail("cache_write: {} rows for a cache of {} slots", x.shape[0], slots);
-  const int64_t t = checked_index(pos, 0, cache.shape[0], pos_name, "position");
+  if (len > cache.shape[0])
+    fail("cache_write: {} positions for a cache of {}", len, cache.shape[0]);
+  const int64_t t = pos ? checked_index(*pos, 0, cache.shape[0], pos_name, "position") : 0;
   Tensor r = cache;
   for (int64_t n = 0; n < x.shape[0]; ++n)
-    for (int64_t e = 0; e < d; ++e) r.f[(t * slots + n) * d + e] = x.f[n * d + e];
+    for (int64_t l = 0; l < len; ++l)
+      for (int64_t e = 0; e < d; ++e)
+        r.f[((t + l) * slots + n) * d + e] = x.f[(n * len + l) * d + e];
   return r;
 }
 
@@ -933,12 +939,14 @@ Tensor eval_step_attention(const Op& op, const Tensor& q, const Tensor& k, const
                            const Tensor& index, const Tensor* key_pad, const Shape& shape,
                            const std::string& index_name) {
   const int64_t heads = op.int_attr("heads");
+  const int64_t groups = op.has_attr("kv_heads") ? op.int_attr("kv_heads") : heads;
+  const int64_t window = op.has_attr("window") ? op.int_attr("window") : -1;
   const float scale = static_cast<float>(op.float_attr("scale"));
   const bool cache = op.kind == OpKind::cache_attention;
   KILN_ASSERT(rank_of(q) == 3 && rank_of(k) == 3 && rank_of(v) == 3 && q.shape[1] == 1,
               "step attention operand ranks");
   const int64_t rows = q.shape[0], a1 = k.shape[1];
-  const int64_t dk = q.shape[2] / heads, dv = v.shape[2] / heads;
+  const int64_t dk = q.shape[2] / heads, dv = v.shape[2] / groups, rep = heads / groups;
   KILN_ASSERT(shape == (Shape{rows, 1, heads * dv}), "step attention result shape");
   // Keys per row: P (the row table's width; at most the cache's T) or S.
   const int64_t lk = cache ? index.shape[1] : k.shape[1];
@@ -950,24 +958,38 @@ Tensor eval_step_attention(const Op& op, const Tensor& q, const Tensor& k, const
   std::vector<float> scores(lk);
   for (int64_t n = 0; n < rows; ++n) {
     const int64_t b = cache ? 0 : checked_index(index, n, k.shape[0], index_name, "source row");
-    for (int64_t j = 0; j < lk; ++j)
-      key_at[j] = cache ? j * a1 + checked_index(index, n * lk + j, a1, index_name, "cache slot")
-                        : b * a1 + j;
+    // A cache row of -1 is a key to skip (a left-padded prompt's padding), as is a key
+    // outside the window.
+    std::vector<bool> skip(lk, false);
+    for (int64_t j = 0; j < lk; ++j) {
+      if (cache && index.ints[n * lk + j] == -1) {
+        skip[j] = true;
+        key_at[j] = 0;
+      } else {
+        key_at[j] = cache ? j * a1 + checked_index(index, n * lk + j, a1, index_name, "cache slot")
+                          : b * a1 + j;
+      }
+      if (window > 0 && lk - 1 - j >= window) skip[j] = true;
+    }
     for (int64_t h = 0; h < heads; ++h) {
+      const int64_t g = h / rep;  // its key/value head
       for (int64_t j = 0; j < lk; ++j) {
         double dot = 0;
         for (int64_t d = 0; d < dk; ++d)
           dot += static_cast<double>(q.f[n * heads * dk + h * dk + d]) *
-                 static_cast<double>(k.f[key_at[j] * heads * dk + h * dk + d]);
+                 static_cast<double>(k.f[key_at[j] * groups * dk + g * dk + d]);
         const bool masked = key_pad && key_pad->ints[b * a1 + j] != 0;
-        scores[j] = masked ? -1e9f : static_cast<float>(dot) * scale;
+        scores[j] = skip[j]  ? -std::numeric_limits<float>::infinity()
+                    : masked ? -1e9f
+                             : static_cast<float>(dot) * scale;
       }
       const std::vector<float> p = softmax_of(scores);
       for (int64_t e = 0; e < dv; ++e) {
         double sum = 0;
         for (int64_t j = 0; j < lk; ++j)
-          sum += static_cast<double>(p[j]) *
-                 static_cast<double>(v.f[key_at[j] * heads * dv + h * dv + e]);
+          if (!skip[j])
+            sum += static_cast<double>(p[j]) *
+                   static_cast<double>(v.f[key_at[j] * groups * dv + g * dv + e]);
         r.f[n * heads * dv + h * dv + e] = static_cast<float>(sum);
       }
     }
@@ -1331,8 +1353,9 @@ class Interpreter {
         break;
       }
       case OpKind::cache_write:
-        r = eval_cache_write(operand(op, 0), operand(op, 1), operand(op, 2), shape,
-                             label(op.operands[2]));
+        r = eval_cache_write(operand(op, 0), operand(op, 1),
+                             op.operands.size() == 3 ? &operand(op, 2) : nullptr, shape,
+                             op.operands.size() == 3 ? label(op.operands[2]) : std::string());
         break;
       case OpKind::cache_attention:
       case OpKind::memory_attention:

@@ -584,16 +584,21 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
     }
     case OpKind::cache_write: {
       // cache_write(cache f32[T,C,D], x f32[N,1,D], pos i64[1]) -> f32[T,C,D]
-      const TensorType &cache = in[0], &x = in[1], &pos = in[2];
+      // cache_write(cache f32[T,C,D], x f32[N,L,D]) -> f32[T,C,D]   (rows 0..L-1)
+      const TensorType &cache = in[0], &x = in[1];
+      const bool at_pos = in.size() == 3;
       if (cache.dtype != DType::f32 || cache.rank() != 3 || x.dtype != DType::f32 ||
-          x.rank() != 3 || !x.shape[1].is_const(1) || !(x.shape[2] == cache.shape[2]))
-        return err("expects cache f32[T,C,D] and x f32[N,1,D], got {} and {}", to_string(cache),
-                   to_string(x));
-      if (!(pos == TensorType{DType::i64, {Dim::constant(1)}}))
-        return err("position {} must be i64[1]", to_string(pos));
+          x.rank() != 3 || (at_pos && !x.shape[1].is_const(1)) || !(x.shape[2] == cache.shape[2]))
+        return err("expects cache f32[T,C,D] and x f32[N,{},D], got {} and {}", at_pos ? "1" : "L",
+                   to_string(cache), to_string(x));
+      if (at_pos && !(in[2] == TensorType{DType::i64, {Dim::constant(1)}}))
+        return err("position {} must be i64[1]", to_string(in[2]));
       if (dim_max(m, x.shape[0]) > dim_max(m, cache.shape[1]) || dim_max(m, cache.shape[1]) < 1)
         return err("x {} has up to {} rows, more than the cache {} has slots", to_string(x),
                    dim_max(m, x.shape[0]), to_string(cache));
+      if (!at_pos && dim_max(m, x.shape[1]) > dim_max(m, cache.shape[0]))
+        return err("x {} has up to {} positions, more than the cache {} holds", to_string(x),
+                   dim_max(m, x.shape[1]), to_string(cache));
       return ok(cache);
     }
     case OpKind::cache_attention:
@@ -604,15 +609,20 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
       const bool cache = kind == OpKind::cache_attention;
       const int64_t heads = int_at(attrs, "heads");
       const TensorType &q = in[0], &k = in[1], &v = in[2];
+      // Key/value heads: kv_heads (cache_attention's grouped-query form) or heads.
+      const int64_t groups = attrs.count("kv_heads") ? int_at(attrs, "kv_heads") : heads;
+      if (heads % groups != 0)
+        return err("kv_heads = {} does not divide heads = {}", groups, heads);
       for (const TensorType* t : {&q, &k, &v})
         if (t->dtype != DType::f32 || t->rank() != 3)
           return err("q, k, v must be f32 of rank 3, got {}", type_list(in));
+      for (const TensorType* t : {&q, &k, &v})
+        if (t->shape[2].is_symbolic() || t->shape[2].value % (t == &q ? heads : groups) != 0)
+          return err("feature size of {} is not divisible by {} heads", to_string(*t),
+                     t == &q ? heads : groups);
       if (!q.shape[1].is_const(1) || !(k.shape[0] == v.shape[0]) || !(k.shape[1] == v.shape[1]) ||
-          !(q.shape[2] == k.shape[2]))
+          q.shape[2].value / heads != k.shape[2].value / groups)
         return err("q {}, k {}, v {} do not agree", to_string(q), to_string(k), to_string(v));
-      for (const TensorType* t : {&q, &v})
-        if (t->shape[2].is_symbolic() || t->shape[2].value % heads != 0)
-          return err("feature size of {} is not divisible by {} heads", to_string(*t), heads);
       const TensorType& rows = in[3];
       if (cache) {
         if (rows.dtype != DType::i64 || rows.rank() != 2 || !(rows.shape[0] == q.shape[0]))
@@ -627,7 +637,8 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
         if (!(in[4] == want))
           return err("key padding mask {} must be {}", to_string(in[4]), to_string(want));
       }
-      return ok(TensorType{DType::f32, {q.shape[0], q.shape[1], v.shape[2]}});
+      return ok(TensorType{
+          DType::f32, {q.shape[0], q.shape[1], Dim::constant(v.shape[2].value / groups * heads)}});
     }
     default:
       break;

@@ -100,17 +100,18 @@ std::vector<int64_t> bind(const Plan& plan, const FunctionDesc& f, const kiln_te
     const kiln_tensor& t = *(*ordered)[p];
     std::vector<int64_t> shape(t.shape, t.shape + t.rank);
     const int64_t n_el = numel_of(shape);
-    for (const auto& [limit_expr, what] : want.id_limits)
+    for (const auto& [limit_expr, what, lowest] : want.id_limits)
       for (int64_t e = 0, limit = limit_expr.eval(syms); e < n_el; ++e) {
         int64_t id = t.dtype == KILN_I64 ? static_cast<const int64_t*>(t.data)[e]
                                          : static_cast<const int32_t*>(t.data)[e];
-        if (id < 0 || id >= limit) {
+        if (id < lowest || id >= limit) {
           std::string index;
           for (int64_t r = e, d = t.rank - 1; d >= 0; --d) {
             index = std::to_string(r % shape[d]) + (index.empty() ? "" : ",") + index;
             r /= shape[d];
           }
-          fail("{} {} at '{}'[{}] is out of range [0, {})", what, id, want.name, index, limit);
+          fail("{} {} at '{}'[{}] is out of range [{}, {})", what, id, want.name, index, lowest,
+               limit);
         }
       }
   }

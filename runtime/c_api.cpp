@@ -169,6 +169,7 @@ void kiln_search_options_init(kiln_search_options* o) {
   o->end_id = -1;
   o->sampling_top_k = 1;
   o->sampling_temperature = 1;
+  o->sampling_top_p = 1;
 }
 
 int kiln_generate(kiln_model* model, const kiln_tensor* src, const kiln_search_options* options,

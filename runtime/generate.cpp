@@ -1,16 +1,26 @@
-// Generation over a compiled model's `prepare` and `decode_step` entry points (see
-// kiln/runtime.h, kiln_generate): greedy search, beam search and sampling, as specified in
-// tests/golden/make_decode_golden.py (the PyTorch reference the tests compare with).
+// Generation over a compiled model (see kiln/runtime.h, kiln_generate): greedy search, beam
+// search and sampling, as specified in tests/golden/make_decode_golden.py (the PyTorch
+// reference the tests compare with), for both protocols: an encoder–decoder's `prepare` and
+// `decode_step` (frontend/nn.h), and a decoder-only model's `prefill` and `decode_step`
+// (frontend/causal_lm.h). One search serves both; they differ only in how the first logits
+// come and what each step is given.
 //
-// State. `prepare` projects the encoder output into every decoder layer's cross-attention
-// keys and values once per batch; all hypotheses of a sentence read them through their
-// source row (never copied per beam). Each layer's self-attention cache is one buffer
-// [T, C, D] allocated once per call for T = max_decoding_length and C = batch × beam slots,
-// and written in place by decode_step: at step t, the hypothesis in row n writes its keys at
-// [t, n]. A hypothesis's earlier keys stay where its ancestors wrote them; its row of the
-// `rows` table lists, for each position j, the slot holding them (FasterTransformer's beam
-// indirection), so reordering beams copies a few integers per position, never the cache.
-// Finished sentences leave the batch: later steps run on the remaining hypotheses only.
+// State. Each layer's self-attention cache is one buffer [T, C, D] allocated once per call,
+// for T = the prompt length L (0 for an encoder–decoder) + max_decoding_length and C = batch
+// × beam slots, and written in place: the prompt pass writes prompt b's keys at [0..L-1, b];
+// decoding step s writes the keys of the token fed by the hypothesis in row n at [L + s, n].
+// A hypothesis's earlier keys stay where its ancestors wrote them; its row of the `rows`
+// table lists, for each position j, the slot holding them (FasterTransformer's beam
+// indirection), -1 for a left-padded prompt's padding, so reordering beams copies a few
+// integers per position, never the cache. Finished sentences leave the batch: later steps run
+// on the remaining hypotheses only.
+//
+// Encoder–decoder: `prepare` projects the encoder output into every decoder layer's
+// cross-attention keys and values once per batch; all hypotheses of a sentence read them
+// through their source row (never copied per beam); step t feeds the start token or the last
+// token and gives the logits of token t. Decoder-only: `prefill` runs the prompts (left-padded
+// to the longest, prompt b starting at start[b]) as GEMMs and gives the logits of token 0; step
+// t >= 1 feeds token t - 1.
 #include "runtime/generate.h"
 
 #include <algorithm>
@@ -37,7 +47,7 @@ constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 struct Hyp {
   int64_t sentence = 0;
   std::vector<int64_t> tokens;  // generated so far (no start token)
-  std::vector<int64_t> slots;   // slots[j]: the cache slot holding its keys at position j
+  std::vector<int64_t> slots;   // slots[s]: the cache slot holding its keys of decoding step s
   double cum = 0;               // sum of the generated tokens' log-probabilities
 };
 
@@ -90,13 +100,16 @@ class Search {
   }
 
   Generation run() {
-    prepare();
+    if (causal_)
+      prefill();
+    else
+      prepare();
     std::vector<Hyp> alive(static_cast<size_t>(batch_));
     for (int64_t b = 0; b < batch_; ++b) alive[b].sentence = b;
     finished_.assign(static_cast<size_t>(batch_), {});
     std::mt19937_64 rng(o_.seed);
     for (int64_t t = 0; t < o_.max_decoding_length && !alive.empty(); ++t) {
-      step(alive, t);
+      if (!causal_ || t > 0) step(alive, t);  // a decoder-only model's token 0: the prefill's
       std::vector<Hyp> next;
       for (size_t i = 0; i < alive.size();) {
         size_t end = i;
@@ -114,42 +127,83 @@ class Search {
 
  private:
   void check_model() {
-    if (kiln_model_num_inputs(m_, "prepare") < 0 || kiln_model_num_inputs(m_, "decode_step") < 0)
-      fail("model has no 'prepare' and 'decode_step' entry points: it cannot generate");
+    auto has = [&](const char* f) { return kiln_model_num_inputs(m_, f) >= 0; };
+    const char* kind = kiln_model_config(m_, "generation");
+    causal_ = kind && std::string(kind) == "causal_lm";
+    if (causal_) {
+      if (!has("prefill") || !has("decode_step"))
+        fail(
+            "model is a decoder-only model (generation = causal_lm) without {}: it cannot "
+            "generate",
+            !has("prefill") && !has("decode_step") ? "'prefill' and 'decode_step'"
+            : !has("prefill")                      ? "'prefill'"
+                                                   : "'decode_step'");
+    } else if (!has("prepare") || !has("decode_step")) {
+      if (has("prepare") || has("decode_step") || has("prefill"))
+        fail("model has {} but no {}: it cannot generate",
+             has("decode_step") ? "'decode_step'"
+             : has("prefill")   ? "'prefill'"
+                                : "'prepare'",
+             has("decode_step") ? "'prepare' (an encoder–decoder) or 'prefill' (a decoder-only "
+                                  "model, nn::add_causal_lm)"
+                                : "'decode_step'");
+      fail(
+          "model has no generation entry points: it cannot generate (an encoder–decoder needs "
+          "'prepare' and 'decode_step', a decoder-only model 'prefill' and 'decode_step': "
+          "nn::add_causal_lm derives them)");
+    }
     const int n_in = kiln_model_num_inputs(m_, "decode_step");
     for (int i = 0; i < n_in; ++i) {
       const std::string name = kiln_model_input_name(m_, "decode_step", i);
-      if (name.rfind("mem_k", 0) == 0) ++layers_;
+      if (name.rfind("cache_k", 0) == 0) ++layers_;
     }
     max_len_ = kiln_model_symbol_max(m_, "T");
     max_rows_ = kiln_model_symbol_max(m_, "N");
-    max_batch_ = kiln_model_symbol_max(m_, "B");
+    max_batch_ = kiln_model_symbol_max(m_, causal_ ? "N" : "B");
     if (max_len_ < 1 || max_rows_ < 1 || max_batch_ < 1)
       fail("model's decode_step lacks the symbols T, N and B");
     max_beam_ = config_int(m_, "max_beam", max_rows_ / max_batch_);
-    vocab_ = config_int(m_, "tgt_vocab", -1);
+    if (causal_) max_batch_ = config_int(m_, "max_batch", max_batch_);
+    vocab_ = config_int(m_, causal_ ? "vocab" : "tgt_vocab", -1);
   }
 
   void check_inputs(const kiln_tensor& src) {
     const kiln_search_options& o = o_;
-    if (src.rank != 2) fail("source ids must be a [batch, length] tensor, got rank {}", src.rank);
-    if (src.shape[0] < 1) fail("empty batch: no source sentence to translate");
-    if (src.shape[1] < 1) fail("source sentences have length {}", src.shape[1]);
+    const char* what = causal_ ? "prompts" : "source ids";
+    if (src.rank != 2) fail("{} must be a [batch, length] tensor, got rank {}", what, src.rank);
+    if (src.shape[0] < 1)
+      fail("empty batch: no {} to continue", causal_ ? "prompt" : "source sentence");
+    if (src.shape[1] < 1)
+      fail("{} have length {}", causal_ ? "prompts" : "source sentences", src.shape[1]);
+    if (causal_) read_prompts(src);
     if (o.beam_size < 1) fail("beam_size is {}; it must be at least 1", o.beam_size);
     if (o.beam_size > max_beam_)
       fail("beam_size {} is above the compiled maximum {} (max_beam)", o.beam_size, max_beam_);
     if (o.num_hypotheses < 1 || o.num_hypotheses > o.beam_size)
       fail("num_hypotheses is {}; it must be between 1 and beam_size {}", o.num_hypotheses,
            o.beam_size);
-    if (o_.max_decoding_length == 0)  // the default: the model's max_len
+    // Room for new tokens: max_len, less the longest prompt.
+    const int64_t room = max_len_ - prompt_len_;
+    if (causal_ && room < 1)
+      fail(
+          "the longest prompt has {} tokens, which leaves no room to generate within the "
+          "model's max_len {}",
+          prompt_len_, max_len_);
+    if (o_.max_decoding_length == 0)  // the default: as many as fit
       o_.max_decoding_length =
-          static_cast<int32_t>(std::min<int64_t>(max_len_, std::numeric_limits<int32_t>::max()));
+          static_cast<int32_t>(std::min<int64_t>(room, std::numeric_limits<int32_t>::max()));
     if (o.max_decoding_length < 1)
-      fail("max_decoding_length is {}; it must be at least 1 (or 0: the model's max_len)",
-           o.max_decoding_length);
-    if (o.max_decoding_length > max_len_)
+      fail("max_decoding_length is {}; it must be at least 1 (or 0: {})", o.max_decoding_length,
+           causal_ ? "as many as fit" : "the model's max_len");
+    if (o.max_decoding_length > room) {
+      if (causal_)
+        fail(
+            "max_decoding_length {} and the longest prompt's {} tokens exceed the model's "
+            "max_len {}",
+            o.max_decoding_length, prompt_len_, max_len_);
       fail("max_decoding_length {} is above the model's max_len {}", o.max_decoding_length,
            max_len_);
+    }
     if (o.min_decoding_length < 0 || o.min_decoding_length > o.max_decoding_length)
       fail("min_decoding_length is {}; it must be between 0 and max_decoding_length {}",
            o.min_decoding_length, o.max_decoding_length);
@@ -158,6 +212,10 @@ class Search {
     if (o.sampling_top_k < 0) fail("sampling_top_k is {}; it must be >= 0", o.sampling_top_k);
     if (!(o.sampling_temperature > 0) || !std::isfinite(o.sampling_temperature))
       fail("sampling_temperature is {}; it must be positive and finite", o.sampling_temperature);
+    if (!(o.sampling_top_p > 0 && o.sampling_top_p <= 1))
+      fail("sampling_top_p is {}; it must be in (0, 1]", o.sampling_top_p);
+    if (o.num_stop_ids < 0 || (o.num_stop_ids > 0 && !o.stop_ids))
+      fail("stop_ids: {} ids at {}", o.num_stop_ids, o.stop_ids ? "an address" : "NULL");
     sampling_ = o.sampling_top_k != 1;  // 1: the best token (greedy or beam search)
     if (sampling_ && o.beam_size != 1)
       fail("sampling (sampling_top_k {}) needs beam_size 1, got {}", o.sampling_top_k, o.beam_size);
@@ -167,14 +225,143 @@ class Search {
       if (id < -1) fail("{} is {}; it must be a token id, or -1 for the model's {}", what, id, key);
     start_ = o.start_id >= 0 ? o.start_id : config_int(m_, "bos_id", -1);
     end_ = o.end_id >= 0 ? o.end_id : config_int(m_, "eos_id", -1);
-    if (start_ < 0) fail("no start token: set start_id (the model config has no bos_id)");
-    if (end_ < 0) fail("no end token: set end_id (the model config has no eos_id)");
+    // A decoder-only model continues its prompts: it needs no start token, and without an
+    // end token it generates max_decoding_length tokens.
+    if (start_ < 0 && !causal_)
+      fail("no start token: set start_id (the model config has no bos_id)");
+    if (end_ < 0 && !causal_) fail("no end token: set end_id (the model config has no eos_id)");
     if (vocab_ > 0)
       for (auto [what, id] : {std::pair{"start_id", start_}, {"end_id", end_}})
         if (id >= vocab_) fail("{} {} is out of range [0, {})", what, id, vocab_);
+    if (end_ >= 0) ends_.push_back(end_);
+    for (int32_t i = 0; i < o.num_stop_ids; ++i) {
+      const int64_t id = o.stop_ids[i];
+      if (id < 0 || (vocab_ > 0 && id >= vocab_))
+        fail("stop_ids[{}] is {}; it must be a token id in [0, {})", i, id, vocab_);
+      if (std::find(ends_.begin(), ends_.end(), id) == ends_.end()) ends_.push_back(id);
+    }
     batch_ = src.shape[0];
+    if (batch_ > max_batch_)
+      fail("{} {} in one call; the model's maximum is {} (max_batch)", batch_,
+           causal_ ? "prompts" : "sentences", max_batch_);
     src_ = src;
     src_.name = "src";
+  }
+
+  bool is_end(int64_t token) const {
+    return std::find(ends_.begin(), ends_.end(), token) != ends_.end();
+  }
+
+  // Prompts [batch, length], each padded with -1 at its end: their lengths and the longest.
+  void read_prompts(const kiln_tensor& src) {
+    if (src.dtype != KILN_I64 && src.dtype != KILN_I32)
+      fail("prompts must be i64 or i32 token ids, got dtype {}", src.dtype);
+    const int64_t batch = src.shape[0], width = src.shape[1];
+    if (batch > 0 && width > std::numeric_limits<int64_t>::max() / batch)
+      fail("prompts [{}, {}] are too large", batch, width);
+    const size_t need = static_cast<size_t>(batch * width) * (src.dtype == KILN_I64 ? 8 : 4);
+    if (!src.data || src.capacity < need)
+      fail("prompts [{}, {}] need {} bytes, the tensor holds {}", batch, width, need,
+           src.data ? src.capacity : 0);
+    prompts_.assign(static_cast<size_t>(batch), {});
+    for (int64_t b = 0; b < batch; ++b) {
+      bool ended = false;
+      for (int64_t j = 0; j < width; ++j) {
+        const int64_t at = b * width + j;
+        const int64_t id = src.dtype == KILN_I64 ? static_cast<const int64_t*>(src.data)[at]
+                                                 : static_cast<const int32_t*>(src.data)[at];
+        if (id == -1) {
+          ended = true;
+          continue;
+        }
+        if (ended)
+          fail(
+              "prompt {} has token {} at position {} after its -1 padding (pad prompts at the "
+              "end)",
+              b, id, j);
+        if (id < 0 || (vocab_ > 0 && id >= vocab_))
+          fail("prompt {} has token id {} at position {}, out of range [0, {})", b, id, j, vocab_);
+        prompts_[b].push_back(id);
+      }
+      if (prompts_[b].empty()) fail("prompt {} is empty (every prompt needs a token)", b);
+      prompt_len_ = std::max<int64_t>(prompt_len_, static_cast<int64_t>(prompts_[b].size()));
+    }
+  }
+
+  // Allocates every layer's caches [L + max_decoding_length, batch × beam, width].
+  void allocate_caches() {
+    slots_ = batch_ * o_.beam_size;
+    for (int64_t l = 0; l < layers_; ++l) {  // decode_step's cache inputs, named once
+      cache_names_.push_back(fmt::format("cache_k{}", l));
+      cache_names_.push_back(fmt::format("cache_v{}", l));
+    }
+    cache_.resize(static_cast<size_t>(2 * layers_));
+    for (size_t i = 0; i < cache_.size(); ++i) {
+      Buffer& c = cache_[i];
+      const int64_t width = causal_ ? cache_widths_.at(i) : d_model_;
+      c.shape = {prompt_len_ + o_.max_decoding_length, slots_, width};
+      c.data.reset(new float[static_cast<size_t>(c.numel())]);  // only written slots are read
+    }
+  }
+
+  // The decoder-only prompt pass: prompts left-padded to the longest, the caches written, the
+  // logits of every prompt's next token in logits_.
+  void prefill() {
+    const char* widths = kiln_model_config(m_, "cache_widths");
+    if (!widths) fail("decoder-only model has no 'cache_widths' in its config");
+    for (const char* p = widths; *p;) {
+      int64_t w = 0;
+      auto [end, ec] = std::from_chars(p, p + std::strlen(p), w);
+      if (ec != std::errc() || w < 1) fail("model config 'cache_widths' is '{}'", widths);
+      cache_widths_.push_back(w);
+      p = *end == ',' ? end + 1 : end;
+    }
+    if (static_cast<int64_t>(cache_widths_.size()) != 2 * layers_)
+      fail("model config 'cache_widths' lists {} caches, decode_step takes {}",
+           cache_widths_.size(), 2 * layers_);
+    allocate_caches();
+    const int64_t L = prompt_len_;
+    std::vector<int64_t> ids(static_cast<size_t>(batch_ * L), 0);
+    start_rows_.assign(static_cast<size_t>(batch_), 0);
+    for (int64_t b = 0; b < batch_; ++b) {
+      const std::vector<int64_t>& p = prompts_[b];
+      start_rows_[b] = L - static_cast<int64_t>(p.size());
+      std::copy(p.begin(), p.end(), ids.begin() + b * L + start_rows_[b]);
+    }
+    std::vector<kiln_tensor> in;
+    in.push_back(view("ids", KILN_I64, {batch_, L}, ids.data(), ids.size() * 8));
+    in.push_back(view("start", KILN_I64, {batch_}, start_rows_.data(), start_rows_.size() * 8));
+    add_caches(in);
+    run_for_logits("prefill", in, batch_, 0);
+  }
+
+  void add_caches(std::vector<kiln_tensor>& in) {
+    for (size_t i = 0; i < cache_.size(); ++i)
+      in.push_back(view(cache_names_[i].c_str(), KILN_F32, cache_[i].shape, cache_[i].data.get(),
+                        static_cast<size_t>(cache_[i].numel()) * 4));
+  }
+
+  // Runs `function` (logits [n, 1, V] and the caches in place) into logits_, checked.
+  void run_for_logits(const char* function, const std::vector<kiln_tensor>& in, int64_t n,
+                      int64_t t) {
+    std::vector<kiln_tensor> out(1 + cache_.size());
+    if (kiln_model_output_shapes(m_, function, in.data(), in.size(), out.data(), out.size()))
+      fail("{}", kiln_model_error(m_));
+    if (out[0].rank != 3) fail("model's {} logits have rank {}, expected 3", function, out[0].rank);
+    vocab_ = out[0].shape[2];
+    for (int64_t id : {start_, end_})
+      if (id >= vocab_)
+        fail("start_id {} or end_id {} is out of range [0, {})", start_, end_, vocab_);
+    logits_.resize(static_cast<size_t>(n * vocab_));
+    out[0].data = logits_.data();
+    out[0].capacity = logits_.size() * 4;
+    for (size_t i = 0; i < cache_.size(); ++i) {  // updated in place
+      out[1 + i].data = cache_[i].data.get();
+      out[1 + i].capacity = static_cast<size_t>(cache_[i].numel()) * 4;
+    }
+    if (kiln_model_run(m_, function, in.data(), in.size(), out.data(), out.size()))
+      fail("{}", kiln_model_error(m_));
+    check_logits(n, t);
   }
 
   void prepare() {
@@ -196,67 +383,59 @@ class Search {
     mem_names_.clear();
     for (const kiln_tensor& t : out) mem_names_.push_back(t.name);
     d_model_ = mem_[0].shape[2];
-    slots_ = batch_ * o_.beam_size;
-    for (int64_t l = 0; l < layers_; ++l) {  // decode_step's cache inputs, named once
-      cache_names_.push_back(fmt::format("cache_k{}", l));
-      cache_names_.push_back(fmt::format("cache_v{}", l));
-    }
-    cache_.resize(static_cast<size_t>(2 * layers_));
-    for (Buffer& c : cache_) {
-      c.shape = {o_.max_decoding_length, slots_, d_model_};
-      c.data.reset(new float[static_cast<size_t>(c.numel())]);  // only written slots are read
-    }
+    allocate_caches();
   }
 
-  // Runs decode_step for every alive hypothesis at position t; fills logits_ [N, V].
+  // Runs decode_step for every alive hypothesis, feeding the token that precedes token t;
+  // fills logits_ [N, V] with the logits of token t. Decoding step s (s = t, or t - 1 after a
+  // prefill) writes at cache position L + s.
   void step(const std::vector<Hyp>& alive, int64_t t) {
     const int64_t n = static_cast<int64_t>(alive.size());
-    std::vector<int64_t> tok(n), rows(static_cast<size_t>(n * (t + 1))), src_row(n);
+    const int64_t s = causal_ ? t - 1 : t, L = prompt_len_, width = L + s + 1;
+    std::vector<int64_t> tok(n), rows(static_cast<size_t>(n * width)), src_row(n), start(n);
     for (int64_t i = 0; i < n; ++i) {
       const Hyp& h = alive[i];
       tok[i] = h.tokens.empty() ? start_ : h.tokens.back();
-      for (int64_t j = 0; j < t; ++j) rows[i * (t + 1) + j] = h.slots[j];
-      rows[i * (t + 1) + t] = i;  // this step writes row i's keys to slot i
+      int64_t* row = &rows[static_cast<size_t>(i * width)];
+      // The prompt's keys: in its sentence's slot from the prefill, none in its padding.
+      if (causal_)
+        for (int64_t j = 0; j < L; ++j) row[j] = j < start_rows_[h.sentence] ? -1 : h.sentence;
+      for (int64_t j = 0; j < s; ++j) row[L + j] = h.slots[j];
+      row[L + s] = i;  // this step writes row i's keys to slot i
       src_row[i] = h.sentence;
+      if (causal_) start[i] = start_rows_[h.sentence];
     }
-    int64_t pos = t;
+    int64_t pos = L + s;
     std::vector<kiln_tensor> in;
     in.push_back(view("tok", KILN_I64, {n, 1}, tok.data(), tok.size() * 8));
     in.push_back(view("pos", KILN_I64, {1}, &pos, 8));
-    in.push_back(view("rows", KILN_I64, {n, t + 1}, rows.data(), rows.size() * 8));
-    in.push_back(view("src_row", KILN_I64, {n}, src_row.data(), src_row.size() * 8));
-    in.push_back(src_);
-    for (size_t i = 0; i < mem_.size(); ++i)
-      in.push_back(view(mem_names_[i].c_str(), KILN_F32, mem_[i].shape, mem_[i].data.get(),
-                        static_cast<size_t>(mem_[i].numel()) * 4));
-    for (size_t i = 0; i < cache_.size(); ++i)
-      in.push_back(view(cache_names_[i].c_str(), KILN_F32, cache_[i].shape, cache_[i].data.get(),
-                        static_cast<size_t>(cache_[i].numel()) * 4));
-    std::vector<kiln_tensor> out(1 + cache_.size());
-    if (kiln_model_output_shapes(m_, "decode_step", in.data(), in.size(), out.data(), out.size()))
-      fail("{}", kiln_model_error(m_));
-    if (out[0].rank != 3) fail("model's decode_step logits have rank {}, expected 3", out[0].rank);
-    vocab_ = out[0].shape[2];
-    if (start_ >= vocab_ || end_ >= vocab_)
-      fail("start_id {} or end_id {} is out of range [0, {})", start_, end_, vocab_);
-    logits_.resize(static_cast<size_t>(n * vocab_));
-    out[0].data = logits_.data();
-    out[0].capacity = logits_.size() * 4;
-    for (size_t i = 0; i < cache_.size(); ++i) {  // updated in place
-      out[1 + i].data = cache_[i].data.get();
-      out[1 + i].capacity = static_cast<size_t>(cache_[i].numel()) * 4;
+    in.push_back(view("rows", KILN_I64, {n, width}, rows.data(), rows.size() * 8));
+    if (causal_) {
+      in.push_back(view("start", KILN_I64, {n}, start.data(), start.size() * 8));
+    } else {
+      in.push_back(view("src_row", KILN_I64, {n}, src_row.data(), src_row.size() * 8));
+      in.push_back(src_);
+      for (size_t i = 0; i < mem_.size(); ++i)
+        in.push_back(view(mem_names_[i].c_str(), KILN_F32, mem_[i].shape, mem_[i].data.get(),
+                          static_cast<size_t>(mem_[i].numel()) * 4));
     }
-    if (kiln_model_run(m_, "decode_step", in.data(), in.size(), out.data(), out.size()))
-      fail("{}", kiln_model_error(m_));
-    // A NaN or +inf never becomes a token: the search would pick an arbitrary one (or none)
-    // and return a plausible-looking result. -inf is a token that cannot be chosen, as long
-    // as some token can.
-    // The first pass is branch-free, so it vectorizes (W5's 128 rows of 32000 logits: 0.6
-    // ms a step, where a loop that stops at the first bad value took 3.4 ms); only a bad
-    // row is searched again for the message.
+    add_caches(in);
+    step_rows_ = &alive;
+    run_for_logits("decode_step", in, n, t);
+    step_rows_ = nullptr;
+  }
+
+  // Refuses logits that are NaN or +inf in any of the n rows (the search would pick an
+  // arbitrary token, or none, and return a plausible-looking result). -inf is a token that
+  // cannot be chosen, as long as some token can.
+  // The first pass is branch-free, so it vectorizes (W5's 128 rows of 32000 logits: 0.6
+  // ms a step, where a loop that stops at the first bad value took 3.4 ms); only a bad
+  // row is searched again for the message.
+  void check_logits(int64_t n, int64_t t) {
     constexpr const char* kWhy = "the model's weights or its input hold NaN or infinity";
     constexpr float kInf = std::numeric_limits<float>::infinity();
     for (int64_t i = 0; i < n; ++i) {
+      const int64_t sentence = step_rows_ ? (*step_rows_)[i].sentence : i;
       const float* row = &logits_[static_cast<size_t>(i * vocab_)];
       int bad = 0, finite_or_plus = 0;
       for (int64_t v = 0; v < vocab_; ++v) {
@@ -267,10 +446,10 @@ class Search {
         for (int64_t v = 0; v < vocab_; ++v)
           if (!(row[v] < kInf))
             fail("non-finite logit at step {} of batch row {}: token {} has logit {} ({})", t,
-                 alive[i].sentence, v, row[v], kWhy);
+                 sentence, v, row[v], kWhy);
       if (!finite_or_plus)
         fail("non-finite logits at step {} of batch row {}: every token has logit -inf ({})", t,
-             alive[i].sentence, kWhy);
+             sentence, kWhy);
     }
   }
 
@@ -284,15 +463,19 @@ class Search {
     };
     std::vector<Cand> cands;
     std::vector<int64_t> best;
-    const int64_t banned = t < o_.min_decoding_length ? end_ : -1;
+    const bool no_end_yet = t < o_.min_decoding_length;
+    const int64_t n_ends = static_cast<int64_t>(ends_.size());
     for (size_t i = begin; i < end; ++i) {
       const float* row = &logits_[i * V];
       const double lse = log_sum_exp(row, V);
-      // The K + 1 best tokens of this beam suffice: at most one of them is the end token.
-      best_tokens(row, V, K + 1, banned, best);
+      // The K + (end tokens) best tokens of this beam suffice: K of them continue it. With one
+      // end token the search kernel leaves it out itself before min_decoding_length.
+      best_tokens(row, V, std::min<int64_t>(V, K + n_ends), no_end_yet && n_ends == 1 ? end_ : -1,
+                  best);
       for (int64_t v : best)
-        cands.push_back({alive[i].cum + (static_cast<double>(row[v]) - lse),
-                         static_cast<int64_t>(i - begin), v});
+        if (!(no_end_yet && is_end(v)))
+          cands.push_back({alive[i].cum + (static_cast<double>(row[v]) - lse),
+                           static_cast<int64_t>(i - begin), v});
     }
     std::stable_sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) {
       if (a.score != b.score) return a.score > b.score;
@@ -304,7 +487,7 @@ class Search {
     std::vector<Hyp> grown;
     for (const Cand& c : cands) {
       const Hyp& parent = alive[begin + c.beam];
-      if (c.token == end_) {
+      if (is_end(c.token)) {
         fin.push_back({parent.tokens, normalized(c.score, t + 1, o_.length_penalty)});
         continue;
       }
@@ -313,7 +496,8 @@ class Search {
       h.tokens = parent.tokens;
       h.tokens.push_back(c.token);
       h.slots = parent.slots;
-      h.slots.push_back(static_cast<int64_t>(begin) + c.beam);  // where the parent wrote at t
+      if (wrote(t))  // where the parent wrote its keys this step
+        h.slots.push_back(static_cast<int64_t>(begin) + c.beam);
       h.cum = c.score;
       grown.push_back(std::move(h));
       if (static_cast<int64_t>(grown.size()) == K) break;
@@ -329,8 +513,12 @@ class Search {
     for (Hyp& h : grown) next.push_back(std::move(h));
   }
 
+  // Whether the logits of token t came from a decoding step, which wrote the keys of the
+  // token it fed into the cache (not from a decoder-only model's prefill).
+  bool wrote(int64_t t) const { return !causal_ || t > 0; }
+
   // Sampling (beam_size 1) for hypothesis i: from softmax(logits / temperature) over the
-  // sampling_top_k most likely tokens.
+  // sampling_top_k most likely tokens, cut to the top-p nucleus.
   void sample(const std::vector<Hyp>& alive, size_t i, int64_t t, std::mt19937_64& rng,
               std::vector<Hyp>& next) {
     const int64_t V = vocab_;
@@ -338,24 +526,32 @@ class Search {
     const double lse = log_sum_exp(row, V);
     std::vector<double> lp(static_cast<size_t>(V));
     for (int64_t v = 0; v < V; ++v) lp[v] = static_cast<double>(row[v]) - lse;
-    if (t < o_.min_decoding_length) lp[end_] = kNegInf;
+    if (t < o_.min_decoding_length)
+      for (int64_t e : ends_) lp[e] = kNegInf;
     std::vector<int64_t> ids(static_cast<size_t>(V));
     for (int64_t v = 0; v < V; ++v) ids[v] = v;
     const int64_t k = o_.sampling_top_k > 0 ? std::min<int64_t>(o_.sampling_top_k, V) : V;
     std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int64_t a, int64_t b) {
       return lp[a] > lp[b] || (lp[a] == lp[b] && a < b);
     });
+    int64_t k_kept = k;
     std::vector<double> w(static_cast<size_t>(k));
     double total = 0;
     for (int64_t r = 0; r < k; ++r) {
       w[r] = std::exp((lp[ids[r]] - lp[ids[0]]) / o_.sampling_temperature);
       total += w[r];
     }
+    if (o_.sampling_top_p < 1) {  // the fewest best tokens holding top_p of the probability
+      const double want = static_cast<double>(o_.sampling_top_p) * total;
+      double kept = 0;
+      for (k_kept = 0; k_kept < k && kept < want;) kept += w[k_kept++];
+      total = kept;
+    }
     // A uniform double in [0, total) from 53 random bits: the same on every platform.
     const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53 * total;
     int64_t pick = ids[0];
     double acc = 0;
-    for (int64_t r = 0; r < k; ++r) {
+    for (int64_t r = 0; r < k_kept; ++r) {
       acc += w[r];
       if (u < acc) {
         pick = ids[r];
@@ -365,13 +561,13 @@ class Search {
     const Hyp& parent = alive[i];
     const double cum = parent.cum + lp[pick];
     std::vector<Finished>& fin = finished_[parent.sentence];
-    if (pick == end_) {
+    if (is_end(pick)) {
       fin.push_back({parent.tokens, normalized(cum, t + 1, o_.length_penalty)});
       return;
     }
     Hyp h{parent.sentence, parent.tokens, parent.slots, cum};
     h.tokens.push_back(pick);
-    h.slots.push_back(static_cast<int64_t>(i));
+    if (wrote(t)) h.slots.push_back(static_cast<int64_t>(i));
     if (o_.on_token) o_.on_token(o_.user_data, parent.sentence, t, pick);
     if (t == o_.max_decoding_length - 1) {
       fin.push_back({h.tokens, normalized(cum, o_.max_decoding_length, o_.length_penalty)});
@@ -410,6 +606,13 @@ class Search {
   int64_t layers_ = 0, max_len_ = 0, max_rows_ = 0, max_batch_ = 0, max_beam_ = 0, vocab_ = -1;
   int64_t start_ = -1, end_ = -1, batch_ = 0, d_model_ = 0, slots_ = 0;
   bool sampling_ = false;
+  bool causal_ = false;                        // decoder-only: prefill, prompts
+  std::vector<int64_t> ends_;                  // end_id (if any) and the stop ids
+  std::vector<std::vector<int64_t>> prompts_;  // decoder-only: each prompt's ids
+  int64_t prompt_len_ = 0;                     // the longest prompt (0: encoder–decoder)
+  std::vector<int64_t> start_rows_;            // per sentence: where its left-padded prompt starts
+  std::vector<int64_t> cache_widths_;          // decoder-only: each cache's last dim
+  const std::vector<Hyp>* step_rows_ = nullptr;  // the hypotheses of the step being checked
   std::vector<Buffer> mem_, cache_;
   std::vector<std::string> mem_names_, cache_names_;
   std::vector<float> logits_;

@@ -261,7 +261,7 @@ void kiln_model::run(const char* fname, const kiln_tensor* inputs, size_t n_in,
       }
       // On the host, between kernels: its source row and the cache come from the device
       // and the cache goes back.
-      const BufferDesc& cache = step.args[2];
+      const BufferDesc& cache = step.args.back();
       if (step.args[0].storage == Storage::arena) arena.bytes().device->download("the arena");
       result_mirror[cache.index]->download(output_what(cache.index));
       kiln::rt::cache_write(step, param_data, arena.data(), result_data, result_bytes, syms);

@@ -62,7 +62,7 @@ namespace {
 // Version 6: kiln_hooks gained release_device (a library built for 5 passes a shorter struct).
 // Version 7: kiln_hooks gained device (the device memory operations of a GPU library).
 // Version 8: kiln_hooks gained set_custom_do_par_for (the runtime's thread pool).
-constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', '8'};
+constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', '9'};
 
 // A plan stores an element type as its index here: the codes of format 8 (f32 0, i64 1,
 // bool 2, bf16 3), kept when the runtime's element types became kiln_dtype, so a plan's
@@ -108,6 +108,7 @@ class Writer {
     for (const auto& l : t.id_limits) {
       dim(l.limit);
       str(l.what);
+      i64(l.lowest);
     }
     i64(t.updates_param);
   }
@@ -162,6 +163,8 @@ class Reader {
     for (auto& l : t.id_limits) {
       l.limit = dim();
       l.what = str();
+      l.lowest = i64();
+      if (l.lowest != 0 && l.lowest != -1) fail("compiled plan has an id limit from {}", l.lowest);
     }
     t.updates_param = static_cast<int32_t>(i64());
     return t;
@@ -221,9 +224,11 @@ void validate(const Plan& p) {
     }
     for (const StepDesc& s : f.steps) {
       if (s.builtin == Builtin::cache_write) {
-        if (s.kernel != -1 || s.args.size() != 3 || s.args[0].extents.size() != 2 ||
-            s.args[1].extents.size() != 1 || s.args[2].extents.size() != 3 ||
-            s.args[0].type != KILN_F32 || s.args[1].type != KILN_I64 || s.args[2].type != KILN_F32)
+        const size_t n = s.args.size();
+        if (s.kernel != -1 || (n != 2 && n != 3) || s.args[0].extents.size() != 3 ||
+            (n == 3 && (s.args[1].extents.size() != 1 || s.args[1].type != KILN_I64)) ||
+            s.args[n - 1].extents.size() != 3 || s.args[0].type != KILN_F32 ||
+            s.args[n - 1].type != KILN_F32)
           fail("compiled plan: cache_write step '{}' has bad arguments", s.op);
       } else if (s.kernel < 0 || s.kernel >= static_cast<int32_t>(p.kernel_names.size())) {
         fail("compiled plan: step '{}' calls missing kernel {}", s.op, s.kernel);

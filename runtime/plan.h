@@ -56,9 +56,10 @@ struct BufferDesc {
 // Steps the runtime performs itself rather than through a generated kernel.
 enum class Builtin : int8_t {
   none = 0,
-  // The IR's cache_write, in place: args x f32 (d, n) [D × N], pos i64 (1) [1], cache f32
-  // (d, c, t) [D × C × T] (the result, whose buffer is the cache parameter's); copies x's N
-  // rows to cache(·, n, pos) and leaves the rest of the cache untouched.
+  // The IR's cache_write, in place: args x f32 (d, l, n) [D × L × N], pos i64 (1) [1]
+  // (absent: 0), cache f32 (d, c, t) [D × C × T] (the result, whose buffer is the cache
+  // parameter's); copies x(·, l, n) to cache(·, n, pos + l) and leaves the rest of the cache
+  // untouched.
   cache_write = 1,
 };
 
@@ -73,12 +74,14 @@ struct TensorDesc {
   std::string name;
   kiln_dtype type = KILN_F32;  // f32, i64 or bool
   std::vector<DimExpr> shape;  // IR order; each a constant or a single symbol
-  // For ids and indices: valid values are [0, limit) for each limit, a constant or a
-  // symbol's bound size (e.g. the batch a source row indexes); `what` names such a value
-  // for errors ("token id", "position", ...).
+  // For ids and indices: valid values are [lowest, limit) for each limit, a constant or a
+  // symbol's bound size (e.g. the batch a source row indexes), and lowest 0 or -1 (-1: a
+  // cache row table's "no key here"); `what` names such a value for errors ("token id",
+  // "position", ...).
   struct IdLimit {
     DimExpr limit;
     std::string what;
+    int64_t lowest = 0;
   };
   std::vector<IdLimit> id_limits;
   // For a result: the parameter it updates in place (a cache), whose buffer the caller must

@@ -300,7 +300,8 @@ TEST(Generate, BadOptionsAndInputsAreRefusedAndTheModelStaysUsable) {
               }),
               HasSubstr("needs beam_size 1"));
   kiln::Tensor<int64_t> too_many{{5, 1}, {3, 3, 3, 3, 3}};
-  EXPECT_THAT(error_of([&] { model.generate(too_many, ok); }), HasSubstr("above its maximum 4"));
+  EXPECT_THAT(error_of([&] { model.generate(too_many, ok); }),
+              HasSubstr("5 sentences in one call; the model's maximum is 4 (max_batch)"));
 
   const auto after = model.generate(src, ok);
   ASSERT_EQ(after.size(), before.size());
@@ -438,7 +439,7 @@ TEST(DecodeStep, BadIndicesAndCachesAreRefused) {
   EXPECT_THAT(error_of([&] {
                 step(pos, kiln::Tensor<int64_t>{{1, 1}, {1}}, src_row, true);
               }),
-              HasSubstr("cache slot 1 at 'rows'[0,0] is out of range [0, 1)"));
+              HasSubstr("cache slot 1 at 'rows'[0,0] is out of range [-1, 1)"));
   EXPECT_THAT(error_of([&] {
                 step(pos, rows, kiln::Tensor<int64_t>{{1}, {1}}, true);
               }),

@@ -274,6 +274,81 @@ std::unique_ptr<CLI::App> run_command(RunArgs& a) {
   return app;
 }
 
+// The search options (kiln_search_options, as kiln_search_options_init filled it: the defaults
+// shown are the C ABI's), for translate and generate (`prompts`: a decoder-only model's, with
+// no start token). Stop ids go to `stop_ids`, which the caller points the options at.
+static void add_search_options(CLI::App& app, kiln_search_options& s, bool prompts,
+                               std::vector<int64_t>* stop_ids = nullptr) {
+  const std::string search = "search options";
+  app.add_option("--beam", s.beam_size, "beam size (1: greedy), at most the model's max_beam")
+      ->type_name("N")
+      ->check(whole_number(0, INT32_MAX))
+      ->capture_default_str()
+      ->group(search);
+  app.add_option("--num-hypotheses", s.num_hypotheses,
+                 "hypotheses per sentence, at most the beam size")
+      ->type_name("N")
+      ->check(whole_number(0, INT32_MAX))
+      ->capture_default_str()
+      ->group(search);
+  app.add_option("--max-len", s.max_decoding_length,
+                 prompts ? "new tokens at most, end token included; 0: up to the model's max_len"
+                         : "tokens to generate at most, end token included; 0: the model's max_len")
+      ->type_name("N")
+      ->check(whole_number(0, INT32_MAX))
+      ->capture_default_str()
+      ->group(search);
+  app.add_option("--min-len", s.min_decoding_length, "tokens before the end token may be generated")
+      ->type_name("N")
+      ->check(whole_number(0, INT32_MAX))
+      ->capture_default_str()
+      ->group(search);
+  app.add_option("--length-penalty", s.length_penalty, "scores are divided by length^X")
+      ->type_name("X")
+      ->check(finite_number())
+      ->capture_default_str()
+      ->group(search);
+  if (!prompts)
+    app.add_option("--start-id", s.start_id, "first decoder token; -1: the model's bos_id")
+        ->type_name("ID")
+        ->check(whole_number(-1, INT64_MAX))
+        ->capture_default_str()
+        ->group(search);
+  app.add_option("--end-id", s.end_id, "end token; -1: the model's eos_id")
+      ->type_name("ID")
+      ->check(whole_number(-1, INT64_MAX))
+      ->capture_default_str()
+      ->group(search);
+  app.add_option(
+         "--sampling-topk", s.sampling_top_k,
+         "sample from the K most likely tokens (0: all; 1: no sampling); sampling needs --beam 1")
+      ->type_name("K")
+      ->check(whole_number(0, INT32_MAX))
+      ->capture_default_str()
+      ->group(search);
+  app.add_option("--top-p", s.sampling_top_p,
+                 "sample from the fewest most likely tokens holding probability X (1: all)")
+      ->type_name("X")
+      ->check(finite_number())
+      ->capture_default_str()
+      ->group(search);
+  app.add_option("--temperature", s.sampling_temperature, "sampling temperature")
+      ->type_name("X")
+      ->check(finite_number())
+      ->capture_default_str()
+      ->group(search);
+  app.add_option("--seed", s.seed, "sampling seed: the same seed gives the same output")
+      ->type_name("N")
+      ->check(whole_number(0, INT64_MAX))
+      ->capture_default_str()
+      ->group(search);
+  if (stop_ids)
+    app.add_option("--stop-id", *stop_ids, "more end tokens besides --end-id (repeatable)")
+        ->type_name("ID")
+        ->check(whole_number(0, INT64_MAX))
+        ->group(search);
+}
+
 std::unique_ptr<CLI::App> translate_command(TranslateArgs& a) {
   auto app = make_command(
       "translate",
@@ -321,67 +396,48 @@ std::unique_ptr<CLI::App> translate_command(TranslateArgs& a) {
       ->check(whole_number(1, 1024));
   app->add_flag("--scores", a.scores, "with text, print each translation's score too");
 
-  // Bound to kiln_search_options, as kiln_search_options_init filled it: the defaults shown
-  // are the C ABI's.
-  kiln_search_options& s = a.search;
-  const std::string search = "search options";
-  app->add_option("--beam", s.beam_size, "beam size (1: greedy), at most the model's max_beam")
-      ->type_name("N")
-      ->check(whole_number(0, INT32_MAX))
-      ->capture_default_str()
-      ->group(search);
-  app->add_option("--num-hypotheses", s.num_hypotheses,
-                  "hypotheses per sentence, at most the beam size")
-      ->type_name("N")
-      ->check(whole_number(0, INT32_MAX))
-      ->capture_default_str()
-      ->group(search);
-  app->add_option("--max-len", s.max_decoding_length,
-                  "tokens to generate at most, end token included; 0: the model's max_len")
-      ->type_name("N")
-      ->check(whole_number(0, INT32_MAX))
-      ->capture_default_str()
-      ->group(search);
-  app->add_option("--min-len", s.min_decoding_length,
-                  "tokens before the end token may be generated")
-      ->type_name("N")
-      ->check(whole_number(0, INT32_MAX))
-      ->capture_default_str()
-      ->group(search);
-  app->add_option("--length-penalty", s.length_penalty, "scores are divided by length^X")
-      ->type_name("X")
-      ->check(finite_number())
-      ->capture_default_str()
-      ->group(search);
-  app->add_option("--start-id", s.start_id, "first decoder token; -1: the model's bos_id")
-      ->type_name("ID")
-      ->check(whole_number(-1, INT64_MAX))
-      ->capture_default_str()
-      ->group(search);
-  app->add_option("--end-id", s.end_id, "end token; -1: the model's eos_id")
-      ->type_name("ID")
-      ->check(whole_number(-1, INT64_MAX))
-      ->capture_default_str()
-      ->group(search);
-  app->add_option(
-         "--sampling-topk", s.sampling_top_k,
-         "sample from the K most likely tokens (0: all; 1: no sampling); sampling needs --beam 1")
-      ->type_name("K")
-      ->check(whole_number(0, INT32_MAX))
-      ->capture_default_str()
-      ->group(search);
-  app->add_option("--temperature", s.sampling_temperature, "sampling temperature")
-      ->type_name("X")
-      ->check(finite_number())
-      ->capture_default_str()
-      ->group(search);
-  app->add_option("--seed", s.seed, "sampling seed: the same seed gives the same output")
-      ->type_name("N")
-      ->check(whole_number(0, INT64_MAX))
-      ->capture_default_str()
-      ->group(search);
+  add_search_options(*app, a.search, /*prompts=*/false);
   return app;
 }
+
+std::unique_ptr<CLI::App> generate_command(GenerateArgs& a) {
+  auto app = make_command(
+      "generate",
+      "--compiled DIR --weights W.safetensors [PROMPT...]\n"
+      "[--beam N] [--num-hypotheses N] [--max-len N] [--min-len N] [--length-penalty X]\n"
+      "[--end-id ID] [--stop-id ID]... [--sampling-topk K] [--top-p X] [--temperature X]\n"
+      "[--seed N] [--stream] [--threads N] [--scores] [-o OUT.safetensors]",
+      "Continues prompts with a compiled decoder-only model (from 'kiln compile --emit=shared' of\n"
+      "a model built with nn::add_causal_lm), over its prefill and decode_step entry points:\n"
+      "greedy search, beam search or sampling (top-k, top-p, temperature).\n"
+      "\n"
+      "Input: token ids. Each PROMPT argument, or without any, each line of standard input, is\n"
+      "one prompt: token ids separated by spaces (no tokenizer yet). Prompts of different\n"
+      "lengths run in one batch (up to the model's max_batch at a time).\n"
+      "\n"
+      "Output: one line per prompt (and per hypothesis with --num-hypotheses): the new token\n"
+      "ids, the end token left out; with --stream (greedy or sampling, one prompt) each id is\n"
+      "printed as soon as it is chosen. With -o, a safetensors file with 'ids' I64 [batch,\n"
+      "hypotheses, max_len] (-1 after each hypothesis), 'lengths' and 'scores'.");
+  app->add_option("PROMPT", a.prompts, "prompts: token ids separated by spaces");
+  app->add_option("--compiled", a.compiled,
+                  "the directory 'kiln compile --emit=shared' wrote (its lib*.so)")
+      ->type_name("DIR")
+      ->required();
+  app->add_option("--weights", a.weights, "weights by state_dict name")
+      ->type_name("FILE")
+      ->required();
+  app->add_option("-o", a.output, "write ids, lengths and scores as safetensors")
+      ->type_name("FILE");
+  app->add_option("--threads", a.threads, "kernel threads (default: the Halide runtime's)")
+      ->type_name("N")
+      ->check(whole_number(1, 1024));
+  app->add_flag("--scores", a.scores, "print each hypothesis's score too");
+  app->add_flag("--stream", a.stream, "print each token as it is chosen (one prompt, beam 1)");
+  add_search_options(*app, a.search, /*prompts=*/true, &a.stop_ids);
+  return app;
+}
+
 void write_output(const std::string& path, const std::string& text) {
   if (path.empty() || path == "-")
     write_stdout(text);

@@ -79,6 +79,21 @@ struct TranslateArgs {
 };
 std::unique_ptr<CLI::App> translate_command(TranslateArgs& args);
 
+// kiln generate's options (kiln-run runs it): a decoder-only model continues prompts of
+// token ids. Search options as translate's, with --top-p and --stop-id.
+struct GenerateArgs {
+  std::string compiled, weights;               // --compiled DIR, --weights
+  std::vector<std::string> prompts;            // PROMPT...
+  std::string output;                          // -o
+  int threads = CompiledRunOptions{}.threads;  // --threads
+  bool scores = false;                         // --scores
+  bool stream = false;                         // --stream
+  std::vector<int64_t> stop_ids;               // --stop-id
+  kiln_search_options search;                  // --beam, --max-len, ...
+  GenerateArgs() { kiln_search_options_init(&search); }
+};
+std::unique_ptr<CLI::App> generate_command(GenerateArgs& args);
+
 // ---- Files and output ----------------------------------------------------------------------
 
 // Standard output for "" or "-", else the file, written whole or not at all (file_io.h).

@@ -206,16 +206,29 @@ int64_t CompiledGenerator::symbol_max(const char* symbol) const {
 
 Generated CompiledGenerator::generate(const std::vector<int64_t>& src, int64_t batch,
                                       int64_t length, const kiln_search_options& search,
-                                      const std::function<std::string(int64_t)>& sentence) const {
+                                      const std::function<std::string(int64_t)>& sentence,
+                                      const std::function<void(int64_t, int64_t)>& on_token) const {
   kiln_model* model = loaded_->model.get();
   kiln_search_options o = search;
   o.on_token = nullptr;
+  struct Stream {
+    const std::function<void(int64_t, int64_t)>* fn;
+    int64_t first;
+  } stream{&on_token, 0};
+  if (on_token) {
+    o.on_token = [](void* user, int64_t s, int64_t, int64_t token) {
+      const Stream* st = static_cast<const Stream*>(user);
+      (*st->fn)(st->first + s, token);
+    };
+    o.user_data = &stream;
+  }
   // In chunks of at most the model's max_batch sentences.
   const int64_t chunk = std::max<int64_t>(1, symbol_max("B"));
   Generated out;
   out.batch = batch;
   for (int64_t first = 0; first < std::max<int64_t>(batch, 1); first += chunk) {
     const int64_t n = std::min(chunk, batch - first);
+    stream.first = first;
     kiln_tensor in;
     std::memset(&in, 0, sizeof in);
     in.name = "src";

@@ -51,9 +51,12 @@ class CompiledGenerator {
   // chunks of the model's max_batch sentences. A refused chunk is a kiln::Error with the
   // runtime's message; where it names a batch row, `sentence(i)` describes the input's
   // sentence i (from 0) after it (e.g. "sentence 3 'three...'").
+  // With `on_token`, each token chosen (greedy search or sampling) is handed to it as it
+  // is chosen, with its sentence's index in `src` (kiln generate --stream).
   Generated generate(const std::vector<int64_t>& src, int64_t batch, int64_t length,
                      const kiln_search_options& search,
-                     const std::function<std::string(int64_t)>& sentence) const;
+                     const std::function<std::string(int64_t)>& sentence,
+                     const std::function<void(int64_t, int64_t)>& on_token = {}) const;
 
  private:
   std::unique_ptr<LoadedLibrary> loaded_;

@@ -46,7 +46,8 @@ commands:
   opt FILE        run graph passes and print the resulting IR
   run FILE        run a function of a module with the reference interpreter
   compile FILE    compile a module to a static library and header (Halide, AOT)
-  translate       generate with a compiled model: greedy, beam search or sampling
+  translate       generate with a compiled encoder–decoder: greedy, beam search or sampling
+  generate        continue prompts with a compiled decoder-only model (token ids)
   models          list registered models and their configs
   --version       print kiln's version
 
@@ -446,6 +447,15 @@ int cmd_translate(const std::vector<std::string>& argv) {
   exec_runner("translate", argv);
 }
 
+int cmd_generate(const std::vector<std::string>& argv) {
+  GenerateArgs a;
+  try {
+    if (!parse_command(*generate_command(a), argv)) return 0;
+  } catch (const Error&) {  // kiln-run reports it
+  }
+  exec_runner("generate", argv);
+}
+
 int dispatch(const std::vector<std::string>& args) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
     if (args.size() >= 2 && args[0] == "help") return dispatch({args[1], "--help"});
@@ -460,6 +470,7 @@ int dispatch(const std::vector<std::string>& args) {
   if (cmd == "opt") return cmd_opt(rest);
   if (cmd == "compile") return cmd_compile(rest);
   if (cmd == "translate") return cmd_translate(rest);
+  if (cmd == "generate") return cmd_generate(rest);
   if (cmd == "models") return cmd_models();
   if (cmd == "--version") return fmt::print("kiln {}\n", KILN_VERSION), 0;
   fail("unknown command '{}' (see 'kiln --help')", cmd);

@@ -4,10 +4,12 @@
 // driver a library loads (pocl, for OpenCL) may bring its own LLVM, which crashes in a
 // process that also holds libHalide's LLVM. Output, errors and exit status are kiln's.
 #include <algorithm>
+#include <charconv>
 #include <cstdint>
 #include <functional>
 #include <iostream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -60,11 +62,11 @@ void check_vocab(const kiln::Vocabulary& v, const std::string& role,
 // Hands each sentence of the TEXT arguments or, without any, of standard input's lines to
 // `add` as it is read (so a bad sentence stops the reading): each at most
 // kiln::kMaxSentenceBytes, at most kMaxSentences of them.
-void read_sentences(const std::vector<std::string>& text,
+void read_sentences(const char* command, const std::vector<std::string>& text,
                     const std::function<void(const std::string&)>& add) {
   for (size_t i = 0; i < text.size(); ++i) {
     if (text[i].size() > kiln::kMaxSentenceBytes)
-      fail("translate: sentence {} is longer than {} bytes (the limit for a sentence): {}", i + 1,
+      fail("{}: sentence {} is longer than {} bytes (the limit for a sentence): {}", command, i + 1,
            kiln::kMaxSentenceBytes, kiln::quote(text[i]));
     add(text[i]);
   }
@@ -75,15 +77,15 @@ void read_sentences(const std::vector<std::string>& text,
     if (got == 0) break;
     if (got < 0)
       fail(
-          "translate: standard input: line {} is longer than {} bytes (the limit for a "
+          "{}: standard input: line {} is longer than {} bytes (the limit for a "
           "sentence): {}",
-          n + 1, kiln::kMaxSentenceBytes, kiln::quote_start(line));
+          command, n + 1, kiln::kMaxSentenceBytes, kiln::quote_start(line));
     if (n == kMaxSentences)
-      fail("translate: standard input has more than {} lines (the limit for one run; split it)",
+      fail("{}: standard input has more than {} lines (the limit for one run; split it)", command,
            kMaxSentences);
     add(line);
   }
-  if (std::cin.bad()) fail("translate: cannot read standard input");
+  if (std::cin.bad()) fail("{}: cannot read standard input", command);
 }
 
 // kiln translate (see its --help).
@@ -120,7 +122,7 @@ int cmd_translate(const std::vector<std::string>& argv) {
         model.config("pad_id") >= 0 ? model.config("pad_id") : src_vocab->id("<pad>");
     if (pad < 0) fail("translate: the source vocabulary has no <pad> token");
     std::vector<std::vector<int64_t>> sentences;
-    read_sentences(a.text, [&](const std::string& line) {
+    read_sentences("translate", a.text, [&](const std::string& line) {
       const size_t i = lines.size();
       try {
         sentences.push_back(src_vocab->encode(line));
@@ -189,11 +191,98 @@ int cmd_translate(const std::vector<std::string>& argv) {
   return 0;
 }
 
+// kiln generate (see its --help).
+int cmd_generate(const std::vector<std::string>& argv) {
+  GenerateArgs a;
+  if (!parse_command(*generate_command(a), argv)) return 0;
+  const CompiledGenerator model(a.compiled, a.weights, a.threads);
+  if (model.symbol_max("L") < 0)
+    fail(
+        "generate: '{}' is not a decoder-only model (built with nn::add_causal_lm); an "
+        "encoder–decoder translates with 'kiln translate'",
+        a.compiled);
+  std::vector<std::vector<int64_t>> prompts;
+  std::vector<std::string> lines;
+  int64_t length = 0;
+  const int64_t vocab = model.config("vocab");
+  read_sentences("generate", a.prompts, [&](const std::string& line) {
+    const size_t i = prompts.size();
+    std::vector<int64_t> ids;
+    std::istringstream in(line);
+    std::string word;
+    while (in >> word) {
+      int64_t id = 0;
+      auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), id);
+      if (ec != std::errc() || end != word.data() + word.size() || id < 0)
+        fail(
+            "generate: prompt {}: '{}' is not a token id (prompts are token ids separated by "
+            "spaces): {}",
+            i + 1, word, kiln::quote(line));
+      if (vocab > 0 && id >= vocab)
+        fail("generate: prompt {}: token id {} is out of range [0, {}) (the model's vocab): {}",
+             i + 1, id, vocab, kiln::quote(line));
+      ids.push_back(id);
+    }
+    if (ids.empty()) fail("generate: prompt {} is empty", i + 1);
+    length = std::max<int64_t>(length, static_cast<int64_t>(ids.size()));
+    prompts.push_back(std::move(ids));
+    lines.push_back(line);
+  });
+  if (prompts.empty())
+    fail("generate: no prompt (give PROMPT arguments or lines on standard input)");
+  const int64_t batch = static_cast<int64_t>(prompts.size());
+  if (a.stream && (batch != 1 || a.search.beam_size != 1 || a.output.size()))
+    fail(
+        "generate: --stream prints one prompt's tokens as they come: it needs one prompt, "
+        "--beam 1 and no -o");
+  std::vector<int64_t> src(static_cast<size_t>(batch * length), -1);  // -1: the padding
+  for (int64_t b = 0; b < batch; ++b)
+    std::copy(prompts[b].begin(), prompts[b].end(), src.begin() + b * length);
+  a.search.stop_ids = a.stop_ids.data();
+  a.search.num_stop_ids = static_cast<int32_t>(a.stop_ids.size());
+  auto prompt = [&](int64_t i) {
+    return fmt::format("generate: prompt {} {}", i + 1, kiln::quote(lines[static_cast<size_t>(i)]));
+  };
+  std::function<void(int64_t, int64_t)> stream;
+  if (a.stream)
+    stream = [](int64_t, int64_t token) {
+      fmt::print("{} ", token);
+      std::fflush(stdout);
+    };
+  Generated g = model.generate(src, batch, length, a.search, prompt, stream);
+  if (!a.output.empty()) {
+    std::vector<rt::TensorData> data;
+    data.push_back(rt::make_i64("ids", {g.batch, g.hypotheses, g.max_length}, g.ids));
+    data.push_back(rt::make_i64("lengths", {g.batch, g.hypotheses}, g.lengths));
+    data.push_back(rt::make_f32("scores", {g.batch, g.hypotheses}, g.scores));
+    rt::write_safetensors(a.output, data);
+    return 0;
+  }
+  if (a.stream) {
+    write_output("-", "\n");
+    return 0;
+  }
+  std::string printed;
+  for (int64_t b = 0; b < g.batch; ++b)
+    for (int64_t h = 0; h < g.hypotheses; ++h) {
+      const int64_t at = b * g.hypotheses + h;
+      std::vector<int64_t> ids(g.ids.begin() + at * g.max_length,
+                               g.ids.begin() + at * g.max_length + g.lengths[at]);
+      printed += fmt::format("{}{}", h ? "  " : "", fmt::join(ids, " "));
+      if (a.scores || g.hypotheses > 1) printed += fmt::format("  (score {:.4f})", g.scores[at]);
+      printed += "\n";
+    }
+  write_output("-", printed);
+  return 0;
+}
+
 int dispatch(const std::vector<std::string>& args) {
   if (!args.empty() && args[0] == "run") return cmd_run({args.begin() + 1, args.end()});
   if (!args.empty() && args[0] == "translate") return cmd_translate({args.begin() + 1, args.end()});
+  if (!args.empty() && args[0] == "generate") return cmd_generate({args.begin() + 1, args.end()});
   fail(
-      "kiln-run runs compiled models for 'kiln run --compiled DIR' and 'kiln translate'; "
+      "kiln-run runs compiled models for 'kiln run --compiled DIR', 'kiln translate' and "
+      "'kiln generate'; "
       "use those (see 'kiln run --help')");
 }
 

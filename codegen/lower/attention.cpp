@@ -58,7 +58,8 @@ void lower_cache_write(FunctionLowering& L, const ir::Op& op) {
         "{}function '{}': cache_write {} must update a parameter that nothing else "
         "reads and be a result of the function (compiled code writes the cache in place)",
         ir::line_prefix(op.loc), f.name, passes::value_label(f, op.result));
-  if (L.param_index.find(op.operands[2]) == L.param_index.end())
+  const bool at_pos = op.operands.size() == 3;
+  if (at_pos && L.param_index.find(op.operands[2]) == L.param_index.end())
     fail("{}function '{}': cache_write {} must take its position from a parameter",
          ir::line_prefix(op.loc), f.name, passes::value_label(f, op.result));
   const View& x = L.view_of(op.operands[1], op);
@@ -67,17 +68,31 @@ void lower_cache_write(FunctionLowering& L, const ir::Op& op) {
          ir::line_prefix(op.loc), f.name, passes::value_label(f, op.result));
   const ir::TensorType& ct = f.type(cache);
   L.fd.results[static_cast<size_t>(r->second)].updates_param = p->second;
-  L.limit_param(op.operands[2], ct.shape[0], "position");
+  const ir::TensorType& xt = f.type(op.operands[1]);
+  if (at_pos)
+    L.limit_param(op.operands[2], ct.shape[0], "position");
+  else
+    L.check_le(
+        xt.shape[1], ct.shape[0],
+        fmt::format("the positions of '{}' must fit in cache '{}'",
+                    f.values[op.operands[1]].name.empty() ? passes::value_label(f, op.operands[1])
+                                                          : f.values[op.operands[1]].name,
+                    f.values[cache].name));
   L.check_le(
-      f.type(op.operands[1]).shape[0], ct.shape[1],
+      xt.shape[0], ct.shape[1],
       fmt::format("the rows of '{}' must fit in the slots of cache '{}'",
                   f.values[op.operands[1]].name.empty() ? passes::value_label(f, op.operands[1])
                                                         : f.values[op.operands[1]].name,
                   f.values[cache].name));
   View out = L.output_view(op);
   rt::StepDesc st{-1, fmt::format("cache_write %{}", op.result), {}, rt::Builtin::cache_write};
-  st.args.push_back(L.rows_arg(op, 1));
-  st.args.push_back(L.view_of(op.operands[2], op).halide());
+  // x's rows (d, n·L) seen as (d, l, n): rows_arg keeps a uniform row stride.
+  rt::BufferDesc rows = L.rows_arg(op, 1);
+  const rt::DimExpr len = L.dim(xt.shape[1]), row = rows.strides[1];
+  rows.extents = {rows.extents[0], len, L.dim(xt.shape[0])};
+  rows.strides = {rows.strides[0], row, row * len};
+  st.args.push_back(std::move(rows));
+  if (at_pos) st.args.push_back(L.view_of(op.operands[2], op).halide());
   st.args.push_back(out.halide());
   L.fd.steps.push_back(std::move(st));
   L.views[op.result] = out;
@@ -90,13 +105,19 @@ void lower_step_attention(FunctionLowering& L, const ir::Op& op) {
   const ir::TensorType& kt = f.type(op.operands[1]);
   const ir::TensorType& vt = f.type(op.operands[2]);
   const int64_t heads = op.int_attr("heads");
-  StepAttentionKernel k{heads, q.shape[2].value / heads, vt.shape[2].value / heads, memory,
-                        op.float_attr("scale")};
+  const int64_t groups = op.has_attr("kv_heads") ? op.int_attr("kv_heads") : heads;
+  StepAttentionKernel k{heads,
+                        q.shape[2].value / heads,
+                        vt.shape[2].value / groups,
+                        memory,
+                        op.float_attr("scale"),
+                        groups == heads ? 0 : groups,
+                        op.has_attr("window") ? op.int_attr("window") : 0};
   const ir::ValueId index = op.operands[3];
   if (memory) {
     L.limit_param(index, kt.shape[0], "source row");
   } else {
-    L.limit_param(index, kt.shape[1], "cache slot");
+    L.limit_param(index, kt.shape[1], "cache slot", /*allow_minus_one=*/true);
     L.check_le(f.type(index).shape[1], kt.shape[0],
                fmt::format("the positions of '{}' must fit in the cache", f.values[index].name));
   }

@@ -295,10 +295,12 @@ FunctionLowering::FunctionLowering(ModuleLowering& module_lowering, const ir::Fu
   scratch_base_ = scratch_top_ = (f.arena_bytes + 63) / 64 * 64;
 }
 
-void FunctionLowering::limit_param(ir::ValueId v, const ir::Dim& limit, const char* what) {
+void FunctionLowering::limit_param(ir::ValueId v, const ir::Dim& limit, const char* what,
+                                   bool allow_minus_one) {
   auto it = param_index.find(v);
   if (it == param_index.end()) return;
-  fd.params[static_cast<size_t>(it->second)].id_limits.push_back({dim(limit), what});
+  fd.params[static_cast<size_t>(it->second)].id_limits.push_back(
+      {dim(limit), what, allow_minus_one ? -1 : 0});
 }
 
 void FunctionLowering::check_le(const ir::Dim& lhs, const ir::Dim& rhs, std::string what) {

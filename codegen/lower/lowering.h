@@ -96,7 +96,8 @@ class FunctionLowering {
   int32_t kernel_index(const KernelSpec& spec) { return module.kernel_index(spec); }
 
   // An index operand that is a parameter is checked at run time against `limit`.
-  void limit_param(ir::ValueId v, const ir::Dim& limit, const char* what);
+  void limit_param(ir::ValueId v, const ir::Dim& limit, const char* what,
+                   bool allow_minus_one = false);
   // A run-time check lhs <= rhs where either is symbolic (else the type rule checked it).
   void check_le(const ir::Dim& lhs, const ir::Dim& rhs, std::string what);
   // Where a computed value is written: its result buffer, or its arena offset.

@@ -205,10 +205,15 @@ const char* kiln_model_config(const kiln_model* model, const char* key);
 /* The declared maximum of a shape symbol (e.g. "B", "T"), or -1 if the model has none. */
 int64_t kiln_model_symbol_max(const kiln_model* model, const char* symbol);
 
-/* Generation: greedy search, beam search and sampling over a model with the entry points
- * `prepare` and `decode_step` (frontend/nn.h describes them). Scores are sums of the
- * generated tokens' log-probabilities (the end token's included when it was generated),
- * divided by length^length_penalty, the length counting the end token.
+/* Generation: greedy search, beam search and sampling over a model with either protocol:
+ * - an encoder–decoder: entry points `prepare` and `decode_step` (frontend/nn.h describes
+ *   them); the input is source sentences, generation starts from start_id;
+ * - a decoder-only model: entry points `prefill` and `decode_step` (frontend/causal_lm.h,
+ *   nn::add_causal_lm; config generation = causal_lm); the input is prompts, generation
+ *   continues each prompt, and the result holds the new tokens only.
+ * Scores are sums of the generated tokens' log-probabilities (the end token's included when
+ * it was generated), divided by length^length_penalty, the length counting the end token.
+ * An end token is end_id or any of stop_ids: it ends its hypothesis and is not returned.
  *
  * Search (the reference is tests/golden/make_decode_golden.py): each step, every live beam
  * of a sentence proposes its tokens with score beam + log-probability; in order of score
@@ -218,8 +223,10 @@ int64_t kiln_model_symbol_max(const kiln_model* model, const char* symbol);
  * finish as they are). beam_size 1 is greedy search. Finished sentences stop costing work.
  *
  * Sampling (sampling_top_k != 1, beam_size 1): each token is drawn from softmax(logits /
- * sampling_temperature) restricted to the sampling_top_k most likely tokens (0: all), with
- * a generator seeded by `seed`: the same seed and inputs give the same output. */
+ * sampling_temperature) restricted to the sampling_top_k most likely tokens (0: all) and then
+ * to the fewest most likely of those whose probabilities (renormalized over them) add up to
+ * at least sampling_top_p (nucleus sampling; 1: all), with a generator seeded by `seed`: the
+ * same seed and inputs give the same output. */
 typedef void (*kiln_token_callback)(void* user_data, int64_t sentence, int64_t step, int64_t token);
 typedef struct kiln_search_options {
   /* sizeof(kiln_search_options) in the caller's kiln/runtime.h, set by
@@ -228,15 +235,21 @@ typedef struct kiln_search_options {
   size_t struct_size;
   int32_t beam_size;           /* 1..the model's max_beam; default 1 */
   int32_t num_hypotheses;      /* 1..beam_size: hypotheses returned per sentence; default 1 */
-  int32_t max_decoding_length; /* 1..the model's max_len: tokens, the end token included;
-                                * 0 (default): the model's max_len */
+  int32_t max_decoding_length; /* new tokens, the end token included: 1..the model's max_len
+                                * (a decoder-only model: max_len - the longest prompt);
+                                * 0 (default): as many as fit */
   int32_t min_decoding_length; /* tokens before the end token may be generated; default 0 */
   float length_penalty;        /* default 0: scores are plain sums */
   int64_t start_id, end_id;    /* -1 (default): the model config's bos_id and eos_id;
                                 * else a token id (other negative values are refused) */
   int32_t sampling_top_k;      /* 1 (default): no sampling; 0: sample from all tokens */
   float sampling_temperature;  /* default 1 */
+  float sampling_top_p;        /* in (0, 1]; default 1: no nucleus cut */
   uint64_t seed;               /* for sampling; default 0 */
+  /* More end tokens (e.g. a chat model's end-of-turn ids), besides end_id: num_stop_ids ids
+   * at stop_ids (each a token id); default none. */
+  const int64_t* stop_ids;
+  int32_t num_stop_ids;
   /* With beam_size 1: called for each token as it is chosen (not for the end token), e.g.
    * to stream output; from the calling thread. NULL: none. */
   kiln_token_callback on_token;
@@ -257,7 +270,9 @@ typedef struct kiln_generation {
 } kiln_generation;
 
 /* Generates for the source ids `src` [batch, length] (i64 or i32; sentences of different
- * lengths padded with the model's pad_id at the end). Bad options or input (an id out of
+ * lengths padded with the model's pad_id at the end) or, for a decoder-only model, the
+ * prompts `src` [batch, length] (prompts of different lengths padded with -1 at the end;
+ * every prompt at least one token). Bad options or input (an id out of
  * range, beam_size 0 or above max_beam, max_decoding_length above max_len, an empty
  * batch, a start_id or end_id below -1, ...) are refused with an error naming them, and the
  * model stays usable. A logit that is NaN or infinite (e.g. from NaN weights) is an error
@@ -532,7 +547,8 @@ class Model {
                                 out.size()));
   }
 
-  /* Generation (see kiln_generate): the hypotheses of each source sentence, best first. */
+  /* Generation (see kiln_generate): the hypotheses of each source sentence (or, for a
+   * decoder-only model, each prompt: its new tokens), best first. */
   std::vector<std::vector<Hypothesis>> generate(const Input& src, const SearchOptions& options) {
     kiln_tensor in;
     std::memset(&in, 0, sizeof in);

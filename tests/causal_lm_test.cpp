@@ -1,0 +1,489 @@
+// Decoder-only models written by a user (examples/models/llama.cpp: RMSNorm, rotary, grouped-
+// query attention, SwiGLU; examples/models/gpt2.cpp: learned positions, Conv1D weights, a tied
+// head) generating through nn::add_causal_lm's entry points (frontend/causal_lm.h), against
+// their PyTorch twins (examples/models/make_generate_golden.py):
+// - forward, interpreted and compiled, within 1e-4 of the twin's logits;
+// - prefill + decode_step against forward at every position, interpreted and compiled, on a
+//   batch of left-padded prompts;
+// - kiln_generate's greedy search and beam search (4 beams, 4 hypotheses) on a batch of prompts
+//   of different lengths: the twin's ids with a KV cache, prompt by prompt;
+// - sampling: reproducible by seed, token frequencies over many draws against the softmax
+//   (with temperature, top-k and top-p), top-p's cut, stop ids and streaming.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "error_of.h"
+#include "gpt2_small.h"
+#include "ir/interpreter.h"
+#include "ir/parser.h"
+#include "kiln/runtime.h"
+#include "llama_small.h"
+#include "runtime/safetensors.h"
+#include "support/read_file.h"
+#include "tests/cli_run.h"
+#include "tools/bridge.h"
+
+namespace kiln {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string golden(const std::string& file) {
+  return std::string(KILN_EXAMPLE_GOLDEN) + "/" + file;
+}
+
+// One example model: its IR (what its generator wrote), weights, compiled library, vocabulary.
+struct Example {
+  std::string name;
+  ir::Module module;
+  ir::WeightMap weights;
+  kiln::Model* compiled = nullptr;  // a static of its generated class
+  int64_t vocab = 0;
+
+  const ir::Function& function(const std::string& f) const {
+    for (const ir::Function& fn : module.functions)
+      if (fn.name == f) return fn;
+    throw std::runtime_error("no function " + f);
+  }
+};
+
+Example& example(const std::string& name) {
+  static std::map<std::string, std::unique_ptr<Example>> loaded;
+  std::unique_ptr<Example>& e = loaded[name];
+  if (e) return *e;
+  e = std::make_unique<Example>();
+  e->name = name;
+  const std::vector<uint8_t> text =
+      read_input_file(name == "llama" ? KILN_LLAMA_KIR : KILN_GPT2_KIR);
+  e->module = ir::parse_module(std::string(text.begin(), text.end()));
+  const std::string w = golden(name + ".weights.safetensors");
+  e->weights = tools::load_weight_map(e->module, rt::SafeTensors::load(w));
+  if (name == "llama") {
+    static kiln_models::llama_small llama(w.c_str());
+    e->compiled = &llama;
+  } else {
+    static kiln_models::gpt2_small gpt2(w.c_str());
+    e->compiled = &gpt2;
+  }
+  e->vocab = std::stoll(e->module.config.at("vocab"));
+  return *e;
+}
+
+class CausalLM : public ::testing::TestWithParam<std::string> {
+ protected:
+  Example& ex() { return example(GetParam()); }
+  kiln::Model& model() { return *ex().compiled; }
+  const ir::Module& module() { return ex().module; }
+  const ir::WeightMap& weights() { return ex().weights; }
+  const ir::Function& function(const std::string& f) { return ex().function(f); }
+  std::string file(const std::string& kind) { return GetParam() + "." + kind + ".safetensors"; }
+};
+
+ir::Tensor read(const std::string& file, const std::string& name) {
+  rt::SafeTensors st = rt::SafeTensors::load(golden(file));
+  const rt::TensorInfo* t = st.find(name);
+  if (!t) throw std::runtime_error("no tensor " + name);
+  if (t->dtype == rt::DType::f32) return ir::Tensor::from_f32(t->shape, st.to_f32(*t));
+  return ir::Tensor::from_ints(ir::DType::i64, t->shape, st.to_i64(*t));
+}
+
+double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]));
+  return worst;
+}
+
+// The prompts of the golden file: rows of ids, -1 padded.
+std::vector<std::vector<int64_t>> prompts(const std::string& name) {
+  const ir::Tensor p = read(name + ".generate.safetensors", "prompts");
+  std::vector<std::vector<int64_t>> out(static_cast<size_t>(p.shape[0]));
+  for (int64_t b = 0; b < p.shape[0]; ++b)
+    for (int64_t j = 0; j < p.shape[1]; ++j)
+      if (p.ints[b * p.shape[1] + j] >= 0) out[b].push_back(p.ints[b * p.shape[1] + j]);
+  return out;
+}
+
+kiln::Tensor<int64_t> prompt_tensor(const std::vector<std::vector<int64_t>>& rows) {
+  size_t width = 0;
+  for (const auto& r : rows) width = std::max(width, r.size());
+  kiln::Tensor<int64_t> t;
+  t.shape = {static_cast<int64_t>(rows.size()), static_cast<int64_t>(width)};
+  t.data.assign(rows.size() * width, -1);
+  for (size_t b = 0; b < rows.size(); ++b)
+    std::copy(rows[b].begin(), rows[b].end(), t.data.begin() + static_cast<int64_t>(b * width));
+  return t;
+}
+
+TEST_P(CausalLM, ForwardMatchesTheTwinInterpretedAndCompiled) {
+  const ir::Tensor ids = read(file("inputs"), "ids");
+  const ir::Tensor want = read(file("expected"), "logits");
+  const ir::Tensor got = ir::interpret(module(), function("forward"), weights(), {ids})[0];
+  EXPECT_LE(max_diff(got.f, want.f), 1e-4) << "interpreted";
+  kiln::Tensor<int64_t> in{ids.shape, ids.ints};
+  kiln::Tensor<float> logits;
+  model().run("forward", {in}, {logits});
+  EXPECT_LE(max_diff(logits.data, want.f), 1e-4) << "compiled";
+}
+
+// prefill over left-padded prompts, then decode_step one token at a time, against forward on
+// each prompt alone at every position; interpreted and compiled.
+TEST_P(CausalLM, PrefillAndStepsMatchForward) {
+  const std::vector<std::vector<int64_t>> p = prompts(GetParam());
+  const int64_t batch = static_cast<int64_t>(p.size());
+  int64_t L = 0;
+  for (const auto& r : p) L = std::max<int64_t>(L, static_cast<int64_t>(r.size()));
+  const int64_t steps = 4, T = L + steps, V = ex().vocab;
+  std::mt19937 rng(5);
+  std::vector<std::vector<int64_t>> seqs = p;  // each prompt and its fed tokens
+  for (auto& s : seqs)
+    for (int64_t i = 0; i < steps; ++i)
+      s.push_back(std::uniform_int_distribution<int64_t>(3, V - 1)(rng));
+  // The reference: forward on each sequence alone.
+  std::vector<ir::Tensor> want;
+  for (const auto& s : seqs)
+    want.push_back(ir::interpret(
+        module(), function("forward"), weights(),
+        {ir::Tensor::from_ints(ir::DType::i64, {1, static_cast<int64_t>(s.size())}, s)})[0]);
+  auto want_row = [&](int64_t b, int64_t pos) {  // logits of sequence b after position pos
+    const ir::Tensor& w = want[static_cast<size_t>(b)];
+    return std::vector<float>(w.f.begin() + pos * V, w.f.begin() + (pos + 1) * V);
+  };
+  std::vector<int64_t> ids(static_cast<size_t>(batch * L), 0), start(static_cast<size_t>(batch));
+  for (int64_t b = 0; b < batch; ++b) {
+    start[b] = L - static_cast<int64_t>(p[b].size());
+    std::copy(p[b].begin(), p[b].end(), ids.begin() + b * L + start[b]);
+  }
+  const ir::Function& prefill = function("prefill");
+  const ir::Function& step = function("decode_step");
+  int layers = 0;
+  for (ir::ValueId v : step.params)
+    if (step.values[v].name.rfind("cache_", 0) == 0) ++layers;
+  for (bool compiled : {false, true}) {
+    std::vector<ir::Tensor> caches;
+    for (ir::ValueId v : step.params)
+      if (step.values[v].name.rfind("cache_", 0) == 0)
+        caches.push_back(
+            ir::Tensor::zeros(ir::DType::f32, {T, batch, step.type(v).shape[2].value}));
+    auto run = [&](const ir::Function& f, std::vector<ir::Tensor> in) {
+      for (const ir::Tensor& c : caches) in.push_back(c);
+      std::vector<ir::Tensor> out;
+      if (!compiled) {
+        out = ir::interpret(module(), f, weights(), in);
+      } else {
+        std::vector<kiln::Input> ins;
+        std::vector<kiln::Tensor<int64_t>> ints;
+        std::vector<kiln::Tensor<float>> floats;
+        ints.reserve(in.size());
+        floats.reserve(in.size());
+        for (const ir::Tensor& t : in)
+          if (t.dtype == ir::DType::f32)
+            ins.push_back(floats.emplace_back(kiln::Tensor<float>{t.shape, t.f}));
+          else
+            ins.push_back(ints.emplace_back(kiln::Tensor<int64_t>{t.shape, t.ints}));
+        kiln::Tensor<float> logits;
+        std::vector<kiln::Output> outs = {logits};
+        // The caches are updated in place: the same tensors as output.
+        for (size_t i = 0; i < caches.size(); ++i)
+          outs.push_back(floats[floats.size() - caches.size() + i]);
+        model().run(f.name.c_str(), ins, outs);
+        out.push_back(ir::Tensor::from_f32(logits.shape, logits.data));
+        for (size_t i = 0; i < caches.size(); ++i)
+          out.push_back(ir::Tensor::from_f32(caches[i].shape,
+                                             floats[floats.size() - caches.size() + i].data));
+      }
+      for (size_t i = 0; i < caches.size(); ++i) caches[i] = out[1 + i];
+      return out[0];
+    };
+    const ir::Tensor first = run(prefill, {ir::Tensor::from_ints(ir::DType::i64, {batch, L}, ids),
+                                           ir::Tensor::from_ints(ir::DType::i64, {batch}, start)});
+    for (int64_t b = 0; b < batch; ++b)
+      EXPECT_LE(max_diff({first.f.begin() + b * V, first.f.begin() + (b + 1) * V},
+                         want_row(b, static_cast<int64_t>(p[b].size()) - 1)),
+                1e-4)
+          << (compiled ? "compiled" : "interpreted") << " prefill, prompt " << b;
+    for (int64_t s = 0; s < steps; ++s) {
+      const int64_t pos = L + s, P = pos + 1;
+      std::vector<int64_t> tok(static_cast<size_t>(batch)), rows(static_cast<size_t>(batch * P));
+      for (int64_t b = 0; b < batch; ++b) {
+        tok[b] = seqs[b][p[b].size() + static_cast<size_t>(s)];
+        for (int64_t j = 0; j < P; ++j) rows[b * P + j] = j < start[b] ? -1 : b;
+      }
+      const ir::Tensor logits = run(step, {ir::Tensor::from_ints(ir::DType::i64, {batch, 1}, tok),
+                                           ir::Tensor::from_ints(ir::DType::i64, {1}, {pos}),
+                                           ir::Tensor::from_ints(ir::DType::i64, {batch, P}, rows),
+                                           ir::Tensor::from_ints(ir::DType::i64, {batch}, start)});
+      for (int64_t b = 0; b < batch; ++b)
+        EXPECT_LE(max_diff({logits.f.begin() + b * V, logits.f.begin() + (b + 1) * V},
+                           want_row(b, static_cast<int64_t>(p[b].size()) + s)),
+                  1e-4)
+            << (compiled ? "compiled" : "interpreted") << " step " << s << ", prompt " << b;
+    }
+    (void)layers;
+  }
+}
+
+std::vector<std::vector<int64_t>> first_hypotheses(
+    const std::vector<std::vector<kiln::Hypothesis>>& out) {
+  std::vector<std::vector<int64_t>> ids;
+  for (const auto& h : out) ids.push_back(h.at(0).ids);
+  return ids;
+}
+
+std::vector<int64_t> golden_row(const ir::Tensor& t, int64_t row) {
+  const int64_t width = t.shape.back();
+  std::vector<int64_t> out;
+  for (int64_t j = 0; j < width; ++j)
+    if (t.ints[row * width + j] >= 0) out.push_back(t.ints[row * width + j]);
+  return out;
+}
+
+TEST_P(CausalLM, GreedyAndBeamMatchTheTwinsSearchWithAKVCache) {
+  const kiln::Tensor<int64_t> in = prompt_tensor(prompts(GetParam()));
+  const ir::Tensor greedy = read(file("generate"), "greedy");
+  const ir::Tensor beam = read(file("generate"), "beam");
+  const ir::Tensor beam_scores = read(file("generate"), "beam_scores");
+  kiln::SearchOptions o;
+  o.max_decoding_length = 32;
+  const auto g = model().generate(in, o);
+  ASSERT_EQ(g.size(), 3u);
+  for (int64_t b = 0; b < 3; ++b) EXPECT_EQ(g[b][0].ids, golden_row(greedy, b)) << "prompt " << b;
+  o.beam_size = 4;
+  o.num_hypotheses = 4;
+  const auto bs = model().generate(in, o);
+  for (int64_t b = 0; b < 3; ++b)
+    for (int64_t h = 0; h < 4; ++h) {
+      EXPECT_EQ(bs[b][h].ids, golden_row(beam, b * 4 + h)) << "prompt " << b << " hypothesis " << h;
+      EXPECT_NEAR(bs[b][h].score, beam_scores.f[b * 4 + h], 1e-4);
+    }
+}
+
+TEST_P(CausalLM, SamplingIsReproducibleBySeedAndStreams) {
+  const kiln::Tensor<int64_t> in = prompt_tensor(prompts(GetParam()));
+  kiln::SearchOptions o;
+  o.sampling_top_k = 0;
+  o.max_decoding_length = 20;
+  o.seed = 11;
+  const auto a = first_hypotheses(model().generate(in, o));
+  const auto b = first_hypotheses(model().generate(in, o));
+  EXPECT_EQ(a, b);
+  o.seed = 12;
+  const auto c = first_hypotheses(model().generate(in, o));
+  EXPECT_NE(a, c);
+  // Streaming (one prompt): the callback sees exactly the returned tokens, in order.
+  kiln::Tensor<int64_t> one = prompt_tensor({prompts(GetParam())[0]});
+  std::vector<int64_t> streamed;
+  o.on_token = [](void* user, int64_t sentence, int64_t, int64_t token) {
+    EXPECT_EQ(sentence, 0);
+    static_cast<std::vector<int64_t>*>(user)->push_back(token);
+  };
+  o.user_data = &streamed;
+  const auto s = model().generate(one, o);
+  EXPECT_EQ(streamed, s[0][0].ids);
+}
+
+// The first token drawn from the prompt, many times, against softmax(logits / T) cut to the
+// top k and then the top-p nucleus: every token outside never drawn, every frequency within 5
+// standard deviations of its probability.
+void expect_distribution(kiln::Model& model, const ir::Module& module, const ir::WeightMap& weights,
+                         const std::vector<int64_t>& prompt, int64_t V, int32_t top_k, float top_p,
+                         float temperature) {
+  // The prefill logits of the prompt alone (forward's last position).
+  const ir::Tensor full = ir::interpret(
+      module, module.functions.at(0), weights,
+      {ir::Tensor::from_ints(ir::DType::i64, {1, static_cast<int64_t>(prompt.size())}, prompt)})[0];
+  std::vector<double> logit(full.f.end() - V, full.f.end());
+  std::vector<int64_t> order(static_cast<size_t>(V));
+  for (int64_t v = 0; v < V; ++v) order[v] = v;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t x, int64_t y) { return logit[x] > logit[y]; });
+  const int64_t k = top_k > 0 ? top_k : V;
+  std::vector<double> p(static_cast<size_t>(V), 0.0);
+  double total = 0;
+  for (int64_t r = 0; r < k; ++r)
+    total += std::exp((logit[order[r]] - logit[order[0]]) / temperature);
+  double kept = 0;
+  for (int64_t r = 0; r < k && kept < top_p; ++r) {
+    const double q = std::exp((logit[order[r]] - logit[order[0]]) / temperature) / total;
+    p[order[r]] = q;
+    kept += q;
+  }
+  for (double& q : p) q /= kept;
+  // Draws: batches of 3 copies of the prompt, one new token each, seeds 0, 1, ...
+  const kiln::Tensor<int64_t> in = prompt_tensor({prompt, prompt, prompt});
+  kiln::SearchOptions o;
+  o.sampling_top_k = top_k;
+  o.sampling_top_p = top_p;
+  o.sampling_temperature = temperature;
+  o.max_decoding_length = 1;
+  std::vector<int64_t> count(static_cast<size_t>(V), 0);
+  const int64_t eos = std::stoll(module.config.at("eos_id"));
+  for (uint64_t seed = 0; seed < 1000; ++seed) {
+    o.seed = seed;
+    for (const auto& h : model.generate(in, o)) {
+      ASSERT_LE(h[0].ids.size(), 1u);
+      ++count[h[0].ids.empty() ? eos : h[0].ids[0]];  // the end token leaves no id
+    }
+  }
+  for (int64_t v = 0; v < V; ++v) {
+    const double freq = static_cast<double>(count[v]) / 3000.0;
+    if (p[v] == 0) {
+      EXPECT_EQ(count[v], 0) << "token " << v << " is outside top-k " << top_k << " / top-p "
+                             << top_p;
+      continue;
+    }
+    const double sd = std::sqrt(p[v] * (1 - p[v]) / 3000.0);
+    EXPECT_NEAR(freq, p[v], 5 * sd + 1e-3) << "token " << v << " (top-k " << top_k << ", top-p "
+                                           << top_p << ", T " << temperature << ")";
+  }
+}
+
+TEST_P(CausalLM, SampledTokensFollowTheSoftmax) {
+  ASSERT_EQ(function("forward").name, module().functions.at(0).name);
+  const std::vector<int64_t> prompt = prompts(GetParam())[0];
+  for (auto [k, p, t] : {std::tuple{0, 1.0f, 1.0f}, {5, 1.0f, 0.7f}, {0, 0.8f, 1.3f}})
+    expect_distribution(model(), module(), weights(), prompt, ex().vocab, k, p, t);
+}
+
+TEST_P(CausalLM, TinyTopPIsGreedyAndStopIdsEndHypotheses) {
+  const kiln::Tensor<int64_t> in = prompt_tensor(prompts(GetParam()));
+  const ir::Tensor greedy = read(file("generate"), "greedy");
+  kiln::SearchOptions o;
+  o.max_decoding_length = 32;
+  o.sampling_top_k = 0;
+  o.sampling_top_p = 1e-6f;
+  for (uint64_t seed : {1u, 2u, 3u}) {
+    o.seed = seed;
+    const auto got = first_hypotheses(model().generate(in, o));
+    for (int64_t b = 0; b < 3; ++b) EXPECT_EQ(got[b], golden_row(greedy, b)) << "seed " << seed;
+  }
+  // Stop ids: each greedy continuation ends at its first stop id, which is not returned.
+  kiln::SearchOptions s;
+  s.max_decoding_length = 32;
+  std::vector<int64_t> stops = {golden_row(greedy, 0).at(3), golden_row(greedy, 2).at(6)};
+  s.stop_ids = stops.data();
+  s.num_stop_ids = 2;
+  const auto got = first_hypotheses(model().generate(in, s));
+  for (int64_t b = 0; b < 3; ++b) {
+    std::vector<int64_t> want = golden_row(greedy, b);
+    auto at = std::find_first_of(want.begin(), want.end(), stops.begin(), stops.end());
+    want.erase(at, want.end());
+    EXPECT_EQ(got[b], want) << "prompt " << b;
+  }
+}
+
+TEST_P(CausalLM, BadPromptsAndOptionsAreRefused) {
+  auto error = [&](std::vector<int64_t> data, std::vector<int64_t> shape,
+                   const kiln::SearchOptions& o = {}) {
+    kiln::Tensor<int64_t> in{std::move(shape), std::move(data)};
+    return testing::error_of<std::exception>([&] { model().generate(in, o); });
+  };
+  EXPECT_THAT(error({5, -1, 7}, {1, 3}),
+              HasSubstr("prompt 0 has token 7 at position 2 after its -1 padding"));
+  EXPECT_THAT(error({5, 6, -1, -1}, {2, 2}), HasSubstr("prompt 1 is empty"));
+  EXPECT_THAT(error({5, 99}, {1, 2}),
+              HasSubstr(fmt::format("prompt 0 has token id 99 at position 1, out of range [0, {})",
+                                    ex().vocab)));
+  kiln::SearchOptions o;
+  o.max_decoding_length = 47;
+  EXPECT_THAT(error({5, 6}, {1, 2}, o), HasSubstr("max_decoding_length 47 and the longest prompt's "
+                                                  "2 tokens exceed the model's max_len 48"));
+  kiln::SearchOptions p;
+  p.sampling_top_k = 0;
+  p.sampling_top_p = 0;
+  EXPECT_THAT(error({5}, {1, 1}, p), HasSubstr("sampling_top_p is 0; it must be in (0, 1]"));
+  std::vector<int64_t> stops = {ex().vocab};
+  kiln::SearchOptions q;
+  q.stop_ids = stops.data();
+  q.num_stop_ids = 1;
+  EXPECT_THAT(
+      error({5}, {1, 1}, q),
+      HasSubstr(fmt::format("stop_ids[0] is {0}; it must be a token id in [0, {0})", ex().vocab)));
+  EXPECT_THAT(error({5, 6, 7, 8}, {4, 1}),
+              HasSubstr("4 prompts in one call; the model's maximum is 3"));
+  // The model stays usable.
+  kiln::SearchOptions ok;
+  ok.max_decoding_length = 3;
+  EXPECT_EQ(model().generate(kiln::Tensor<int64_t>{{1, 1}, {5}}, ok).size(), 1u);
+}
+
+// `kiln generate` on the llama example's shared library: greedy ids of prompts of different
+// lengths as the twin's (one line per prompt), beam hypotheses with scores, stop ids, sampling
+// by seed, streaming; and its errors.
+TEST(GenerateCli, PrintsTheTwinsIdsAndRefusesBadPrompts) {
+  const std::vector<std::vector<int64_t>> p = prompts("llama");
+  const ir::Tensor greedy = read("llama.generate.safetensors", "greedy");
+  const std::string w = golden("llama.weights.safetensors");
+  std::vector<std::string> argv = {"%kiln",     "generate", "--compiled", KILN_GENERATE_MODEL_DIR,
+                                   "--weights", w,          "--max-len",  "32"};
+  for (const auto& prompt : p) argv.push_back(fmt::format("{}", fmt::join(prompt, " ")));
+  testing::CliResult r = testing::run_argv(argv);
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::string want;
+  for (int64_t b = 0; b < 3; ++b)
+    want += fmt::format("{}\n", fmt::join(golden_row(greedy, b), " "));
+  EXPECT_EQ(r.output, want);
+  // Standard input, one prompt per line, and a stop id: the line ends before it.
+  const std::vector<int64_t> g0 = golden_row(greedy, 0);
+  testing::CliOptions in;
+  in.input = fmt::format("{}\n", fmt::join(p[0], " "));
+  r = testing::run_argv({"%kiln", "generate", "--compiled", KILN_GENERATE_MODEL_DIR, "--weights", w,
+                         "--max-len", "32", "--stop-id", std::to_string(g0.at(4))},
+                        in);
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::vector<int64_t> cut(g0.begin(), std::find(g0.begin(), g0.end(), g0.at(4)));
+  EXPECT_EQ(r.output, fmt::format("{}\n", fmt::join(cut, " ")));
+  // Sampling: the same seed prints the same, streamed or not.
+  auto sample = [&](const char* seed, bool stream) {
+    std::vector<std::string> a = {"%kiln",
+                                  "generate",
+                                  "--compiled",
+                                  KILN_GENERATE_MODEL_DIR,
+                                  "--weights",
+                                  w,
+                                  "--sampling-topk",
+                                  "0",
+                                  "--top-p",
+                                  "0.9",
+                                  "--seed",
+                                  seed,
+                                  "--max-len",
+                                  "12",
+                                  fmt::format("{}", fmt::join(p[2], " "))};
+    if (stream) a.push_back("--stream");
+    testing::CliResult s = testing::run_argv(a, {.join_stderr = false});
+    EXPECT_EQ(s.status, 0) << s.errors;
+    std::string out = s.output;
+    while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+    return out;
+  };
+  EXPECT_EQ(sample("7", false), sample("7", false));
+  EXPECT_EQ(sample("7", false), sample("7", true));
+  // Errors name the prompt.
+  r = testing::run_argv(
+      {"%kiln", "generate", "--compiled", KILN_GENERATE_MODEL_DIR, "--weights", w, "3 4", "5 x"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.output, HasSubstr("kiln: error: generate: prompt 2: 'x' is not a token id"));
+  r = testing::run_argv(
+      {"%kiln", "generate", "--compiled", KILN_GENERATE_MODEL_DIR, "--weights", w, "3 4 999"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.output,
+              HasSubstr("kiln: error: generate: prompt 1: token id 999 is out of range [0, 61) "
+                        "(the model's vocab): '3 4 999'"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Examples, CausalLM, ::testing::Values("llama", "gpt2"));
+
+}  // namespace
+}  // namespace kiln
