@@ -76,6 +76,14 @@ const char* kiln_model_input_name(const kiln_model* model, const char* function,
   return nullptr;
 }
 
+int kiln_model_output_updates(const kiln_model* model, const char* function, int index) {
+  if (!model || !function) return -1;
+  for (const auto& f : model->plan.functions)
+    if (f.name == function && index >= 0 && index < static_cast<int>(f.results.size()))
+      return f.results[index].updates_param;
+  return -1;
+}
+
 const char* const* kiln_model_functions(const kiln_model* model) {
   static const char* const none[] = {nullptr};
   return model ? model->function_names.data() : none;

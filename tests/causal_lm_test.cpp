@@ -483,6 +483,62 @@ TEST(GenerateCli, PrintsTheTwinsIdsAndRefusesBadPrompts) {
                         "(the model's vocab): '3 4 999'"));
 }
 
+// `kiln run --compiled` runs one decode_step (its caches updated in place: the runtime says
+// which output updates which input, kiln_model_output_updates): logits and caches as the C++
+// API's run of the same step.
+TEST(GenerateCli, RunCompiledRunsAStep) {
+  Example& ex = example("llama");
+  const int64_t n = 2, T = 6, width = 2 * 8;  // kv_heads 2 of head size 8
+  std::vector<rt::TensorData> in;
+  in.push_back(rt::make_i64("tok", {n, 1}, {7, 9}));
+  in.push_back(rt::make_i64("pos", {1}, {2}));
+  in.push_back(rt::make_i64("rows", {n, 3}, {0, 0, 0, -1, 1, 1}));
+  in.push_back(rt::make_i64("start", {n}, {0, 1}));
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal;
+  std::vector<kiln::Tensor<float>> caches;
+  const ir::Function& step = ex.function("decode_step");
+  for (ir::ValueId v : step.params) {
+    const std::string& name = step.values[v].name;
+    if (name.rfind("cache_", 0) != 0) continue;
+    ASSERT_EQ(step.type(v).shape[2].value, width) << name;
+    kiln::Tensor<float> c{{T, n, width}, {}};
+    for (int64_t i = 0; i < c.numel(); ++i) c.data.push_back(normal(rng));
+    in.push_back(rt::make_f32(name, c.shape, c.data));
+    caches.push_back(std::move(c));
+  }
+  const std::string inputs = ::testing::TempDir() + "kiln_step_inputs.safetensors";
+  const std::string outputs = ::testing::TempDir() + "kiln_step_outputs.safetensors";
+  rt::write_safetensors(inputs, in);
+  testing::CliResult r = testing::run_argv(
+      {"%kiln", "run", "--compiled", KILN_GENERATE_MODEL_DIR, "--function", "decode_step",
+       "--weights", golden("llama.weights.safetensors"), "--inputs", inputs, "-o", outputs});
+  ASSERT_EQ(r.status, 0) << r.output;
+  // The same step through the C++ API.
+  kiln::Tensor<int64_t> tok{{n, 1}, {7, 9}}, pos{{1}, {2}}, rows{{n, 3}, {0, 0, 0, -1, 1, 1}},
+      start{{n}, {0, 1}};
+  kiln::Tensor<float> logits;
+  std::vector<kiln::Input> ins = {tok, pos, rows, start};
+  std::vector<kiln::Output> outs = {logits};
+  for (auto& c : caches) {
+    ins.push_back(c);
+    outs.push_back(c);
+  }
+  ex.compiled->run("decode_step", ins, outs);
+  rt::SafeTensors got = rt::SafeTensors::load(outputs);
+  const rt::TensorInfo* l = got.find("logits");
+  ASSERT_NE(l, nullptr);
+  EXPECT_EQ(max_diff(got.to_f32(*l), logits.data), 0.0);
+  size_t i = 0;
+  for (ir::ValueId v : step.params) {
+    const std::string& name = step.values[v].name;
+    if (name.rfind("cache_", 0) != 0) continue;
+    const rt::TensorInfo* c = got.find(name + "_out");
+    ASSERT_NE(c, nullptr) << name;
+    EXPECT_EQ(max_diff(got.to_f32(*c), caches[i++].data), 0.0) << name;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Examples, CausalLM, ::testing::Values("llama", "gpt2"));
 
 }  // namespace

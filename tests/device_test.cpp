@@ -359,7 +359,7 @@ TEST_P(DeviceGeneralTest, Matmul) {
 
 // Single-query decoding attention (tests/gpu/step_attention.kir) at 1, 7, 33 and 129 keys (cache
 // positions or source keys) and 1, 4 and 9 hypotheses: cache_attention reads random slots of the
-// cache through the row table; memory_attention reads random sentences with random key padding,
+// cache through the row table (grouped-query and windowed forms with skipped keys too); memory_attention reads random sentences with random key padding,
 // sentence 0 wholly padded and read by hypothesis 0 (its output: the uniform average of v).
 TEST_P(DeviceTest, StepAttention) {
   const ir::Module m = read_module("step_attention.kir");
@@ -371,11 +371,17 @@ TEST_P(DeviceTest, StepAttention) {
     for (int64_t n : {1, 4, 9}) {
       const int64_t positions = std::min<int64_t>(keys + 2, 129);  // cache rows: T >= P
       std::mt19937 rng(++seed);
-      for (const char* f : {"cache", "cache_dv", "cache_wide"}) {
+      for (const char* f : {"cache", "cache_dv", "cache_wide", "cache_gqa", "cache_window"}) {
         std::vector<ir::Tensor> inputs = random_inputs(
             m, f, {{"N", n}, {"P", keys}, {"T", positions}, {"C", kSlots}, {"V", 2}}, ++seed);
         std::uniform_int_distribution<int64_t> slot(0, kSlots - 1);
         for (int64_t& r : inputs[3].ints) r = slot(rng);
+        // Grouped-query and windowed forms: each row's first keys skipped (-1, a left-padded
+        // prompt), never its last.
+        if (std::string(f) == "cache_gqa" || std::string(f) == "cache_window")
+          for (int64_t i = 0; i < n; ++i)
+            for (int64_t j = 0; j < (keys - 1) * i / std::max<int64_t>(n, 1); ++j)
+              inputs[3].ints[static_cast<size_t>(i * keys + j)] = -1;
         EXPECT_LE(max_error(model.get(), m, f, inputs), kTolerance)
             << f << " with N=" << n << " P=" << keys << " T=" << positions;
       }

@@ -33,7 +33,7 @@ check() {  # NAME EXPECTED ACTUAL
 }
 
 usage=""
-for cmd in emit inspect opt compile run translate; do
+for cmd in emit inspect opt compile run translate generate; do
   usage+=$("$kiln" "$cmd" --help | awk 'NF == 0 { exit } { print substr($0, 8) }')$'\n'
 done
 usage+=$'kiln models\nkiln --version'

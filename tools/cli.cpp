@@ -356,7 +356,7 @@ std::unique_ptr<CLI::App> translate_command(TranslateArgs& a) {
       "(--inputs IN.safetensors | --src-vocab V --tgt-vocab V [TEXT...])\n"
       "[--beam N] [--num-hypotheses N] [--max-len N] [--min-len N]\n"
       "[--length-penalty X] [--start-id ID] [--end-id ID]\n"
-      "[--sampling-topk K] [--temperature X] [--seed N]\n"
+      "[--sampling-topk K] [--top-p X] [--temperature X] [--seed N]\n"
       "[--threads N] [--scores] [-o OUT.safetensors]",
       "Generates target sentences with a compiled model (from 'kiln compile --emit=shared'), "
       "over\nits prepare and decode_step entry points: greedy search, beam search or sampling.\n"

@@ -25,6 +25,7 @@ struct Api {
   int (*num_inputs)(const kiln_model*, const char*);
   int (*num_outputs)(const kiln_model*, const char*);
   const char* (*input_name)(const kiln_model*, const char*, int);
+  int (*output_updates)(const kiln_model*, const char*, int);
   int (*output_shapes)(kiln_model*, const char*, const kiln_tensor*, size_t, kiln_tensor*, size_t);
   int (*run)(kiln_model*, const char*, const kiln_tensor*, size_t, kiln_tensor*, size_t);
   const char* (*error)(const kiln_model*);
@@ -82,6 +83,7 @@ LoadedLibrary open_compiled(const std::string& dir, const std::string& weights_p
   resolve(handle, lib, "kiln_model_num_inputs", &api.num_inputs);
   resolve(handle, lib, "kiln_model_num_outputs", &api.num_outputs);
   resolve(handle, lib, "kiln_model_input_name", &api.input_name);
+  resolve(handle, lib, "kiln_model_output_updates", &api.output_updates);
   resolve(handle, lib, "kiln_model_output_shapes", &api.output_shapes);
   resolve(handle, lib, "kiln_model_run", &api.run);
   resolve(handle, lib, "kiln_model_error", &api.error);
@@ -170,12 +172,21 @@ std::vector<rt::TensorData> run_compiled(const std::string& dir, const std::stri
     results[r].data.resize(static_cast<size_t>(n) * esize);
     out[r].data = results[r].data.data();
     out[r].capacity = results[r].data.size();
+    // A cache updated in place (decode_step's): its input's buffer serves as the output, and
+    // the result is copied from it after the run.
+    if (const int p = api.output_updates(model, function.c_str(), r); p >= 0 && p < n_in) {
+      out[r].data = in[p].data;
+      out[r].capacity = in[p].capacity;
+    }
   }
   if (options.profile) api.set_profiling(model, 1);
   for (int i = 0; i < options.repeat; ++i)
     if (api.run(model, function.c_str(), in.data(), in.size(), out.data(), out.size()) != 0)
       fail("{}", api.error(model));
   if (options.profile) fmt::print(stderr, "{}", api.profile(model));
+  for (int r = 0; r < n_out; ++r)
+    if (out[r].data != results[r].data.data())
+      std::memcpy(results[r].data.data(), out[r].data, results[r].data.size());
   return results;
 }
 

@@ -110,6 +110,9 @@ int kiln_model_num_inputs(const kiln_model* model, const char* function);
 int kiln_model_num_outputs(const kiln_model* model, const char* function);
 /* Name of input `index` of an entry point, or NULL. */
 const char* kiln_model_input_name(const kiln_model* model, const char* function, int index);
+/* The input that output `index` of an entry point updates in place (a cache: the caller passes
+ * one buffer as both), or -1 for an ordinary output or a bad function or index. */
+int kiln_model_output_updates(const kiln_model* model, const char* function, int index);
 /* Names of the model's entry points, NULL-terminated list owned by the model. */
 const char* const* kiln_model_functions(const kiln_model* model);
 
