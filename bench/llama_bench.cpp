@@ -39,7 +39,8 @@ template <typename M>
 M& model() {
   static std::unique_ptr<M> m = [] {
     const char* w = std::getenv("KILN_BENCH_LLAMA_WEIGHTS");
-    if (!w) throw std::runtime_error("set KILN_BENCH_LLAMA_WEIGHTS (bench/llama_peer.py writes it)");
+    if (!w)
+      throw std::runtime_error("set KILN_BENCH_LLAMA_WEIGHTS (bench/llama_peer.py writes it)");
     auto made = std::make_unique<M>(w);
     made->set_num_threads(bench_threads());
     return made;
@@ -74,8 +75,8 @@ void BM_prefill(benchmark::State& state) {
     out.push_back(c);
   }
   for (auto _ : state) m.run("prefill", in, out);
-  state.counters["ms"] = benchmark::Counter(1e3, benchmark::Counter::kIsIterationInvariantRate |
-                                                     benchmark::Counter::kInvert);
+  state.counters["ms"] = benchmark::Counter(
+      1e3, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
 template <typename M>
@@ -90,8 +91,8 @@ void BM_generate(benchmark::State& state) {
     if (h.at(0).ids.size() != static_cast<size_t>(kNew))
       state.SkipWithError("a prompt ended before 64 tokens");
   for (auto _ : state) benchmark::DoNotOptimize(m.generate(ids, o));
-  state.counters["ms"] = benchmark::Counter(1e3, benchmark::Counter::kIsIterationInvariantRate |
-                                                     benchmark::Counter::kInvert);
+  state.counters["ms"] = benchmark::Counter(
+      1e3, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
 BENCHMARK(BM_prefill<kiln_models::bench_llama>)

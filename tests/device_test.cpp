@@ -359,8 +359,9 @@ TEST_P(DeviceGeneralTest, Matmul) {
 
 // Single-query decoding attention (tests/gpu/step_attention.kir) at 1, 7, 33 and 129 keys (cache
 // positions or source keys) and 1, 4 and 9 hypotheses: cache_attention reads random slots of the
-// cache through the row table (grouped-query and windowed forms with skipped keys too); memory_attention reads random sentences with random key padding,
-// sentence 0 wholly padded and read by hypothesis 0 (its output: the uniform average of v).
+// cache through the row table (grouped-query and windowed forms with skipped keys too);
+// memory_attention reads random sentences with random key padding, sentence 0 wholly padded and
+// read by hypothesis 0 (its output: the uniform average of v).
 TEST_P(DeviceTest, StepAttention) {
   const ir::Module m = read_module("step_attention.kir");
   ModelPtr model = create_model(api().step_attention);
