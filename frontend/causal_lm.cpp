@@ -32,16 +32,15 @@ Tensor heads_of(Tensor x, int64_t heads, bool keys, const dsl::Loc& loc) {
       r, keys ? std::vector<int64_t>{0, 2, 3, 1} : std::vector<int64_t>{0, 2, 1, 3}, loc);
 }
 
-// Key/value heads repeated for grouped-query attention: [N, L, G·d] -> [N, L, G·rep·d], head
-// g·rep + r a copy of head g (PyTorch's repeat_interleave over the heads).
-Tensor repeat_heads(Tensor x, int64_t groups, int64_t rep, const dsl::Loc& loc) {
+// Key/value heads in head layout [N, G, L, d] repeated for grouped-query attention, as Hugging
+// Face's repeat_kv writes it: x[:, :, None].expand(N, G, rep, L, d).reshape(N, G·rep, L, d)
+// (fuse-attention folds it into the attention's kv_heads).
+Tensor repeat_kv(Tensor x, int64_t rep, const dsl::Loc& loc) {
   if (rep == 1) return x;
-  const Dim N = x.dim(0), L = x.dim(1);
-  const int64_t d = x.dim(2).value / groups;
-  Tensor g =
-      dsl::reshape(x, {N, L, Dim::constant(groups), Dim::constant(1), Dim::constant(d)}, loc);
-  Tensor r = dsl::concat(std::vector<Tensor>(static_cast<size_t>(rep), g), 3, loc);
-  return dsl::reshape(r, {N, L, Dim::constant(groups * rep * d)}, loc);
+  const Dim N = x.dim(0), G = x.dim(1), L = x.dim(2), d = x.dim(3);
+  Tensor e = dsl::reshape(x, {N, G, Dim::constant(1), L, d}, loc);
+  e = dsl::expand(e, {N, G, Dim::constant(rep), L, d}, loc);
+  return dsl::reshape(e, {N, Dim::constant(G.value * rep), L, d}, loc);
 }
 
 }  // namespace
@@ -99,8 +98,15 @@ Tensor Decoding::attention(Tensor q, Tensor k, Tensor v, const AttentionSpec& sp
   // padding as key padding in prefill.
   const Dim N = q.dim(0), L = q.dim(1);
   Tensor qh = heads_of(q, heads, false, loc);
-  Tensor kt = heads_of(repeat_heads(k, groups, heads / groups, loc), heads, true, loc);
-  Tensor vh = heads_of(repeat_heads(v, groups, heads / groups, loc), heads, false, loc);
+  Tensor kt, vh;
+  if (groups == heads) {  // the paper's head split: keys straight to [N, H, d, L]
+    kt = heads_of(k, heads, true, loc);
+    vh = heads_of(v, heads, false, loc);
+  } else {  // grouped-query: split the G heads, repeat them, then keys to [N, H, d, L]
+    kt = dsl::transpose(repeat_kv(heads_of(k, groups, false, loc), heads / groups, loc),
+                        {0, 1, 3, 2}, loc);
+    vh = repeat_kv(heads_of(v, groups, false, loc), heads / groups, loc);
+  }
   Tensor s = dsl::matmul(qh, kt, loc);
   s = dsl::mul(s, dsl::scalar(s, scale), loc);
   const Dim one = Dim::constant(1);

@@ -26,6 +26,7 @@
 #include "gpt2_small.h"
 #include "ir/interpreter.h"
 #include "ir/parser.h"
+#include "passes/pipeline.h"
 #include "kiln/runtime.h"
 #include "llama_small.h"
 #include "runtime/safetensors.h"
@@ -135,6 +136,35 @@ TEST_P(CausalLM, ForwardMatchesTheTwinInterpretedAndCompiled) {
   kiln::Tensor<float> logits;
   model().run("forward", {in}, {logits});
   EXPECT_LE(max_diff(logits.data, want.f), 1e-4) << "compiled";
+}
+
+// Written the way Hugging Face writes them, the models come out of the default pipeline fully
+// fused, in every entry point: one attention per layer (forward, prefill: the fused attention
+// op, rotary and the grouped-query repeat folded in; decode_step: cache_attention), every
+// GEMM a linear (Conv1D's [in, out] weights too), every norm after a residual sum one
+// add_layernorm (RMSNorm: its rms form), no matmul, softmax or reduce_mean left, and no
+// lost-fusion note.
+TEST_P(CausalLM, EveryEntryPointIsFused) {
+  ir::Module m = module();
+  const std::vector<passes::LostFusion> notes = passes::run_passes(m, passes::default_pipeline());
+  for (const passes::LostFusion& n : notes)
+    ADD_FAILURE() << "note: " << n.function << " " << n.value << ": " << n.what << ": " << n.reason;
+  const int64_t layers = 2;
+  // The norms: llama's first input_layernorm reads the embeddings alone; gpt2's first ln_1
+  // reads the sum of token and position embeddings.
+  const int64_t plain_norms = GetParam() == "llama" ? 1 : 0;
+  const int64_t fused_norms = GetParam() == "llama" ? 4 : 5;
+  for (const ir::Function& f : m.functions) {
+    std::map<std::string, int64_t> count;
+    for (const ir::Op& op : f.ops) ++count[std::string(ir::op_name(op.kind))];
+    const bool step = f.name == "decode_step";
+    EXPECT_EQ(count[step ? "cache_attention" : "attention"], layers) << f.name;
+    for (const char* gone : {"matmul", "softmax", "reduce_mean", "rsqrt", "sqrt"})
+      EXPECT_EQ(count[gone], 0) << f.name << ": " << gone;
+    EXPECT_EQ(count["layernorm"], plain_norms) << f.name;
+    EXPECT_EQ(count["add_layernorm"], fused_norms) << f.name;
+    EXPECT_GE(count["linear"], 4 * layers + 1) << f.name;
+  }
 }
 
 // prefill over left-padded prompts, then decode_step one token at a time, against forward on

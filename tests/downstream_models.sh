@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds examples/models (four models written outside kiln, kiln_add_model ... SOURCES) as
+# Builds examples/models (six models written outside kiln, kiln_add_model ... SOURCES) as
 # a downstream project against the kiln installed by downstream.sh, and checks each model
 # against its PyTorch golden (max abs error <= 1e-4): through the interpreter (`kiln run`
 # on the .kir the model's generator wrote) and through the compiled library; the GPT model
@@ -19,8 +19,8 @@ fi
 rm -rf "$work" && mkdir -p "$work"
 cmake -S "$models" -B "$work" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null || exit 1
 failed=()
-for m in classifier gpt multilabel transformer; do
-  outputs=$(case $m in classifier) echo "logits probs" ;; gpt | transformer) echo logits ;;
+for m in classifier gpt multilabel transformer llama gpt2; do
+  outputs=$(case $m in classifier) echo "logits probs" ;; gpt | transformer | llama | gpt2) echo logits ;;
             *) echo scores ;; esac)
   inputs=$([[ $m == transformer ]] && echo src,tgt || echo ids)
   # The interpreter, on the IR the user's generator program wrote.
@@ -41,6 +41,19 @@ for m in classifier gpt multilabel transformer; do
   else
     grep -E "error|Error" "$work/$m.build.log" | head -20 >&2
     failed+=("$m (kiln compile)")
+  fi
+done
+# The decoder-only models generating (nn::add_causal_lm): greedy, beam 4 and sampling against
+# their twins' search with a KV cache.
+for m in llama gpt2; do
+  if [[ "$compiled" != *" $m "* ]]; then
+    echo "generation with $m: not checked ($m is not compiled)"
+  elif cmake --build "$work" --target "generate_check_$m" >"$work/generate_$m.log" 2>&1; then
+    (cd "$work" && ./generate_check_$m "$golden/$m.weights.safetensors" \
+      "$golden/$m.generate.safetensors") || failed+=("$m (generation)")
+  else
+    grep -E "error|Error" "$work/generate_$m.log" | head -20 >&2
+    failed+=("generate_check_$m (build)")
   fi
 done
 if [[ "$compiled" != *" gpt "* ]]; then

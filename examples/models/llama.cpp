@@ -88,8 +88,8 @@ KILN_MODEL(llama, "LLaMA-style decoder-only LM: RMSNorm, rotary, grouped-query a
           x = x +
               linear(p + ".mlp.down_proj", gate * linear(p + ".mlp.up_proj", h, d, d_ff), d_ff, d);
         }
-        return x;
+        return rms_norm("model.norm", x);  // LlamaModel ends with its norm
       },
-      [&](Tensor h) { return linear("lm_head", rms_norm("model.norm", h), d, vocab); });
+      [&](Tensor h) { return linear("lm_head", h, d, vocab); });
   return mb.finish();
 }
