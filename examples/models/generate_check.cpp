@@ -44,8 +44,9 @@ int main(int argc, char** argv) {
     const auto g = model.generate(prompts, o);
     int same = 0;
     for (int64_t b = 0; b < batch; ++b) same += g[b][0].ids == row(greedy, b);
-    std::printf("%s greedy (32 new tokens, %lld prompts of different lengths): %d of %lld as PyTorch\n",
-                argv[0], static_cast<long long>(batch), same, static_cast<long long>(batch));
+    std::printf(
+        "%s greedy (32 new tokens, %lld prompts of different lengths): %d of %lld as PyTorch\n",
+        argv[0], static_cast<long long>(batch), same, static_cast<long long>(batch));
     ok = ok && same == batch;
     o.beam_size = 4;
     o.num_hypotheses = 4;
@@ -57,8 +58,9 @@ int main(int argc, char** argv) {
         same += bs[b][h].ids == row(beam, b * 4 + h);
         worst = std::fmax(worst, std::fabs(bs[b][h].score - scores.data[b * 4 + h]));
       }
-    std::printf("%s beam 4: %d of %lld hypotheses as the reference beam search, scores within %.2g\n",
-                argv[0], same, static_cast<long long>(batch * 4), worst);
+    std::printf(
+        "%s beam 4: %d of %lld hypotheses as the reference beam search, scores within %.2g\n",
+        argv[0], same, static_cast<long long>(batch * 4), worst);
     ok = ok && same == batch * 4 && worst <= 1e-4;
     kiln::SearchOptions s;
     s.sampling_top_k = 0;
@@ -67,7 +69,8 @@ int main(int argc, char** argv) {
     s.max_decoding_length = 32;
     const auto first = model.generate(prompts, s), second = model.generate(prompts, s);
     bool reproducible = true;
-    for (int64_t b = 0; b < batch; ++b) reproducible = reproducible && first[b][0].ids == second[b][0].ids;
+    for (int64_t b = 0; b < batch; ++b)
+      reproducible = reproducible && first[b][0].ids == second[b][0].ids;
     std::printf("%s sampling (top-p 0.9, seed 42) twice: %s\n", argv[0],
                 reproducible ? "the same ids" : "DIFFERENT ids");
     ok = ok && reproducible;
