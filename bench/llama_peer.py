@@ -53,8 +53,8 @@ def run(model, batch, autocast):
 
     with torch.inference_mode():
         prefill()  # warm-up
-        p = timed(prefill, 5)
-        gen = timed(generate, 3)
+        p = timed(prefill, 3)
+        gen = timed(generate, 2)
     return {"prefill_ms": p * 1e3, "generate_ms": gen * 1e3,
             "decode_ms_per_step": (gen - p) * 1e3 / (NEW - 1),
             "decode_tok_s": batch * (NEW - 1) / (gen - p)}

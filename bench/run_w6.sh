@@ -3,19 +3,36 @@
 # cache (bench/llama_peer.py) in one run, on this machine, and the table: prefill ms, decode
 # tokens/s and decode against its bandwidth floor, at batch 1 and 16, f32 (and bf16 weights
 # where the host has AVX512-BF16). Checkpoint and results in /tmp/kiln-bench/.
-#   bench/run_w6.sh            (KILN_BENCH_THREADS, default 2)
+#   bench/run_w6.sh            (KILN_BENCH_THREADS, default 2; KILN_BENCH_BUILD: the build
+#                               folder, default /tmp/build-bench)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=/tmp/kiln-bench
 mkdir -p "$out"
 threads="${KILN_BENCH_THREADS:-2}"
 export KILN_BENCH_THREADS="$threads"
-cmake -S . -B /tmp/build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_BUILD_BENCH=ON >/dev/null
-cmake --build /tmp/build-bench -j "${KILN_JOBS:-2}" --target llama_bench
-bf16=$(grep -q ' avx512_bf16' /proc/cpuinfo && echo --bf16 || true)
-/usr/bin/python3 bench/llama_peer.py --weights-out "$out/llama_w6.safetensors" \
+build="${KILN_BENCH_BUILD:-/tmp/build-bench}"
+if [[ -f "$build/CMakeCache.txt" ]]; then  # an existing build keeps its build type
+  cmake -S . -B "$build" -DKILN_BUILD_BENCH=ON >/dev/null
+else
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKILN_BUILD_BENCH=ON >/dev/null
+fi
+cmake --build "$build" -j "${KILN_JOBS:-2}" --target llama_bench
+bf16=""  # bf16 autocast on CPU: see bench/README.md (W6): not timed by default
+# PyTorch over OpenBLAS, as bench/run.sh runs it (Debian's torch links libblas.so.3, the
+# reference BLAS unless OpenBLAS is the alternative): the installed one, or Debian's package
+# unpacked into the cache (apt-get download; nothing is installed).
+ob=/usr/lib/x86_64-linux-gnu/openblas-pthread
+if [[ ! -e $ob/libblas.so.3 ]]; then
+  ob="$out/openblas-root/usr/lib/x86_64-linux-gnu/openblas-pthread"
+  if [[ ! -e $ob/libblas.so.3 ]]; then
+    (cd "$out" && apt-get download libopenblas0-pthread >/dev/null &&
+      dpkg -x libopenblas0-pthread_*.deb openblas-root)
+  fi
+fi
+LD_LIBRARY_PATH="$ob" /usr/bin/python3 bench/llama_peer.py --weights-out "$out/llama_w6.safetensors" \
   --json-out "$out/w6_torch.json" $bf16
-KILN_BENCH_LLAMA_WEIGHTS="$out/llama_w6.safetensors" /tmp/build-bench/bench/llama_bench \
+KILN_BENCH_LLAMA_WEIGHTS="$out/llama_w6.safetensors" "$build/bench/llama_bench" \
   --benchmark_format=json --benchmark_out="$out/w6_kiln.json" --benchmark_out_format=json \
   --benchmark_filter='W6|bandwidth' >/dev/null
 /usr/bin/python3 - "$out/w6_kiln.json" "$out/w6_torch.json" <<'PY'

@@ -11,13 +11,16 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "codegen/lower.h"
 #include "error_of.h"
 #include "ir/interpreter.h"
 #include "ir/parser.h"
 #include "jit_model.h"
+#include "passes/pipeline.h"
 
 namespace kiln {
 namespace {
@@ -224,6 +227,38 @@ TEST(CacheOps, CompiledMatchesTheInterpreter) {
         EXPECT_LE(max_diff(got, want), 2e-5) << f << " P=" << p << " N=" << n;
       }
     }
+}
+
+// Every layer's cache_attention reads the one row table: its id limit is recorded once, not
+// once per layer (a 24-layer decoder's plan would otherwise exceed the format's 16 limits per
+// tensor and fail to load: "compiled plan has a bad count 24").
+TEST(CacheOps, ManyLayersShareOneRowLimit) {
+  std::string text = R"(
+module @deep {
+  symbol N max 4
+  symbol P max 8
+  symbol T max 8
+  symbol C max 4
+  func @step(%q: f32[N,1,8], %k: f32[T,C,4], %v: f32[T,C,4], %rows: i64[N,P]) -> (f32[N,1,8]) {
+    %x0 = neg(%q) : f32[N,1,8]
+)";
+  for (int l = 0; l < 24; ++l)
+    text += fmt::format(
+        "    %x{} = cache_attention(%x{}, %k, %v, %rows) {{heads = 2, kv_heads = 1, scale = 0.5}} "
+        ": f32[N,1,8]\n",
+        l + 1, l);
+  text += "    return %x24\n  }\n}\n";
+  ir::Module m = ir::parse_and_verify(text);
+  passes::run_passes(m, passes::default_pipeline());
+  const codegen::LoweredModel lowered = codegen::lower_module(m);
+  ASSERT_EQ(lowered.plan.functions.size(), 1u);
+  EXPECT_EQ(lowered.plan.functions[0].params.at(3).id_limits.size(), 1u);
+  // And the plan loads: compiled, the 24 layers match the interpreter.
+  jit::JitModel model(m, {}, ::testing::TempDir() + "kiln_cache_ops_deep.safetensors");
+  std::mt19937 rng(12);
+  std::vector<ir::Tensor> in = {normal({3, 1, 8}, rng), normal({5, 4, 4}, rng),
+                                normal({5, 4, 4}, rng), row_table(3, 5, 4, rng, true)};
+  EXPECT_LE(max_diff(model.run("step", in)[0], ir::interpret(m, m.functions[0], {}, in)[0]), 1e-5);
 }
 
 // A row table entry below -1 is refused before any kernel runs, naming the input.

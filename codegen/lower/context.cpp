@@ -299,8 +299,14 @@ void FunctionLowering::limit_param(ir::ValueId v, const ir::Dim& limit, const ch
                                    bool allow_minus_one) {
   auto it = param_index.find(v);
   if (it == param_index.end()) return;
-  fd.params[static_cast<size_t>(it->second)].id_limits.push_back(
-      {dim(limit), what, allow_minus_one ? -1 : 0});
+  // Once per distinct limit: every layer's cache_attention reads the same row table (a
+  // 12-layer decoder would otherwise give it 12 equal limits; the plan format holds 16).
+  std::vector<rt::TensorDesc::IdLimit>& limits =
+      fd.params[static_cast<size_t>(it->second)].id_limits;
+  const rt::TensorDesc::IdLimit want{dim(limit), what, allow_minus_one ? -1 : 0};
+  for (const rt::TensorDesc::IdLimit& l : limits)
+    if (l.limit == want.limit && l.what == want.what && l.lowest == want.lowest) return;
+  limits.push_back(want);
 }
 
 void FunctionLowering::check_le(const ir::Dim& lhs, const ir::Dim& rhs, std::string what) {
