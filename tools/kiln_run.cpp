@@ -88,6 +88,21 @@ void read_sentences(const char* command, const std::vector<std::string>& text,
   if (std::cin.bad()) fail("{}: cannot read standard input", command);
 }
 
+// -o of translate and generate: ids I64 [batch, hypotheses, max_len] (-1 padded), lengths and
+// scores as safetensors.
+void write_generation(const std::string& path, const Generated& g) {
+  std::vector<rt::TensorData> data;
+  data.push_back(rt::make_i64("ids", {g.batch, g.hypotheses, g.max_length}, g.ids));
+  data.push_back(rt::make_i64("lengths", {g.batch, g.hypotheses}, g.lengths));
+  data.push_back(rt::make_f32("scores", {g.batch, g.hypotheses}, g.scores));
+  rt::write_safetensors(path, data);
+}
+
+// The ids of hypothesis `at` (sentence × hypotheses + hypothesis), without its padding.
+std::vector<int64_t> hypothesis_ids(const Generated& g, int64_t at) {
+  return {g.ids.begin() + at * g.max_length, g.ids.begin() + at * g.max_length + g.lengths[at]};
+}
+
 // kiln translate (see its --help).
 int cmd_translate(const std::vector<std::string>& argv) {
   TranslateArgs a;
@@ -159,19 +174,14 @@ int cmd_translate(const std::vector<std::string>& argv) {
   };
   Generated g = model.generate(src, batch, length, a.search, sentence);
   if (!a.output.empty()) {
-    std::vector<rt::TensorData> data;
-    data.push_back(rt::make_i64("ids", {g.batch, g.hypotheses, g.max_length}, g.ids));
-    data.push_back(rt::make_i64("lengths", {g.batch, g.hypotheses}, g.lengths));
-    data.push_back(rt::make_f32("scores", {g.batch, g.hypotheses}, g.scores));
-    rt::write_safetensors(a.output, data);
+    write_generation(a.output, g);
     return 0;
   }
   std::string printed;
   for (int64_t b = 0; b < g.batch; ++b)
     for (int64_t h = 0; h < g.hypotheses; ++h) {
       const int64_t at = b * g.hypotheses + h;
-      std::vector<int64_t> ids(g.ids.begin() + at * g.max_length,
-                               g.ids.begin() + at * g.max_length + g.lengths[at]);
+      const std::vector<int64_t> ids = hypothesis_ids(g, at);
       if (text) {
         std::string translation;
         try {
@@ -251,11 +261,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
     };
   Generated g = model.generate(src, batch, length, a.search, prompt, stream);
   if (!a.output.empty()) {
-    std::vector<rt::TensorData> data;
-    data.push_back(rt::make_i64("ids", {g.batch, g.hypotheses, g.max_length}, g.ids));
-    data.push_back(rt::make_i64("lengths", {g.batch, g.hypotheses}, g.lengths));
-    data.push_back(rt::make_f32("scores", {g.batch, g.hypotheses}, g.scores));
-    rt::write_safetensors(a.output, data);
+    write_generation(a.output, g);
     return 0;
   }
   if (a.stream) {
@@ -266,8 +272,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
   for (int64_t b = 0; b < g.batch; ++b)
     for (int64_t h = 0; h < g.hypotheses; ++h) {
       const int64_t at = b * g.hypotheses + h;
-      std::vector<int64_t> ids(g.ids.begin() + at * g.max_length,
-                               g.ids.begin() + at * g.max_length + g.lengths[at]);
+      const std::vector<int64_t> ids = hypothesis_ids(g, at);
       printed += fmt::format("{}{}", h ? "  " : "", fmt::join(ids, " "));
       if (a.scores || g.hypotheses > 1) printed += fmt::format("  (score {:.4f})", g.scores[at]);
       printed += "\n";

@@ -20,13 +20,13 @@ position per step, as Hugging Face's generate does; kiln runs the batch left-pad
 ids also show that padding changes nothing. float32 throughout, single-threaded.
 """
 
-import json
 import os
-import struct
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from make_golden import write_safetensors  # the examples' one safetensors writer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "golden")
@@ -301,22 +301,6 @@ def beam_search(model, prompt, K, H, L, eos):
         alive = step
     order = sorted(range(len(finished)), key=lambda j: (-finished[j][1], j))
     return [finished[j] for j in order][:H]
-
-
-def write_safetensors(path, tensors):
-    header, blobs, offset = {}, [], 0
-    for name in sorted(tensors):
-        t = tensors[name].contiguous()
-        dtype = {torch.float32: "F32", torch.int64: "I64"}[t.dtype]
-        data = t.numpy().tobytes()
-        header[name] = {"dtype": dtype, "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
 def padded(rows, width):
