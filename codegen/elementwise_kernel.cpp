@@ -65,7 +65,7 @@ const char* node_name(const Node& node) {
 int arity(const Node& node) {
   if (node.kind != Kind::op) return 0;
   if (ir::is_elementwise(node.op) || node.op == OpKind::iota || node.op == OpKind::gather ||
-      node.op == OpKind::transpose)
+      node.op == OpKind::transpose || node.op == OpKind::take_along_axis)
     return ir::op_info(node.op).min_operands;
   return -1;
 }
@@ -239,6 +239,7 @@ class ExprBuilder {
       return Halide::cast(type, idx[node.rank - 1 - axis]);
     }
     if (node.op == OpKind::gather) return emit_gather(node, idx);
+    if (node.op == OpKind::take_along_axis) return emit_take_along_axis(node, idx);
     if (node.op == OpKind::transpose) {
       // IR dim d of the node is IR dim perm[d] of the operand; Halide dims are reversed.
       std::vector<Expr> at(idx.size());
@@ -294,6 +295,17 @@ class ExprBuilder {
       KILN_ASSERT(axis >= 0 && axis < node.rank, "elementwise iota axis out of range");
       KILN_ASSERT(node.dtype == Dtype::i64, "elementwise iota must be i64");
     }
+    if (is_op(node, OpKind::take_along_axis)) {
+      const Node& x = spec_.nodes[node.operands[0]];
+      const Node& ids = spec_.nodes[node.operands[1]];
+      if (x.kind != Kind::input)
+        fail("elementwise kernel: unsupported take_along_axis from a {} (needs an input)",
+             node_name(x));
+      const int64_t axis = node.axis < 0 ? node.axis + node.rank : node.axis;
+      KILN_ASSERT(ids.dtype == Dtype::i64 && ids.rank == node.rank && x.rank == node.rank &&
+                      x.dtype == node.dtype && axis >= 0 && axis < node.rank,
+                  fmt::format("elementwise node {}: take_along_axis operands", n));
+    }
     if (is_op(node, OpKind::gather)) {
       const Node& table = spec_.nodes[node.operands[0]];
       const Node& ids = spec_.nodes[node.operands[1]];
@@ -323,6 +335,21 @@ class ExprBuilder {
     const Expr row = Halide::cast(Halide::Int(32), Halide::clamp(id, Expr(int64_t{0}), last));
     std::vector<Expr> at(idx.begin(), idx.begin() + inner);
     at.push_back(row);
+    return t(at);
+  }
+
+  // out(i...) = x(i... with i[axis] = clamp(ids(i...), 0, extent - 1)): an index out of range
+  // is clamped (the interpreter refuses it).
+  Expr emit_take_along_axis(const Node& node, const std::vector<Expr>& idx) {
+    const Node& x = spec_.nodes[node.operands[0]];
+    const ImageParam& t = params_.at(x.input);
+    const int64_t axis = node.axis < 0 ? node.axis + node.rank : node.axis;
+    const int h = static_cast<int>(node.rank - 1 - axis);
+    const Expr id = emit(node.operands[1], idx);
+    const Expr last = Halide::cast(Halide::Int(64), t.dim(h).max());
+    std::vector<Expr> at = idx;
+    at[static_cast<size_t>(h)] =
+        Halide::cast(Halide::Int(32), Halide::clamp(id, Expr(int64_t{0}), last));
     return t(at);
   }
 

@@ -428,6 +428,75 @@ KernelPipeline build_matmul_gpu(const MatmulKernel& spec) {
 
 }  // namespace
 
+KernelPipeline build_topk(const TopkKernel& spec, const Halide::Target& target) {
+  KILN_ASSERT(spec.k >= 1, "topk: k >= 1");
+  KILN_ASSERT(!target.has_gpu_feature(), "topk: no GPU schedule");
+  const Halide::Type type = spec.i64 ? Halide::Int(64) : Halide::Float(32);
+  ImageParam in(type, 2, "input");  // (n, rows)
+  Var j("j"), row("row");
+  // best(t, row): the t-th pick, (index, value); the picks in order t = 0, 1, ..., each the
+  // element ranked first among those ranked below pick t - 1 (ties to the lower index, a
+  // NaN above every number). Index -1: none seen yet.
+  RDom r(0, in.dim(0).extent(), 0, static_cast<int>(spec.k), "r");
+  const Expr x = in(r.x, row), xi = Halide::cast(Halide::Int(64), r.x);
+  const Expr none = Expr(int64_t{-1});
+  const Expr lowest = spec.i64 ? Expr(std::numeric_limits<int64_t>::min())
+                               : Expr(-std::numeric_limits<float>::infinity());
+  // Whether (a, ai) ranks before (b, bi).
+  auto before = [&](const Expr& a, const Expr& ai, const Expr& b, const Expr& bi) {
+    const Expr earlier = ai < bi;
+    const Expr by_value = a > b || (a == b && earlier);
+    if (spec.i64) return by_value;
+    return Halide::select(nan_of(a), !nan_of(b) || earlier, nan_of(b), Expr(false), by_value);
+  };
+  Func best("topk_best");
+  best(j, row) = Halide::Tuple(none, lowest);
+  const Expr prev_i = best(Halide::max(r.y - 1, 0), row)[0];
+  const Expr prev_v = best(Halide::max(r.y - 1, 0), row)[1];
+  const Expr cur_i = best(r.y, row)[0], cur_v = best(r.y, row)[1];
+  const Expr eligible = r.y == 0 || before(prev_v, prev_i, x, xi);
+  const Expr take = eligible && (cur_i == none || before(x, xi, cur_v, cur_i));
+  best(r.y, row) = Halide::Tuple(Halide::select(take, xi, cur_i), Halide::select(take, x, cur_v));
+  Func out("topk");
+  out(j, row) = best(j, row)[0];
+  out.output_buffer().dim(0).set_bounds(0, static_cast<int>(spec.k));
+  out.parallel(row);
+  best.compute_at(out, row);
+  return KernelPipeline{Halide::Pipeline(out), {in}};
+}
+
+KernelPipeline build_scatter_add(const ScatterAddKernel& spec, const Halide::Target& target) {
+  const int rank = spec.rank;
+  KILN_ASSERT(rank >= 1 && spec.axis >= 0 && spec.axis < rank, "scatter_add axis");
+  KILN_ASSERT(!target.has_gpu_feature(), "scatter_add: no GPU schedule");
+  const Halide::Type type = spec.i64 ? Halide::Int(64) : Halide::Float(32);
+  ImageParam base(type, rank, "base"), ids(Halide::Int(64), rank, "ids"), src(type, rank, "src");
+  std::vector<Var> vars = make_vars(rank);
+  const int h = rank - 1 - spec.axis;  // the Halide dim scattered along
+  Func out("scatter_add");
+  out(vars) = base(as_exprs(vars));
+  RDom r(0, src.dim(h).extent(), "r");
+  std::vector<Expr> at = as_exprs(vars);
+  at[h] = r;
+  const Expr id =
+      Halide::clamp(ids(at), Expr(int64_t{0}), Halide::cast(Halide::Int(64), base.dim(h).max()));
+  std::vector<Expr> to = as_exprs(vars);
+  to[h] = Halide::cast(Halide::Int(32), id);
+  out(to) += src(at);
+  // The copy: dim 0 in vectors, the rest in parallel. The update: each position of the
+  // other dims adds its contributions in order of the axis; the outermost such dim in
+  // parallel, dim 0 in vectors where it is not the axis.
+  const int lanes = vector_lanes(target);
+  bool has_row = false;
+  schedule_rows(out, vars, /*vector_dim0=*/true, lanes, has_row);
+  int outer = -1;
+  for (int d = rank - 1; d >= 0 && outer < 0; --d)
+    if (d != h) outer = d;
+  if (outer > 0) out.update().parallel(vars[outer]);
+  if (h != 0) out.update().vectorize(vars[0], lanes, TailStrategy::GuardWithIf);
+  return KernelPipeline{Halide::Pipeline(out), {base, ids, src}};
+}
+
 KernelPipeline build_reduce(const ReduceKernel& spec, const Halide::Target& target) {
   KILN_ASSERT(!(spec.op == ReduceKernel::Op::mean && spec.i64), "reduce: mean of i64");
   if (target.has_gpu_feature()) return build_reduce_gpu(spec);

@@ -35,6 +35,8 @@ KernelPipeline build_layernorm(const LayerNormKernel& spec, const Halide::Target
 KernelPipeline build_elementwise(const ElementwiseKernel& spec, const Halide::Target& target);
 KernelPipeline build_reduce(const ReduceKernel& spec, const Halide::Target& target);
 KernelPipeline build_softmax(const SoftmaxKernel& spec, const Halide::Target& target);
+KernelPipeline build_topk(const TopkKernel& spec, const Halide::Target& target);
+KernelPipeline build_scatter_add(const ScatterAddKernel& spec, const Halide::Target& target);
 KernelPipeline build_matmul(const MatmulKernel& spec, const Halide::Target& target);
 // The builder of `spec`'s kind.
 KernelPipeline build_kernel(const KernelSpec& spec, const Halide::Target& target);

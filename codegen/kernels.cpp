@@ -105,7 +105,8 @@ std::string ElementwiseKernel::signature() const {
     for (bool b : n.broadcast) s += b ? '1' : '0';
     if (n.kind == Kind::input) s += fmt::format(":i{}", n.input);
     if (n.kind == Kind::constant) s += fmt::format(":v{}", n.value);
-    if (is_op && n.op == ir::OpKind::iota) s += fmt::format(":a{}", n.axis);
+    if (is_op && (n.op == ir::OpKind::iota || n.op == ir::OpKind::take_along_axis))
+      s += fmt::format(":a{}", n.axis);
     if (is_op && n.op == ir::OpKind::gather) s += fmt::format(":t{}", n.table_rows);
     if (is_op && n.op == ir::OpKind::transpose)
       for (int64_t p : n.perm) s += fmt::format(":p{}", p);
@@ -170,6 +171,10 @@ std::string kernel_name(const KernelSpec& spec) {
     return fmt::format("kiln_matmul_a{}_{}_b{}_{}_o{}{}{}{}", k->a_rank, flags(k->a_broadcast),
                        k->b_rank, flags(k->b_broadcast), k->out_rank, k->transpose_b ? "_bt" : "",
                        k->has_bias ? "_bias" : "", k->act == "none" ? "" : "_" + k->act);
+  if (const auto* k = std::get_if<TopkKernel>(&spec))
+    return fmt::format("kiln_topk_k{}_{}", k->k, k->i64 ? "i64" : "f32");
+  if (const auto* k = std::get_if<ScatterAddKernel>(&spec))
+    return fmt::format("kiln_scatter_add_r{}_a{}_{}", k->rank, k->axis, k->i64 ? "i64" : "f32");
   const auto& k = std::get<ElementwiseKernel>(spec);
   return fmt::format("kiln_elementwise_{:016x}", fnv1a(k.signature()));
 }
@@ -242,6 +247,8 @@ std::string kind_without_gpu_schedule(const KernelSpec& spec) {
     std::string operator()(const ReduceKernel&) const { return ""; }
     std::string operator()(const SoftmaxKernel&) const { return ""; }
     std::string operator()(const MatmulKernel&) const { return ""; }
+    std::string operator()(const TopkKernel&) const { return "topk"; }
+    std::string operator()(const ScatterAddKernel&) const { return "scatter_add"; }
   };
   return std::visit(Kind{}, spec);
 }
@@ -255,6 +262,8 @@ KernelPipeline build_kernel(const KernelSpec& spec, const Halide::Target& t) {
   if (const auto* k = std::get_if<ReduceKernel>(&spec)) return build_reduce(*k, t);
   if (const auto* k = std::get_if<SoftmaxKernel>(&spec)) return build_softmax(*k, t);
   if (const auto* k = std::get_if<MatmulKernel>(&spec)) return build_matmul(*k, t);
+  if (const auto* k = std::get_if<TopkKernel>(&spec)) return build_topk(*k, t);
+  if (const auto* k = std::get_if<ScatterAddKernel>(&spec)) return build_scatter_add(*k, t);
   return build_elementwise(std::get<ElementwiseKernel>(spec), t);
 }
 

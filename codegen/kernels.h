@@ -146,7 +146,7 @@ struct ElementwiseKernel {
     std::vector<bool> broadcast;  // per dim (IR order): extent 1 broadcast to output
     int input = -1;               // for an input: index among the kernel's buffer inputs
     double value = 0;             // for a constant
-    int64_t axis = 0;             // for iota
+    int64_t axis = 0;             // for iota and take_along_axis
     int64_t table_rows = 0;       // for gather: rows of the table (ids are clamped)
     // For transpose: the IR permutation; node(i...) = operand(j...) with j[perm[d]] = i[d].
     std::vector<int64_t> perm;
@@ -204,8 +204,32 @@ struct MatmulKernel {
   std::string act = "none";  // as LinearKernel's
 };
 
+// The IR's topk over rows: the indices of the k largest values of each row, largest first,
+// ties to the lower index, a NaN above every number (the interpreter's order).
+//   args: in (n, rows) f32 or i64 (when `i64`), any row stride; out i64 (k, rows) dense.
+// k chained selections per row (each the best element ranked below the previous pick):
+// O(k · n) per row, rows in parallel. CPU only (no GPU schedule yet).
+struct TopkKernel {
+  int64_t k = 1;
+  bool i64 = false;
+};
+
+// The IR's scatter_add over IR dim `axis` of rank-`rank` tensors:
+//   out = base; out[j] += src[i] for every i in row-major order, j = i with j[axis] =
+//   clamp(ids[i], 0, extent - 1) (the interpreter refuses an index out of range; compiled
+//   code clamps it, as gather does).
+//   args: base, ids i64, src (any strides; base and src f32, or i64 when `i64`), out dense.
+// The update runs over src's axis in order for each position of the other dims, those in
+// parallel. CPU only (no GPU schedule yet).
+struct ScatterAddKernel {
+  int rank = 1;
+  int axis = 0;
+  bool i64 = false;
+};
+
 using KernelSpec = std::variant<LinearKernel, AttentionKernel, StepAttentionKernel, LayerNormKernel,
-                                ElementwiseKernel, ReduceKernel, SoftmaxKernel, MatmulKernel>;
+                                ElementwiseKernel, ReduceKernel, SoftmaxKernel, MatmulKernel,
+                                TopkKernel, ScatterAddKernel>;
 
 // A C identifier naming the kernel, unique per spec (e.g. "linear_k512_n2048_relu").
 std::string kernel_name(const KernelSpec& spec);

@@ -61,6 +61,10 @@ std::array<LowerFn, kOpKinds> make_table() {
   set(OpKind::reduce_mean, l::lower_reduce);
   set(OpKind::reduce_max, l::lower_reduce);
   set(OpKind::argmax, l::lower_reduce);
+  set(OpKind::topk, l::lower_topk);
+  set(OpKind::scatter_add, l::lower_scatter_add);
+  // moe.cpp
+  set(OpKind::moe_ffn, l::lower_moe_ffn);
   return t;
 }
 

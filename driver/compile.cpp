@@ -104,6 +104,11 @@ CompileResult compile(ir::Module module, const CompileOptions& options, JobRunne
     // Before the slow part: every kernel needs a GPU schedule (kernels.h).
     for (const rt::FunctionDesc& f : lowered.plan.functions)
       for (const rt::StepDesc& st : f.steps) {
+        if (st.builtin == rt::Builtin::moe_ffn)
+          fail(
+              "target '{}' runs kernels on the GPU, but moe_ffn runs on the host and has no GPU "
+              "lowering yet (entry point '{}', {})",
+              options.target, f.name, st.op);
         if (st.kernel < 0) continue;
         const std::string kind =
             codegen::kind_without_gpu_schedule(lowered.kernels[static_cast<size_t>(st.kernel)]);

@@ -334,6 +334,24 @@ Tensor argmax(Tensor x, int64_t axis, Loc loc) {
   return emit(OpKind::argmax, {x}, {{"axis", axis}}, loc);
 }
 
+Tensor take_along_axis(Tensor x, Tensor ids, int64_t axis, Loc loc) {
+  return emit(OpKind::take_along_axis, {x, ids}, {{"axis", axis}}, loc);
+}
+Tensor scatter_add(Tensor base, Tensor ids, Tensor src, int64_t axis, Loc loc) {
+  return emit(OpKind::scatter_add, {base, ids, src}, {{"axis", axis}}, loc);
+}
+Tensor topk(Tensor x, int64_t k, Loc loc) { return emit(OpKind::topk, {x}, {{"k", k}}, loc); }
+Tensor moe_ffn(Tensor x, Tensor ids, Tensor gates, const std::vector<ExpertWeights>& experts,
+               Loc loc) {
+  std::vector<Tensor> xs = {x, ids, gates};
+  for (const ExpertWeights& e : experts) {
+    xs.push_back(e.w1);
+    xs.push_back(e.w3);
+    xs.push_back(e.w2);
+  }
+  return emit(OpKind::moe_ffn, xs, {{"experts", static_cast<int64_t>(experts.size())}}, loc);
+}
+
 Tensor sinusoid_table(FunctionBuilder& fb, int64_t rows, int64_t dim, Loc loc) {
   TensorType t{DType::f32, {Dim::constant(rows), Dim::constant(dim)}};
   return fb.emit(OpKind::sinusoid_table, {}, {}, &t, loc);

@@ -216,6 +216,25 @@ Tensor reduce_mean(Tensor x, std::vector<int64_t> axes, bool keepdims = false,
                    Loc loc = Loc::current());
 Tensor argmax(Tensor x, int64_t axis, Loc loc = Loc::current());
 
+// Indexing by computed indices (i64). take_along_axis: result[i] = x[i with i[axis] =
+// ids[i]] (torch.gather(x, axis, ids); ids of x's rank, its other dims equal to x's).
+// scatter_add: base with result[j] += src[i] where j is i with j[axis] = ids[i]
+// (torch.scatter_add(base, axis, ids, src); ids of src's shape). topk: the indices of the k
+// largest elements along the last axis, largest first, ties to the lower index
+// (torch.topk(x, k).indices); the values are take_along_axis(x, topk(x, k), -1).
+Tensor take_along_axis(Tensor x, Tensor ids, int64_t axis, Loc loc = Loc::current());
+Tensor scatter_add(Tensor base, Tensor ids, Tensor src, int64_t axis, Loc loc = Loc::current());
+Tensor topk(Tensor x, int64_t k, Loc loc = Loc::current());
+// A sparse mixture-of-experts SwiGLU FFN (ir/ops.def, moe_ffn): x [..., D], ids i64 [..., K]
+// (each row's experts), gates f32 [..., K] (their weights), and per expert e the three
+// weights {w1 [F, D], w3 [F, D], w2 [D, F]}: result[t] = Σ_k gates[t,k] ·
+// w2_e(silu(w1_e x[t]) ⊙ w3_e x[t]), e = ids[t,k]; only the chosen experts are computed.
+struct ExpertWeights {
+  Tensor w1, w3, w2;
+};
+Tensor moe_ffn(Tensor x, Tensor ids, Tensor gates, const std::vector<ExpertWeights>& experts,
+               Loc loc = Loc::current());
+
 // Incremental decoding (see ir.h): the cache with rows [pos, n, :] replaced by x[n, 0, :],
 // and single-query attention over a cache (through a row table) or over encoder memory
 // (through each query's source row, with a key padding mask).

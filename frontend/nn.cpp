@@ -161,6 +161,33 @@ Tensor GatedFeedForward::operator()(Tensor x, Loc loc) const {
   return d(dsl::mul(gated, u(x, loc), loc), loc);
 }
 
+Tensor SparseMoE::operator()(Tensor x, Loc loc) const {
+  FunctionBuilder& fb = fb_of(x, loc);
+  PathScope scope(fb, prefix);
+  check_positive(fb, loc, "d_model", d_model);
+  check_positive(fb, loc, "d_ff", d_ff);
+  check_positive(fb, loc, "experts", experts);
+  check_positive(fb, loc, "top_k", top_k);
+  check(top_k <= experts, fb, loc, "top_k = {} exceeds experts = {}", top_k, experts);
+  check_last_dim(fb, loc, x, "input", "d_model", d_model);
+  // Weights in state_dict order: the router, then each expert's w1, w2, w3.
+  const Linear gate{prefix + ".gate", d_model, experts, false};
+  Tensor probs = dsl::softmax(gate(x, loc), -1, loc);
+  Tensor ids = dsl::topk(probs, top_k, loc);
+  Tensor w = dsl::take_along_axis(probs, ids, -1, loc);
+  if (renormalize) w = dsl::div(w, dsl::reduce_sum(w, {-1}, /*keepdims=*/true, loc), loc);
+  std::vector<dsl::ExpertWeights> ew;
+  for (int64_t e = 0; e < experts; ++e) {
+    const std::string p = fmt::format("{}.experts.{}.", prefix, e);
+    dsl::ExpertWeights one;
+    one.w1 = fb.weight(p + "w1.weight", {d_ff, d_model}, loc);
+    one.w2 = fb.weight(p + "w2.weight", {d_model, d_ff}, loc);
+    one.w3 = fb.weight(p + "w3.weight", {d_ff, d_model}, loc);
+    ew.push_back(one);
+  }
+  return dsl::moe_ffn(x, ids, w, ew, loc);
+}
+
 Tensor Embedding::operator()(Tensor ids, Loc loc) const {
   FunctionBuilder& fb = fb_of(ids, loc);
   PathScope scope(fb, prefix);

@@ -17,6 +17,8 @@
 //   RMSNorm                <p>.weight [dim]                           (LlamaRMSNorm)
 //   GatedFeedForward       <p>.gate_proj, <p>.up_proj [d_ff, d_model], <p>.down_proj
 //                          [d_model, d_ff] (LlamaMLP: Linears without bias)
+//   SparseMoE              <p>.gate [experts, d_model], <p>.experts.{e}.w1, .w3 [d_ff, d_model]
+//                          and .w2 [d_model, d_ff] (MixtralSparseMoeBlock)
 //   EncoderBlock           <p>.self_attn, <p>.ffn, <p>.norm1, <p>.norm2
 //   DecoderBlock           <p>.self_attn, <p>.cross_attn, <p>.ffn, <p>.norm1..norm3
 // Weight tying (Embedding::tied_projection) stores the shared weight once, under the
@@ -125,6 +127,20 @@ struct GatedFeedForward {
   int64_t d_model = 0, d_ff = 0;
   Activation act = Activation::silu;
   std::string gate = "gate_proj", up = "up_proj", down = "down_proj";
+  Tensor operator()(Tensor x, Loc loc = Loc::current()) const;
+};
+
+// A sparse mixture-of-experts SwiGLU FFN (Hugging Face's MixtralSparseMoeBlock; its names
+// under `prefix`, e.g. "layers.0.block_sparse_moe"): the router <p>.gate [experts, d_model]
+// (a Linear without bias) -> softmax -> the top_k experts of each row (topk, their
+// probabilities by take_along_axis) -> divided by their sum (renormalize; Qwen2-MoE's
+// norm_topk_prob = false: not) -> moe_ffn over the experts <p>.experts.{e}.w1 [d_ff, d_model],
+// .w2 [d_model, d_ff], .w3 [d_ff, d_model]: Σ_k w_k · w2(silu(w1 x) ⊙ w3 x). Compiled code
+// computes only the chosen experts' products (work ∝ rows · top_k, not rows · experts).
+struct SparseMoE {
+  std::string prefix;
+  int64_t d_model = 0, d_ff = 0, experts = 0, top_k = 2;
+  bool renormalize = true;
   Tensor operator()(Tensor x, Loc loc = Loc::current()) const;
 };
 

@@ -557,6 +557,87 @@ Tensor eval_gather(const Tensor& table, const Tensor& ids, const Shape& shape,
   return r;
 }
 
+// An element of t at flat position i, as double (integers beyond 2^53 are not expected).
+double value_at(const Tensor& t, int64_t i) {
+  return t.dtype == DType::f32 ? static_cast<double>(t.f[i]) : static_cast<double>(t.ints[i]);
+}
+
+// take_along_axis(x, ids) {axis}: result[i] = x[i with i[axis] = ids[i]].
+Tensor eval_take_along_axis(const Op& op, const Tensor& x, const Tensor& ids, const Shape& shape,
+                            const std::string& ids_name) {
+  const int64_t rank = rank_of(x);
+  const int64_t axis = axis_of(op.int_attr("axis"), rank);
+  KILN_ASSERT(ids.shape == shape && rank_of(ids) == rank, "take_along_axis result shape");
+  const Shape xs = strides_of(x.shape);
+  const int64_t len = x.shape[axis];
+  Tensor r = Tensor::zeros(x.dtype, shape);
+  Shape index(shape.size(), 0);
+  for (int64_t p = 0; p < r.numel(); ++p, next_index(index, shape)) {
+    const int64_t id = ids.ints[p];
+    if (id < 0 || id >= len)
+      fail("index {} at {}{} is out of range [0, {})", id, ids_name, shape_str(index), len);
+    int64_t at = 0;
+    for (int64_t d = 0; d < rank; ++d) at += (d == axis ? id : index[d]) * xs[d];
+    if (x.dtype == DType::f32)
+      r.f[p] = x.f[at];
+    else
+      r.ints[p] = x.ints[at];
+  }
+  return r;
+}
+
+// scatter_add(base, ids, src) {axis}: base with result[j] += src[i], j = i with j[axis] =
+// ids[i], in row-major order of i (f32 sums in float, integers wrapping).
+Tensor eval_scatter_add(const Op& op, const Tensor& base, const Tensor& ids, const Tensor& src,
+                        const Shape& shape, const std::string& ids_name) {
+  const int64_t rank = rank_of(base);
+  const int64_t axis = axis_of(op.int_attr("axis"), rank);
+  KILN_ASSERT(base.shape == shape && ids.shape == src.shape && rank_of(src) == rank,
+              "scatter_add shapes");
+  const Shape bs = strides_of(base.shape);
+  const int64_t len = base.shape[axis];
+  Tensor r = base;
+  Shape index(src.shape.size(), 0);
+  for (int64_t p = 0; p < src.numel(); ++p, next_index(index, src.shape)) {
+    const int64_t id = ids.ints[p];
+    if (id < 0 || id >= len)
+      fail("index {} at {}{} is out of range [0, {})", id, ids_name, shape_str(index), len);
+    int64_t at = 0;
+    for (int64_t d = 0; d < rank; ++d) at += (d == axis ? id : index[d]) * bs[d];
+    if (r.dtype == DType::f32)
+      r.f[at] = r.f[at] + src.f[p];
+    else
+      r.ints[at] = fit_int(wrap_add(r.ints[at], src.ints[p]), r.dtype);
+  }
+  return r;
+}
+
+// topk(x) {k}: per row of the last axis, the indices of the k largest elements, largest
+// first, ties to the lower index, NaN above every number (torch.topk).
+Tensor eval_topk(const Op& op, const Tensor& x, const Shape& shape, const std::string& where) {
+  const int64_t k = op.int_attr("k");
+  const int64_t len = x.shape.back();
+  Shape want = x.shape;
+  want.back() = k;
+  KILN_ASSERT(want == shape, "topk result shape");
+  if (k > len) fail("{}: k = {} exceeds the last axis of {}", where, k, x.type_string());
+  const int64_t rows = len == 0 ? 0 : x.numel() / len;
+  Tensor r = Tensor::zeros(DType::i64, shape);
+  std::vector<int64_t> order(static_cast<size_t>(len));
+  for (int64_t row = 0; row < rows; ++row) {
+    for (int64_t j = 0; j < len; ++j) order[j] = j;
+    auto before = [&](int64_t a, int64_t b) {
+      const double va = value_at(x, row * len + a), vb = value_at(x, row * len + b);
+      if (std::isnan(va) != std::isnan(vb)) return std::isnan(va);
+      if (!std::isnan(va) && va != vb) return va > vb;
+      return a < b;
+    };
+    std::stable_sort(order.begin(), order.end(), before);
+    for (int64_t j = 0; j < k; ++j) r.ints[row * k + j] = order[j];
+  }
+  return r;
+}
+
 Tensor eval_transpose(const Op& op, const Tensor& x, const Shape& shape) {
   const std::vector<int64_t>& perm = op.ints_attr("perm");
   const int64_t rank = rank_of(x);
@@ -997,6 +1078,69 @@ Tensor eval_step_attention(const Op& op, const Tensor& q, const Tensor& k, const
   return r;
 }
 
+// moe_ffn(x[..., D], ids[..., K], gates[..., K], (w1, w3, w2) per expert): per row t and
+// slot k, e = ids[t, k], h[f] = silu(float(w1_e[f]·x[t] in double)) · float(w3_e[f]·x[t] in
+// double) (in float), y = float(w2_e·h in double), result[t] = float(Σ_k double(gates[t, k]) ·
+// y_k). Computed expert by expert over the rows routed to it (as compiled code does), so an
+// expert no row chose is never evaluated; `counters` (if any) counts the rows and experts.
+Tensor eval_moe_ffn(const Tensor& x, const Tensor& ids, const Tensor& gates,
+                    const std::vector<const Tensor*>& w, const Shape& shape,
+                    const std::string& ids_name, InterpretCounters* counters) {
+  KILN_ASSERT(x.shape == shape && w.size() % 3 == 0 && !w.empty(), "moe_ffn operands");
+  const int64_t experts = static_cast<int64_t>(w.size() / 3);
+  const int64_t d = x.shape.back(), k = ids.shape.back(), f = w[0]->shape[0];
+  const int64_t rows = d == 0 ? 0 : x.numel() / d;
+  // The (row, slot) pairs routed to each expert, in order.
+  std::vector<std::vector<int64_t>> routed(static_cast<size_t>(experts));
+  Shape index(ids.shape.size(), 0);
+  for (int64_t p = 0; p < rows * k; ++p, next_index(index, ids.shape)) {
+    const int64_t e = ids.ints[p];
+    if (e < 0 || e >= experts)
+      fail("expert id {} at {}{} is out of range [0, {})", e, ids_name, shape_str(index), experts);
+    routed[static_cast<size_t>(e)].push_back(p);
+  }
+  std::vector<double> acc(static_cast<size_t>(rows * d), 0.0);
+  std::vector<float> y(static_cast<size_t>(rows * k * d), 0.0f);
+  std::vector<float> h(static_cast<size_t>(f));
+  const std::string where;  // f32 silu cannot fail
+  const PointCtx ctx{DType::f32, DType::f32, where};
+  for (int64_t e = 0; e < experts; ++e) {
+    if (routed[e].empty()) continue;
+    if (counters) {
+      ++counters->moe_experts_run;
+      counters->moe_expert_rows += static_cast<int64_t>(routed[e].size());
+    }
+    const Tensor &w1 = *w[3 * e], &w3 = *w[3 * e + 1], &w2 = *w[3 * e + 2];
+    for (int64_t p : routed[e]) {
+      const float* xr = &x.f[(p / k) * d];
+      for (int64_t j = 0; j < f; ++j) {
+        double a = 0, b = 0;
+        for (int64_t i = 0; i < d; ++i) {
+          a += static_cast<double>(w1.f[j * d + i]) * static_cast<double>(xr[i]);
+          b += static_cast<double>(w3.f[j * d + i]) * static_cast<double>(xr[i]);
+        }
+        const Elem g = real(static_cast<float>(a));
+        h[j] = point_silu(&g, ctx).f * static_cast<float>(b);
+      }
+      for (int64_t i = 0; i < d; ++i) {
+        double s = 0;
+        for (int64_t j = 0; j < f; ++j)
+          s += static_cast<double>(w2.f[i * f + j]) * static_cast<double>(h[j]);
+        y[p * d + i] = static_cast<float>(s);
+      }
+    }
+  }
+  Tensor r = Tensor::zeros(DType::f32, shape);
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t i = 0; i < d; ++i) {
+      double s = 0;
+      for (int64_t j = 0; j < k; ++j)
+        s += static_cast<double>(gates.f[t * k + j]) * static_cast<double>(y[(t * k + j) * d + i]);
+      r.f[t * d + i] = static_cast<float>(s);
+    }
+  return r;
+}
+
 // ---------------------------------------------------------------------------------
 
 class Interpreter {
@@ -1350,6 +1494,23 @@ class Interpreter {
         };
         r = eval_attention(op, operand(op, 0), operand(op, 1), operand(op, 2), opt(at.key_pad),
                            opt(at.query_pad), opt(at.bias), shape);
+        break;
+      }
+      case OpKind::take_along_axis:
+        r = eval_take_along_axis(op, operand(op, 0), operand(op, 1), shape, label(op.operands[1]));
+        break;
+      case OpKind::scatter_add:
+        r = eval_scatter_add(op, operand(op, 0), operand(op, 1), operand(op, 2), shape,
+                             label(op.operands[1]));
+        break;
+      case OpKind::topk:
+        r = eval_topk(op, operand(op, 0), shape, at);
+        break;
+      case OpKind::moe_ffn: {
+        std::vector<const Tensor*> w;
+        for (size_t i = 3; i < op.operands.size(); ++i) w.push_back(&operand(op, i));
+        r = eval_moe_ffn(operand(op, 0), operand(op, 1), operand(op, 2), w, shape,
+                         label(op.operands[1]), options_.counters);
         break;
       }
       case OpKind::cache_write:

@@ -56,6 +56,14 @@ std::vector<Tensor> interpret(const Module& module, const Function& function,
 // (inputs, weights read by the function, op results; each freed after its last reader).
 inline constexpr int64_t kDefaultInterpreterMemoryBytes = int64_t{8} << 30;  // 8 GiB
 
+// Work the interpreter counts when asked (InterpretOptions::counters): added to by each run.
+struct InterpretCounters {
+  // moe_ffn: the experts evaluated (those with at least one routed row, per op and run) and
+  // the (row, slot) pairs they computed: Σ over experts of the rows routed to each.
+  int64_t moe_experts_run = 0;
+  int64_t moe_expert_rows = 0;
+};
+
 struct InterpretOptions {
   // A run that would need more than this many bytes at once throws kiln::Error naming the
   // op and the total before any op runs (kiln run --max-memory).
@@ -64,6 +72,8 @@ struct InterpretOptions {
   // subnormals to a zero of their sign, NaN kept) before the products, as the kernels of
   // `kiln compile --weights bf16` do (AVX512-BF16 flushes subnormals): the reference for them.
   bool bf16_linear = false;
+  // Where to count work (InterpretCounters), or null.
+  InterpretCounters* counters = nullptr;
 };
 std::vector<Tensor> interpret(const Module& module, const Function& function,
                               const WeightMap& weights, const std::vector<Tensor>& inputs,

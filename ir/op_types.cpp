@@ -502,6 +502,91 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
       }
       return ok(t);
     }
+    case OpKind::take_along_axis: {
+      // take_along_axis(x[..., N, ...], ids int[..., K, ...]) {axis} -> x.dtype[ids's shape]
+      const TensorType &x = in[0], &ids = in[1];
+      const int64_t axis = int_at(attrs, "axis");
+      const int64_t a = normalize_axis(axis, x.rank());
+      if (a < 0) return err("axis {} out of range for rank {}", axis, x.rank());
+      if (!is_integer(ids.dtype))
+        return err("indices must be integers, got {}", dtype_name(ids.dtype));
+      if (ids.rank() != x.rank())
+        return err("indices {} must have the rank of {}", to_string(ids), to_string(x));
+      for (int64_t i = 0; i < x.rank(); ++i)
+        if (i != a && !(ids.shape[i] == x.shape[i]))
+          return err("indices {} differ from {} outside axis {}", to_string(ids), to_string(x), a);
+      return ok(TensorType{x.dtype, ids.shape});
+    }
+    case OpKind::scatter_add: {
+      // scatter_add(base[..., N, ...], ids int[..., K, ...], src[..., K, ...]) {axis} -> base
+      const TensorType &base = in[0], &ids = in[1], &src = in[2];
+      const int64_t axis = int_at(attrs, "axis");
+      const int64_t a = normalize_axis(axis, base.rank());
+      if (a < 0) return err("axis {} out of range for rank {}", axis, base.rank());
+      if (base.dtype == DType::boolean) return err("cannot add bool values");
+      if (src.dtype != base.dtype)
+        return err("source {} must have the dtype of {}", to_string(src), to_string(base));
+      if (!is_integer(ids.dtype))
+        return err("indices must be integers, got {}", dtype_name(ids.dtype));
+      if (ids.shape != src.shape)
+        return err("indices {} must have the shape of the source {}", to_string(ids),
+                   to_string(src));
+      if (src.rank() != base.rank())
+        return err("source {} must have the rank of {}", to_string(src), to_string(base));
+      for (int64_t i = 0; i < base.rank(); ++i)
+        if (i != a && !(src.shape[i] == base.shape[i]))
+          return err("source {} differs from {} outside axis {}", to_string(src), to_string(base),
+                     a);
+      return ok(base);
+    }
+    case OpKind::topk: {
+      // topk(x[..., N]) {k} -> i64[..., k]
+      const TensorType& x = in[0];
+      const int64_t k = int_at(attrs, "k");
+      if (x.rank() < 1 || x.dtype == DType::boolean)
+        return err("operand must be a number tensor of rank >= 1, got {}", to_string(x));
+      if (k > dim_max(m, x.shape.back()))
+        return err("k = {} exceeds the last axis of {}", k, to_string(x));
+      TensorType t{DType::i64, x.shape};
+      t.shape.back() = Dim::constant(k);
+      return ok(t);
+    }
+    case OpKind::moe_ffn: {
+      // moe_ffn(x f32[..., D], ids int[..., K], gates f32[..., K],
+      //         {w1 f32[F, D], w3 f32[F, D], w2 f32[D, F]} per expert) {experts}
+      const int64_t experts = int_at(attrs, "experts");
+      if (experts > 1 << 20) return err("experts = {} is too many", experts);
+      KILN_CHECK(
+          want_operands(static_cast<int>(3 + 3 * experts), static_cast<int>(3 + 3 * experts)));
+      const TensorType &x = in[0], &ids = in[1], &gates = in[2];
+      if (x.dtype != DType::f32 || x.rank() < 1 || x.shape.back().is_symbolic())
+        return err("x {} must be f32[..., D] with a constant D", to_string(x));
+      if (!is_integer(ids.dtype) || ids.rank() != x.rank() || ids.shape.back().is_symbolic() ||
+          !std::equal(ids.shape.begin(), ids.shape.end() - 1, x.shape.begin()))
+        return err("expert ids {} must be integers [..., K] with the leading dims of x {}",
+                   to_string(ids), to_string(x));
+      if (!(gates == TensorType{DType::f32, ids.shape}))
+        return err("gates {} must be f32 of the ids' shape {}", to_string(gates),
+                   shape_string(ids.shape));
+      const Dim& d = x.shape.back();
+      const TensorType& w1 = in[3];
+      if (w1.dtype != DType::f32 || w1.rank() != 2 || w1.shape[0].is_symbolic() ||
+          !(w1.shape[1] == d))
+        return err("expert 0's w1 {} must be f32[F, {}]", to_string(w1), to_string(d));
+      const TensorType up{DType::f32, {w1.shape[0], d}}, down{DType::f32, {d, w1.shape[0]}};
+      for (int64_t e = 0; e < experts; ++e)
+        for (int j = 0; j < 3; ++j) {
+          const TensorType& w = in[static_cast<size_t>(3 + 3 * e + j)];
+          const TensorType& want = j == 2 ? down : up;
+          if (!(w == want))
+            return err("expert {}'s {} {} must be {}", e,
+                       j == 0   ? "w1"
+                       : j == 1 ? "w3"
+                                : "w2",
+                       to_string(w), to_string(want));
+        }
+      return ok(x);
+    }
     case OpKind::argmax: {
       const int64_t axis = int_at(attrs, "axis");
       int64_t a = normalize_axis(axis, in[0].rank());

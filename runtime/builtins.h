@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "HalideRuntime.h"
 #include "runtime/plan.h"
 
 namespace kiln::rt {
@@ -17,5 +18,21 @@ namespace kiln::rt {
 void cache_write(const StepDesc& step, const std::vector<const uint8_t*>& param_data,
                  const uint8_t* arena_data, const std::vector<uint8_t*>& result_data,
                  const std::vector<int64_t>& result_bytes, const std::vector<int64_t>& syms);
+
+// What a moe_ffn step computed: the experts it ran (those with at least one routed row) and
+// the (row, slot) pairs they took (Σ over experts of the rows routed to each).
+struct MoeWork {
+  int64_t experts_run = 0;
+  int64_t expert_rows = 0;
+};
+
+// The builtin moe_ffn (plan.h) on the step's buffers, resolved and bounds-checked like a
+// kernel's (host memory): x f32 (d, rows), ids i64 (k, rows), gates f32 (k, rows), per expert
+// w1ᵀ, w3ᵀ (f, d) and w2ᵀ (d, f) as stored for linear kernels, out f32 (d, rows). Groups the
+// (row, slot) pairs by expert and runs, per expert that any row chose, the SwiGLU over just
+// its rows (up/gate products, silu · up, down product) in blocks of rows and columns on the
+// thread pool, then adds gate · y into each row's output (experts in order). An id out of
+// [0, experts) is a kiln::Error naming the step.
+MoeWork moe_ffn(const StepDesc& step, const std::vector<halide_buffer_t>& bufs);
 
 }  // namespace kiln::rt

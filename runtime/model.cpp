@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <optional>
 
 #include <fmt/format.h>
@@ -142,6 +143,7 @@ void kiln_model::run(const char* fname, const kiln_tensor* inputs, size_t n_in,
   const Clock::time_point run_start = Clock::now();
   const bool profile_this_run = profile.on();
   std::vector<Tally> kernel_tally(profile_this_run ? kernels.size() : 0);
+  std::map<std::string, kiln::rt::BuiltinTally> builtin_tally;  // by step
   const FunctionDesc& f = function(fname);
   std::optional<DeviceTensors> device_in, device_out;
   if (on_device) {
@@ -268,6 +270,10 @@ void kiln_model::run(const char* fname, const kiln_tensor* inputs, size_t n_in,
       result_mirror[cache.index]->upload(output_what(cache.index));
       continue;
     }
+    // moe_ffn runs on the host (a GPU target refuses it when compiling).
+    const bool moe = step.builtin == kiln::rt::Builtin::moe_ffn;
+    if (moe && device)
+      fail("step '{}': moe_ffn runs on the host and this library runs on the GPU", step.op);
     std::optional<DeviceViews> views;  // a GPU library's views of this call's buffers
     if (device) views.emplace(*device, view_alignment);
     const int first_output =
@@ -349,6 +355,18 @@ void kiln_model::run(const char* fname, const kiln_tensor* inputs, size_t n_in,
       args[a] = views->attach(*mirror, first, &hb, static_cast<int>(a) >= first_output,
                               host_current, fmt::format("buffer {} of step '{}'", a, step.op));
     }
+    if (moe) {
+      const Clock::time_point start = profile_this_run ? Clock::now() : Clock::time_point{};
+      const kiln::rt::MoeWork work = kiln::rt::moe_ffn(step, bufs);
+      if (profile_this_run) {
+        kiln::rt::BuiltinTally& t = builtin_tally[step.op];
+        t.calls += 1;
+        t.seconds += std::chrono::duration<double>(Clock::now() - start).count();
+        t.experts_run += work.experts_run;
+        t.expert_rows += work.expert_rows;
+      }
+      continue;
+    }
     kernel_error().clear();
     const Clock::time_point start = profile_this_run ? Clock::now() : Clock::time_point{};
     int status = kernels[step.kernel](args.data());
@@ -378,5 +396,5 @@ void kiln_model::run(const char* fname, const kiln_tensor* inputs, size_t n_in,
   }
   if (profile_this_run)
     profile.add_run(f.name, kernel_tally,
-                    std::chrono::duration<double>(Clock::now() - run_start).count());
+                    std::chrono::duration<double>(Clock::now() - run_start).count(), builtin_tally);
 }

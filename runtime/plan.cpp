@@ -230,6 +230,12 @@ void validate(const Plan& p) {
             s.args[n - 1].extents.size() != 3 || s.args[0].type != KILN_F32 ||
             s.args[n - 1].type != KILN_F32)
           fail("compiled plan: cache_write step '{}' has bad arguments", s.op);
+      } else if (s.builtin == Builtin::moe_ffn) {
+        const size_t n = s.args.size();
+        bool ok = s.kernel == -1 && n >= 7 && (n - 4) % 3 == 0;
+        for (size_t a = 0; ok && a < n; ++a)
+          ok = s.args[a].extents.size() == 2 && s.args[a].type == (a == 1 ? KILN_I64 : KILN_F32);
+        if (!ok) fail("compiled plan: moe_ffn step '{}' has bad arguments", s.op);
       } else if (s.kernel < 0 || s.kernel >= static_cast<int32_t>(p.kernel_names.size())) {
         fail("compiled plan: step '{}' calls missing kernel {}", s.op, s.kernel);
       }
@@ -465,7 +471,7 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
     for (StepDesc& s : f.steps) {
       s.kernel = static_cast<int32_t>(r.i64());
       const int64_t builtin = r.i64();
-      if (builtin < 0 || builtin > 1) fail("compiled plan: unknown builtin step {}", builtin);
+      if (builtin < 0 || builtin > 2) fail("compiled plan: unknown builtin step {}", builtin);
       s.builtin = static_cast<Builtin>(builtin);
       s.op = r.str();
       s.args.resize(r.count());

@@ -61,6 +61,10 @@ enum class Builtin : int8_t {
   // parameter's); copies x(·, l, n) to cache(·, n, pos + l) and leaves the rest of the cache
   // untouched.
   cache_write = 1,
+  // The IR's moe_ffn (runtime/builtins.h): args x f32 (d, rows), ids i64 (k, rows), gates f32
+  // (k, rows), then per expert the weights w1ᵀ, w3ᵀ f32 (f, d) and w2ᵀ f32 (d, f) as stored
+  // for linear kernels, then out f32 (d, rows). Only the experts that some row chose run.
+  moe_ffn = 2,
 };
 
 struct StepDesc {

@@ -1283,5 +1283,102 @@ TEST(InterpreterTest, MemoryLimitIsCheckedBeforeAnyOpRuns) {
   }
 }
 
+// topk as torch.topk(x, k).indices: largest first, ties to the lower index, NaN first; integers
+// too.
+TEST(InterpreterIndexing, TopkOrderTiesAndNaN) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Tensor x = F({2, 5}, {1, 3, 3, -1, 2, nan, 0, nan, 5, -2});
+  EXPECT_EQ(run_op(OpKind::topk, {x}, I64({C(2), C(3)}), {{"k", int64_t{3}}}).ints,
+            (std::vector<int64_t>{1, 2, 4, 0, 2, 3}));
+  EXPECT_EQ(
+      run_op(OpKind::topk, {I({1, 4}, {7, -3, 7, 9})}, I64({C(1), C(4)}), {{"k", int64_t{4}}}).ints,
+      (std::vector<int64_t>{3, 0, 2, 1}));
+  // A symbolic last axis shorter than k is refused at run time.
+  Module m = one_op_module(OpKind::topk, {x}, I64({C(2), C(3)}), {{"k", int64_t{3}}});
+  m.symbols.push_back({"N", 5});
+  Function& f = m.functions[0];
+  f.values[f.params[0]].type = F32({C(2), Sym("N")});
+  EXPECT_THAT(error_of([&] {
+                interpret(m, f, {}, {F({2, 2}, {1, 2, 3, 4})});
+              }),
+              HasSubstr("k = 3 exceeds the last axis of f32[2,2]"));
+}
+
+// take_along_axis as torch.gather; scatter_add as torch.scatter_add, in row-major order.
+TEST(InterpreterIndexing, TakeAlongAxisAndScatterAdd) {
+  Tensor x = F({2, 3}, {10, 11, 12, 20, 21, 22});
+  EXPECT_EQ(run_op(OpKind::take_along_axis, {x, I({2, 2}, {2, 0, 1, 1})}, F32({C(2), C(2)}),
+                   {{"axis", int64_t{-1}}})
+                .f,
+            (std::vector<float>{12, 10, 21, 21}));
+  EXPECT_EQ(run_op(OpKind::take_along_axis, {x, I({1, 3}, {1, 0, 1})}, F32({C(1), C(3)}),
+                   {{"axis", int64_t{0}}})
+                .f,
+            (std::vector<float>{20, 11, 22}));
+  EXPECT_THAT(error_of([&] {
+                run_op(OpKind::take_along_axis, {x, I({2, 1}, {0, 3})}, F32({C(2), C(1)}),
+                       {{"axis", int64_t{1}}});
+              }),
+              HasSubstr("index 3 at 'x1'[1,0] is out of range [0, 3)"));
+  Tensor base = F({2, 3}, {1, 1, 1, 1, 1, 1});
+  EXPECT_EQ(run_op(OpKind::scatter_add, {base, I({2, 2}, {2, 2, 0, 1}), F({2, 2}, {1, 2, 3, 4})},
+                   F32({C(2), C(3)}), {{"axis", int64_t{1}}})
+                .f,
+            (std::vector<float>{1, 1, 4, 4, 5, 1}));
+  EXPECT_EQ(run_op(OpKind::scatter_add,
+                   {I({2, 2}, {0, 0, 0, 0}), I({3, 2}, {1, 0, 1, 1, 0, 0}),
+                    I({3, 2}, {5, 6, 7, 8, 9, 10})},
+                   I64({C(2), C(2)}), {{"axis", int64_t{0}}})
+                .ints,
+            (std::vector<int64_t>{9, 16, 12, 8}));
+  EXPECT_THAT(error_of([&] {
+                run_op(OpKind::scatter_add, {base, I({2, 1}, {-1, 0}), F({2, 1}, {1, 2})},
+                       F32({C(2), C(3)}), {{"axis", int64_t{1}}});
+              }),
+              HasSubstr("index -1 at 'x1'[0,0] is out of range [0, 3)"));
+}
+
+// moe_ffn against its formula written out, with the experts it ran counted: only those chosen.
+TEST(InterpreterIndexing, MoeFfnRunsOnlyTheChosenExperts) {
+  const int64_t T = 3, D = 2, Fh = 3, E = 4, K = 2;
+  std::vector<Tensor> in = {F({T, D}, {0.5f, -1, 2, 0.25f, -0.5f, 1}),
+                            I({T, K}, {2, 0, 2, 3, 0, 2}),
+                            F({T, K}, {0.75f, 0.25f, 0.5f, 0.5f, 1, 0})};
+  for (int64_t e = 0; e < E; ++e) {
+    in.push_back(F({Fh, D}, noise(Fh * D, static_cast<int>(3 * e))));
+    in.push_back(F({Fh, D}, noise(Fh * D, static_cast<int>(3 * e + 1))));
+    in.push_back(F({D, Fh}, noise(D * Fh, static_cast<int>(3 * e + 2))));
+  }
+  const Module m = one_op_module(OpKind::moe_ffn, in, F32({C(T), C(D)}), {{"experts", E}});
+  InterpretCounters counters;
+  InterpretOptions options;
+  options.counters = &counters;
+  const Tensor y = interpret(m, m.functions[0], {}, in, options).at(0);
+  EXPECT_EQ(counters.moe_experts_run, 3);  // experts 0, 2, 3; expert 1 never runs
+  EXPECT_EQ(counters.moe_expert_rows, T * K);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < D; ++i) {
+      double want = 0;
+      for (int64_t s = 0; s < K; ++s) {
+        const int64_t e = in[1].ints[t * K + s];
+        const Tensor &w1 = in[3 + 3 * e], &w3 = in[4 + 3 * e], &w2 = in[5 + 3 * e];
+        double yi = 0;
+        for (int64_t j = 0; j < Fh; ++j) {
+          double a = 0, b = 0;
+          for (int64_t q = 0; q < D; ++q) {
+            a += w1.f[j * D + q] * in[0].f[t * D + q];
+            b += w3.f[j * D + q] * in[0].f[t * D + q];
+          }
+          yi += w2.f[i * Fh + j] * (a / (1 + std::exp(-a))) * b;
+        }
+        want += in[2].f[t * K + s] * yi;
+      }
+      EXPECT_NEAR(y.f[t * D + i], want, 1e-5) << t << "," << i;
+    }
+  in[1].ints[3] = 4;
+  EXPECT_THAT(error_of([&] { interpret(m, m.functions[0], {}, in); }),
+              HasSubstr("expert id 4 at 'x1'[1,1] is out of range [0, 4)"));
+}
+
 }  // namespace
 }  // namespace kiln::ir

@@ -86,6 +86,7 @@ class JitModel {
   JitModel& operator=(const JitModel&) = delete;
 
   const ir::Module& module() const { return module_; }  // after the pipeline
+  kiln_model* model() const { return model_; }          // e.g. for kiln_model_set_profiling
   int kernels() const { return kernels_; }
 
   // Runs entry point `function` on `inputs` (ir::Tensor, in parameter order).

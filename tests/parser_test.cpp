@@ -252,6 +252,18 @@ const RoundTripCase kRoundTrips[] = {
   }
 }
 )kir"},
+    // Issue 26: indexing by computed indices and the sparse mixture of experts.
+    {"IndexingAndMoE", R"kir(module @moe {
+  symbol T max 8
+  func @f(%x: f32[T,4], %w1: f32[3,4], %w3: f32[3,4], %w2: f32[4,3], %p: f32[T,2]) -> (f32[T,4], f32[T,2], f32[T,4]) {
+    %ids = topk(%p) {k = 2} : i64[T,2]
+    %g = take_along_axis(%p, %ids) {axis = -1} : f32[T,2]
+    %y = moe_ffn(%x, %ids, %g, %w1, %w3, %w2, %w1, %w3, %w2) {experts = 2} : f32[T,4]
+    %s = scatter_add(%x, %ids, %g) {axis = 1} : f32[T,4]
+    return %y, %g, %s
+  }
+}
+)kir"},
     // The layernorm variants' attributes (ir.h): each flag alone, both (the Annotated
     // Transformer's LayerNorm), and an explicit 0, printed in key order.
     {"LayerNormVariants", R"kir(module @variants {

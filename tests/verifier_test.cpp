@@ -790,5 +790,63 @@ TEST(VerifierInvariants, HugeTypesAreRejectedWithoutOverflow) {
   for (const auto& d : verify(r)) all += d.message + "\n";
   EXPECT_THAT(all, ::testing::HasSubstr("[V7] type f32[9223372036854775807,4] is larger than"));
 }
+// topk, take_along_axis, scatter_add and moe_ffn: each rule's refusals name the values.
+TEST(VerifierTypeRules, IndexingAndMoE) {
+  const auto message = [](const std::string& sig, const std::string& op) {
+    return only_message("module @m {\n  symbol T max 8\n  func @f" + sig + " {\n    " + op +
+                        "\n    return %y\n  }\n}\n");
+  };
+  const std::string fine = "expected exactly one diagnostic, got 0:\n";
+  const std::string p = "(%p: f32[T,5]) -> (i64[T,2])";
+  EXPECT_EQ(message(p, "%y = topk(%p) {k = 2} : i64[T,2]"), fine);
+  EXPECT_THAT(message(p, "%y = topk(%p) {k = 6} : i64[T,2]"),
+              HasSubstr("[V8] topk: k = 6 exceeds the last axis of f32[T,5]"));
+  EXPECT_THAT(message(p, "%y = topk(%p) {k = 0} : i64[T,2]"),
+              HasSubstr("[V10] topk: attribute 'k' must be >= 1, got 0"));
+  EXPECT_THAT(message("(%p: bool[T,5]) -> (i64[T,2])", "%y = topk(%p) {k = 2} : i64[T,2]"),
+              HasSubstr("[V8] topk: operand must be a number tensor of rank >= 1, got bool[T,5]"));
+
+  const std::string t = "(%x: f32[T,5], %i: i64[T,2]) -> (f32[T,2])";
+  EXPECT_EQ(message(t, "%y = take_along_axis(%x, %i) {axis = 1} : f32[T,2]"), fine);
+  EXPECT_THAT(message(t, "%y = take_along_axis(%x, %i) {axis = 0} : f32[T,2]"),
+              HasSubstr("[V8] take_along_axis: indices i64[T,2] differ from f32[T,5] outside "
+                        "axis 0"));
+  EXPECT_THAT(message("(%x: f32[T,5], %i: f32[T,2]) -> (f32[T,2])",
+                      "%y = take_along_axis(%x, %i) {axis = 1} : f32[T,2]"),
+              HasSubstr("[V8] take_along_axis: indices must be integers, got f32"));
+  EXPECT_THAT(message("(%x: f32[T,5], %i: i64[2]) -> (f32[2])",
+                      "%y = take_along_axis(%x, %i) {axis = 1} : f32[2]"),
+              HasSubstr("[V8] take_along_axis: indices i64[2] must have the rank of f32[T,5]"));
+  EXPECT_THAT(message(t, "%y = take_along_axis(%x, %i) {axis = 2} : f32[T,2]"),
+              HasSubstr("[V8] take_along_axis: axis 2 out of range for rank 2"));
+
+  const std::string sa = "(%b: f32[T,5], %i: i64[T,2], %s: f32[T,2]) -> (f32[T,5])";
+  EXPECT_EQ(message(sa, "%y = scatter_add(%b, %i, %s) {axis = -1} : f32[T,5]"), fine);
+  EXPECT_THAT(message(sa, "%y = scatter_add(%b, %i, %s) {axis = 0} : f32[T,5]"),
+              HasSubstr("[V8] scatter_add: source f32[T,2] differs from f32[T,5] outside axis 0"));
+  EXPECT_THAT(message("(%b: f32[T,5], %i: i64[T,3], %s: f32[T,2]) -> (f32[T,5])",
+                      "%y = scatter_add(%b, %i, %s) {axis = 1} : f32[T,5]"),
+              HasSubstr("[V8] scatter_add: indices i64[T,3] must have the shape of the source "
+                        "f32[T,2]"));
+  EXPECT_THAT(message("(%b: f32[T,5], %i: i64[T,2], %s: i64[T,2]) -> (f32[T,5])",
+                      "%y = scatter_add(%b, %i, %s) {axis = 1} : f32[T,5]"),
+              HasSubstr("[V8] scatter_add: source i64[T,2] must have the dtype of f32[T,5]"));
+
+  const std::string moe =
+      "(%x: f32[T,4], %i: i64[T,2], %g: f32[T,2], %a: f32[3,4], %d: f32[4,3]) -> (f32[T,4])";
+  EXPECT_EQ(message(moe, "%y = moe_ffn(%x, %i, %g, %a, %a, %d) {experts = 1} : f32[T,4]"), fine);
+  EXPECT_THAT(message(moe, "%y = moe_ffn(%x, %i, %g, %a, %a, %d) {experts = 2} : f32[T,4]"),
+              HasSubstr("[V8] moe_ffn: expects 9 operand(s), got 6"));
+  EXPECT_THAT(message(moe, "%y = moe_ffn(%x, %i, %g, %a, %d, %d) {experts = 1} : f32[T,4]"),
+              HasSubstr("[V8] moe_ffn: expert 0's w3 f32[4,3] must be f32[3,4]"));
+  EXPECT_THAT(message(moe, "%y = moe_ffn(%x, %i, %i, %a, %a, %d) {experts = 1} : f32[T,4]"),
+              HasSubstr("[V8] moe_ffn: gates i64[T,2] must be f32 of the ids' shape [T,2]"));
+  EXPECT_THAT(message(moe, "%y = moe_ffn(%x, %g, %g, %a, %a, %d) {experts = 1} : f32[T,4]"),
+              HasSubstr("[V8] moe_ffn: expert ids f32[T,2] must be integers [..., K] with the "
+                        "leading dims of x f32[T,4]"));
+  EXPECT_THAT(message(moe, "%y = moe_ffn(%x, %i, %g, %d, %a, %d) {experts = 1} : f32[T,4]"),
+              HasSubstr("[V8] moe_ffn: expert 0's w1 f32[4,3] must be f32[F, 4]"));
+}
+
 }  // namespace
 }  // namespace kiln::ir

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "codegen/lower/lowering.h"
+#include "ir/op_types.h"
 #include "passes/rewrite.h"
 #include "support/error.h"
 
@@ -42,6 +43,8 @@ void lower_elementwise(FunctionLowering& L, const ir::Op& op) {
         n.value = d->float_attr("value");
       }
       if (d->kind == OpKind::iota) n.axis = d->int_attr("axis");
+      if (d->kind == OpKind::take_along_axis)
+        n.axis = ir::normalize_axis(d->int_attr("axis"), t.rank());
       if (d->kind == OpKind::gather) n.table_rows = f.type(d->operands[0]).shape[0].value;
       for (ir::ValueId o : d->operands) n.operands.push_back(node(o, false));
     } else {

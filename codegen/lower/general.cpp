@@ -1,5 +1,6 @@
 // Lowering of the general path, for ops no fused kernel took: batched matmul, transpose
-// (a copy kernel), concat (one copy per operand), softmax and the reductions over any axes.
+// (a copy kernel), concat (one copy per operand), softmax, the reductions over any axes,
+// topk and scatter_add.
 #include <optional>
 #include <string>
 #include <vector>
@@ -157,6 +158,42 @@ void lower_reduce(FunctionLowering& L, const ir::Op& op) {
   rt::StepDesc st{L.kernel_index(k), fmt::format("{} %{}", ir::op_name(op.kind), op.result), {}};
   st.args.push_back(L.view_of(op.operands[0], op).halide());
   st.args.push_back(kept.halide());
+  L.fd.steps.push_back(std::move(st));
+  L.views[op.result] = out;
+}
+
+void lower_topk(FunctionLowering& L, const ir::Op& op) {
+  const ir::Function& f = L.f;
+  const ir::TensorType& in = f.type(op.operands[0]);
+  if (in.dtype != ir::DType::f32 && in.dtype != ir::DType::i64)
+    fail("{}function '{}': topk {} of {} is not supported in compiled code",
+         ir::line_prefix(op.loc), f.name, passes::value_label(f, op.result), ir::to_string(in));
+  const TopkKernel k{op.int_attr("k"), in.dtype == ir::DType::i64};
+  // A symbolic last axis: at least k long, checked when binding.
+  L.check_le(ir::Dim::constant(k.k), in.shape.back(),
+             fmt::format("topk {} needs at least k = {} elements along its last axis",
+                         passes::value_label(f, op.result), k.k));
+  View out = L.output_view(op);
+  rt::StepDesc st{L.kernel_index(k), fmt::format("topk %{}", op.result), {}};
+  st.args.push_back(L.rows_arg(op, 0));
+  st.args.push_back(*L.rows_view(out, op));
+  L.fd.steps.push_back(std::move(st));
+  L.views[op.result] = out;
+}
+
+void lower_scatter_add(FunctionLowering& L, const ir::Op& op) {
+  const ir::Function& f = L.f;
+  const ir::TensorType& type = f.type(op.result);
+  if (type.dtype != ir::DType::f32 && type.dtype != ir::DType::i64)
+    fail("{}function '{}': scatter_add {} of {} is not supported in compiled code",
+         ir::line_prefix(op.loc), f.name, passes::value_label(f, op.result), ir::to_string(type));
+  const ScatterAddKernel k{static_cast<int>(type.rank()),
+                           static_cast<int>(ir::normalize_axis(op.int_attr("axis"), type.rank())),
+                           type.dtype == ir::DType::i64};
+  View out = L.output_view(op);
+  rt::StepDesc st{L.kernel_index(k), fmt::format("scatter_add %{}", op.result), {}};
+  for (size_t i = 0; i < 3; ++i) st.args.push_back(L.view_of(op.operands[i], op).halide());
+  st.args.push_back(out.halide());
   L.fd.steps.push_back(std::move(st));
   L.views[op.result] = out;
 }

@@ -162,6 +162,10 @@ void lower_transpose(FunctionLowering& L, const ir::Op& op);
 void lower_concat(FunctionLowering& L, const ir::Op& op);
 void lower_softmax(FunctionLowering& L, const ir::Op& op);
 void lower_reduce(FunctionLowering& L, const ir::Op& op);  // reduce_sum/mean/max, argmax
+void lower_topk(FunctionLowering& L, const ir::Op& op);
+void lower_scatter_add(FunctionLowering& L, const ir::Op& op);
+// moe.cpp: the sparse mixture-of-experts FFN, a runtime builtin (runtime/builtins.h).
+void lower_moe_ffn(FunctionLowering& L, const ir::Op& op);
 // elementwise.cpp: one elementwise kernel per group of fuse-elementwise.
 void lower_elementwise(FunctionLowering& L, const ir::Op& op);
 
