@@ -505,7 +505,13 @@ ir::Attrs attention_attrs(const AttentionMatch& m) {
 bool over_scores(const Graph& g, ValueId v, int depth = 0) {
   const Op* op = def_op(g.f, g.defs, v);
   if (!op || depth > 8) return false;
-  if (op->kind == OpKind::matmul) return true;
+  if (op->kind == OpKind::matmul) {
+    // A product with a model weight (x·W or x·Wᵀ: a router's or a classifier's logits, e.g. a
+    // mixture of experts' gate) is a projection, not query-key scores.
+    const Op* rhs = def_op(g.f, g.defs, op->operands[1]);
+    if (rhs && rhs->kind == OpKind::transpose) rhs = def_op(g.f, g.defs, rhs->operands[0]);
+    return !(rhs && rhs->kind == OpKind::weight);
+  }
   switch (op->kind) {
     case OpKind::select:
     case OpKind::add:
