@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "HalideRuntime.h"
@@ -28,11 +29,12 @@ struct MoeWork {
 
 // The builtin moe_ffn (plan.h) on the step's buffers, resolved and bounds-checked like a
 // kernel's (host memory): x f32 (d, rows), ids i64 (k, rows), gates f32 (k, rows), per expert
-// w1ᵀ, w3ᵀ (f, d) and w2ᵀ (d, f) as stored for linear kernels, out f32 (d, rows). Groups the
-// (row, slot) pairs by expert and runs, per expert that any row chose, the SwiGLU over just
-// its rows (up/gate products, silu · up, down product) in blocks of rows and columns on the
-// thread pool, then adds gate · y into each row's output (experts in order). An id out of
-// [0, experts) is a kiln::Error naming the step.
-MoeWork moe_ffn(const StepDesc& step, const std::vector<halide_buffer_t>& bufs);
+// w1, w3 and w2 as stored for the step's linear kernels, out f32 (d, rows). Groups the
+// (row, slot) pairs by expert, and for each expert that some row chose gathers its rows and
+// runs the step's three linear kernels over just them through `call(kernel, args)` (a = silu(x
+// w1ᵀ), b = x w3ᵀ, y = (a ⊙ b) w2ᵀ), then adds gate · y into each row's output (experts in
+// order). An id out of [0, experts) is a kiln::Error naming the step.
+MoeWork moe_ffn(const StepDesc& step, std::vector<halide_buffer_t>& bufs,
+                const std::function<void(int32_t kernel, void** args)>& call);
 
 }  // namespace kiln::rt

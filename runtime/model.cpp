@@ -357,7 +357,22 @@ void kiln_model::run(const char* fname, const kiln_tensor* inputs, size_t n_in,
     }
     if (moe) {
       const Clock::time_point start = profile_this_run ? Clock::now() : Clock::time_point{};
-      const kiln::rt::MoeWork work = kiln::rt::moe_ffn(step, bufs);
+      // Its kernels, called as any step's (tallied as theirs, the builtin's time including
+      // theirs).
+      auto call = [&](int32_t kernel, void** kernel_args) {
+        kernel_error().clear();
+        const Clock::time_point t0 = profile_this_run ? Clock::now() : Clock::time_point{};
+        const int status = kernels[kernel](kernel_args);
+        if (status != 0)
+          fail("kernel {} ({}) failed with status {}{}", plan.kernel_names[kernel], step.op, status,
+               kernel_error_suffix());
+        if (profile_this_run) {
+          Tally& t = kernel_tally[static_cast<size_t>(kernel)];
+          t.calls += 1;
+          t.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+        }
+      };
+      const kiln::rt::MoeWork work = kiln::rt::moe_ffn(step, bufs, call);
       if (profile_this_run) {
         kiln::rt::BuiltinTally& t = builtin_tally[step.op];
         t.calls += 1;

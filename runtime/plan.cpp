@@ -62,7 +62,7 @@ namespace {
 // Version 6: kiln_hooks gained release_device (a library built for 5 passes a shorter struct).
 // Version 7: kiln_hooks gained device (the device memory operations of a GPU library).
 // Version 8: kiln_hooks gained set_custom_do_par_for (the runtime's thread pool).
-constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', '9'};
+constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', 'A'};
 
 // A plan stores an element type as its index here: the codes of format 8 (f32 0, i64 1,
 // bool 2, bf16 3), kept when the runtime's element types became kiln_dtype, so a plan's
@@ -223,6 +223,8 @@ void validate(const Plan& p) {
       check_dim(c.rhs);
     }
     for (const StepDesc& s : f.steps) {
+      if (s.builtin != Builtin::moe_ffn && !s.calls.empty())
+        fail("compiled plan: step '{}' lists kernels it does not call", s.op);
       if (s.builtin == Builtin::cache_write) {
         const size_t n = s.args.size();
         if (s.kernel != -1 || (n != 2 && n != 3) || s.args[0].extents.size() != 3 ||
@@ -232,9 +234,14 @@ void validate(const Plan& p) {
           fail("compiled plan: cache_write step '{}' has bad arguments", s.op);
       } else if (s.builtin == Builtin::moe_ffn) {
         const size_t n = s.args.size();
-        bool ok = s.kernel == -1 && n >= 7 && (n - 4) % 3 == 0;
-        for (size_t a = 0; ok && a < n; ++a)
-          ok = s.args[a].extents.size() == 2 && s.args[a].type == (a == 1 ? KILN_I64 : KILN_F32);
+        bool ok = s.kernel == -1 && n >= 7 && (n - 4) % 3 == 0 && s.calls.size() == 3;
+        for (size_t a = 0; ok && a < n; ++a) {
+          const bool weight = a >= 3 && a + 1 < n;
+          ok = (weight || s.args[a].extents.size() == 2) &&
+               s.args[a].type == (a == 1 ? KILN_I64 : KILN_F32);
+        }
+        for (int32_t k : s.calls)
+          ok = ok && k >= 0 && k < static_cast<int32_t>(p.kernel_names.size());
         if (!ok) fail("compiled plan: moe_ffn step '{}' has bad arguments", s.op);
       } else if (s.kernel < 0 || s.kernel >= static_cast<int32_t>(p.kernel_names.size())) {
         fail("compiled plan: step '{}' calls missing kernel {}", s.op, s.kernel);
@@ -399,6 +406,8 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
     for (const StepDesc& s : f.steps) {
       w.i64(s.kernel);
       w.i64(static_cast<int64_t>(s.builtin));
+      w.i64(static_cast<int64_t>(s.calls.size()));
+      for (int32_t k : s.calls) w.i64(k);
       w.str(s.op);
       w.i64(static_cast<int64_t>(s.args.size()));
       for (const BufferDesc& b : s.args) {
@@ -473,6 +482,8 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
       const int64_t builtin = r.i64();
       if (builtin < 0 || builtin > 2) fail("compiled plan: unknown builtin step {}", builtin);
       s.builtin = static_cast<Builtin>(builtin);
+      s.calls.resize(r.count());
+      for (int32_t& k : s.calls) k = static_cast<int32_t>(r.i64());
       s.op = r.str();
       s.args.resize(r.count());
       for (BufferDesc& b : s.args) {

@@ -62,8 +62,9 @@ enum class Builtin : int8_t {
   // untouched.
   cache_write = 1,
   // The IR's moe_ffn (runtime/builtins.h): args x f32 (d, rows), ids i64 (k, rows), gates f32
-  // (k, rows), then per expert the weights w1ᵀ, w3ᵀ f32 (f, d) and w2ᵀ f32 (d, f) as stored
-  // for linear kernels, then out f32 (d, rows). Only the experts that some row chose run.
+  // (k, rows), then per expert the weights w1, w3 and w2 as stored for the step's linear
+  // kernels (`calls`: linear d -> f with silu, d -> f, f -> d), then out f32 (d, rows). Only
+  // the experts that some row chose run, each through those kernels over just its rows.
   moe_ffn = 2,
 };
 
@@ -72,6 +73,7 @@ struct StepDesc {
   std::string op;                // what it computes, for errors and profiling
   std::vector<BufferDesc> args;  // inputs in kernel order, then the output
   Builtin builtin = Builtin::none;
+  std::vector<int32_t> calls;  // a builtin's kernels (indices into Plan::kernel_names)
 };
 
 struct TensorDesc {
