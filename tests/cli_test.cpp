@@ -8,6 +8,7 @@
 #include <set>
 #include <string>
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -383,6 +384,50 @@ TEST_F(CliTest, GptBlockFusesAndCompiledMatchesInterpreter) {
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_THAT(r.output, HasSubstr("(match <= 1e-05)")) << r.output;
   std::printf("%s", r.output.c_str());  // the error, for the record
+}
+
+// Issue 26: a Mixtral-style sparse MoE block (tests/passes/pipeline/moe.kir: 4 experts,
+// top-2) compiled as a shared library runs through `kiln run --compiled` like the
+// interpreter, and its profile counts the expert rows: 2 per token (7 tokens: 14), never
+// more than tokens · experts.
+TEST_F(CliTest, SparseMoeCompiledMatchesInterpreterAndProfilesItsExperts) {
+  const std::string kir = std::string(KILN_TEST_DATA_DIR) + "/passes/pipeline/moe.kir";
+  std::vector<rt::TensorData> tensors;
+  uint32_t seed = 7;
+  auto values = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) {  // deterministic values in [-1, 1)
+      seed = seed * 1664525u + 1013904223u;
+      x = static_cast<float>(seed >> 8) / static_cast<float>(1 << 23) - 1.0f;
+    }
+    return v;
+  };
+  tensors.push_back(rt::make_f32("block_sparse_moe.gate.weight", {4, 8}, values(32)));
+  for (int e = 0; e < 4; ++e)
+    for (const char* w : {"w1", "w2", "w3"}) {
+      const std::vector<int64_t> shape =
+          std::string(w) == "w2" ? std::vector<int64_t>{8, 6} : std::vector<int64_t>{6, 8};
+      tensors.push_back(rt::make_f32(fmt::format("block_sparse_moe.experts.{}.{}.weight", e, w),
+                                     shape, values(48)));
+    }
+  rt::write_safetensors(path("moe_w.safetensors"), tensors);
+  rt::write_safetensors(path("moe_in.safetensors"), {rt::make_f32("x", {7, 8}, values(56))});
+  Result ref = run("run " + kir + " --weights " + path("moe_w.safetensors") + " --inputs " +
+                   path("moe_in.safetensors") + " -o " + path("moe_ref.safetensors"));
+  ASSERT_EQ(ref.status, 0) << ref.output;
+  Result c = run("compile " + kir + " --emit=shared --name moe -o " + path("moe_out"));
+  ASSERT_EQ(c.status, 0) << c.output;
+  Result r = run("run --compiled " + path("moe_out") + " --weights " + path("moe_w.safetensors") +
+                 " --inputs " + path("moe_in.safetensors") + " --expect " +
+                 path("moe_ref.safetensors") + " --atol 1e-5 --profile");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("(match <= 1e-05)")) << r.output;
+  EXPECT_THAT(r.output,
+              ::testing::ContainsRegex("kiln profile: builtin 'forward: moe_ffn %[0-9]+' ran 1 "
+                                       "time\\(s\\), [0-9.]+ ms per run, [1-4] experts run over "
+                                       "14 expert rows"))
+      << r.output;
+  std::printf("%s", r.output.c_str());  // the error and the profile, for the record
 }
 
 // Issue 24: kiln compile calls its toolchain from argv lists, never through a shell, so an
