@@ -430,7 +430,6 @@ KernelPipeline build_matmul_gpu(const MatmulKernel& spec) {
 
 KernelPipeline build_topk(const TopkKernel& spec, const Halide::Target& target) {
   KILN_ASSERT(spec.k >= 1, "topk: k >= 1");
-  KILN_ASSERT(!target.has_gpu_feature(), "topk: no GPU schedule");
   const Halide::Type type = spec.i64 ? Halide::Int(64) : Halide::Float(32);
   ImageParam in(type, 2, "input");  // (n, rows)
   Var j("j"), row("row");
@@ -460,15 +459,23 @@ KernelPipeline build_topk(const TopkKernel& spec, const Halide::Target& target) 
   Func out("topk");
   out(j, row) = best(j, row)[0];
   out.output_buffer().dim(0).set_bounds(0, static_cast<int>(spec.k));
+  KernelPipeline kp{Halide::Pipeline(out), {in}};
+  if (target.has_gpu_feature()) {
+    // A thread per row (blocks of 64 rows), its k picks in its own memory.
+    Var block("block"), thread("thread");
+    out.reorder(j, row).gpu_tile(row, block, thread, 64, TailStrategy::GuardWithIf);
+    best.compute_at(out, thread);
+    kp.gpu_threads = 64;
+    return kp;
+  }
   out.parallel(row);
   best.compute_at(out, row);
-  return KernelPipeline{Halide::Pipeline(out), {in}};
+  return kp;
 }
 
 KernelPipeline build_scatter_add(const ScatterAddKernel& spec, const Halide::Target& target) {
   const int rank = spec.rank;
   KILN_ASSERT(rank >= 1 && spec.axis >= 0 && spec.axis < rank, "scatter_add axis");
-  KILN_ASSERT(!target.has_gpu_feature(), "scatter_add: no GPU schedule");
   const Halide::Type type = spec.i64 ? Halide::Int(64) : Halide::Float(32);
   ImageParam base(type, rank, "base"), ids(Halide::Int(64), rank, "ids"), src(type, rank, "src");
   std::vector<Var> vars = make_vars(rank);
@@ -483,6 +490,31 @@ KernelPipeline build_scatter_add(const ScatterAddKernel& spec, const Halide::Tar
   std::vector<Expr> to = as_exprs(vars);
   to[h] = Halide::cast(Halide::Int(32), id);
   out(to) += src(at);
+  KernelPipeline kp{Halide::Pipeline(out), {base, ids, src}};
+  if (target.has_gpu_feature()) {
+    // The copy: a thread per element (blocks of 256). The update: a thread per position of
+    // the other dims (fused, blocks of 256), adding its contributions in order of the axis;
+    // one thread when there are no other dims.
+    Var block("block"), thread("thread");
+    out.gpu_tile(fuse_all(out, vars), block, thread, 256, TailStrategy::GuardWithIf);
+    std::vector<Var> others;
+    for (int d = 0; d < rank; ++d)
+      if (d != h) others.push_back(vars[d]);
+    if (others.empty()) {
+      out.update().gpu_single_thread();
+    } else {
+      Var all = others[0];
+      for (size_t i = 1; i < others.size(); ++i) {
+        Var fused(fmt::format("others{}", i));
+        out.update().fuse(all, others[i], fused);
+        all = fused;
+      }
+      Var ublock("ublock"), uthread("uthread");
+      out.update().gpu_tile(all, ublock, uthread, 256, TailStrategy::GuardWithIf);
+    }
+    kp.gpu_threads = 256;
+    return kp;
+  }
   // The copy: dim 0 in vectors, the rest in parallel. The update: each position of the
   // other dims adds its contributions in order of the axis; the outermost such dim in
   // parallel, dim 0 in vectors where it is not the axis.
@@ -494,7 +526,7 @@ KernelPipeline build_scatter_add(const ScatterAddKernel& spec, const Halide::Tar
     if (d != h) outer = d;
   if (outer > 0) out.update().parallel(vars[outer]);
   if (h != 0) out.update().vectorize(vars[0], lanes, TailStrategy::GuardWithIf);
-  return KernelPipeline{Halide::Pipeline(out), {base, ids, src}};
+  return kp;
 }
 
 KernelPipeline build_reduce(const ReduceKernel& spec, const Halide::Target& target) {

@@ -208,7 +208,7 @@ struct MatmulKernel {
 // ties to the lower index, a NaN above every number (the interpreter's order).
 //   args: in (n, rows) f32 or i64 (when `i64`), any row stride; out i64 (k, rows) dense.
 // k chained selections per row (each the best element ranked below the previous pick):
-// O(k · n) per row, rows in parallel. CPU only (no GPU schedule yet).
+// O(k · n) per row, rows in parallel (on a GPU: a thread per row, blocks of 64).
 struct TopkKernel {
   int64_t k = 1;
   bool i64 = false;
@@ -220,7 +220,7 @@ struct TopkKernel {
 //   code clamps it, as gather does).
 //   args: base, ids i64, src (any strides; base and src f32, or i64 when `i64`), out dense.
 // The update runs over src's axis in order for each position of the other dims, those in
-// parallel. CPU only (no GPU schedule yet).
+// parallel (on a GPU: a thread per position, blocks of 256).
 struct ScatterAddKernel {
   int rank = 1;
   int axis = 0;
@@ -247,7 +247,7 @@ std::string gpu_api(const std::string& target);
 // The kernel kind of `spec` as messages name it ("bf16 linear") when it has no GPU schedule
 // yet, or "" when it has one (linear with f32 weights, attention, cache_attention,
 // memory_attention, layernorm, add_layernorm, elementwise kernels with their gathers, transposes
-// and copies, and the general kernels: reductions, argmax, softmax, matmul).
+// and copies, and the general kernels: reductions, argmax, softmax, matmul, topk, scatter_add).
 std::string kind_without_gpu_schedule(const KernelSpec& spec);
 // What a GPU schedule may use per block (checked when a kernel is compiled for a GPU): CUDA's
 // limits, which Halide 14 never raises (pocl allows more, so its tests would not notice).

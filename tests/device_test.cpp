@@ -352,6 +352,22 @@ TEST_P(DeviceGeneralTest, Argmax) {
   check("argmax", ties_and_nans);
 }
 
+// topk with ties (i64 values from {0, 1, 2}) and NaNs; scatter_add with indices in range and
+// repeated (rows adding into one element in order).
+TEST_P(DeviceGeneralTest, TopkAndScatterAdd) {
+  check("topk", [](std::vector<ir::Tensor>& inputs) {
+    ties_and_nans(inputs);
+    for (float& v : inputs[1].f) v = std::round(v * 2) / 2;
+    for (int64_t& v : inputs[2].ints) v = (v % 3 + 3) % 3;
+  });
+  check("scatter", [](std::vector<ir::Tensor>& inputs) {
+    // Indices into C = inputs[0]'s last dim (and inputs[3]'s first, inputs[6]'s only).
+    const int64_t c = inputs[6].shape[0];
+    for (int k : {1, 4, 7})
+      for (int64_t& v : inputs[static_cast<size_t>(k)].ints) v = (v % c + c) % c;
+  });
+}
+
 TEST_P(DeviceGeneralTest, Matmul) {
   check("matmul");
   check("linear");
