@@ -20,8 +20,15 @@ std::string type_comment(const rt::TensorDesc& t, const rt::Plan& plan) {
   std::string dims;
   for (const rt::DimExpr& d : t.shape) {
     if (!dims.empty()) dims += ",";
-    int s = d.single_symbol();
-    dims += s >= 0 ? plan.symbols[s].name : std::to_string(d.coeff);
+    const int s = d.scaled_symbol();
+    if (s < 0)
+      dims += std::to_string(d.coeff);
+    else if (d.coeff == 1)
+      dims += plan.symbols[s].name;
+    else if (plan.symbols[s].base < 0)
+      dims += fmt::format("{}*{}", d.coeff, plan.symbols[s].name);
+    else
+      dims += fmt::format("{}*({})", d.coeff, plan.symbols[s].name);
   }
   const char* ty = t.type == KILN_F32 ? "f32" : t.type == KILN_I64 ? "i64" : "bool";
   return fmt::format("{}: {}[{}]", t.name, ty, dims);
@@ -238,6 +245,7 @@ std::string header_source(const std::string& name, const rt::Plan& plan,
     entry_points += fmt::format("//   {}({}) -> ({})\n", f.name, ins, outs);
   }
   for (const auto& s : plan.symbols) {
+    if (s.base >= 0) continue;  // derived from a model symbol (T+1): not declared by the model
     maxima += fmt::format(" {} <= {}", s.name, s.max);
     constants += fmt::format("  static constexpr int64_t max_{} = {};\n", s.name, s.max);
   }

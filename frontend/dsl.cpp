@@ -9,6 +9,33 @@
 #include "ir/verifier.h"
 #include "support/error.h"
 
+namespace kiln::ir {
+namespace {
+Dim checked(std::optional<Dim> d, const std::string& why) {
+  if (!d) fail("dim arithmetic: {}", why);
+  return *d;
+}
+}  // namespace
+
+Dim operator+(const Dim& a, const Dim& b) {
+  std::string why;
+  return checked(add_dims(a, b, &why), why);
+}
+Dim operator+(const Dim& a, int64_t b) { return a + Dim::constant(b); }
+Dim operator+(int64_t a, const Dim& b) { return Dim::constant(a) + b; }
+Dim operator-(const Dim& a, const Dim& b) {
+  std::string why;
+  return checked(sub_dims(a, b, &why), why);
+}
+Dim operator-(const Dim& a, int64_t b) { return a - Dim::constant(b); }
+Dim operator*(const Dim& a, const Dim& b) {
+  std::string why;
+  return checked(mul_dims(a, b, &why), why);
+}
+Dim operator*(const Dim& a, int64_t b) { return a * Dim::constant(b); }
+Dim operator*(int64_t a, const Dim& b) { return Dim::constant(a) * b; }
+}  // namespace kiln::ir
+
 namespace kiln::dsl {
 
 using ir::OpKind;

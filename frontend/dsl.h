@@ -23,6 +23,22 @@
 
 #include "ir/ir.h"
 
+// Arithmetic on dims, for shapes such as [B,T+1,D] (a prepended token) and [B,64*T] (a
+// symbolic axis merged with constant ones): `T + 1`, `T - 1`, `2 * T`, `T * 64`, `H * Dk`. A
+// dim is a constant or an affine function of one symbol (ir::Dim); what is not (S + T, B * T,
+// a negative scale) throws kiln::Error naming the dims, e.g. "dim arithmetic: the sum of dims
+// S and T: sums of different symbols are not supported".
+namespace kiln::ir {
+Dim operator+(const Dim& a, const Dim& b);
+Dim operator+(const Dim& a, int64_t b);
+Dim operator+(int64_t a, const Dim& b);
+Dim operator-(const Dim& a, const Dim& b);
+Dim operator-(const Dim& a, int64_t b);
+Dim operator*(const Dim& a, const Dim& b);
+Dim operator*(const Dim& a, int64_t b);
+Dim operator*(int64_t a, const Dim& b);
+}  // namespace kiln::ir
+
 namespace kiln::dsl {
 
 using ir::Dim;

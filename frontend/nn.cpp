@@ -216,11 +216,7 @@ Tensor PositionEmbedding::operator()(Tensor x, Loc loc) const {
   check(x.rank() == 3, fb, loc, "input is {}, expected [B, L, dim]", ir::to_string(x.type()));
   check_last_dim(fb, loc, x, "input", "dim", dim);
   const Dim L = x.dim(1);
-  int64_t longest = L.value;
-  if (L.is_symbolic()) {
-    const ir::Symbol* s = fb.module().find_symbol(L.symbol);
-    longest = s ? s->max : 0;
-  }
+  const int64_t longest = ir::dim_max(fb.module(), L);  // T+1 (a prepended token) too
   check(longest <= max_len, fb, loc, "input length {} may be up to {}, above max_len = {}",
         ir::to_string(L), longest, max_len);
   Tensor table = fb.weight(prefix + ".weight", {max_len, dim}, loc);

@@ -43,7 +43,7 @@ bool bind_shape(const ir::TensorType& type, const std::map<std::string, int64_t>
     if (d.is_symbolic()) {
       auto it = symbols.find(d.symbol);
       if (it == symbols.end()) return false;
-      v = it->second;
+      v = d.at(it->second);
     }
     if (v < 0 || __builtin_mul_overflow(n, v, &n) || n > kMaxElements) return false;
     shape->push_back(v);

@@ -1273,19 +1273,28 @@ class Interpreter {
     if (!sym)
       fail("{} has shape {}: dim {} uses undeclared symbol '{}'", who, shape_str(t.shape), d,
            dim.symbol);
-    if (size < 1)
-      fail("{} has shape {}: dim {} ({}) is {}, below its minimum 1", who, shape_str(t.shape), d,
-           dim.symbol, size);
-    if (size > sym->max)
+    const std::string name = to_string(dim);
+    if (size < dim_min(dim))
+      fail("{} has shape {}: dim {} ({}) is {}, below its minimum {}", who, shape_str(t.shape), d,
+           name, size, dim_min(dim));
+    if (size > dim.at(sym->max))
       fail("{} has shape {}: dim {} ({}) is {}, above its maximum {}", who, shape_str(t.shape), d,
-           dim.symbol, size, sym->max);
+           name, size, dim.at(sym->max));
     auto it = bindings_.find(dim.symbol);
     if (it == bindings_.end()) {
-      bindings_[dim.symbol] = size;
+      // scale·S + offset = size: S from the size, when one S gives it.
+      if ((size - dim.value) % dim.scale != 0)
+        fail("{} has shape {}: dim {} ({}) is {}, which no value of {} gives", who,
+             shape_str(t.shape), d, name, size, dim.symbol);
+      bindings_[dim.symbol] = (size - dim.value) / dim.scale;
       bound_by_[dim.symbol] = fmt::format("dim {} of {}", d, who);
-    } else if (it->second != size) {
-      fail("{} has shape {}: dim {} ({}) is {}, but {} is {} from {}", who, shape_str(t.shape), d,
-           dim.symbol, size, dim.symbol, it->second, bound_by_[dim.symbol]);
+    } else if (dim.at(it->second) != size) {
+      if (dim.is_bare_symbol())
+        fail("{} has shape {}: dim {} ({}) is {}, but {} is {} from {}", who, shape_str(t.shape), d,
+             dim.symbol, size, dim.symbol, it->second, bound_by_[dim.symbol]);
+      fail("{} has shape {}: dim {} ({}) is {}, but {} is {} from {}, so {} is {}", who,
+           shape_str(t.shape), d, name, size, dim.symbol, it->second, bound_by_[dim.symbol], name,
+           dim.at(it->second));
     }
   }
 
@@ -1367,7 +1376,7 @@ class Interpreter {
       if (it == bindings_.end())
         fail("{}: its type {} uses symbol '{}', which no input binds", where(index),
              to_string(type), d.symbol);
-      shape.push_back(it->second);
+      shape.push_back(d.at(it->second));
     }
     // Refuse a result too large to hold before allocating it (a 64 GiB constant, say).
     const int64_t elem = type.dtype == DType::f32 ? sizeof(float) : sizeof(int64_t);

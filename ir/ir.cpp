@@ -44,7 +44,78 @@ int64_t dtype_size(DType dtype) {
 }
 
 std::string to_string(const Dim& dim) {
-  return dim.is_symbolic() ? dim.symbol : std::to_string(dim.value);
+  if (!dim.is_symbolic()) return std::to_string(dim.value);
+  std::string out = dim.scale == 1 ? dim.symbol : fmt::format("{}*{}", dim.scale, dim.symbol);
+  if (dim.value > 0) out += fmt::format("+{}", dim.value);
+  if (dim.value < 0) out += fmt::format("{}", dim.value);
+  return out;
+}
+
+std::optional<Dim> add_dims(const Dim& a, const Dim& b, std::string* why) {
+  int64_t scale = 0, offset = 0;
+  const bool overflow =
+      __builtin_add_overflow(a.value, b.value, &offset) ||
+      __builtin_add_overflow(a.is_symbolic() ? a.scale : 0, b.is_symbolic() ? b.scale : 0, &scale);
+  if (a.is_symbolic() && b.is_symbolic() && a.symbol != b.symbol) {
+    if (why)
+      *why = fmt::format("the sum of dims {} and {}: sums of different symbols are not supported",
+                         to_string(a), to_string(b));
+    return std::nullopt;
+  }
+  if (overflow) {
+    if (why) *why = fmt::format("the sum of dims {} and {} overflows", to_string(a), to_string(b));
+    return std::nullopt;
+  }
+  return Dim::affine(a.is_symbolic() ? a.symbol : b.symbol, scale, offset);
+}
+
+std::optional<Dim> sub_dims(const Dim& a, const Dim& b, std::string* why) {
+  if (b.is_symbolic() && (!a.is_symbolic() || a.symbol != b.symbol || a.scale < b.scale)) {
+    if (why)
+      *why = fmt::format(
+          "the difference of dims {} and {} is not a dim of one symbol with a "
+          "positive scale",
+          to_string(a), to_string(b));
+    return std::nullopt;
+  }
+  int64_t scale = 0, offset = 0;
+  if (__builtin_sub_overflow(a.value, b.value, &offset) ||
+      __builtin_sub_overflow(a.is_symbolic() ? a.scale : 0, b.is_symbolic() ? b.scale : 0,
+                             &scale)) {
+    if (why)
+      *why = fmt::format("the difference of dims {} and {} overflows", to_string(a), to_string(b));
+    return std::nullopt;
+  }
+  return Dim::affine(a.symbol, scale, offset);
+}
+
+std::optional<Dim> mul_dims(const Dim& a, const Dim& b, std::string* why) {
+  if (a.is_symbolic() && b.is_symbolic()) {
+    if (why)
+      *why = fmt::format(
+          "the product of dims {} and {}: a dim is an affine function of one symbol, and "
+          "products of symbolic dims are not supported",
+          to_string(a), to_string(b));
+    return std::nullopt;
+  }
+  const Dim& s = a.is_symbolic() ? a : b;
+  const int64_t c = a.is_symbolic() ? b.value : a.value;
+  if (!s.is_symbolic()) {
+    int64_t v = 0;
+    if (!__builtin_mul_overflow(a.value, b.value, &v)) return Dim::constant(v);
+  } else if (c < 0) {
+    if (why)
+      *why = fmt::format("the product of dims {} and {} has a negative scale", to_string(a),
+                         to_string(b));
+    return std::nullopt;
+  } else {
+    int64_t scale = 0, offset = 0;
+    if (!__builtin_mul_overflow(s.scale, c, &scale) && !__builtin_mul_overflow(s.value, c, &offset))
+      return Dim::affine(s.symbol, scale, offset);
+  }
+  if (why)
+    *why = fmt::format("the product of dims {} and {} overflows", to_string(a), to_string(b));
+  return std::nullopt;
 }
 
 std::string to_string(const TensorType& type) {
@@ -182,15 +253,20 @@ int64_t static_numel(const TensorType& type) {
 int64_t max_numel(const Module& module, const TensorType& type) {
   int64_t n = 1;
   for (const auto& d : type.shape) {
-    if (d.is_symbolic()) {
-      const Symbol* s = module.find_symbol(d.symbol);
-      KILN_ASSERT(s, "unknown symbol " + d.symbol);
-      n *= s->max;
-    } else {
-      n *= d.value;
-    }
+    KILN_ASSERT(!d.is_symbolic() || module.find_symbol(d.symbol), "unknown symbol " + d.symbol);
+    n *= dim_max(module, d);
   }
   return n;
+}
+
+int64_t dim_max(const Module& module, const Dim& dim) {
+  if (!dim.is_symbolic()) return dim.value;
+  const Symbol* s = module.find_symbol(dim.symbol);
+  if (!s) return 0;
+  int64_t v = 0;  // saturated: the verifier (V7) refuses a dim whose maximum overflows
+  if (__builtin_mul_overflow(dim.scale, s->max, &v) || __builtin_add_overflow(v, dim.value, &v))
+    return INT64_MAX;
+  return v;
 }
 
 }  // namespace kiln::ir

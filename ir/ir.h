@@ -26,17 +26,42 @@ std::optional<DType> parse_dtype(std::string_view);  // inverse of dtype_name
 int64_t dtype_size(DType dtype);                     // bytes per element (bool: 1)
 inline bool is_integer(DType d) { return d == DType::i32 || d == DType::i64; }
 
-// One dimension of a shape: an integer constant or a named symbol (e.g. `S`).
+// One dimension of a shape: an integer constant, or an affine function of one named symbol,
+// scale·symbol + offset (scale >= 1): `S`, `T+1` (a prepended token), `2*T`, `64*T` (a
+// symbolic axis merged with constant ones by a reshape). Written `T`, `T+1`, `T-1`, `2*T`,
+// `2*T+1` in .kir. A symbol takes the values 1..max, so such a dim ranges from scale + offset
+// (at 1) to scale·max + offset; the verifier (V7) refuses a dim that could be below 1 (`T-1`:
+// 0 when T = 1). Sums and products of two different symbols (S+T, B*T) are not dims: the
+// arithmetic below refuses them, naming the dims.
 struct Dim {
-  int64_t value = 0;   // used when symbol is empty
+  int64_t value = 0;   // the constant; for a symbolic dim its offset
   std::string symbol;  // non-empty for a symbolic dim
+  int64_t scale = 1;   // a symbolic dim's scale (>= 1); 1 for a constant
 
-  static Dim constant(int64_t v) { return Dim{v, {}}; }
-  static Dim sym(std::string name) { return Dim{0, std::move(name)}; }
+  static Dim constant(int64_t v) { return Dim{v, {}, 1}; }
+  static Dim sym(std::string name) { return Dim{0, std::move(name), 1}; }
+  // scale·name + offset; a constant when scale is 0.
+  static Dim affine(std::string name, int64_t scale, int64_t offset) {
+    return scale == 0 ? constant(offset) : Dim{offset, std::move(name), scale};
+  }
   bool is_symbolic() const { return !symbol.empty(); }
+  // Exactly a symbol: `T`, not `T+1` or `2*T`.
+  bool is_bare_symbol() const { return is_symbolic() && scale == 1 && value == 0; }
   bool is_const(int64_t v) const { return symbol.empty() && value == v; }
+  // The dim's size when its symbol is `symbol_value` (a constant's own).
+  int64_t at(int64_t symbol_value) const {
+    return is_symbolic() ? scale * symbol_value + value : value;
+  }
   bool operator==(const Dim&) const = default;
 };
+
+// Arithmetic on dims: the result, or nullopt when it is no Dim (two different symbols, a
+// product of two symbolic dims, a negative or zero scale), with `why` (when given) saying
+// so and naming the dims, e.g. "the sum of dims S and T: sums of different symbols are not
+// supported".
+std::optional<Dim> add_dims(const Dim& a, const Dim& b, std::string* why = nullptr);
+std::optional<Dim> sub_dims(const Dim& a, const Dim& b, std::string* why = nullptr);
+std::optional<Dim> mul_dims(const Dim& a, const Dim& b, std::string* why = nullptr);
 
 struct TensorType {
   DType dtype = DType::f32;
@@ -189,5 +214,10 @@ struct Module {
 int64_t static_numel(const TensorType& type);
 // Number of elements with every symbol at its declared maximum.
 int64_t max_numel(const Module& module, const TensorType& type);
+// The largest size a dim can take: scale·max + offset (its symbol at its maximum); 0 for an
+// undeclared symbol.
+int64_t dim_max(const Module& module, const Dim& dim);
+// The smallest: scale + offset (its symbol at 1); a constant's own.
+inline int64_t dim_min(const Dim& dim) { return dim.at(1); }
 
 }  // namespace kiln::ir

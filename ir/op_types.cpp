@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include <fmt/format.h>
 
@@ -25,31 +26,30 @@ const std::string& string_at(const Attrs& attrs, const char* key) {
   return std::get<std::string>(attrs.at(key));
 }
 
-// Products of constant dims and sorted symbol lists: equal iff element counts are
-// equal for every binding of the symbols.
+// Whether two shapes have the same element count for every value of their symbols. A
+// symbolic dim a·S + b is g · ((a/g)·S + b/g) with g = gcd(a, |b|), a constant times a
+// primitive linear polynomial; polynomials factor uniquely, so the counts are equal iff the
+// products of the constants are and the sorted lists of those primitive factors are.
 bool same_numel(const std::vector<Dim>& a, const std::vector<Dim>& b) {
-  auto summarize = [](const std::vector<Dim>& s, int64_t* c, std::vector<std::string>* syms) {
+  auto summarize = [](const std::vector<Dim>& s, int64_t* c, std::vector<std::string>* atoms) {
     *c = 1;
     for (const auto& d : s) {
-      if (d.is_symbolic())
-        syms->push_back(d.symbol);
-      else if (__builtin_mul_overflow(*c, d.value, c))
+      int64_t factor = d.value;
+      if (d.is_symbolic()) {
+        factor = std::gcd(d.scale, d.value);  // d.scale >= 1 (V7), so factor >= 1
+        if (factor < 1) factor = 1;
+        atoms->push_back(to_string(Dim::affine(d.symbol, d.scale / factor, d.value / factor)));
+      }
+      if (*c >= 0 && __builtin_mul_overflow(*c, factor, c))
         *c = -1;  // overflowed: never equal to a valid count
     }
-    std::sort(syms->begin(), syms->end());
+    std::sort(atoms->begin(), atoms->end());
   };
   int64_t ca, cb;
   std::vector<std::string> sa, sb;
   summarize(a, &ca, &sa);
   summarize(b, &cb, &sb);
   return ca == cb && sa == sb;
-}
-
-// The largest value a dim can take.
-int64_t dim_max(const Module& m, const Dim& d) {
-  if (!d.is_symbolic()) return d.value;
-  const Symbol* s = m.find_symbol(d.symbol);
-  return s ? s->max : 0;
 }
 
 std::string type_list(const std::vector<TensorType>& ts) {
@@ -371,9 +371,19 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
                      to_string(in[0]), a);
       const Dim& src = in[0].shape[a];
       const Dim& dst = declared->shape[a];
-      int64_t end = 0;
-      if (!(start == 0 && src == dst) &&
-          (__builtin_add_overflow(start, dim_max(m, dst), &end) || end > dim_max(m, src)))
+      // start + dst <= src at the symbols' maxima (what memory holds), and when both dims are
+      // affine in one symbol, also at its value 1 (then at every value between).
+      bool ok_range = start == 0 && src == dst;
+      if (!ok_range) {
+        int64_t end = 0;
+        ok_range = !__builtin_add_overflow(start, dim_max(m, dst), &end) && end <= dim_max(m, src);
+        int64_t lo_dst = 0, lo_src = 0;  // at the symbol's 1
+        if (ok_range && src.is_symbolic() && dst.is_symbolic() && src.symbol == dst.symbol)
+          ok_range = !__builtin_add_overflow(dst.scale, dst.value, &lo_dst) &&
+                     !__builtin_add_overflow(lo_dst, start, &lo_dst) &&
+                     !__builtin_add_overflow(src.scale, src.value, &lo_src) && lo_dst <= lo_src;
+      }
+      if (!ok_range)
         return err("slice [{}, {}+{}) exceeds extent {} of axis {}", start, start, to_string(dst),
                    to_string(src), a);
       return ok(*declared);
@@ -404,22 +414,20 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
       int64_t a = normalize_axis(axis, in[0].rank());
       if (a < 0) return err("axis {} out of range for rank {}", axis, in[0].rank());
       TensorType t = in[0];
-      int64_t total = 0;
-      std::string sym;
+      std::optional<Dim> total = Dim::constant(0);
       for (const auto& ti : in) {
         if (ti.dtype != t.dtype || ti.rank() != t.rank())
           return err("operands {} differ in dtype or rank", type_list(in));
         for (int64_t i = 0; i < t.rank(); ++i)
           if (i != a && !(ti.shape[i] == t.shape[i]))
             return err("operands {} differ outside axis {}", type_list(in), a);
-        if (ti.shape[a].is_symbolic()) {
-          if (n != 1) return err("concat along a symbolic axis is not supported");
-          sym = ti.shape[a].symbol;
-        }
-        if (__builtin_add_overflow(total, ti.shape[a].value, &total))
-          return err("concatenated extent overflows");
+        // The extents along the axis add up: constants, and affine dims of one symbol
+        // ([B,1,D] ++ [B,T,D] -> [B,T+1,D]); two different symbols do not.
+        std::string why;
+        total = add_dims(*total, ti.shape[a], &why);
+        if (!total) return err("cannot concat {} along axis {}: {}", type_list(in), a, why);
       }
-      t.shape[a] = sym.empty() ? Dim::constant(total) : Dim::sym(sym);
+      t.shape[a] = *total;
       return ok(t);
     }
     case OpKind::matmul: {

@@ -452,7 +452,8 @@ class Parser {
     m->weights.push_back(std::move(w));
   }
 
-  // type := DTYPE '[' (dim (',' dim)*)? ']';  dim := INT | IDENT
+  // type := DTYPE '[' (dim (',' dim)*)? ']'
+  // dim := INT | (INT '*')? IDENT (('+' | '-') INT)?   e.g. 64, T, T+1, T-1, 2*T, 2*T+1
   TensorType parse_type() {
     TensorType t;
     if (tok_.kind != Tok::kIdent) expected("type");
@@ -462,21 +463,42 @@ class Parser {
     advance();
     expect_punct("[", fmt::format("after dtype '{}'", dtype_name(t.dtype)));
     parse_list(
-        "]", /*allow_empty=*/true,
-        [&] {
-          if (tok_.kind == Tok::kInt) {
-            const int64_t v = int_value(tok_);
-            if (v < 0) error(tok_.loc, fmt::format("negative dimension '{}'", v));
-            t.shape.push_back(Dim::constant(v));
-          } else if (tok_.kind == Tok::kIdent) {
-            t.shape.push_back(Dim::sym(std::string(tok_.text)));
-          } else {
-            expected("dimension (integer or symbol)");
-          }
-          advance();
-        },
+        "]", /*allow_empty=*/true, [&] { t.shape.push_back(parse_dim()); },
         [] { return std::string("in shape"); });
     return t;
+  }
+
+  Dim parse_dim() {
+    int64_t scale = 1;
+    if (tok_.kind == Tok::kInt) {
+      const Loc loc = tok_.loc;
+      const int64_t v = int_value(tok_);
+      if (v < 0) error(loc, fmt::format("negative dimension '{}'", v));
+      advance();
+      if (!is_punct("*")) return Dim::constant(v);
+      if (v < 1)
+        error(loc, fmt::format("the scale of a symbolic dimension must be >= 1, got {}", v));
+      scale = v;
+      advance();
+      if (tok_.kind != Tok::kIdent) expected(fmt::format("symbol after '{}*'", v));
+    } else if (tok_.kind != Tok::kIdent) {
+      expected("dimension (integer or symbol)");
+    }
+    const std::string name(tok_.text);
+    advance();
+    int64_t offset = 0;
+    if (is_punct("+") || is_punct("-")) {
+      const bool minus = is_punct("-");
+      advance();
+      if (tok_.kind != Tok::kInt || int_value(tok_) < 0)
+        expected(fmt::format("integer after '{}{}'", name, minus ? "-" : "+"));
+      offset = minus ? -int_value(tok_) : int_value(tok_);
+      advance();
+    } else if (tok_.kind == Tok::kInt && tok_.text.starts_with("-")) {  // `T-1` lexes as T, -1
+      offset = int_value(tok_);
+      advance();
+    }
+    return Dim::affine(name, scale, offset);
   }
 
   // attrs := '{' (IDENT '=' attr (',' IDENT '=' attr)*)? '}'

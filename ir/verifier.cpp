@@ -122,7 +122,22 @@ class Verifier {
         op_error(f, op, "[V7] type {} uses undeclared symbol '{}'", to_string(t), d.symbol);
         return;
       }
-      int64_t extent = d.is_symbolic() ? m_.find_symbol(d.symbol)->max : d.value;
+      int64_t lowest = 0;  // the dim at its symbol's 1
+      if (d.is_symbolic() && !__builtin_add_overflow(d.scale, d.value, &lowest) &&
+          (d.scale < 1 || lowest < 1)) {
+        op_error(f, op, "[V7] type {} has dim {}, which is {} when {} = 1 (a dim is at least 1)",
+                 to_string(t), to_string(d), lowest, d.symbol);
+        return;
+      }
+      int64_t extent = 0;
+      if (d.is_symbolic() &&
+          (__builtin_mul_overflow(d.scale, m_.find_symbol(d.symbol)->max, &extent) ||
+           __builtin_add_overflow(extent, d.value, &extent))) {
+        op_error(f, op, "[V7] type {} has dim {}, which overflows at {}'s maximum", to_string(t),
+                 to_string(d), d.symbol);
+        return;
+      }
+      if (!d.is_symbolic()) extent = d.value;
       if (extent < 0) {
         op_error(f, op, "[V7] type {} has a negative dim", to_string(t));
         return;

@@ -10,8 +10,10 @@
 //  V5. SSA: every value is defined exactly once (as a parameter or by one op), and
 //      every operand is defined before the op that uses it.
 //  V6. Value names are unique within a function.
-//  V7. Every symbol in a type (parameters, op results) is declared in the module, and
-//      every type has non-negative dims and at most 2^48 bytes at the symbols' maxima.
+//  V7. Every symbol in a type (parameters, op results) is declared in the module, every
+//      symbolic dim scale·S + offset has scale >= 1 and is at least 1 for every value of S
+//      (scale + offset >= 1: `T-1` is refused, it is 0 when T = 1), and every type has
+//      non-negative dims and at most 2^48 bytes at the symbols' maxima.
 //  V8. Every op obeys its type rule (op_types.h): operand count, attributes, operand
 //      types, and a result type equal to the one the rule infers.
 //  V9. A derived weight's inputs are declared, underived weights, its op is

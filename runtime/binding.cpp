@@ -46,6 +46,7 @@ std::vector<int64_t> bind(const Plan& plan, const FunctionDesc& f, const kiln_te
     (*ordered)[slot] = &inputs[i];
   }
   std::vector<int64_t> syms(plan.symbols.size(), -1);
+  std::vector<std::string> bound_by(plan.symbols.size());  // the input that bound each
   for (size_t p = 0; p < f.params.size(); ++p) {
     const auto& want = f.params[p];
     const kiln_tensor& t = *(*ordered)[p];
@@ -59,7 +60,7 @@ std::vector<int64_t> bind(const Plan& plan, const FunctionDesc& f, const kiln_te
     std::vector<int64_t> shape(t.shape, t.shape + t.rank);
     for (size_t d = 0; d < want.shape.size(); ++d) {
       const auto& dim = want.shape[d];
-      int s = dim.single_symbol();
+      int s = dim.scaled_symbol();
       if (s < 0) {
         if (shape[d] != dim.coeff)
           fail("input '{}' has shape {}: dim {} is {}, expected {}", want.name, shape_string(shape),
@@ -67,16 +68,28 @@ std::vector<int64_t> bind(const Plan& plan, const FunctionDesc& f, const kiln_te
         continue;
       }
       const auto& sym = plan.symbols[s];
-      if (shape[d] < 1)
-        fail("input '{}' has shape {}: dim {} ({}) is {}, expected at least 1", want.name,
-             shape_string(shape), d, sym.name, shape[d]);
-      if (shape[d] > sym.max)
+      // coeff·symbol (64*T, 2*(T+1)): the symbol's value is the size over coeff.
+      const std::string name = dim.coeff == 1 ? sym.name
+                               : sym.base < 0 ? fmt::format("{}*{}", dim.coeff, sym.name)
+                                              : fmt::format("{}*({})", dim.coeff, sym.name);
+      if (shape[d] < dim.coeff)
+        fail("input '{}' has shape {}: dim {} ({}) is {}, expected at least {}", want.name,
+             shape_string(shape), d, name, shape[d], dim.coeff);
+      if (shape[d] % dim.coeff != 0)
+        fail("input '{}' has shape {}: dim {} ({}) is {}, expected a multiple of {}", want.name,
+             shape_string(shape), d, name, shape[d], dim.coeff);
+      const int64_t value = shape[d] / dim.coeff;
+      if (value > sym.max)
         fail("input '{}' has shape {}: dim {} ({}) is {}, above its maximum {}", want.name,
-             shape_string(shape), d, sym.name, shape[d], sym.max);
-      if (syms[s] >= 0 && syms[s] != shape[d])
+             shape_string(shape), d, name, shape[d], sym.max * dim.coeff);
+      if (sym.base >= 0 && value < sym.scale + sym.offset)
+        fail("input '{}' has shape {}: dim {} ({}) is {}, expected at least {}", want.name,
+             shape_string(shape), d, name, shape[d], (sym.scale + sym.offset) * dim.coeff);
+      if (syms[s] >= 0 && syms[s] != value)
         fail("input '{}' has shape {}: dim {} ({}) is {}, but {} is {} in an earlier input",
-             want.name, shape_string(shape), d, sym.name, shape[d], sym.name, syms[s]);
-      syms[s] = shape[d];
+             want.name, shape_string(shape), d, name, shape[d], sym.name, syms[s]);
+      if (syms[s] < 0) bound_by[s] = want.name;
+      syms[s] = value;
     }
     const int64_t n_el = numel_of(shape);
     const uint64_t bytes = static_cast<uint64_t>(n_el) * kiln_dtype_size(t.dtype);
@@ -89,8 +102,28 @@ std::vector<int64_t> bind(const Plan& plan, const FunctionDesc& f, const kiln_te
         if (uint8_t v = static_cast<const uint8_t*>(t.data)[e]; v > 1)
           fail("input '{}' holds {} at element {}; bool elements must be 0 or 1", want.name, v, e);
   }
+  // A symbol derived from another (T+1) gives its base when only it is bound; then every
+  // derived symbol follows from its base and must equal what an input gave it.
+  for (size_t s = 0; s < syms.size(); ++s) {
+    const SymbolDesc& d = plan.symbols[s];
+    if (d.base < 0 || syms[s] < 0 || syms[d.base] >= 0) continue;
+    if ((syms[s] - d.offset) % d.scale != 0)
+      fail("input '{}' gives {} = {}, which no value of {} gives", bound_by[s], d.name, syms[s],
+           plan.symbols[d.base].name);
+    syms[d.base] = (syms[s] - d.offset) / d.scale;
+    bound_by[d.base] = bound_by[s];
+  }
   for (size_t s = 0; s < syms.size(); ++s)
-    if (syms[s] < 0) syms[s] = 1;  // a symbol no input of this entry point uses
+    if (plan.symbols[s].base < 0 && syms[s] < 0) syms[s] = 1;  // no input of this entry point
+  for (size_t s = 0; s < syms.size(); ++s) {
+    const SymbolDesc& d = plan.symbols[s];
+    if (d.base < 0) continue;
+    const int64_t want = d.scale * syms[d.base] + d.offset;
+    if (syms[s] >= 0 && syms[s] != want)
+      fail("input '{}' gives {} = {}, but input '{}' gives {} = {}", bound_by[s], d.name, syms[s],
+           bound_by[d.base], plan.symbols[d.base].name, syms[d.base]);
+    syms[s] = want;
+  }
   for (const auto& c : f.checks)
     if (int64_t lhs = c.lhs.eval(syms), rhs = c.rhs.eval(syms); lhs > rhs)
       fail("entry point '{}': {} ({} > {})", f.name, c.what, lhs, rhs);

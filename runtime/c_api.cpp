@@ -160,7 +160,7 @@ const char* kiln_model_config(const kiln_model* model, const char* key) {
 int64_t kiln_model_symbol_max(const kiln_model* model, const char* symbol) {
   if (!model || !symbol) return -1;
   for (const auto& s : model->plan.symbols)
-    if (s.name == symbol) return s.max;
+    if (s.name == symbol && s.base < 0) return s.max;  // a model's symbol, not T+1
   return -1;
 }
 

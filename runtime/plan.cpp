@@ -57,12 +57,21 @@ int DimExpr::single_symbol() const {
   return found;
 }
 
+int DimExpr::scaled_symbol() const {
+  if (coeff < 1) return -1;
+  DimExpr unit = *this;
+  unit.coeff = 1;
+  return unit.single_symbol();
+}
+
 namespace {
 
 // Version 6: kiln_hooks gained release_device (a library built for 5 passes a shorter struct).
 // Version 7: kiln_hooks gained device (the device memory operations of a GPU library).
 // Version 8: kiln_hooks gained set_custom_do_par_for (the runtime's thread pool).
-constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', 'A'};
+// Version 10 ('A'): moe_ffn steps laid out for the linear kernels.
+// Version 11 ('B'): symbols derived from others (base, scale, offset: T+1).
+constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', 'B'};
 
 // A plan stores an element type as its index here: the codes of format 8 (f32 0, i64 1,
 // bool 2, bf16 3), kept when the runtime's element types became kiln_dtype, so a plan's
@@ -366,6 +375,9 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
   for (const SymbolDesc& s : p.symbols) {
     w.str(s.name);
     w.i64(s.max);
+    w.i64(s.base);
+    w.i64(s.scale);
+    w.i64(s.offset);
   }
   w.i64(static_cast<int64_t>(p.kernel_names.size()));
   for (const std::string& k : p.kernel_names) w.str(k);
@@ -436,10 +448,27 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
     v = r.str();
   }
   p.symbols.resize(r.count(64));
-  for (SymbolDesc& s : p.symbols) {
+  for (size_t i = 0; i < p.symbols.size(); ++i) {
+    SymbolDesc& s = p.symbols[i];
     s.name = r.str();
     s.max = r.i64();
+    const int64_t base = r.i64();
+    s.scale = r.i64();
+    s.offset = r.i64();
     if (s.max < 1) fail("compiled plan: symbol '{}' has maximum {}", s.name, s.max);
+    // A derived symbol: of an earlier, free symbol, at least 1 at its base's 1, its maximum
+    // at its base's.
+    if (base < -1 || base >= static_cast<int64_t>(i) || (base >= 0 && p.symbols[base].base >= 0))
+      fail("compiled plan: symbol '{}' derives from missing symbol {}", s.name, base);
+    s.base = static_cast<int32_t>(base);
+    int64_t top = 0;
+    const bool bad = base < 0 ? s.scale != 1 || s.offset != 0
+                              : s.scale < 1 || s.offset < 1 - s.scale ||
+                                    __builtin_mul_overflow(s.scale, p.symbols[base].max, &top) ||
+                                    __builtin_add_overflow(top, s.offset, &top) || top != s.max;
+    if (bad)
+      fail("compiled plan: symbol '{}' has a bad derivation ({}*#{}+{}, maximum {})", s.name,
+           s.scale, base, s.offset, s.max);
   }
   p.kernel_names.resize(r.count());
   for (std::string& k : p.kernel_names) k = r.str();

@@ -4,7 +4,8 @@
 // name, with concatenation and the linear kernels' layout applied once), precomputed tables, and
 // per entry point the sequence of kernel calls. Each call names a kernel and describes each of its
 // buffers as a view (base storage, element offset, extents and strides) whose sizes are monomials
-// of the symbols, so one plan runs every batch and length up to the maxima. The compiler serializes
+// of the symbols (symbols derived from others included: T+1), so one plan runs every batch
+// and length up to the maxima. The compiler serializes
 // the plan into the generated library; the runtime deserializes and validates it. Only the
 // runtime's own types appear here (element types are its C ABI's kiln_dtype).
 #pragma once
@@ -33,6 +34,8 @@ struct DimExpr {
   bool is_constant() const;
   // The symbol index when this is exactly one symbol (coeff 1, power 1), else -1.
   int single_symbol() const;
+  // The symbol index when this is coeff times one symbol (power 1, coeff >= 1), else -1.
+  int scaled_symbol() const;
 };
 
 enum class Storage : int8_t {
@@ -162,9 +165,15 @@ struct TableDesc {
   int64_t rows = 0, dim = 0;
 };
 
+// A plan symbol: one of the model's (base -1: bound by the inputs' shapes, 1 when no input
+// of an entry point has it), or derived from one of those as scale·symbols[base] + offset
+// (an IR dim such as T+1, in lowest terms: codegen/lower's ModuleLowering::dim), computed
+// from its base once the inputs are bound, or binding its base when only it is given.
 struct SymbolDesc {
-  std::string name;
-  int64_t max = 0;
+  std::string name;  // "T", or a derived one as the IR writes it: "T+1", "2*T-1"
+  int64_t max = 0;   // a derived symbol's: scale·max(base) + offset
+  int32_t base = -1;
+  int64_t scale = 1, offset = 0;
 };
 
 struct Plan {

@@ -47,7 +47,9 @@ inline int64_t vocab_of(const ir::Function& f, ir::ValueId param) {
 // table, a memory_attention's source rows): the size of the dim it indexes, or 0.
 inline int64_t index_limit(const ir::Function& f, ir::ValueId param,
                            const std::map<std::string, int64_t>& sizes) {
-  auto size = [&](const ir::Dim& d) { return d.is_symbolic() ? sizes.at(d.symbol) : d.value; };
+  auto size = [&](const ir::Dim& d) {
+    return d.is_symbolic() ? d.at(sizes.at(d.symbol)) : d.value;
+  };
   int64_t limit = 0;
   auto take = [&](int64_t l) { limit = limit == 0 ? l : std::min(limit, l); };
   for (const ir::Op& op : f.ops) {
@@ -74,7 +76,7 @@ inline std::vector<ir::Tensor> random_inputs(const ir::Module& m, const ir::Func
     const ir::TensorType& t = f.type(p);
     std::vector<int64_t> shape;
     for (const ir::Dim& d : t.shape)
-      shape.push_back(d.is_symbolic() ? sizes.at(d.symbol) : d.value);
+      shape.push_back(d.is_symbolic() ? d.at(sizes.at(d.symbol)) : d.value);
     int64_t n = 1;
     for (int64_t s : shape) n *= s;
     if (t.dtype == ir::DType::f32) {

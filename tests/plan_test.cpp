@@ -151,5 +151,38 @@ TEST(PlanTypes, ElementTypesKeepTheirSerializedCodes) {
               HasSubstr("compiled plan has an unknown element type 4"));
 }
 
+// A symbol derived from another (an IR dim T+1 or 2*T-1) keeps its base, scale and offset
+// through serialization; one that contradicts its base's maximum, derives from a missing or
+// derived symbol, or could be below 1 is refused.
+TEST(PlanSymbols, DerivedSymbolsRoundTripAndAreChecked) {
+  Plan p;
+  p.model = "m";
+  p.symbols = {
+      {"B", 4, -1, 1, 0}, {"T", 8, -1, 1, 0}, {"T+1", 9, 1, 1, 1}, {"2*T-1", 15, 1, 2, -1}};
+  std::vector<uint8_t> bytes = serialize_plan(p);
+  Plan back = deserialize_plan(bytes.data(), bytes.size());
+  ASSERT_EQ(back.symbols.size(), 4u);
+  EXPECT_EQ(back.symbols[2].name, "T+1");
+  EXPECT_EQ(back.symbols[2].base, 1);
+  EXPECT_EQ(back.symbols[3].scale, 2);
+  EXPECT_EQ(back.symbols[3].offset, -1);
+  EXPECT_EQ(back.symbols[3].max, 15);
+  EXPECT_EQ(back.symbols[0].base, -1);
+  auto error_for = [&](SymbolDesc s) {
+    Plan q = p;
+    q.symbols.push_back(std::move(s));
+    std::vector<uint8_t> b = serialize_plan(q);
+    return error_of([&] { deserialize_plan(b.data(), b.size()); });
+  };
+  EXPECT_THAT(error_for({"T+2", 11, 1, 1, 2}),
+              HasSubstr("symbol 'T+2' has a bad derivation (1*#1+2, maximum 11)"));
+  EXPECT_THAT(error_for({"T-1", 7, 1, 1, -1}), HasSubstr("symbol 'T-1' has a bad derivation"));
+  EXPECT_THAT(error_for({"X+1", 9, 7, 1, 1}),
+              HasSubstr("symbol 'X+1' derives from missing symbol 7"));
+  EXPECT_THAT(error_for({"T+1+1", 10, 2, 1, 1}),
+              HasSubstr("symbol 'T+1+1' derives from missing symbol 2"));
+  EXPECT_THAT(error_for({"U", 9, -1, 2, 0}), HasSubstr("symbol 'U' has a bad derivation"));
+}
+
 }  // namespace
 }  // namespace kiln::rt

@@ -2,6 +2,7 @@
 // weights, tables and kernels, and one function's parameters, results, copies and scratch.
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <string>
 
@@ -88,10 +89,24 @@ std::optional<View> View::reshaped(const std::vector<DimExpr>& to) const {
   while (i < src.size() && j < dst.size()) {
     size_t i_end = i + 1, j_end = j + 1;
     DimExpr ps = extents[src[i]], pd = to[dst[j]];
+    // a divides b as monomials: b = a · (a monomial with a whole coefficient).
+    auto divides = [](const DimExpr& a, const DimExpr& b) {
+      if (a.coeff < 1 || b.coeff % a.coeff != 0) return false;
+      for (size_t k = 0; k < a.pows.size(); ++k)
+        if (a.pows[k] > (k < b.pows.size() ? b.pows[k] : 0)) return false;
+      return true;
+    };
     while (!(ps == pd)) {
-      // Only constant sizes can be compared: grow the smaller side.
-      if (!ps.is_constant() || !pd.is_constant()) return std::nullopt;
-      if (ps.coeff < pd.coeff) {
+      // Grow the smaller side: constants by value, symbolic sizes when one divides the other
+      // ([B,T,4,16] -> [B,64·T] and back).
+      bool grow_src = false;
+      if (ps.is_constant() && pd.is_constant())
+        grow_src = ps.coeff < pd.coeff;
+      else if (divides(ps, pd))
+        grow_src = true;
+      else if (!divides(pd, ps))
+        return std::nullopt;
+      if (grow_src) {
         if (i_end == src.size()) return std::nullopt;
         ps = ps * extents[src[i_end++]];
       } else {
@@ -129,28 +144,37 @@ rt::BufferDesc View::halide() const {
 
 ModuleLowering::ModuleLowering(const ir::Module& module, const LowerOptions& lower_options)
     : m(module), options(lower_options) {
-  for (const ir::Symbol& s : m.symbols) out.plan.symbols.push_back({s.name, s.max});
+  for (const ir::Symbol& s : m.symbols) out.plan.symbols.push_back({s.name, s.max, -1, 1, 0});
   out.plan.model = m.name;
   out.plan.config.assign(m.config.begin(), m.config.end());
 }
 
-DimExpr ModuleLowering::dim(const ir::Dim& d) const {
+DimExpr ModuleLowering::dim(const ir::Dim& d) {
   if (!d.is_symbolic()) return DimExpr::constant(d.value);
   size_t i = 0;
   while (i < m.symbols.size() && m.symbols[i].name != d.symbol) ++i;
   // The pipeline verified the module: every symbol in a type is declared [V7].
   KILN_ASSERT(i < m.symbols.size(),
               fmt::format("lowering: undeclared symbol '{}' in a verified module", d.symbol));
-  return DimExpr::symbol(static_cast<int>(i));
+  // a·S is a monomial of S; a·S + b (b != 0) is g times the plan's derived symbol
+  // (a/g)·S + b/g, g = gcd(a, |b|): so T+1 and 64·T+64 = 64·(T+1) share their symbol, and
+  // views of [B,T+1,64] reshape to [B,64·T+64] by monomials.
+  if (d.value == 0) return DimExpr::symbol(static_cast<int>(i), d.scale);
+  const int64_t g = std::gcd(d.scale, d.value);
+  const ir::Dim unit = ir::Dim::affine(d.symbol, d.scale / g, d.value / g);
+  const std::string name = ir::to_string(unit);
+  size_t k = m.symbols.size();
+  while (k < out.plan.symbols.size() && out.plan.symbols[k].name != name) ++k;
+  if (k == out.plan.symbols.size())
+    out.plan.symbols.push_back(
+        {name, ir::dim_max(m, unit), static_cast<int32_t>(i), unit.scale, unit.value});
+  return DimExpr::symbol(static_cast<int>(k), g);
 }
 
-int64_t ModuleLowering::dim_max(const ir::Dim& d) const {
-  if (!d.is_symbolic()) return d.value;
-  return m.find_symbol(d.symbol)->max;
-}
+int64_t ModuleLowering::dim_max(const ir::Dim& d) const { return ir::dim_max(m, d); }
 
 View ModuleLowering::dense_view(const ir::TensorType& t, Storage storage, int32_t index,
-                                int64_t byte_offset) const {
+                                int64_t byte_offset) {
   View v;
   v.storage = storage;
   v.index = index;

@@ -103,21 +103,23 @@ void lower_transpose(FunctionLowering& L, const ir::Op& op) {
 void lower_concat(FunctionLowering& L, const ir::Op& op) {
   const ir::Function& f = L.f;
   const ir::TensorType& type = f.type(op.result);
-  // One copy per operand into its stretch of the output along the axis.
+  // One copy per operand into its stretch of the output along the axis, which starts at the
+  // sum of the extents before it (an IR dim: 0, 1, T, T+1, ...; the type rule added them).
   View out = L.output_view(op);
   const int64_t axis = ir::normalize_axis(op.int_attr("axis"), type.rank());
-  DimExpr start = DimExpr::constant(0);
+  ir::Dim start = ir::Dim::constant(0);
   for (ir::ValueId operand : op.operands) {
     const View& from = L.view_of(operand, op);
     View to = out;
     to.extents[axis] = from.extents[axis];
-    std::optional<DimExpr> offset = add_offsets(out.elem_offset, start * out.strides[axis]);
-    // The output is dense and the axis constant unless there is a single operand,
-    // so every offset is a multiple of the axis's stride.
+    std::optional<DimExpr> offset = add_offsets(out.elem_offset, L.dim(start) * out.strides[axis]);
+    // The output is dense (elem_offset 0) and start·stride one monomial.
     KILN_ASSERT(offset.has_value(), "lowering: concat offset is not a monomial");
     to.elem_offset = *offset;
     L.copy(from, to, fmt::format("concat %{} (operand %{})", op.result, operand));
-    start = DimExpr::constant(start.coeff + from.extents[axis].coeff);
+    const std::optional<ir::Dim> next = ir::add_dims(start, f.type(operand).shape[axis]);
+    KILN_ASSERT(next.has_value(), "lowering: concat extents do not add up");
+    start = *next;
   }
   L.views[op.result] = out;
 }

@@ -54,10 +54,11 @@ class ModuleLowering {
   const LowerOptions options;
   LoweredModel out;
 
-  rt::DimExpr dim(const ir::Dim& d) const;
+  // A dim as the plan's monomial: a constant, a·S, or g times a derived plan symbol for
+  // a·S + b (b != 0), added to the plan's symbols the first time it is seen.
+  rt::DimExpr dim(const ir::Dim& d);
   int64_t dim_max(const ir::Dim& d) const;
-  View dense_view(const ir::TensorType& t, rt::Storage storage, int32_t index,
-                  int64_t byte_offset) const;
+  View dense_view(const ir::TensorType& t, rt::Storage storage, int32_t index, int64_t byte_offset);
   // The weight `name` as stored: as declared, or for a linear's weight (`linear`) laid
   // out as its kernel reads it, transposed or packed in panels of `panel` columns.
   int32_t weight_index(const std::string& name, bool linear, int64_t panel = 0, bool bf16 = false);
