@@ -44,7 +44,7 @@ inline std::vector<ir::Tensor> random_inputs(const ir::Module& m, const std::str
     const ir::TensorType& type = f.type(p);
     std::vector<int64_t> shape;
     for (const ir::Dim& d : type.shape)
-      shape.push_back(d.is_symbolic() ? sizes.at(d.symbol) : d.value);
+      shape.push_back(d.is_symbolic() ? d.at(sizes.at(d.symbol)) : d.value);
     int64_t n = 1;
     for (int64_t s : shape) n *= s;
     if (type.dtype == ir::DType::f32) {

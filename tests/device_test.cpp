@@ -283,8 +283,8 @@ TEST_P(DeviceTest, Attention) {
 // The general kernels (tests/gpu/general.kir): softmax over the last, a middle and the first
 // axis and of a rank-1 tensor, every reduction (f32 and i64, over one axis, several axes, all
 // axes and none), argmax over each axis, and matmuls (batched, broadcasting, transposed, with
-// bias and activation). Rows and columns of 1, 7, 33 and 129, and rows of 300 (longer than a
-// block's 256 threads).
+// bias and activation), and concat, slice and reshape on sizes such as R+1. Rows and columns of
+// 1, 7, 33 and 129, and rows of 300 (longer than a block's 256 threads).
 class DeviceGeneralTest : public DeviceTest {
  protected:
   void SetUp() override {
@@ -372,6 +372,9 @@ TEST_P(DeviceGeneralTest, Matmul) {
   check("matmul");
   check("linear");
 }
+
+// Concat along a symbolic axis, slice and reshape of R+1 (general.kir's @symbolic).
+TEST_P(DeviceGeneralTest, SymbolicSizes) { check("symbolic"); }
 
 // Single-query decoding attention (tests/gpu/step_attention.kir) at 1, 7, 33 and 129 keys (cache
 // positions or source keys) and 1, 4 and 9 hypotheses: cache_attention reads random slots of the
