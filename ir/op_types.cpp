@@ -36,7 +36,9 @@ bool same_numel(const std::vector<Dim>& a, const std::vector<Dim>& b) {
     for (const auto& d : s) {
       int64_t factor = d.value;
       if (d.is_symbolic()) {
-        factor = std::gcd(d.scale, d.value);  // d.scale >= 1 (V7), so factor >= 1
+        // d.scale >= 1 (V7), so factor >= 1; an offset of INT64_MIN (refused by V7) has no
+        // absolute value for std::gcd.
+        factor = d.value == INT64_MIN ? 1 : std::gcd(d.scale, d.value);
         if (factor < 1) factor = 1;
         atoms->push_back(to_string(Dim::affine(d.symbol, d.scale / factor, d.value / factor)));
       }
