@@ -69,7 +69,7 @@ namespace {
 // Version 6: kiln_hooks gained release_device (a library built for 5 passes a shorter struct).
 // Version 7: kiln_hooks gained device (the device memory operations of a GPU library).
 // Version 8: kiln_hooks gained set_custom_do_par_for (the runtime's thread pool).
-// Version 10 ('A'): moe_ffn steps laid out for the linear kernels.
+// Version 10 ('A'): steps list the kernels a builtin calls (moe_ffn's linear kernels).
 // Version 11 ('B'): symbols derived from others (base, scale, offset: T+1).
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', 'B'};
 
