@@ -144,9 +144,10 @@ std::string kernel_name(const KernelSpec& spec) {
         k->bias ? "_bias" : "", k->window ? fmt::format("_w{}", k->window) : "",
         k->softcap ? "_cap" + scale_tag(k->softcap) : "", scale_tag(k->scale));
   if (const auto* k = std::get_if<StepAttentionKernel>(&spec))
-    return fmt::format("kiln_{}_attention_h{}{}_dk{}_dv{}{}_s{}", k->memory ? "memory" : "cache",
+    return fmt::format("kiln_{}_attention_h{}{}_dk{}_dv{}{}{}_s{}", k->memory ? "memory" : "cache",
                        k->heads, k->kv_heads ? fmt::format("_g{}", k->kv_heads) : "", k->dk, k->dv,
-                       k->window ? fmt::format("_w{}", k->window) : "", scale_tag(k->scale));
+                       k->window ? fmt::format("_w{}", k->window) : "", k->bias ? "_bias" : "",
+                       scale_tag(k->scale));
   if (const auto* k = std::get_if<LayerNormKernel>(&spec))
     return fmt::format("kiln_{}{}{}{}{}_d{}_e{}",
                        k->with_sum   ? "add_sum_"

@@ -103,6 +103,9 @@ struct StepAttentionKernel {
   double scale = 1.0;
   int64_t kv_heads = 0;  // 0: heads
   int64_t window = 0;    // 0: none
+  // Cache form only: a score bias f32 (j, 0, h', n') [P × 1 × H' × N'] added to the scaled
+  // scores, H' and N' 1 (broadcast) or heads and N.
+  bool bias = false;
 };
 
 // out(c, r) = layernorm over c of (x(c, r) [+ y(c, r)]) · gamma(c) + beta(c), biased

@@ -6,7 +6,8 @@
 // Algorithm, per (head h, hypothesis n): s_j = (q · k_j) · scale (-1e9 where masked), then
 // softmax over j and the weighted sum of v_j, as the interpreter computes them but in f32.
 // The cache form skips keys whose row is -1 or that lie outside a sliding window (weight 0),
-// and with kv_heads reads key/value head h / (heads / kv_heads) (grouped-query attention).
+// with kv_heads reads key/value head h / (heads / kv_heads) (grouped-query attention), and
+// with a bias adds bias(j, h, n) to the scaled score (T5's relative buckets, ALiBi).
 // Indices are clamped into the buffers, so a bad index can never read outside them (the
 // runtime refuses such inputs before any kernel runs).
 //
@@ -96,6 +97,7 @@ KernelPipeline build_step_attention(const StepAttentionKernel& spec, const Halid
   ImageParam v(Halide::Float(32), 3, "v");
   ImageParam index(Halide::Int(64), memory ? 1 : 2, "index");
   ImageParam mask(Halide::UInt(8), 2, "mask");
+  ImageParam bias(Halide::Float(32), 4, "bias");
 
   // Keys per hypothesis: the row table's width (positions so far) or the source length.
   const Expr keys = memory ? k.dim(1).extent() : index.dim(0).extent();
@@ -121,6 +123,9 @@ KernelPipeline build_step_attention(const StepAttentionKernel& spec, const Halid
   dot(j, h, n) = 0.0f;
   dot(j, h, n) += q(h * dk + rd, n) * k(g * dk + rd, a1(j, n), a0(j, n));
   Expr scaled = dot(j, h, n) * static_cast<float>(spec.scale);
+  if (spec.bias && !memory)  // broadcast over its head and row dims of extent 1
+    scaled += bias(j, 0, Halide::min(h, bias.dim(2).extent() - 1),
+                   Halide::min(n, bias.dim(3).extent() - 1));
   // Keys to skip (cache form): a row of -1 (padding), or outside the window.
   Expr skip = Halide::Internal::const_false();
   if (!memory) {
@@ -156,6 +161,11 @@ KernelPipeline build_step_attention(const StepAttentionKernel& spec, const Halid
   out.output_buffer().dim(0).set_bounds(0, static_cast<int>(spec.heads) * dv).set_stride(1);
   std::vector<Halide::Argument> args = {q, k, v, index};
   if (memory) args.push_back(mask);
+  if (spec.bias && !memory) {
+    args.push_back(bias);
+    bias.dim(0).set_min(0).set_stride(1);
+    for (int d = 1; d < 4; ++d) bias.dim(d).set_min(0);
+  }
 
   // Schedule (see the top of the file). out's channels split by head (c = ch·dv + ce), so
   // the simplifier sees c / dv = ch and c % dv = ce.

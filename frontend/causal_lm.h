@@ -47,6 +47,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "frontend/dsl.h"
@@ -64,36 +65,74 @@ struct CausalLMConfig {
 };
 
 // The attention of one layer: q [N, L, heads·d_head], k [N, L, kv_heads·d_head],
-// v [N, L, kv_heads·d_v]; scores q·kᵀ · scale (0: 1/√d_head); window W > 0: a query at
-// position i sees keys i - W < j <= i (a sliding window), else all keys j <= i.
+// v [N, L, kv_heads·d_v]; scores q·kᵀ · scale (0: 1/√d_head; 1: none, as T5) plus `bias`
+// when given; window W > 0: a query at position i sees keys i - W < j <= i (a sliding
+// window), else all keys j <= i.
 struct AttentionSpec {
   int64_t heads = 0;
   int64_t kv_heads = 0;  // 0: heads (multi-head); 1: multi-query; else grouped-query
   double scale = 0;
   int64_t window = 0;
+  // An additive score bias f32 [N' or 1, heads or 1, Lq, Lk] (T5's relative position buckets,
+  // ALiBi), computed from ctx.positions() (queries) and ctx.key_positions() (keys) so that it
+  // has the right shape in every entry point: Lq = Lk = L in forward and prefill, Lq = 1 and
+  // Lk = P in decode_step (nn::T5RelativeBias and nn::alibi_bias take the two).
+  dsl::Tensor bias;
 };
+
+struct Seq2SeqConfig;  // seq2seq.h
 
 class Decoding {
  public:
-  enum class Mode { forward, prefill, step };
+  enum class Mode { forward, prefill, step, prepare };
 
+  // forward: teacher-forced; prefill: a decoder-only model's prompt pass; step: one token of
+  // decode_step; prepare: an encoder–decoder's pass over the source (only the memory's keys
+  // and values, which ctx.cross_attention projects, are kept: the rest of the body is dead
+  // code, removed by the passes).
   Mode mode() const { return mode_; }
-  // i64 [N, L] (decode_step: [N, 1]): each token's position in its own sequence.
+  // i64 [N or 1, L] (decode_step: [N or 1, 1]): each token's position in its own sequence.
   dsl::Tensor positions() const { return positions_; }
+  // i64 [N or 1, Lk]: the position of each key the self-attention sees (Lk = L, or P in
+  // decode_step), for a score bias; a decoder-only prompt's padding has negative positions
+  // (its keys are never attended).
+  dsl::Tensor key_positions() const { return key_positions_; }
   // Causal self-attention of the next layer (each call is one layer, with its own caches):
   // [N, L, heads·d_v].
   dsl::Tensor attention(dsl::Tensor q, dsl::Tensor k, dsl::Tensor v, const AttentionSpec& spec,
                         dsl::Loc loc = dsl::Loc::current());
+  // Encoder–decoder models only (nn::add_seq2seq): attention of q [N, L, heads·d_head] to the
+  // encoder's output, whose keys and values are key(memory) [B, S, kv·d_head] and
+  // value(memory) [B, S, kv·d_v] (the layer's projections). They are computed once per batch in
+  // `prepare`, never per step; source padding (pad_id) is masked. spec.window and spec.bias
+  // must be unset, spec.kv_heads must be 0 or heads.
+  dsl::Tensor cross_attention(dsl::Tensor q, const std::function<dsl::Tensor(dsl::Tensor)>& key,
+                              const std::function<dsl::Tensor(dsl::Tensor)>& value,
+                              const AttentionSpec& spec, dsl::Loc loc = dsl::Loc::current());
 
  private:
+  // causal_lm.cpp: build the entry points around the body.
+  friend struct DecodingBuilder;
   friend void add_causal_lm(dsl::ModelBuilder&, const CausalLMConfig&,
                             const std::function<dsl::Tensor(Decoding&, dsl::Tensor)>&,
                             const std::function<dsl::Tensor(dsl::Tensor)>&, dsl::Loc);
+  friend void add_seq2seq(dsl::ModelBuilder&, const Seq2SeqConfig&,
+                          const std::function<dsl::Tensor(dsl::Tensor)>&,
+                          const std::function<dsl::Tensor(Decoding&, dsl::Tensor)>&,
+                          const std::function<dsl::Tensor(dsl::Tensor)>&, dsl::Loc);
   Mode mode_ = Mode::forward;
+  bool seq2seq_ = false;
   dsl::FunctionBuilder* fb_ = nullptr;
-  dsl::Tensor positions_, key_pad_, pos_, rows_;
+  dsl::Tensor positions_, key_positions_, key_pad_, pos_, rows_;
+  dsl::Tensor memory_, src_pad_, src_row_;  // encoder–decoder: [B,S,D], bool [B,S], i64 [N]
   ir::Dim T_, C_;
-  std::vector<dsl::Tensor> updated_;  // the written caches, in layer order (k, v, k, v, ...)
+  // Caches and memory inputs declared before the body runs (prefill, prepare, step), in the
+  // order forward's calls recorded their widths.
+  std::vector<int64_t> cache_widths_, memory_widths_;
+  std::vector<dsl::Tensor> cache_in_, memory_in_;
+  std::vector<dsl::Tensor> updated_;     // the written caches (k, v, k, v, ...) per attention()
+  std::vector<dsl::Tensor> memory_out_;  // prepare: the projected memory per cross_attention()
+  size_t cross_calls_ = 0;
 };
 
 // Adds forward, prefill and decode_step (above) to `mb` from `body` (ids [N, L] -> hidden

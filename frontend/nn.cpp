@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "frontend/seq2seq.h"
 #include "support/error.h"
 
 namespace kiln::nn {
@@ -469,19 +470,19 @@ Tensor GQAttention::operator()(Tensor x, Tensor mask, Tensor bias, Loc loc) cons
   return Linear{prefix + ".o_proj", heads * hd, hidden, o_bias}(o, loc);
 }
 
-Tensor T5RelativeBias::operator()(FunctionBuilder& fb, Dim Lq, Dim Lk, Loc loc) const {
-  PathScope scope(fb, prefix);
-  check(heads >= 1, fb, loc, "heads = {}, expected a positive head count", heads);
-  check(buckets >= (bidirectional ? 4 : 2) && max_distance > buckets / (bidirectional ? 4 : 2), fb,
-        loc, "buckets = {}, max_distance = {}: too few buckets or too short a distance", buckets,
-        max_distance);
-  // relative_position = memory_position - context_position = j - i.
-  Tensor i = dsl::iota(fb, DType::i64, {Lq, Lk}, 0, loc);
-  Tensor j = dsl::iota(fb, DType::i64, {Lq, Lk}, 1, loc);
-  Tensor rp = dsl::sub(j, i, loc);
-  int64_t nb = buckets;
+namespace {
+
+// T5's bucket of relative positions rp = key position - query position (i64, any shape), as
+// Hugging Face's _relative_position_bucket computes it.
+Tensor t5_bucket(const T5RelativeBias& b, FunctionBuilder& fb, Tensor rp, Loc loc) {
+  check(b.heads >= 1, fb, loc, "heads = {}, expected a positive head count", b.heads);
+  check(b.buckets >= (b.bidirectional ? 4 : 2) &&
+            b.max_distance > b.buckets / (b.bidirectional ? 4 : 2),
+        fb, loc, "buckets = {}, max_distance = {}: too few buckets or too short a distance",
+        b.buckets, b.max_distance);
+  int64_t nb = b.buckets;
   Tensor bucket;
-  if (bidirectional) {
+  if (b.bidirectional) {
     nb /= 2;
     bucket = dsl::mul(dsl::cast(dsl::gt(rp, dsl::scalar(rp, 0), loc), DType::i64, loc),
                       dsl::scalar(rp, static_cast<double>(nb)), loc);
@@ -496,15 +497,43 @@ Tensor T5RelativeBias::operator()(FunctionBuilder& fb, Dim Lq, Dim Lk, Loc loc) 
   Tensor rpf = dsl::maximum(dsl::cast(rp, DType::f32, loc), fb.constant(1.0), loc);
   Tensor scaled = dsl::mul(
       dsl::div(dsl::log(dsl::div(rpf, dsl::scalar(rpf, static_cast<double>(max_exact)), loc), loc),
-               dsl::scalar(rpf, std::log(static_cast<double>(max_distance) /
+               dsl::scalar(rpf, std::log(static_cast<double>(b.max_distance) /
                                          static_cast<double>(max_exact))),
                loc),
       dsl::scalar(rpf, static_cast<double>(nb - max_exact)), loc);
   Tensor large = dsl::add(dsl::cast(scaled, DType::i64, loc),
                           dsl::scalar(rp, static_cast<double>(max_exact)), loc);
   large = dsl::minimum(large, dsl::scalar(large, static_cast<double>(nb - 1)), loc);
-  Tensor b = dsl::select(is_small, rp, large, loc);
-  if (bucket.valid()) b = dsl::add(bucket, b, loc);
+  Tensor r = dsl::select(is_small, rp, large, loc);
+  return bucket.valid() ? dsl::add(bucket, r, loc) : r;
+}
+
+}  // namespace
+
+Tensor T5RelativeBias::operator()(Tensor query_pos, Tensor key_pos, Loc loc) const {
+  FunctionBuilder& fb = fb_of(query_pos, loc);
+  PathScope scope(fb, prefix);
+  check(key_pos.valid() && key_pos.builder() == &fb && query_pos.rank() == 2 &&
+            key_pos.rank() == 2 && query_pos.dtype() == DType::i64 && key_pos.dtype() == DType::i64,
+        fb, loc, "positions {} and {}: expected i64 [N, Lq] and i64 [N or 1, Lk]",
+        ir::to_string(query_pos.type()),
+        key_pos.valid() ? ir::to_string(key_pos.type()) : "an empty tensor");
+  const Dim one = Dim::constant(1);
+  // relative_position = memory_position - context_position: [N', Lq, Lk].
+  Tensor rp =
+      dsl::sub(dsl::reshape(key_pos, {key_pos.dim(0), one, key_pos.dim(1)}, loc),
+               dsl::reshape(query_pos, {query_pos.dim(0), query_pos.dim(1), one}, loc), loc);
+  Tensor values = dsl::gather(fb.weight(prefix + ".weight", {buckets, heads}, loc),
+                              t5_bucket(*this, fb, rp, loc), loc);  // [N', Lq, Lk, H]
+  return dsl::transpose(values, {0, 3, 1, 2}, loc);
+}
+
+Tensor T5RelativeBias::operator()(FunctionBuilder& fb, Dim Lq, Dim Lk, Loc loc) const {
+  PathScope scope(fb, prefix);
+  // relative_position = memory_position - context_position = j - i.
+  Tensor i = dsl::iota(fb, DType::i64, {Lq, Lk}, 0, loc);
+  Tensor j = dsl::iota(fb, DType::i64, {Lq, Lk}, 1, loc);
+  Tensor b = t5_bucket(*this, fb, dsl::sub(j, i, loc), loc);
   // relative_attention_bias(bucket): [Lq, Lk, H], permute([2, 0, 1]).unsqueeze(0).
   Tensor values = dsl::gather(fb.weight(prefix + ".weight", {buckets, heads}, loc), b, loc);
   Tensor bhl = dsl::transpose(values, {2, 0, 1}, loc);
@@ -544,6 +573,22 @@ Tensor alibi_bias(FunctionBuilder& fb, int64_t heads, Dim Lq, Dim Lk, bool relat
     dist = dsl::cast(dsl::iota(fb, DType::i64, {one, Lk}, 1, loc), DType::f32, loc);  // [1, Lk]
   }
   return dsl::mul(slopes, dist, loc);
+}
+
+Tensor alibi_bias(Tensor query_pos, Tensor key_pos, int64_t heads, Loc loc) {
+  FunctionBuilder& fb = fb_of(query_pos, loc);
+  check(key_pos.valid() && key_pos.builder() == &fb && query_pos.rank() == 2 &&
+            key_pos.rank() == 2 && query_pos.dtype() == DType::i64 && key_pos.dtype() == DType::i64,
+        fb, loc, "alibi: positions {} and {}: expected i64 [N, Lq] and i64 [N or 1, Lk]",
+        ir::to_string(query_pos.type()),
+        key_pos.valid() ? ir::to_string(key_pos.type()) : "an empty tensor");
+  const Dim one = Dim::constant(1), H = Dim::constant(heads);
+  Tensor slopes = dsl::reshape(alibi_slopes(fb, heads, loc), {one, H, one, one}, loc);
+  Tensor rp = dsl::sub(dsl::reshape(key_pos, {key_pos.dim(0), one, key_pos.dim(1)}, loc),
+                       dsl::reshape(query_pos, {query_pos.dim(0), query_pos.dim(1), one}, loc),
+                       loc);  // [N', Lq, Lk]
+  rp = dsl::reshape(dsl::cast(rp, DType::f32, loc), {rp.dim(0), one, rp.dim(1), rp.dim(2)}, loc);
+  return dsl::mul(slopes, rp, loc);
 }
 
 Tensor sliding_window_mask(Tensor ids, int64_t window, Loc loc) {
@@ -605,71 +650,22 @@ Tensor causal_padding_mask(Tensor ids, int64_t pad_id, Loc loc) {
 
 namespace {
 
-// prepare and decode_step (see nn.h), built from the same weights as forward.
-void add_decoding(dsl::ModelBuilder& mb, const TransformerConfig& c, const Dim& B, const Dim& S) {
-  const Dim T = Dim::sym("T"), N = mb.symbol("N", c.max_batch * c.max_beam);
-  const Dim P = mb.symbol("P", c.max_len), C = mb.symbol("C", c.max_batch * c.max_beam);
-  const Dim D = Dim::constant(c.d_model);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(c.d_model / c.heads));
-  auto layer = [](int64_t l) { return "decoder.layers." + std::to_string(l); };
-  {
-    FunctionBuilder& f = mb.function("prepare");
-    Tensor src = f.input("src", DType::i64, {B, S});
-    Tensor memory =
-        Encoder{&c}(embed("src_embed", src, c, c.src_vocab), key_padding_mask(src, c.pad_id));
-    for (int64_t l = 0; l < c.dec_layers; ++l) {
-      const std::string p = layer(l) + ".cross_attn";
-      f.output(Linear{p + ".w_k", c.d_model, c.d_model}(memory), "mem_k" + std::to_string(l));
-      f.output(Linear{p + ".w_v", c.d_model, c.d_model}(memory), "mem_v" + std::to_string(l));
-    }
-  }
-  FunctionBuilder& f = mb.function("decode_step");
-  Tensor tok = f.input("tok", DType::i64, {N, Dim::constant(1)});
-  Tensor pos = f.input("pos", DType::i64, {Dim::constant(1)});
-  Tensor rows = f.input("rows", DType::i64, {N, P});
-  Tensor src_row = f.input("src_row", DType::i64, {N});
-  Tensor src = f.input("src", DType::i64, {B, S});
-  std::vector<Tensor> mem, cache;
-  for (int64_t l = 0; l < c.dec_layers; ++l)
-    for (const char* kv : {"mem_k", "mem_v"})
-      mem.push_back(f.input(kv + std::to_string(l), DType::f32, {B, S, D}));
-  for (int64_t l = 0; l < c.dec_layers; ++l)
-    for (const char* kv : {"cache_k", "cache_v"})
-      cache.push_back(f.input(kv + std::to_string(l), DType::f32, {T, C, D}));
-  Tensor src_pad = dsl::eq(src, dsl::scalar(src, static_cast<double>(c.pad_id)));
-
-  // The new token at position pos: emb(tok) * sqrt(d_model) + PE[pos].
-  Tensor x;
-  {
-    ScopeGuard scope(f, "tgt_embed");
-    Tensor e = dsl::gather(f.weight("tgt_embed.weight", {c.tgt_vocab, c.d_model}), tok);
-    x = e * static_cast<double>(static_cast<float>(std::sqrt(static_cast<double>(c.d_model))));
-    x = x + dsl::gather(dsl::sinusoid_table(f, c.max_len, c.d_model), pos);
-  }
-  std::vector<Tensor> updated;
-  for (int64_t l = 0; l < c.dec_layers; ++l) {
-    const std::string p = layer(l);
-    ScopeGuard scope(f, p);
-    auto proj = [&](const std::string& name, Tensor in) {
-      return Linear{p + name, c.d_model, c.d_model}(in);
-    };
-    // q, k, v in forward's order, so that merge-projections shares its merged weights.
-    Tensor q = proj(".self_attn.w_q", x);
-    Tensor k = dsl::cache_write(cache[2 * l], proj(".self_attn.w_k", x), pos);
-    Tensor v = dsl::cache_write(cache[2 * l + 1], proj(".self_attn.w_v", x), pos);
-    updated.push_back(k);
-    updated.push_back(v);
-    Tensor a = dsl::cache_attention(q, k, v, rows, c.heads, scale);
-    x = LayerNorm{p + ".norm1", c.d_model}(x + proj(".self_attn.w_o", a));
-    Tensor m = dsl::memory_attention(proj(".cross_attn.w_q", x), mem[2 * l], mem[2 * l + 1],
-                                     src_row, src_pad, c.heads, scale);
-    x = LayerNorm{p + ".norm2", c.d_model}(x + proj(".cross_attn.w_o", m));
-    x = LayerNorm{p + ".norm3", c.d_model}(x + FeedForward{p + ".ffn", c.d_model, c.d_ff}(x));
-  }
-  x = LayerNorm{"decoder.norm", c.d_model}(x);
-  f.output(Linear{"generator", c.d_model, c.tgt_vocab}(x), "logits");
-  for (size_t i = 0; i < updated.size(); ++i)
-    f.output(updated[i], fmt::format("cache_{}{}_out", i % 2 ? 'v' : 'k', i / 2));
+// One decoder layer of the paper's Transformer, written once against the decoding context
+// (seq2seq.h): post-norm self-attention (cached), cross-attention to the encoder output and
+// the feed-forward network. q, k, v in that order, so that merge-projections merges them alike
+// in every entry point.
+Tensor decoder_layer(Decoding& ctx, const TransformerConfig& c, int64_t l, Tensor x) {
+  const std::string p = "decoder.layers." + std::to_string(l);
+  ScopeGuard scope(*x.builder(), p);
+  auto proj = [&](const std::string& name) { return Linear{p + name, c.d_model, c.d_model}; };
+  const AttentionSpec spec{.heads = c.heads};
+  Tensor q = proj(".self_attn.w_q")(x), k = proj(".self_attn.w_k")(x);
+  Tensor a = ctx.attention(q, k, proj(".self_attn.w_v")(x), spec);
+  x = LayerNorm{p + ".norm1", c.d_model}(x + proj(".self_attn.w_o")(a));
+  Tensor m = ctx.cross_attention(proj(".cross_attn.w_q")(x), proj(".cross_attn.w_k"),
+                                 proj(".cross_attn.w_v"), spec);
+  x = LayerNorm{p + ".norm2", c.d_model}(x + proj(".cross_attn.w_o")(m));
+  return LayerNorm{p + ".norm3", c.d_model}(x + FeedForward{p + ".ffn", c.d_model, c.d_ff}(x));
 }
 
 }  // namespace
@@ -728,9 +724,6 @@ ir::Module build_transformer(const TransformerConfig& c) {
          c.src_vocab, c.tgt_vocab);
 
   dsl::ModelBuilder mb("transformer");
-  const Dim B = mb.symbol("B", c.max_batch);
-  const Dim S = mb.symbol("S", c.max_len);
-  const Dim T = mb.symbol("T", c.max_len);
   const std::pair<const char*, int64_t> keys[] = {
       {"src_vocab", c.src_vocab},   {"tgt_vocab", c.tgt_vocab}, {"d_model", c.d_model},
       {"heads", c.heads},           {"d_ff", c.d_ff},           {"enc_layers", c.enc_layers},
@@ -739,24 +732,38 @@ ir::Module build_transformer(const TransformerConfig& c) {
       {"eos_id", c.eos_id}};
   for (const auto& [k, v] : keys) mb.set_config(k, std::to_string(v));
 
-  {
-    FunctionBuilder& f = mb.function("forward");
-    Tensor src = f.input("src", DType::i64, {B, S});
-    Tensor tgt = f.input("tgt", DType::i64, {B, T});
-    Tensor src_mask = key_padding_mask(src, c.pad_id);
-    Tensor memory = Encoder{&c}(embed("src_embed", src, c, c.src_vocab), src_mask);
-    Tensor tgt_mask = causal_padding_mask(tgt, c.pad_id);
-    Tensor y = Decoder{&c}(embed("tgt_embed", tgt, c, c.tgt_vocab), memory, src_mask, tgt_mask);
-    f.output(Linear{"generator", c.d_model, c.tgt_vocab}(y), "logits");
-  }
-  {
-    FunctionBuilder& f = mb.function("encode");
-    Tensor src = f.input("src", DType::i64, {B, S});
-    Tensor memory =
-        Encoder{&c}(embed("src_embed", src, c, c.src_vocab), key_padding_mask(src, c.pad_id));
-    f.output(memory, "memory");
-  }
-  add_decoding(mb, c, B, S);
+  // forward, encode, prepare and decode_step, derived from the layers written once.
+  Seq2SeqConfig s2s{.vocab = c.tgt_vocab,
+                    .max_len = c.max_len,
+                    .max_src_len = c.max_len,
+                    .max_batch = c.max_batch,
+                    .max_beam = c.max_beam,
+                    .bos_id = c.bos_id,
+                    .eos_id = c.eos_id,
+                    .pad_id = c.pad_id,
+                    .mask_target_padding = true};
+  add_seq2seq(
+      mb, s2s,
+      [&](Tensor src) {
+        return Encoder{&c}(embed("src_embed", src, c, c.src_vocab),
+                           key_padding_mask(src, c.pad_id));
+      },
+      [&](Decoding& ctx, Tensor tgt) {
+        FunctionBuilder& f = *tgt.builder();
+        Tensor x;
+        {  // emb(tgt) * sqrt(d_model) + PE[position]
+          ScopeGuard scope(f, "tgt_embed");
+          Tensor e = dsl::gather(f.weight("tgt_embed.weight", {c.tgt_vocab, c.d_model}), tgt);
+          x = e *
+              static_cast<double>(static_cast<float>(std::sqrt(static_cast<double>(c.d_model))));
+          x = x + dsl::gather(dsl::sinusoid_table(f, c.max_len, c.d_model), ctx.positions());
+        }
+        for (int64_t l = 0; l < c.dec_layers; ++l) x = decoder_layer(ctx, c, l, x);
+        return LayerNorm{"decoder.norm", c.d_model}(x);
+      },
+      [&](Tensor h) {
+        return Linear{"generator", c.d_model, c.tgt_vocab}(h);
+      });
   return mb.finish();
 }
 

@@ -223,6 +223,10 @@ struct T5RelativeBias {
   bool bidirectional = true;
   Tensor operator()(dsl::FunctionBuilder& fb, dsl::Dim Lq, dsl::Dim Lk,
                     Loc loc = Loc::current()) const;
+  // The bias [N', heads, Lq, Lk] of queries at positions query_pos i64 [N', Lq] and keys at
+  // key_pos i64 [N' or 1, Lk] (a Decoding context's positions() and key_positions(): the same
+  // block in forward and decode_step).
+  Tensor operator()(Tensor query_pos, Tensor key_pos, Loc loc = Loc::current()) const;
 };
 
 // ALiBi: slopes [heads] as the paper and Hugging Face's build_alibi_tensor compute them
@@ -232,6 +236,10 @@ struct T5RelativeBias {
 Tensor alibi_slopes(dsl::FunctionBuilder& fb, int64_t heads, Loc loc = Loc::current());
 Tensor alibi_bias(dsl::FunctionBuilder& fb, int64_t heads, dsl::Dim Lq, dsl::Dim Lk,
                   bool relative = true, Loc loc = Loc::current());
+// The relative bias slopes[h]·(key position - query position) [N', heads, Lq, Lk] of queries at
+// query_pos i64 [N', Lq] and keys at key_pos i64 [N' or 1, Lk] (a Decoding context's
+// positions() and key_positions(): the same bias in forward, prefill and decode_step).
+Tensor alibi_bias(Tensor query_pos, Tensor key_pos, int64_t heads, Loc loc = Loc::current());
 
 // A sliding-window causal mask bool [1, 1, L, L] for ids [B, L]: true where key j > query i
 // or i - j >= window (Mistral's local attention).
@@ -333,7 +341,8 @@ Tensor causal_padding_mask(Tensor ids, int64_t pad_id, Loc loc = Loc::current())
 //     attends to the cached positions j < P through rows[n, j] (the cache slot holding its
 //     key at position j; P = pos + 1) and to source sentence src_row[n].
 // Symbols: B (max max_batch), S and T (max max_len), N and C (max max_batch·max_beam), P (max
-// max_len). Throws kiln::Error for a bad config (e.g. d_model not divisible by heads).
+// max_len). All four are derived by nn::add_seq2seq (seq2seq.h) from the decoder layer written
+// once. Throws kiln::Error for a bad config (e.g. d_model not divisible by heads).
 ir::Module build_transformer(const TransformerConfig& cfg);
 
 }  // namespace kiln::nn

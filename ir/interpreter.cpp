@@ -1017,8 +1017,8 @@ Tensor eval_cache_write(const Tensor& cache, const Tensor& x, const Tensor* pos,
 // cache_attention and memory_attention: one query row per sequence n; key j of row n is
 // k[key_row(n, j), key_col(n, j)] (a row of the [A0, A1, H·dk] tensor k).
 Tensor eval_step_attention(const Op& op, const Tensor& q, const Tensor& k, const Tensor& v,
-                           const Tensor& index, const Tensor* key_pad, const Shape& shape,
-                           const std::string& index_name) {
+                           const Tensor& index, const Tensor* key_pad, const Tensor* bias,
+                           const Shape& shape, const std::string& index_name) {
   const int64_t heads = op.int_attr("heads");
   const int64_t groups = op.has_attr("kv_heads") ? op.int_attr("kv_heads") : heads;
   const int64_t window = op.has_attr("window") ? op.int_attr("window") : -1;
@@ -1060,9 +1060,13 @@ Tensor eval_step_attention(const Op& op, const Tensor& q, const Tensor& k, const
           dot += static_cast<double>(q.f[n * heads * dk + h * dk + d]) *
                  static_cast<double>(k.f[key_at[j] * groups * dk + g * dk + d]);
         const bool masked = key_pad && key_pad->ints[b * a1 + j] != 0;
-        scores[j] = skip[j]  ? -std::numeric_limits<float>::infinity()
-                    : masked ? -1e9f
-                             : static_cast<float>(dot) * scale;
+        float score = static_cast<float>(dot) * scale;
+        if (bias)  // f32 [N',H',1,P], broadcast over N' and H' of 1
+          score += bias->f[((bias->shape[0] == 1 ? 0 : n) * bias->shape[1] +
+                            (bias->shape[1] == 1 ? 0 : h)) *
+                               lk +
+                           j];
+        scores[j] = skip[j] ? -std::numeric_limits<float>::infinity() : masked ? -1e9f : score;
       }
       const std::vector<float> p = softmax_of(scores);
       for (int64_t e = 0; e < dv; ++e) {
@@ -1528,11 +1532,13 @@ class Interpreter {
                              op.operands.size() == 3 ? label(op.operands[2]) : std::string());
         break;
       case OpKind::cache_attention:
-      case OpKind::memory_attention:
+      case OpKind::memory_attention: {
+        const bool five = op.operands.size() == 5, cache = op.kind == OpKind::cache_attention;
         r = eval_step_attention(op, operand(op, 0), operand(op, 1), operand(op, 2), operand(op, 3),
-                                op.operands.size() == 5 ? &operand(op, 4) : nullptr, shape,
+                                five && !cache ? &operand(op, 4) : nullptr,
+                                five && cache ? &operand(op, 4) : nullptr, shape,
                                 label(op.operands[3]));
-        break;
+      } break;
     }
     KILN_ASSERT(r.dtype == dtype && r.shape == shape,
                 fmt::format("{} produced {}, declared {}", at, r.type_string(),

@@ -698,7 +698,8 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
     }
     case OpKind::cache_attention:
     case OpKind::memory_attention: {
-      // cache_attention(q f32[N,1,H*Dk], k f32[T,C,H*Dk], v f32[T,C,H*Dv], rows i64[N,P])
+      // cache_attention(q f32[N,1,H*Dk], k f32[T,C,H*Dk], v f32[T,C,H*Dv], rows i64[N,P]
+      //                 [, bias f32[N',H',1,P]])
       // memory_attention(q f32[N,1,H*Dk], k f32[B,S,H*Dk], v f32[B,S,H*Dv], src_row i64[N],
       //                  key_pad bool[B,S])
       const bool cache = kind == OpKind::cache_attention;
@@ -725,6 +726,16 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
         if (dim_max(m, rows.shape[1]) > dim_max(m, k.shape[0]))
           return err("row table {} reaches up to {} positions, more than the cache {} holds",
                      to_string(rows), dim_max(m, rows.shape[1]), to_string(k));
+        if (in.size() == 5) {
+          // Score bias f32 [N',H',1,P]: N' and H' 1 or the scores' N and heads.
+          const TensorType& b = in[4];
+          if (b.dtype != DType::f32 || b.rank() != 4 ||
+              !(b.shape[0].is_const(1) || b.shape[0] == q.shape[0]) ||
+              !(b.shape[1].is_const(1) || b.shape[1].is_const(heads)) || !b.shape[2].is_const(1) ||
+              !(b.shape[3] == rows.shape[1]))
+            return err("score bias {} must be f32[1 or {}, 1 or {}, 1, {}] (the row table's width)",
+                       to_string(b), to_string(q.shape[0]), heads, to_string(rows.shape[1]));
+        }
       } else {
         if (!(rows == TensorType{DType::i64, {q.shape[0]}}))
           return err("source rows {} must be i64[{}]", to_string(rows), to_string(q.shape[0]));

@@ -149,8 +149,8 @@ class Search {
                                 : "'decode_step'");
       fail(
           "model has no generation entry points: it cannot generate (an encoder–decoder needs "
-          "'prepare' and 'decode_step', a decoder-only model 'prefill' and 'decode_step': "
-          "nn::add_causal_lm derives them)");
+          "'prepare' and 'decode_step' (nn::add_seq2seq derives them), a decoder-only model "
+          "'prefill' and 'decode_step' (nn::add_causal_lm))");
     }
     const int n_in = kiln_model_num_inputs(m_, "decode_step");
     for (int i = 0; i < n_in; ++i) {
@@ -289,26 +289,11 @@ class Search {
   }
 
   // Allocates every layer's caches [L + max_decoding_length, batch × beam, width].
-  void allocate_caches() {
-    slots_ = batch_ * o_.beam_size;
-    for (int64_t l = 0; l < layers_; ++l) {  // decode_step's cache inputs, named once
-      cache_names_.push_back(fmt::format("cache_k{}", l));
-      cache_names_.push_back(fmt::format("cache_v{}", l));
-    }
-    cache_.resize(static_cast<size_t>(2 * layers_));
-    for (size_t i = 0; i < cache_.size(); ++i) {
-      Buffer& c = cache_[i];
-      const int64_t width = causal_ ? cache_widths_.at(i) : d_model_;
-      c.shape = {prompt_len_ + o_.max_decoding_length, slots_, width};
-      c.data.reset(new float[static_cast<size_t>(c.numel())]);  // only written slots are read
-    }
-  }
-
-  // The decoder-only prompt pass: prompts left-padded to the longest, the caches written, the
-  // logits of every prompt's next token in logits_.
-  void prefill() {
+  // Each cache's last dim, in decode_step's order, from the config key cache_widths (set by
+  // nn::add_causal_lm and nn::add_seq2seq); false when the model has none.
+  bool read_cache_widths() {
     const char* widths = kiln_model_config(m_, "cache_widths");
-    if (!widths) fail("decoder-only model has no 'cache_widths' in its config");
+    if (!widths) return false;
     for (const char* p = widths; *p;) {
       int64_t w = 0;
       auto [end, ec] = std::from_chars(p, p + std::strlen(p), w);
@@ -319,6 +304,27 @@ class Search {
     if (static_cast<int64_t>(cache_widths_.size()) != 2 * layers_)
       fail("model config 'cache_widths' lists {} caches, decode_step takes {}",
            cache_widths_.size(), 2 * layers_);
+    return true;
+  }
+
+  void allocate_caches() {
+    slots_ = batch_ * o_.beam_size;
+    for (int64_t l = 0; l < layers_; ++l) {  // decode_step's cache inputs, named once
+      cache_names_.push_back(fmt::format("cache_k{}", l));
+      cache_names_.push_back(fmt::format("cache_v{}", l));
+    }
+    cache_.resize(static_cast<size_t>(2 * layers_));
+    for (size_t i = 0; i < cache_.size(); ++i) {
+      Buffer& c = cache_[i];
+      c.shape = {prompt_len_ + o_.max_decoding_length, slots_, cache_widths_.at(i)};
+      c.data.reset(new float[static_cast<size_t>(c.numel())]);  // only written slots are read
+    }
+  }
+
+  // The decoder-only prompt pass: prompts left-padded to the longest, the caches written, the
+  // logits of every prompt's next token in logits_.
+  void prefill() {
+    if (!read_cache_widths()) fail("decoder-only model has no 'cache_widths' in its config");
     allocate_caches();
     const int64_t L = prompt_len_;
     std::vector<int64_t> ids(static_cast<size_t>(batch_ * L), 0);
@@ -382,7 +388,8 @@ class Search {
       fail("{}", kiln_model_error(m_));
     mem_names_.clear();
     for (const kiln_tensor& t : out) mem_names_.push_back(t.name);
-    d_model_ = mem_[0].shape[2];
+    if (!read_cache_widths())  // a model without the key: every cache as wide as the memory
+      cache_widths_.assign(static_cast<size_t>(2 * layers_), mem_[0].shape[2]);
     allocate_caches();
   }
 
@@ -604,14 +611,14 @@ class Search {
   kiln_search_options o_;  // max_decoding_length 0 resolved to max_len_
   kiln_tensor src_{};
   int64_t layers_ = 0, max_len_ = 0, max_rows_ = 0, max_batch_ = 0, max_beam_ = 0, vocab_ = -1;
-  int64_t start_ = -1, end_ = -1, batch_ = 0, d_model_ = 0, slots_ = 0;
+  int64_t start_ = -1, end_ = -1, batch_ = 0, slots_ = 0;
   bool sampling_ = false;
   bool causal_ = false;                        // decoder-only: prefill, prompts
   std::vector<int64_t> ends_;                  // end_id (if any) and the stop ids
   std::vector<std::vector<int64_t>> prompts_;  // decoder-only: each prompt's ids
   int64_t prompt_len_ = 0;                     // the longest prompt (0: encoder–decoder)
   std::vector<int64_t> start_rows_;            // per sentence: where its left-padded prompt starts
-  std::vector<int64_t> cache_widths_;          // decoder-only: each cache's last dim
+  std::vector<int64_t> cache_widths_;          // each cache's last dim
   const std::vector<Hyp>* step_rows_ = nullptr;  // the hypotheses of the step being checked
   std::vector<Buffer> mem_, cache_;
   std::vector<std::string> mem_names_, cache_names_;

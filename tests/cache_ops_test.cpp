@@ -1,9 +1,9 @@
 // The decoding ops of today's decoder-only models (ir/ops.def): cache_write of a whole prompt
 // (no position), and cache_attention with grouped-query heads (kv_heads), skipped keys (a row
-// of -1: a left-padded prompt's padding) and a sliding window. The interpreter is checked
-// against the plain op on equivalent inputs (heads repeated, keys dropped), and the compiled
-// kernels (tests/jit_model.h: the default pipeline, lowering, Halide JIT, the runtime) against
-// the interpreter at odd sizes.
+// of -1: a left-padded prompt's padding), a sliding window and a score bias. The interpreter is
+// checked against the plain op on equivalent inputs (heads repeated, keys dropped), and the
+// compiled kernels (tests/jit_model.h: the default pipeline, lowering, Halide JIT, the runtime)
+// against the interpreter at odd sizes.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -40,6 +40,16 @@ module @cache_ops {
   # 3 heads over one key/value head (multi-query), a window of 5 keys.
   func @mqa_window(%q: f32[N,1,15], %k: f32[T,C,5], %v: f32[T,C,5], %rows: i64[N,P]) -> (f32[N,1,15]) {
     %out = cache_attention(%q, %k, %v, %rows) {heads = 3, kv_heads = 1, scale = 0.45, window = 5} : f32[N,1,15]
+    return %out
+  }
+  # A score bias per hypothesis and head (T5's relative buckets), and one shared by every
+  # hypothesis and head (broadcast), with a window.
+  func @biased(%q: f32[N,1,24], %k: f32[T,C,12], %v: f32[T,C,14], %rows: i64[N,P], %b: f32[N,4,1,P]) -> (f32[N,1,28]) {
+    %out = cache_attention(%q, %k, %v, %rows, %b) {heads = 4, kv_heads = 2, scale = 0.41} : f32[N,1,28]
+    return %out
+  }
+  func @biased_shared(%q: f32[N,1,15], %k: f32[T,C,5], %v: f32[T,C,5], %rows: i64[N,P], %b: f32[1,1,1,P]) -> (f32[N,1,15]) {
+    %out = cache_attention(%q, %k, %v, %rows, %b) {heads = 3, kv_heads = 1, scale = 0.45, window = 5} : f32[N,1,15]
     return %out
   }
   # The plain op, for the equivalences below.
@@ -205,6 +215,50 @@ module @m {
 })";
   EXPECT_THAT(testing::error_of([&] { ir::parse_and_verify(long_prompt); }),
               ::testing::HasSubstr("has up to 9 positions, more than the cache f32[T,C,3] holds"));
+  const std::string bad_bias = R"(
+module @m {
+  symbol N max 2
+  symbol P max 4
+  symbol T max 4
+  symbol C max 2
+  func @f(%q: f32[N,1,12], %k: f32[T,C,12], %v: f32[T,C,12], %rows: i64[N,P], %b: f32[1,4,1,4]) -> (f32[N,1,12]) {
+    %out = cache_attention(%q, %k, %v, %rows, %b) {heads = 4, scale = 1.0} : f32[N,1,12]
+    return %out
+  }
+})";
+  EXPECT_THAT(testing::error_of([&] { ir::parse_and_verify(bad_bias); }),
+              ::testing::HasSubstr("score bias f32[1,4,1,4] must be f32[1 or N, 1 or 4, 1, P]"));
+}
+
+// A score bias: -1e9 on a key is that key skipped (its row -1), and a bias equal across the keys
+// of a row changes nothing (the softmax is shift-invariant), while a bias on one key does.
+TEST(CacheOps, InterpreterBiasIsAddedToTheScores) {
+  const ir::Module m = ir::parse_module(kModule);
+  std::mt19937 rng(12);
+  const int64_t n = 3, p = 7, t = 8, c = 4;
+  const ir::Tensor q = normal({n, 1, 24}, rng), k = normal({t, c, 12}, rng),
+                   v = normal({t, c, 14}, rng), rows = row_table(n, p, c, rng, false);
+  auto run = [&](const ir::Tensor& r, const ir::Tensor& b) {
+    return ir::interpret(m, function_of(m, "biased"), {}, {q, k, v, r, b})[0];
+  };
+  auto bias = [&](auto value) {
+    std::vector<float> b(static_cast<size_t>(n * 4 * p));
+    for (int64_t i = 0; i < n * 4 * p; ++i) b[i] = value(i / (4 * p), (i / p) % 4, i % p);
+    return ir::Tensor::from_f32({n, 4, 1, p}, std::move(b));
+  };
+  const ir::Tensor zero = bias([](int64_t, int64_t, int64_t) { return 0.0f; });
+  const ir::Tensor plain = run(rows, zero);
+  // Constant per (row, head): the same output.
+  EXPECT_LE(
+      max_diff(run(rows, bias([](int64_t i, int64_t h, int64_t) { return 3.0f * i - h; })), plain),
+      1e-5);
+  // -1e9 on key 2 of every row and head: key 2 skipped.
+  ir::Tensor cut = rows;
+  for (int64_t i = 0; i < n; ++i) cut.ints[i * p + 2] = -1;
+  const ir::Tensor dropped =
+      run(rows, bias([](int64_t, int64_t, int64_t j) { return j == 2 ? -1e9f : 0.0f; }));
+  EXPECT_LE(max_diff(dropped, run(cut, zero)), 1e-5);
+  EXPECT_GT(max_diff(dropped, plain), 1e-3);
 }
 
 // Compiled (host CPU) against the interpreter: 1, 7 and 33 keys, 1, 4 and 9 hypotheses, with
@@ -225,6 +279,14 @@ TEST(CacheOps, CompiledMatchesTheInterpreter) {
         const ir::Tensor want = ir::interpret(m, function_of(m, f), {}, in)[0];
         const ir::Tensor got = model.run(f, in)[0];
         EXPECT_LE(max_diff(got, want), 2e-5) << f << " P=" << p << " N=" << n;
+        // The same with a score bias: per hypothesis and head, or one for all (broadcast).
+        const std::string biased = f[0] == 'g' ? "biased" : "biased_shared";
+        in.push_back(f[0] == 'g' ? normal({n, 4, 1, p}, rng) : normal({1, 1, 1, p}, rng));
+        const ir::Tensor want_b = ir::interpret(m, function_of(m, biased), {}, in)[0];
+        if (p > 1)  // over one key the softmax is 1 whatever the bias
+          EXPECT_GT(max_diff(want_b, want), 1e-4) << biased << ": the bias changes nothing";
+        EXPECT_LE(max_diff(model.run(biased, in)[0], want_b), 2e-5)
+            << biased << " P=" << p << " N=" << n;
       }
     }
 }

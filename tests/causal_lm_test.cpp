@@ -23,6 +23,8 @@
 #include <gtest/gtest.h>
 
 #include "error_of.h"
+#include "frontend/causal_lm.h"
+#include "frontend/nn.h"
 #include "gpt2_small.h"
 #include "ir/interpreter.h"
 #include "ir/parser.h"
@@ -570,6 +572,96 @@ TEST(GenerateCli, RunCompiledRunsAStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Examples, CausalLM, ::testing::Values("llama", "gpt2"));
+
+// A score bias from the context's positions (ALiBi, nn::alibi_bias) is the same bias in every
+// entry point: a one-layer model's prefill over left-padded prompts and its decode steps give
+// forward's logits of each prompt alone (interpreted), and after the default pipeline the bias
+// reaches the fused attention and cache_attention.
+TEST(DecodingBias, AlibiPrefillAndStepsMatchForward) {
+  using dsl::Tensor;
+  constexpr int64_t V = 11, D = 8, H = 2;
+  dsl::ModelBuilder mb("alibi");
+  nn::add_causal_lm(
+      mb, {.vocab = V, .max_len = 12, .max_batch = 2},
+      [&](nn::Decoding& ctx, Tensor ids) {
+        dsl::FunctionBuilder& f = *ids.builder();
+        Tensor x = dsl::gather(f.weight("embed", {V, D}), ids);
+        auto lin = [&](const char* name, Tensor t) {
+          return dsl::matmul(t, dsl::transpose(f.weight(name, {D, D}), {1, 0}));
+        };
+        nn::AttentionSpec spec{.heads = H};
+        spec.bias = nn::alibi_bias(ctx.positions(), ctx.key_positions(), H);
+        return x + lin("o", ctx.attention(lin("q", x), lin("k", x), lin("v", x), spec));
+      },
+      [&](Tensor h) {
+        return dsl::matmul(h, dsl::transpose(h.builder()->weight("head", {V, D}), {1, 0}));
+      });
+  const ir::Module m = mb.finish();
+  std::mt19937 rng(8);
+  std::normal_distribution<float> normal(0.0f, 0.7f);
+  ir::WeightMap w;
+  for (const auto& [name, shape] :
+       std::vector<std::pair<std::string, std::vector<int64_t>>>{{"embed", {V, D}},
+                                                                 {"q", {D, D}},
+                                                                 {"k", {D, D}},
+                                                                 {"v", {D, D}},
+                                                                 {"o", {D, D}},
+                                                                 {"head", {V, D}}}) {
+    std::vector<float> data(static_cast<size_t>(shape[0] * shape[1]));
+    for (float& x : data) x = normal(rng);
+    w[name] = ir::Tensor::from_f32(shape, std::move(data));
+  }
+  auto fn = [&](const std::string& name) -> const ir::Function& {
+    for (const ir::Function& f : m.functions)
+      if (f.name == name) return f;
+    throw std::runtime_error("no function " + name);
+  };
+  const std::vector<std::vector<int64_t>> seqs = {{3, 5, 7, 2, 9, 1}, {4, 8, 6, 10, 1, 2, 3}};
+  const std::vector<int64_t> prompt_len = {2, 5};
+  const int64_t L = 5, steps = 2;
+  std::vector<int64_t> ids(2 * L, 0), start = {L - 2, 0};
+  for (int64_t b = 0; b < 2; ++b)
+    std::copy(seqs[b].begin(), seqs[b].begin() + prompt_len[b], ids.begin() + b * L + start[b]);
+  std::vector<ir::Tensor> caches(2, ir::Tensor::zeros(ir::DType::f32, {L + steps, 2, D}));
+  auto check = [&](const ir::Tensor& logits, int64_t b, int64_t pos, const std::string& what) {
+    const std::vector<int64_t>& s = seqs[b];
+    const ir::Tensor want = ir::interpret(
+        m, fn("forward"), w,
+        {ir::Tensor::from_ints(ir::DType::i64, {1, pos + 1}, {s.begin(), s.begin() + pos + 1})})[0];
+    const std::vector<float> got(logits.f.begin() + b * V, logits.f.begin() + (b + 1) * V);
+    EXPECT_LE(max_diff(got, {want.f.end() - V, want.f.end()}), 1e-5) << what << ", sequence " << b;
+  };
+  std::vector<ir::Tensor> in = {ir::Tensor::from_ints(ir::DType::i64, {2, L}, ids),
+                                ir::Tensor::from_ints(ir::DType::i64, {2}, start), caches[0],
+                                caches[1]};
+  std::vector<ir::Tensor> out = ir::interpret(m, fn("prefill"), w, in);
+  for (int64_t b = 0; b < 2; ++b) check(out[0], b, prompt_len[b] - 1, "prefill");
+  caches = {out[1], out[2]};
+  for (int64_t s = 0; s < steps; ++s) {
+    const int64_t pos = L + s, P = pos + 1;
+    std::vector<int64_t> tok(2), rows(static_cast<size_t>(2 * P));
+    for (int64_t b = 0; b < 2; ++b) {
+      tok[b] = seqs[b][prompt_len[b] + s];
+      for (int64_t j = 0; j < P; ++j) rows[b * P + j] = j < start[b] ? -1 : b;
+    }
+    out = ir::interpret(m, fn("decode_step"), w,
+                        {ir::Tensor::from_ints(ir::DType::i64, {2, 1}, tok),
+                         ir::Tensor::from_ints(ir::DType::i64, {1}, {pos}),
+                         ir::Tensor::from_ints(ir::DType::i64, {2, P}, rows),
+                         ir::Tensor::from_ints(ir::DType::i64, {2}, start), caches[0], caches[1]});
+    for (int64_t b = 0; b < 2; ++b) check(out[0], b, prompt_len[b] + s, fmt::format("step {}", s));
+    caches = {out[1], out[2]};
+  }
+  ir::Module fused = m;
+  passes::run_passes(fused, passes::default_pipeline());
+  for (const ir::Function& f : fused.functions) {
+    int64_t biased = 0;
+    for (const ir::Op& op : f.ops)
+      biased += (op.kind == ir::OpKind::attention && op.has_attr("bias")) ||
+                (op.kind == ir::OpKind::cache_attention && op.operands.size() == 5);
+    EXPECT_EQ(biased, 1) << f.name;
+  }
+}
 
 }  // namespace
 }  // namespace kiln

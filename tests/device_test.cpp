@@ -378,7 +378,8 @@ TEST_P(DeviceGeneralTest, SymbolicSizes) { check("symbolic"); }
 
 // Single-query decoding attention (tests/gpu/step_attention.kir) at 1, 7, 33 and 129 keys (cache
 // positions or source keys) and 1, 4 and 9 hypotheses: cache_attention reads random slots of the
-// cache through the row table (grouped-query and windowed forms with skipped keys too);
+// cache through the row table (grouped-query and windowed forms with skipped keys too, and a
+// score bias);
 // memory_attention reads random sentences with random key padding, sentence 0 wholly padded and
 // read by hypothesis 0 (its output: the uniform average of v).
 TEST_P(DeviceTest, StepAttention) {
@@ -391,7 +392,8 @@ TEST_P(DeviceTest, StepAttention) {
     for (int64_t n : {1, 4, 9}) {
       const int64_t positions = std::min<int64_t>(keys + 2, 129);  // cache rows: T >= P
       std::mt19937 rng(++seed);
-      for (const char* f : {"cache", "cache_dv", "cache_wide", "cache_gqa", "cache_window"}) {
+      for (const char* f :
+           {"cache", "cache_dv", "cache_wide", "cache_gqa", "cache_window", "cache_bias"}) {
         std::vector<ir::Tensor> inputs = random_inputs(
             m, f, {{"N", n}, {"P", keys}, {"T", positions}, {"C", kSlots}, {"V", 2}}, ++seed);
         std::uniform_int_distribution<int64_t> slot(0, kSlots - 1);

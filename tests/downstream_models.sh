@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds examples/models (six models written outside kiln, kiln_add_model ... SOURCES) as
+# Builds examples/models (seven models written outside kiln, kiln_add_model ... SOURCES) as
 # a downstream project against the kiln installed by downstream.sh, and checks each model
 # against its PyTorch golden (max abs error <= 1e-4): through the interpreter (`kiln run`
 # on the .kir the model's generator wrote) and through the compiled library; the GPT model
@@ -19,10 +19,10 @@ fi
 rm -rf "$work" && mkdir -p "$work"
 cmake -S "$models" -B "$work" -G Ninja -DCMAKE_PREFIX_PATH="$prefix" >/dev/null || exit 1
 failed=()
-for m in classifier gpt multilabel transformer llama gpt2; do
-  outputs=$(case $m in classifier) echo "logits probs" ;; gpt | transformer | llama | gpt2) echo logits ;;
+for m in classifier gpt multilabel transformer llama gpt2 t5; do
+  outputs=$(case $m in classifier) echo "logits probs" ;; gpt | transformer | llama | gpt2 | t5) echo logits ;;
             *) echo scores ;; esac)
-  inputs=$([[ $m == transformer ]] && echo src,tgt || echo ids)
+  inputs=$([[ $m == transformer || $m == t5 ]] && echo src,tgt || echo ids)
   # The interpreter, on the IR the user's generator program wrote.
   if cmake --build "$work" --target "${m}_kir" >"$work/$m.kir.log" 2>&1; then
     "$prefix/bin/kiln" run "$work/$m.kiln/$m.input.kir" --weights "$golden/$m.weights.safetensors" \
@@ -43,9 +43,9 @@ for m in classifier gpt multilabel transformer llama gpt2; do
     failed+=("$m (kiln compile)")
   fi
 done
-# The decoder-only models generating (nn::add_causal_lm): greedy, beam 4 and sampling against
-# their twins' search with a KV cache.
-for m in llama gpt2; do
+# The models generating through derived entry points (nn::add_causal_lm, nn::add_seq2seq):
+# greedy, beam 4 and sampling against their twins' search with a KV cache.
+for m in llama gpt2 t5; do
   if [[ "$compiled" != *" $m "* ]]; then
     echo "generation with $m: not checked ($m is not compiled)"
   elif cmake --build "$work" --target "generate_check_$m" >"$work/generate_$m.log" 2>&1; then

@@ -349,6 +349,22 @@ static void add_search_options(CLI::App& app, kiln_search_options& s, bool promp
         ->group(search);
 }
 
+// The options of GeneratorArgs: --compiled, --weights, -o, --threads, --scores.
+static void add_generator_options(CLI::App& app, GeneratorArgs& a, const char* scores) {
+  app.add_option("--compiled", a.compiled,
+                 "the directory 'kiln compile --emit=shared' wrote (its lib*.so)")
+      ->type_name("DIR")
+      ->required();
+  app.add_option("--weights", a.weights, "weights by state_dict name")
+      ->type_name("FILE")
+      ->required();
+  app.add_option("-o", a.output, "write ids, lengths and scores as safetensors")->type_name("FILE");
+  app.add_option("--threads", a.threads, "kernel threads (default: the Halide runtime's)")
+      ->type_name("N")
+      ->check(whole_number(1, 1024));
+  app.add_flag("--scores", a.scores, scores);
+}
+
 std::unique_ptr<CLI::App> translate_command(TranslateArgs& a) {
   auto app = make_command(
       "translate",
@@ -376,26 +392,13 @@ std::unique_ptr<CLI::App> translate_command(TranslateArgs& a) {
       "hypotheses];\nwithout -o and without vocabularies, each hypothesis's ids and score are "
       "printed.");
   app->add_option("TEXT", a.text, "source sentences (with --src-vocab and --tgt-vocab)");
-  app->add_option("--compiled", a.compiled,
-                  "the directory 'kiln compile --emit=shared' wrote (its lib*.so)")
-      ->type_name("DIR")
-      ->required();
-  app->add_option("--weights", a.weights, "weights by state_dict name")
-      ->type_name("FILE")
-      ->required();
+  add_generator_options(*app, a, "with text, print each translation's score too");
   app->add_option("--inputs", a.inputs, "source ids: tensor 'src' I64 or I32 [batch, length]")
       ->type_name("FILE");
   app->add_option("--src-vocab", a.src_vocab, "source vocabulary, one token per line")
       ->type_name("V");
   app->add_option("--tgt-vocab", a.tgt_vocab, "target vocabulary, one token per line")
       ->type_name("V");
-  app->add_option("-o", a.output, "write ids, lengths and scores as safetensors")
-      ->type_name("FILE");
-  app->add_option("--threads", a.threads, "kernel threads (default: the Halide runtime's)")
-      ->type_name("N")
-      ->check(whole_number(1, 1024));
-  app->add_flag("--scores", a.scores, "with text, print each translation's score too");
-
   add_search_options(*app, a.search, /*prompts=*/false);
   return app;
 }
@@ -408,31 +411,20 @@ std::unique_ptr<CLI::App> generate_command(GenerateArgs& a) {
       "[--end-id ID] [--stop-id ID]... [--sampling-topk K] [--top-p X] [--temperature X]\n"
       "[--seed N] [--stream] [--threads N] [--scores] [-o OUT.safetensors]",
       "Continues prompts with a compiled decoder-only model (from 'kiln compile --emit=shared' of\n"
-      "a model built with nn::add_causal_lm), over its prefill and decode_step entry points:\n"
-      "greedy search, beam search or sampling (top-k, top-p, temperature).\n"
+      "a model built with nn::add_causal_lm, over its prefill and decode_step entry points), or\n"
+      "generates from sources with an encoder-decoder (nn::add_seq2seq: prepare and\n"
+      "decode_step): greedy search, beam search or sampling (top-k, top-p, temperature).\n"
       "\n"
       "Input: token ids. Each PROMPT argument, or without any, each line of standard input, is\n"
-      "one prompt: token ids separated by spaces (no tokenizer yet). Prompts of different\n"
-      "lengths run in one batch (up to the model's max_batch at a time).\n"
+      "one prompt (or source): token ids separated by spaces (no tokenizer yet). Prompts of\n"
+      "different lengths run in one batch (up to the model's max_batch at a time).\n"
       "\n"
       "Output: one line per prompt (and per hypothesis with --num-hypotheses): the new token\n"
       "ids, the end token left out; with --stream (greedy or sampling, one prompt) each id is\n"
       "printed as soon as it is chosen. With -o, a safetensors file with 'ids' I64 [batch,\n"
       "hypotheses, max_len] (-1 after each hypothesis), 'lengths' and 'scores'.");
-  app->add_option("PROMPT", a.prompts, "prompts: token ids separated by spaces");
-  app->add_option("--compiled", a.compiled,
-                  "the directory 'kiln compile --emit=shared' wrote (its lib*.so)")
-      ->type_name("DIR")
-      ->required();
-  app->add_option("--weights", a.weights, "weights by state_dict name")
-      ->type_name("FILE")
-      ->required();
-  app->add_option("-o", a.output, "write ids, lengths and scores as safetensors")
-      ->type_name("FILE");
-  app->add_option("--threads", a.threads, "kernel threads (default: the Halide runtime's)")
-      ->type_name("N")
-      ->check(whole_number(1, 1024));
-  app->add_flag("--scores", a.scores, "print each hypothesis's score too");
+  app->add_option("PROMPT", a.prompts, "prompts (or sources): token ids separated by spaces");
+  add_generator_options(*app, a, "print each hypothesis's score too");
   app->add_flag("--stream", a.stream, "print each token as it is chosen (one prompt, beam 1)");
   add_search_options(*app, a.search, /*prompts=*/true, &a.stop_ids);
   return app;

@@ -66,31 +66,30 @@ std::unique_ptr<CLI::App> run_command(RunArgs& args);
 
 // kiln translate's options (kiln-run runs it). The search options are bound to `search`,
 // which kiln_search_options_init fills: the C ABI's defaults are the CLI's and its help's.
-struct TranslateArgs {
+// What kiln translate and kiln generate share: a compiled model, its weights and the search.
+struct GeneratorArgs {
   std::string compiled, weights;               // --compiled DIR, --weights
-  std::string inputs;                          // --inputs
-  std::string src_vocab, tgt_vocab;            // --src-vocab, --tgt-vocab
-  std::vector<std::string> text;               // TEXT...
   std::string output;                          // -o
   int threads = CompiledRunOptions{}.threads;  // --threads
   bool scores = false;                         // --scores
   kiln_search_options search;                  // --beam, --max-len, ...
-  TranslateArgs() { kiln_search_options_init(&search); }
+  GeneratorArgs() { kiln_search_options_init(&search); }
+};
+
+struct TranslateArgs : GeneratorArgs {
+  std::string inputs;                // --inputs
+  std::string src_vocab, tgt_vocab;  // --src-vocab, --tgt-vocab
+  std::vector<std::string> text;     // TEXT...
 };
 std::unique_ptr<CLI::App> translate_command(TranslateArgs& args);
 
 // kiln generate's options (kiln-run runs it): a decoder-only model continues prompts of
-// token ids. Search options as translate's, with --top-p and --stop-id.
-struct GenerateArgs {
-  std::string compiled, weights;               // --compiled DIR, --weights
-  std::vector<std::string> prompts;            // PROMPT...
-  std::string output;                          // -o
-  int threads = CompiledRunOptions{}.threads;  // --threads
-  bool scores = false;                         // --scores
-  bool stream = false;                         // --stream
-  std::vector<int64_t> stop_ids;               // --stop-id
-  kiln_search_options search;                  // --beam, --max-len, ...
-  GenerateArgs() { kiln_search_options_init(&search); }
+// token ids, an encoder–decoder generates from sources of token ids. Search options as
+// translate's, with --stop-id.
+struct GenerateArgs : GeneratorArgs {
+  std::vector<std::string> prompts;  // PROMPT...
+  bool stream = false;               // --stream
+  std::vector<int64_t> stop_ids;     // --stop-id
 };
 std::unique_ptr<CLI::App> generate_command(GenerateArgs& args);
 

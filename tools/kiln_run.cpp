@@ -206,15 +206,19 @@ int cmd_generate(const std::vector<std::string>& argv) {
   GenerateArgs a;
   if (!parse_command(*generate_command(a), argv)) return 0;
   const CompiledGenerator model(a.compiled, a.weights, a.threads);
-  if (model.symbol_max("L") < 0)
+  // A decoder-only model continues prompts (padded with -1); an encoder–decoder generates from
+  // sources (padded with its pad_id, ids checked against the source vocabulary if it names one).
+  const bool causal = model.symbol_max("L") >= 0;
+  const int64_t pad = causal ? -1 : model.config("pad_id");
+  if (!causal && pad < 0)
     fail(
-        "generate: '{}' is not a decoder-only model (built with nn::add_causal_lm); an "
-        "encoder–decoder translates with 'kiln translate'",
+        "generate: '{}' is neither a decoder-only model (nn::add_causal_lm) nor an "
+        "encoder–decoder with a pad_id (nn::add_seq2seq)",
         a.compiled);
   std::vector<std::vector<int64_t>> prompts;
   std::vector<std::string> lines;
   int64_t length = 0;
-  const int64_t vocab = model.config("vocab");
+  const int64_t vocab = model.config(causal ? "vocab" : "src_vocab");
   read_sentences("generate", a.prompts, [&](const std::string& line) {
     const size_t i = prompts.size();
     std::vector<int64_t> ids;
@@ -245,7 +249,7 @@ int cmd_generate(const std::vector<std::string>& argv) {
     fail(
         "generate: --stream prints one prompt's tokens as they come: it needs one prompt, "
         "--beam 1 and no -o");
-  std::vector<int64_t> src(static_cast<size_t>(batch * length), -1);  // -1: the padding
+  std::vector<int64_t> src(static_cast<size_t>(batch * length), pad);
   for (int64_t b = 0; b < batch; ++b)
     std::copy(prompts[b].begin(), prompts[b].end(), src.begin() + b * length);
   a.search.stop_ids = a.stop_ids.data();

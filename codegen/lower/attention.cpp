@@ -112,7 +112,8 @@ void lower_step_attention(FunctionLowering& L, const ir::Op& op) {
                         memory,
                         op.float_attr("scale"),
                         groups == heads ? 0 : groups,
-                        op.has_attr("window") ? op.int_attr("window") : 0};
+                        op.has_attr("window") ? op.int_attr("window") : 0,
+                        !memory && op.operands.size() == 5};
   const ir::ValueId index = op.operands[3];
   if (memory) {
     L.limit_param(index, kt.shape[0], "source row");

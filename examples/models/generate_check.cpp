@@ -1,5 +1,5 @@
-// Generation with a compiled decoder-only example (llama, gpt2: nn::add_causal_lm) against its
-// PyTorch twin's search with a KV cache (make_generate_golden.py, NAME.generate.safetensors):
+// Generation with a compiled example (llama, gpt2: nn::add_causal_lm; t5: nn::add_seq2seq) against
+// its PyTorch twin's search with a KV cache (make_generate_golden.py, NAME.generate.safetensors):
 // greedy search for 32 new tokens and beam search (4 beams, 4 hypotheses) on a batch of
 // prompts of different lengths (-1 padded), ids identical and beam scores within 1e-4; then
 // sampling (top-k 0, top-p 0.9) twice with one seed, which must give the same ids. Exits 1 on
@@ -45,7 +45,8 @@ int main(int argc, char** argv) {
     int same = 0;
     for (int64_t b = 0; b < batch; ++b) same += g[b][0].ids == row(greedy, b);
     std::printf(
-        "%s greedy (32 new tokens, %lld prompts of different lengths): %d of %lld as PyTorch\n",
+        "%s greedy (32 new tokens, %lld prompts or sources of different lengths): %d of %lld as "
+        "PyTorch\n",
         argv[0], static_cast<long long>(batch), same, static_cast<long long>(batch));
     ok = ok && same == batch;
     o.beam_size = 4;
