@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "frontend/seq2seq.h"
+#include "ir/dead_code.h"
 #include "support/error.h"
 
 namespace kiln::nn {
@@ -48,13 +49,11 @@ Tensor repeat_kv(Tensor x, int64_t rep, const dsl::Loc& loc) {
 
 // The pattern fuse-attention turns into one attention op (passes/fuse_attention.h): q [N, Lq,
 // H·dk] against k [N, Lk, G·dk] and v [N, Lk, G·dv]; scores scaled (unless scale is 1), plus
-// `bias`, masked where causal (key > query) or outside the window, and where key_pad [N, Lk]
-// is true; softmax; [N, Lq, H·dv].
+// `bias`, -1e9 where `mask` (bool, broadcasting to [N, H, Lq, Lk]) is true; softmax;
+// [N, Lq, H·dv].
 Tensor attend(Tensor q, Tensor k, Tensor v, int64_t heads, int64_t groups, double scale,
-              bool causal, int64_t window, const Tensor& bias, const Tensor& key_pad,
-              const dsl::Loc& loc) {
-  FunctionBuilder& fb = *q.builder();
-  const Dim N = q.dim(0), Lq = q.dim(1), Lk = k.dim(1), one = Dim::constant(1);
+              const Tensor& bias, const Tensor& mask, const dsl::Loc& loc) {
+  const Dim N = q.dim(0), Lq = q.dim(1);
   const int64_t dv = v.dim(2).value / groups;
   Tensor qh = heads_of(q, heads, false, loc);
   Tensor kt, vh;
@@ -69,19 +68,6 @@ Tensor attend(Tensor q, Tensor k, Tensor v, int64_t heads, int64_t groups, doubl
   Tensor s = dsl::matmul(qh, kt, loc);
   if (scale != 1.0) s = dsl::mul(s, dsl::scalar(s, scale), loc);
   if (bias.valid()) s = dsl::add(s, bias, loc);
-  Tensor mask;
-  if (causal) {
-    Tensor i = dsl::iota(fb, DType::i64, {one, one, Lq, Lk}, 2, loc);
-    Tensor j = dsl::iota(fb, DType::i64, {one, one, Lq, Lk}, 3, loc);
-    mask = dsl::gt(j, i, loc);
-    if (window > 0)
-      mask =
-          dsl::logical_or(mask, dsl::ge(i - j, dsl::scalar(i, static_cast<double>(window))), loc);
-  }
-  if (key_pad.valid()) {
-    Tensor pad = dsl::reshape(key_pad, {key_pad.dim(0), one, one, Lk}, loc);
-    mask = mask.valid() ? dsl::logical_or(pad, mask, loc) : pad;
-  }
   if (mask.valid()) s = dsl::select(mask, dsl::scalar(s, -1e9), s, loc);
   Tensor p = dsl::softmax(s, -1, loc);
   Tensor o = dsl::transpose(dsl::matmul(p, vh, loc), {0, 2, 1, 3}, loc);
@@ -240,8 +226,21 @@ Tensor Decoding::attention(Tensor q, Tensor k, Tensor v, const AttentionSpec& sp
     updated_.push_back(Tensor());  // counts the layer
     updated_.push_back(Tensor());
   }
-  return attend(q, k, v, heads, groups, scale, /*causal=*/true, spec.window, spec.bias, key_pad_,
-                loc);
+  // The causal mask (and window, and the prompt's padding), built once per function and window.
+  Tensor& mask = self_masks_[spec.window];
+  if (!mask.valid()) {
+    const Dim L = q.dim(1), one = Dim::constant(1);
+    Tensor i = dsl::iota(fb, DType::i64, {one, one, L, L}, 2, loc);
+    Tensor j = dsl::iota(fb, DType::i64, {one, one, L, L}, 3, loc);
+    mask = dsl::gt(j, i, loc);
+    if (spec.window > 0)
+      mask = dsl::logical_or(mask, dsl::ge(i - j, dsl::scalar(i, static_cast<double>(spec.window))),
+                             loc);
+    if (key_pad_.valid())
+      mask =
+          dsl::logical_or(dsl::reshape(key_pad_, {key_pad_.dim(0), one, one, L}, loc), mask, loc);
+  }
+  return attend(q, k, v, heads, groups, scale, spec.bias, mask, loc);
 }
 
 Tensor Decoding::cross_attention(Tensor q, const std::function<Tensor(Tensor)>& key,
@@ -296,7 +295,11 @@ Tensor Decoding::cross_attention(Tensor q, const std::function<Tensor(Tensor)>& 
     memory_out_.push_back(v);
   }
   // The cross-attention's pattern: every query sees every source key but the padding.
-  return attend(q, k, v, heads, heads, scale, /*causal=*/false, 0, Tensor(), src_pad_, loc);
+  if (!cross_mask_.valid()) {
+    const Dim one = Dim::constant(1);
+    cross_mask_ = dsl::reshape(src_pad_, {src_pad_.dim(0), one, one, src_pad_.dim(1)}, loc);
+  }
+  return attend(q, k, v, heads, heads, scale, Tensor(), cross_mask_, loc);
 }
 
 void add_causal_lm(dsl::ModelBuilder& mb, const CausalLMConfig& c,
@@ -433,6 +436,7 @@ void add_seq2seq(dsl::ModelBuilder& mb, const Seq2SeqConfig& c,
     db.hidden(ctx, decoder, dsl::iota(f, DType::i64, {B, one}, 1), "prepare");
     for (size_t i = 0; i < ctx.memory_out_.size(); ++i)
       f.output(ctx.memory_out_[i], fmt::format("mem_{}{}", i % 2 ? 'v' : 'k', i / 2));
+    ir::remove_dead_code(f.function());  // the rest of the decoder's run
   }
   {  // decode_step
     FunctionBuilder& f = mb.function("decode_step");

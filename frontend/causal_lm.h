@@ -47,6 +47,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -132,6 +133,8 @@ class Decoding {
   std::vector<dsl::Tensor> cache_in_, memory_in_;
   std::vector<dsl::Tensor> updated_;     // the written caches (k, v, k, v, ...) per attention()
   std::vector<dsl::Tensor> memory_out_;  // prepare: the projected memory per cross_attention()
+  std::map<int64_t, dsl::Tensor> self_masks_;  // forward, prefill: the causal mask per window
+  dsl::Tensor cross_mask_;                     // the source padding [B, 1, 1, S]
   size_t cross_calls_ = 0;
 };
 

@@ -756,7 +756,10 @@ ir::Module build_transformer(const TransformerConfig& c) {
           Tensor e = dsl::gather(f.weight("tgt_embed.weight", {c.tgt_vocab, c.d_model}), tgt);
           x = e *
               static_cast<double>(static_cast<float>(std::sqrt(static_cast<double>(c.d_model))));
-          x = x + dsl::gather(dsl::sinusoid_table(f, c.max_len, c.d_model), ctx.positions());
+          Tensor table = dsl::sinusoid_table(f, c.max_len, c.d_model);
+          // forward: positions 0..T-1, the table's first rows; a step: row pos.
+          x = x + (ctx.mode() == Decoding::Mode::forward ? dsl::slice(table, 0, 0, tgt.dim(1))
+                                                         : dsl::gather(table, ctx.positions()));
         }
         for (int64_t l = 0; l < c.dec_layers; ++l) x = decoder_layer(ctx, c, l, x);
         return LayerNorm{"decoder.norm", c.d_model}(x);

@@ -16,14 +16,6 @@ std::vector<int> def_index(const ir::Function& f) {
   return defs;
 }
 
-std::vector<int> use_counts(const ir::Function& f) {
-  std::vector<int> uses(f.values.size(), 0);
-  for (const ir::Op& op : f.ops)
-    for (ir::ValueId v : op.operands) ++uses[v];
-  for (ir::ValueId r : f.results) ++uses[r];
-  return uses;
-}
-
 UseInfo::UseInfo(const ir::Function& fn)
     : f(fn), defs(def_index(fn)), uses(use_counts(fn)), user(fn.values.size(), -1) {
   for (size_t i = 0; i < fn.ops.size(); ++i)
@@ -69,52 +61,6 @@ ir::ValueId insert_op(ir::Function& f, size_t pos, size_t origin, ir::OpKind kin
   const ir::ValueId id = op.result;
   f.ops.insert(f.ops.begin() + pos, std::move(op));
   return id;
-}
-
-bool remove_dead_code(ir::Function& f) {
-  bool changed = false;
-  std::vector<int> uses = use_counts(f);
-  std::vector<bool> keep(f.ops.size(), true);
-  for (size_t i = f.ops.size(); i-- > 0;) {
-    if (uses[f.ops[i].result] == 0) {
-      keep[i] = false;
-      changed = true;
-      for (ir::ValueId v : f.ops[i].operands) --uses[v];
-    }
-  }
-  if (!changed) return false;
-  std::vector<ir::Op> ops;
-  for (size_t i = 0; i < f.ops.size(); ++i)
-    if (keep[i]) ops.push_back(std::move(f.ops[i]));
-  f.ops = std::move(ops);
-  compact_values(f);
-  return true;
-}
-
-void compact_values(ir::Function& f) {
-  std::vector<ir::ValueId> remap(f.values.size(), -1);
-  std::vector<ir::Value> values;
-  auto take = [&](ir::ValueId v) {
-    if (remap[v] < 0) {
-      remap[v] = static_cast<ir::ValueId>(values.size());
-      values.push_back(std::move(f.values[v]));
-    }
-  };
-  for (ir::ValueId p : f.params) take(p);
-  for (const ir::Op& op : f.ops) take(op.result);
-  for (ir::ValueId& p : f.params) p = remap[p];
-  for (ir::Op& op : f.ops) {
-    op.result = remap[op.result];
-    for (ir::ValueId& v : op.operands) {
-      KILN_ASSERT(remap[v] >= 0, "operand refers to a removed value");
-      v = remap[v];
-    }
-  }
-  for (ir::ValueId& r : f.results) {
-    KILN_ASSERT(remap[r] >= 0, "result refers to a removed value");
-    r = remap[r];
-  }
-  f.values = std::move(values);
 }
 
 namespace {

@@ -9,14 +9,17 @@
 
 #include <fmt/format.h>
 
+#include "ir/dead_code.h"
 #include "ir/ir.h"
 
 namespace kiln::passes {
 
 // Index of the op defining each value (-1 for parameters and undefined values).
 std::vector<int> def_index(const ir::Function& f);
-// How many times each value is used: as an operand (once per occurrence) or a result.
-std::vector<int> use_counts(const ir::Function& f);
+// use_counts, remove_dead_code and compact_values (ir/dead_code.h).
+using ir::compact_values;
+using ir::remove_dead_code;
+using ir::use_counts;
 // The op defining `v`, or nullptr for a parameter.
 const ir::Op* def_op(const ir::Function& f, const std::vector<int>& defs, ir::ValueId v);
 
@@ -48,13 +51,6 @@ ir::Op make_op(ir::Function& f, const ir::Op& origin, ir::OpKind kind,
 // Inserts make_op(f, f.ops[origin], ...) before position `pos`; returns its value.
 ir::ValueId insert_op(ir::Function& f, size_t pos, size_t origin, ir::OpKind kind,
                       std::vector<ir::ValueId> operands, ir::TensorType type, ir::Attrs attrs = {});
-
-// Removes ops whose results are unused (transitively), then drops values that are no
-// longer defined and renumbers the rest in order. Returns whether anything changed.
-bool remove_dead_code(ir::Function& f);
-
-// Renumbers values so that only parameters and op results remain, in their order.
-void compact_values(ir::Function& f);
 
 // Clears fuse-elementwise's marks (ir::Op::fused) in a function a pass rewrote: they were
 // decided for the old readers and may break verifier V12 now (fuse-elementwise, later in the

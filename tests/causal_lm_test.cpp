@@ -23,6 +23,7 @@
 #include <gtest/gtest.h>
 
 #include "error_of.h"
+#include "example_golden.h"
 #include "frontend/causal_lm.h"
 #include "frontend/nn.h"
 #include "gpt2_small.h"
@@ -39,11 +40,11 @@
 namespace kiln {
 namespace {
 
+using testing::golden;
+using testing::golden_row;
 using ::testing::HasSubstr;
-
-std::string golden(const std::string& file) {
-  return std::string(KILN_EXAMPLE_GOLDEN) + "/" + file;
-}
+using testing::max_diff;
+using testing::read;
 
 // One example model: its IR (what its generator wrote), weights, compiled library, vocabulary.
 struct Example {
@@ -91,22 +92,6 @@ class CausalLM : public ::testing::TestWithParam<std::string> {
   const ir::Function& function(const std::string& f) { return ex().function(f); }
   std::string file(const std::string& kind) { return GetParam() + "." + kind + ".safetensors"; }
 };
-
-ir::Tensor read(const std::string& file, const std::string& name) {
-  rt::SafeTensors st = rt::SafeTensors::load(golden(file));
-  const rt::TensorInfo* t = st.find(name);
-  if (!t) throw std::runtime_error("no tensor " + name);
-  if (t->dtype == rt::DType::f32) return ir::Tensor::from_f32(t->shape, st.to_f32(*t));
-  return ir::Tensor::from_ints(ir::DType::i64, t->shape, st.to_i64(*t));
-}
-
-double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
-    worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]));
-  return worst;
-}
 
 // The prompts of the golden file: rows of ids, -1 padded.
 std::vector<std::vector<int64_t>> prompts(const std::string& name) {
@@ -271,14 +256,6 @@ std::vector<std::vector<int64_t>> first_hypotheses(
   std::vector<std::vector<int64_t>> ids;
   for (const auto& h : out) ids.push_back(h.at(0).ids);
   return ids;
-}
-
-std::vector<int64_t> golden_row(const ir::Tensor& t, int64_t row) {
-  const int64_t width = t.shape.back();
-  std::vector<int64_t> out;
-  for (int64_t j = 0; j < width; ++j)
-    if (t.ints[row * width + j] >= 0) out.push_back(t.ints[row * width + j]);
-  return out;
 }
 
 TEST_P(CausalLM, GreedyAndBeamMatchTheTwinsSearchWithAKVCache) {

@@ -21,6 +21,7 @@
 #include <gtest/gtest.h>
 
 #include "error_of.h"
+#include "example_golden.h"
 #include "frontend/seq2seq.h"
 #include "ir/interpreter.h"
 #include "ir/parser.h"
@@ -35,27 +36,11 @@
 namespace kiln {
 namespace {
 
+using testing::golden;
+using testing::golden_row;
 using ::testing::HasSubstr;
-
-std::string golden(const std::string& file) {
-  return std::string(KILN_EXAMPLE_GOLDEN) + "/" + file;
-}
-
-ir::Tensor read(const std::string& file, const std::string& name) {
-  rt::SafeTensors st = rt::SafeTensors::load(golden(file));
-  const rt::TensorInfo* t = st.find(name);
-  if (!t) throw std::runtime_error("no tensor " + name);
-  if (t->dtype == rt::DType::f32) return ir::Tensor::from_f32(t->shape, st.to_f32(*t));
-  return ir::Tensor::from_ints(ir::DType::i64, t->shape, st.to_i64(*t));
-}
-
-double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double worst = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
-    worst = std::max(worst, std::abs(static_cast<double>(a[i]) - b[i]));
-  return worst;
-}
+using testing::max_diff;
+using testing::read;
 
 class T5 : public ::testing::Test {
  protected:
@@ -210,14 +195,6 @@ TEST_F(T5, StepsMatchForward) {
             << (compiled ? "compiled" : "interpreted") << " step " << t << ", sentence " << b;
     }
   }
-}
-
-std::vector<int64_t> golden_row(const ir::Tensor& t, int64_t row) {
-  const int64_t width = t.shape.back();
-  std::vector<int64_t> out;
-  for (int64_t j = 0; j < width; ++j)
-    if (t.ints[row * width + j] >= 0) out.push_back(t.ints[row * width + j]);
-  return out;
 }
 
 // kiln_generate on the padded batch of sources against the twin's searches, source by source.
