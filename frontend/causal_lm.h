@@ -18,11 +18,14 @@
 //       cache), -1 where there is none (the prompt's padding); P = pos + 1.
 //
 // In every entry point, ctx.positions() gives each token's position in its own sequence
-// (i64 [N, L]: 0 at the first prompt token), for learned or rotary position embeddings, and
+// (i64 [N or 1, L]: 0 at the first prompt token), for learned or rotary position embeddings, and
 // ctx.attention() is the layer's causal self-attention: the fused attention op in forward
 // and prefill (the caches written beside it), cache_write + cache_attention in decode_step.
-// Caches are declared by the attention calls, one pair per call, in call order (the layers'
-// order): cache_k<l>, cache_v<l> of shape [T, C, kv_heads·d_head].
+// Each attention call has its pair of caches, in call order (the layers' order): cache_k<l>,
+// cache_v<l> of shape [T, C, kv_heads·d_head]. forward's run of the body records them; prefill
+// and decode_step declare them from that record before their run, which must make the same
+// calls. AttentionSpec::bias, computed from ctx.positions() and ctx.key_positions(), reaches
+// the fused attention and cache_attention alike.
 //
 // Symbols: B (max max_batch), T (max max_len) and N, C (max max_batch·max_beam), L and P
 // (max max_len). The module config gets `generation = causal_lm`, `vocab`, `max_beam`,
