@@ -69,21 +69,17 @@ void lower_cache_write(FunctionLowering& L, const ir::Op& op) {
   const ir::TensorType& ct = f.type(cache);
   L.fd.results[static_cast<size_t>(r->second)].updates_param = p->second;
   const ir::TensorType& xt = f.type(op.operands[1]);
+  const std::string& x_name = f.values[op.operands[1]].name;
+  const std::string x_label = x_name.empty() ? passes::value_label(f, op.operands[1]) : x_name;
   if (at_pos)
     L.limit_param(op.operands[2], ct.shape[0], "position");
   else
     L.check_le(
         xt.shape[1], ct.shape[0],
-        fmt::format("the positions of '{}' must fit in cache '{}'",
-                    f.values[op.operands[1]].name.empty() ? passes::value_label(f, op.operands[1])
-                                                          : f.values[op.operands[1]].name,
-                    f.values[cache].name));
-  L.check_le(
-      xt.shape[0], ct.shape[1],
-      fmt::format("the rows of '{}' must fit in the slots of cache '{}'",
-                  f.values[op.operands[1]].name.empty() ? passes::value_label(f, op.operands[1])
-                                                        : f.values[op.operands[1]].name,
-                  f.values[cache].name));
+        fmt::format("the positions of '{}' must fit in cache '{}'", x_label, f.values[cache].name));
+  L.check_le(xt.shape[0], ct.shape[1],
+             fmt::format("the rows of '{}' must fit in the slots of cache '{}'", x_label,
+                         f.values[cache].name));
   View out = L.output_view(op);
   rt::StepDesc st{-1, fmt::format("cache_write %{}", op.result), {}, rt::Builtin::cache_write};
   // x's rows (d, n·L) seen as (d, l, n): rows_arg keeps a uniform row stride.
