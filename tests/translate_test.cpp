@@ -17,9 +17,11 @@
 #include <random>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -44,6 +46,15 @@ std::vector<std::string> read_lines(const std::string& path) {
   std::ifstream in(path);
   std::vector<std::string> out;
   for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (size_t end; (end = text.find('\n', start)) != std::string::npos; start = end + 1)
+    out.push_back(text.substr(start, end - start));
+  if (start < text.size()) out.push_back(text.substr(start));
   return out;
 }
 
@@ -170,24 +181,28 @@ TEST_F(TranslateTest, NonFiniteLogitsAreAnErrorNamingTheSentenceAndStep) {
   const float kNan = std::numeric_limits<float>::quiet_NaN();
   const float kInf = std::numeric_limits<float>::infinity();
   std::mt19937 rng(31);
-  // A NaN or +inf in the generator's bias: token v's logit, every row, the first step.
+  // A NaN or +inf in the generator's bias: token v's logit, every row, the first step. The
+  // seven sentences are one batch, sorted by length: the error names its first row, the
+  // shortest sentence (the first of the shortest).
+  size_t shortest = 0;
+  for (size_t i = 0; i < examples.size(); ++i)
+    if (examples[i].size() < examples[shortest].size()) shortest = i;
   for (int trial = 0; trial < 6; ++trial) {
     const int64_t v = std::uniform_int_distribution<int64_t>(0, 12)(rng);
     const float value = trial % 2 ? kInf : kNan;
     const std::string w =
         weights_with("generator.bias", [&](std::vector<float>& b) { b[v] = value; });
     const std::string beam = trial % 3 == 0 ? "2" : "1";
-    const testing::CliResult r =
-        text(src, tgt, {"--beam", beam}, {.input_path = kNumbers + "examples.txt"}, w);
+    const testing::CliResult r = text(src, tgt, {"--beam", beam, "--max-batch-tokens", "1000"},
+                                      {.input_path = kNumbers + "examples.txt"}, w);
     EXPECT_EQ(r.status, 1);
-    EXPECT_EQ(r.output, fmt::format("kiln: error: translate: sentence 1 'three hundred and "
-                                    "twelve': non-finite logit at step 0 of batch row 0: token "
-                                    "{} has logit {} (the model's weights or its input hold NaN "
-                                    "or infinity)\n",
-                                    v, value));
+    EXPECT_EQ(r.output, fmt::format("kiln: error: translate: sentence {} {}: non-finite logit at "
+                                    "step 0 of batch row 0: token {} has logit {} (the model's "
+                                    "weights or its input hold NaN or infinity)\n",
+                                    shortest + 1, quote(examples[shortest]), v, value));
   }
-  // NaN in the source embedding of 'x' ("six"), in one sentence of 40 (two chunks of the
-  // model's max_batch 32): that sentence's row, named by its place in the input.
+  // NaN in the source embedding of 'x' ("six"), in one sentence of 40 (two batches or more):
+  // that sentence, named by its place in the input (and its row in the batch it ran in).
   std::vector<std::string> plain, with_x;
   for (const std::string& line : read_lines(kNumbers + "heldout.tsv")) {
     const std::string s = line.substr(0, line.find('\t'));
@@ -207,11 +222,19 @@ TEST_F(TranslateTest, NonFiniteLogitsAreAnErrorNamingTheSentenceAndStep) {
     for (const std::string& s : batch) input += s + "\n";
     const testing::CliResult r = text(src, tgt, {}, {.input = input}, w);
     EXPECT_EQ(r.status, 1);
-    EXPECT_EQ(r.output,
-              fmt::format("kiln: error: translate: sentence {} {}: non-finite logit at step 0 of "
-                          "batch row {}: token 0 has logit nan (the model's weights or its input "
-                          "hold NaN or infinity)\n",
-                          k + 1, quote(batch[k]), k % 32));
+    const std::string head = fmt::format(
+        "kiln: error: translate: sentence {} {}: non-finite logit at step 0 of batch row ", k + 1,
+        quote(batch[k]));
+    const std::string tail =
+        ": token 0 has logit nan (the model's weights or its input hold NaN or infinity)\n";
+    ASSERT_GT(r.output.size(), head.size() + tail.size()) << r.output;
+    EXPECT_EQ(r.output.substr(0, head.size()), head);
+    EXPECT_EQ(r.output.substr(r.output.size() - tail.size()), tail);
+    const std::string row =
+        r.output.substr(head.size(), r.output.size() - head.size() - tail.size());
+    EXPECT_TRUE(!row.empty() && row.size() <= 2 && std::all_of(row.begin(), row.end(), [](char c) {
+      return c >= '0' && c <= '9';
+    })) << r.output;
   }
   // Source ids (--inputs) instead of text: the row of 'src' that holds the token, over two
   // chunks.
@@ -243,24 +266,31 @@ TEST_F(TranslateTest, NonFiniteLogitsAreAnErrorNamingTheSentenceAndStep) {
     const size_t begin = at + line.size() + 4;
     outputs.push_back(clean.output.substr(begin, clean.output.find('\n', begin) - begin));
   }
+  // The seven sentences run as one batch sorted by length (stable): row r holds sentence
+  // order[r].
+  std::vector<size_t> order(examples.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return examples[a].size() < examples[b].size(); });
   for (char digit : std::string("0123456789")) {
     size_t step = std::string::npos, row = 0;
-    for (size_t b = 0; b < outputs.size(); ++b) {
-      const size_t j = outputs[b].find(digit);
-      if (j != std::string::npos && j + 1 < step) step = j + 1, row = b;
+    for (size_t r = 0; r < order.size(); ++r) {
+      const size_t j = outputs[order[r]].find(digit);
+      if (j != std::string::npos && j + 1 < step) step = j + 1, row = r;
     }
     if (step == std::string::npos) continue;
     const int64_t id = std::find(tgt_.begin(), tgt_.end(), std::string(1, digit)) - tgt_.begin();
     const std::string wd = weights_with("tgt_embed.weight", [&](std::vector<float>& e) {
       for (int d = 0; d < 64; ++d) e[id * 64 + d] = kNan;
     });
-    const testing::CliResult r = text(src, tgt, {}, {.input_path = kNumbers + "examples.txt"}, wd);
+    const testing::CliResult r = text(src, tgt, {"--max-batch-tokens", "1000"},
+                                      {.input_path = kNumbers + "examples.txt"}, wd);
     EXPECT_EQ(r.status, 1);
     EXPECT_EQ(r.output,
               fmt::format("kiln: error: translate: sentence {} {}: non-finite logit at step {} of "
                           "batch row {}: token 0 has logit nan (the model's weights or its input "
                           "hold NaN or infinity)\n",
-                          row + 1, quote(examples[row]), step, row))
+                          order[row] + 1, quote(examples[order[row]]), step, row))
         << digit;
   }
 }
@@ -398,6 +428,170 @@ TEST_F(TranslateTest, OptionValuesAreCheckedAndQuotedShort) {
                           quote("--" + value)));
     EXPECT_LT(r.output.size(), 200u);
   }
+}
+
+// The batcher's options: a budget below 1, no worker or more workers than kernel threads
+// are errors naming the option.
+TEST_F(TranslateTest, BatchOptionsAreChecked) {
+  for (const std::string& v : {"0", "-3", "2x", ""}) {
+    const testing::CliResult r = translate({"--inputs", "x.safetensors", "--max-batch-tokens", v});
+    EXPECT_EQ(r.status, 1);
+    EXPECT_EQ(r.output, fmt::format("kiln: error: translate: --max-batch-tokens must be a whole "
+                                    "number in [1, 9223372036854775807], got '{}'\n",
+                                    v));
+  }
+  for (const std::string& v : {"0", "-1", "1025"}) {
+    const testing::CliResult r = translate({"--inputs", "x.safetensors", "--inter-threads", v});
+    EXPECT_EQ(r.status, 1);
+    EXPECT_EQ(r.output, fmt::format("kiln: error: translate: --inter-threads must be a whole "
+                                    "number in [1, 1024], got '{}'\n",
+                                    v));
+  }
+  const testing::CliResult r =
+      translate({"--inputs", "x.safetensors", "--threads", "2", "--inter-threads", "3"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.output,
+            "kiln: error: translate: --inter-threads 3 is more than the 2 kernel threads "
+            "(--threads), which the workers share: give at most 2\n");
+}
+
+// A file of a few hundred sentences of mixed lengths (the held-out set, whose references the
+// model translates exactly) translated in batches grouped by length, small token budgets and
+// two workers included, prints what translating each sentence alone prints, line for line
+// and in the input's order: the same translations, and with beam search the same hypotheses
+// and scores.
+TEST_F(TranslateTest, BatchesGiveTheSameTranslationsInTheInputOrder) {
+  const std::string src = kNumbers + "vocab.src.txt", tgt = kNumbers + "vocab.tgt.txt";
+  std::vector<std::string> sources, expected;
+  for (const std::string& line : read_lines(kNumbers + "heldout.tsv")) {
+    const size_t tab = line.find('\t');
+    sources.push_back(line.substr(0, tab));
+    expected.push_back(line.substr(0, tab) + " -> " + line.substr(tab + 1));
+  }
+  // 300 of them, short ones (tens, hundreds) among the long ones.
+  sources.resize(280);
+  expected.resize(280);
+  const std::vector<std::pair<int, std::string>> short_ones = {
+      {5, "five"},
+      {12, "twelve"},
+      {40, "forty"},
+      {99, "ninety-nine"},
+      {100, "one hundred"},
+      {101, "one hundred and one"},
+      {310, "three hundred and ten"},
+      {999, "nine hundred and ninety-nine"},
+      {7, "seven"},
+      {70, "seventy"},
+      {17, "seventeen"},
+      {700, "seven hundred"},
+      {1000, "one thousand"},
+      {2000, "two thousand"},
+      {19, "nineteen"},
+      {90, "ninety"},
+      {9, "nine"},
+      {13, "thirteen"},
+      {600, "six hundred"},
+      {15, "fifteen"}};
+  for (const auto& [n, w] : short_ones) {
+    const size_t at = static_cast<size_t>(n * 7919) % sources.size();
+    sources.insert(sources.begin() + static_cast<std::ptrdiff_t>(at), w);
+    expected.insert(expected.begin() + static_cast<std::ptrdiff_t>(at),
+                    w + " -> " + std::to_string(n));
+  }
+  ASSERT_EQ(sources.size(), 300u);
+  const std::string input = write("sources.txt", sources);
+  auto run = [&](std::vector<std::string> extra) {
+    const testing::CliResult r = text(src, tgt, extra, {.input_path = input});
+    EXPECT_EQ(r.status, 0) << r.output;
+    return r.output;
+  };
+  // Each sentence alone (a budget of 1 token): the reference.
+  const std::string alone = run({"--max-batch-tokens", "1", "--inter-threads", "1"});
+  std::string want;
+  for (const std::string& e : expected) want += e + "\n";
+  EXPECT_EQ(alone, want);
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{"--max-batch-tokens", "60", "--inter-threads", "2"},
+        std::vector<std::string>{"--max-batch-tokens", "200", "--inter-threads", "2"},
+        std::vector<std::string>{"--max-batch-tokens", "100000", "--inter-threads", "1"},
+        std::vector<std::string>{"--max-batch-tokens", "100000", "--inter-threads", "2",
+                                 "--threads", "2"},
+        std::vector<std::string>{}}) {
+    const std::string got = run(extra);
+    const std::vector<std::string> got_lines = split_lines(got);
+    const std::vector<std::string> alone_lines = split_lines(alone);
+    ASSERT_EQ(got_lines.size(), alone_lines.size()) << fmt::format("{}", fmt::join(extra, " "));
+    for (size_t i = 0; i < got_lines.size(); ++i)
+      EXPECT_EQ(got_lines[i], alone_lines[i])
+          << "line " << i + 1 << " with " << fmt::format("{}", fmt::join(extra, " "));
+  }
+  // Beam search, two hypotheses each, with scores: the same hypotheses; the scores the same
+  // up to float rounding (a sentence padded to another length sums its attention in another
+  // order: printed with 4 decimals, the last may differ by one).
+  const std::vector<std::string> beam = {"--beam", "3", "--num-hypotheses", "2", "--scores"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), beam.begin(), beam.end());
+    return extra;
+  };
+  const std::vector<std::string> beam_alone =
+      split_lines(run(with({"--max-batch-tokens", "1", "--inter-threads", "1"})));
+  ASSERT_EQ(beam_alone.size(), 600u);
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{"--max-batch-tokens", "150", "--inter-threads", "2"},
+        std::vector<std::string>{}}) {
+    const std::vector<std::string> got = split_lines(run(with(extra)));
+    ASSERT_EQ(got.size(), beam_alone.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      const size_t a = got[i].rfind("  (score "), b = beam_alone[i].rfind("  (score ");
+      ASSERT_NE(a, std::string::npos) << got[i];
+      ASSERT_NE(b, std::string::npos) << beam_alone[i];
+      EXPECT_EQ(got[i].substr(0, a), beam_alone[i].substr(0, b)) << "line " << i + 1;
+      EXPECT_NEAR(std::stod(got[i].substr(a + 9)), std::stod(beam_alone[i].substr(b + 9)), 1.5e-4)
+          << "line " << i + 1;
+    }
+  }
+}
+
+// Source ids (--inputs, padded with the model's pad_id) in batches: the same ids, lengths and
+// scores (-o) as each row alone, in the rows' order.
+TEST_F(TranslateTest, BatchesOfSourceIdsGiveTheSameIds) {
+  const kiln::Vocabulary vocab = kiln::Vocabulary::load(kNumbers + "vocab.src.txt");
+  std::vector<std::vector<int64_t>> rows;
+  for (const std::string& line : read_lines(kNumbers + "heldout.tsv"))
+    if (rows.size() < 90) rows.push_back(vocab.encode(line.substr(0, line.find('\t'))));
+  rows.push_back(vocab.encode("six"));
+  rows.push_back(vocab.encode("forty-one"));
+  size_t width = 0;
+  for (const auto& r : rows) width = std::max(width, r.size());
+  std::vector<int64_t> ids(rows.size() * width, 0);  // pad_id 0
+  for (size_t i = 0; i < rows.size(); ++i)
+    std::copy(rows[i].begin(), rows[i].end(), ids.begin() + static_cast<std::ptrdiff_t>(i * width));
+  rt::write_safetensors(
+      path("in.safetensors"),
+      {rt::make_i64("src", {static_cast<int64_t>(rows.size()), static_cast<int64_t>(width)}, ids)});
+  auto run = [&](const std::string& out, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"--inputs", path("in.safetensors"), "-o", path(out)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const testing::CliResult r = translate(args);
+    EXPECT_EQ(r.status, 0) << r.output;
+    return rt::SafeTensors::load(path(out));
+  };
+  const rt::SafeTensors alone = run("alone.safetensors", {"--max-batch-tokens", "1"});
+  const rt::SafeTensors batched =
+      run("batched.safetensors", {"--max-batch-tokens", "300", "--inter-threads", "2"});
+  for (const char* name : {"ids", "lengths"}) {
+    EXPECT_EQ(batched.at(name).shape, alone.at(name).shape) << name;
+    EXPECT_EQ(batched.to_i64(batched.at(name)), alone.to_i64(alone.at(name))) << name;
+  }
+  // Scores up to float rounding (measured: 1e-6 relative).
+  const std::vector<float> got = batched.to_f32(batched.at("scores")),
+                           want = alone.to_f32(alone.at("scores"));
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_NEAR(got[i], want[i], 1e-5 * std::max(1.0f, std::abs(want[i]))) << "row " << i;
+  EXPECT_EQ(alone.at("ids").shape[0], static_cast<int64_t>(rows.size()));
+  // Row 90 ("six") generated "6" and its end token.
+  EXPECT_EQ(alone.to_i64(alone.at("lengths"))[90], 1);
 }
 
 }  // namespace

@@ -350,7 +350,10 @@ static void add_search_options(CLI::App& app, kiln_search_options& s, bool promp
 }
 
 // The options of GeneratorArgs: --compiled, --weights, -o, --threads, --scores.
-static void add_generator_options(CLI::App& app, GeneratorArgs& a, const char* scores) {
+static void add_generator_options(CLI::App& app, GeneratorArgs& a, const char* scores,
+                                  const char* threads =
+                                      "kernel threads (default: the Halide "
+                                      "runtime's)") {
   app.add_option("--compiled", a.compiled,
                  "the directory 'kiln compile --emit=shared' wrote (its lib*.so)")
       ->type_name("DIR")
@@ -359,9 +362,7 @@ static void add_generator_options(CLI::App& app, GeneratorArgs& a, const char* s
       ->type_name("FILE")
       ->required();
   app.add_option("-o", a.output, "write ids, lengths and scores as safetensors")->type_name("FILE");
-  app.add_option("--threads", a.threads, "kernel threads (default: the Halide runtime's)")
-      ->type_name("N")
-      ->check(whole_number(1, 1024));
+  app.add_option("--threads", a.threads, threads)->type_name("N")->check(whole_number(1, 1024));
   app.add_flag("--scores", a.scores, scores);
 }
 
@@ -373,7 +374,8 @@ std::unique_ptr<CLI::App> translate_command(TranslateArgs& a) {
       "[--beam N] [--num-hypotheses N] [--max-len N] [--min-len N]\n"
       "[--length-penalty X] [--start-id ID] [--end-id ID]\n"
       "[--sampling-topk K] [--top-p X] [--temperature X] [--seed N]\n"
-      "[--threads N] [--scores] [-o OUT.safetensors]",
+      "[--threads N] [--inter-threads N] [--max-batch-tokens N] [--scores]\n"
+      "[-o OUT.safetensors]",
       "Generates target sentences with a compiled model (from 'kiln compile --emit=shared'), "
       "over\nits prepare and decode_step entry points: greedy search, beam search or sampling.\n"
       "\n"
@@ -387,18 +389,41 @@ std::unique_ptr<CLI::App> translate_command(TranslateArgs& a) {
       "a sentence of 1048576 bytes, 100000 lines of standard input. Text that is not UTF-8 and\n"
       "a NaN or infinite logit are errors.\n"
       "\n"
+      "Batches: the sentences are sorted by length and cut into batches of at most\n"
+      "--max-batch-tokens tokens (rows times the batch's longest source) and the model's\n"
+      "max_batch rows; --inter-threads batches are translated at once, each on a worker of its\n"
+      "own with --threads / --inter-threads kernel threads. The output keeps the input's order\n"
+      "and holds the same translations as translating each sentence alone (scores may differ\n"
+      "in a float's last bits; sampling starts from --seed in each batch, so its samples depend\n"
+      "on the batches). An error names a sentence of the first batch that failed.\n"
+      "\n"
       "Output: with -o, a safetensors file with 'ids' I64 [batch, hypotheses, max_len] (-1 "
       "after\neach hypothesis), 'lengths' I64 [batch, hypotheses] and 'scores' F32 [batch, "
       "hypotheses];\nwithout -o and without vocabularies, each hypothesis's ids and score are "
       "printed.");
   app->add_option("TEXT", a.text, "source sentences (with --src-vocab and --tgt-vocab)");
-  add_generator_options(*app, a, "with text, print each translation's score too");
+  add_generator_options(*app, a, "with text, print each translation's score too",
+                        "kernel threads in all, shared by the --inter-threads workers (default: "
+                        "the number of CPUs)");
   app->add_option("--inputs", a.inputs, "source ids: tensor 'src' I64 or I32 [batch, length]")
       ->type_name("FILE");
   app->add_option("--src-vocab", a.src_vocab, "source vocabulary, one token per line")
       ->type_name("V");
   app->add_option("--tgt-vocab", a.tgt_vocab, "target vocabulary, one token per line")
       ->type_name("V");
+  app->add_option("--max-batch-tokens", a.max_batch_tokens,
+                  "a batch holds at most N tokens: its rows times its longest source (a longer "
+                  "sentence runs alone)")
+      ->type_name("N")
+      ->check(whole_number(1, INT64_MAX))
+      ->capture_default_str();
+  app->add_option("--inter-threads", a.inter_threads,
+                  "batches translated at once, each by a worker with --threads / N kernel "
+                  "threads; at most --threads (without it, at most the number of CPUs)")
+      ->type_name("N")
+      ->check(whole_number(1, 1024))
+      ->capture_default_str()
+      ->each([&a](const std::string&) { a.inter_threads_given = true; });
   add_search_options(*app, a.search, /*prompts=*/false);
   return app;
 }

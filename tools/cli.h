@@ -80,6 +80,11 @@ struct TranslateArgs : GeneratorArgs {
   std::string inputs;                // --inputs
   std::string src_vocab, tgt_vocab;  // --src-vocab, --tgt-vocab
   std::vector<std::string> text;     // TEXT...
+  // The batching of the sentences (runtime/batcher.h); the defaults are the setting measured
+  // fastest on 2 cores (bench/README.md, "kiln translate on a whole file").
+  int64_t max_batch_tokens = 1024;   // --max-batch-tokens
+  int inter_threads = 2;             // --inter-threads
+  bool inter_threads_given = false;  // --inter-threads was on the command line
 };
 std::unique_ptr<CLI::App> translate_command(TranslateArgs& args);
 

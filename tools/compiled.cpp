@@ -215,6 +215,10 @@ int64_t CompiledGenerator::symbol_max(const char* symbol) const {
   return loaded_->symbol_max(loaded_->model.get(), symbol);
 }
 
+void CompiledGenerator::set_threads(int threads) const {
+  loaded_->api.set_num_threads(loaded_->model.get(), std::max(threads, 1));
+}
+
 Generated CompiledGenerator::generate(const std::vector<int64_t>& src, int64_t batch,
                                       int64_t length, const kiln_search_options& search,
                                       const std::function<std::string(int64_t)>& sentence,

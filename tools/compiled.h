@@ -47,6 +47,8 @@ class CompiledGenerator {
   int64_t config(const char* key) const;
   // The declared maximum of a shape symbol ("B", "S"), or -1.
   int64_t symbol_max(const char* symbol) const;
+  // Sets the kernel threads (kiln_model_set_num_threads: process-wide, at least 1).
+  void set_threads(int threads) const;
   // kiln_generate on source ids [batch, length] with `search` (its callback is not used), in
   // chunks of the model's max_batch sentences. A refused chunk is a kiln::Error with the
   // runtime's message; where it names a batch row, `sentence(i)` describes the input's

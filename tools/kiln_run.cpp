@@ -6,17 +6,21 @@
 #include <algorithm>
 #include <charconv>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <iostream>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "kiln/vocab.h"
+#include "runtime/batcher.h"
 #include "support/error.h"
 #include "tools/cli.h"
 #include "tools/compiled.h"
@@ -103,6 +107,84 @@ std::vector<int64_t> hypothesis_ids(const Generated& g, int64_t at) {
   return {g.ids.begin() + at * g.max_length, g.ids.begin() + at * g.max_length + g.lengths[at]};
 }
 
+// The kernel threads in all for translate: --threads, else HL_NUM_THREADS, else the CPUs (the
+// runtime's thread pool's default, runtime/thread_pool.h).
+int total_kernel_threads(int threads) {
+  if (threads > 0) return threads;
+  if (const char* env = std::getenv("HL_NUM_THREADS"); env && *env) {
+    int v = 0;
+    auto [end, ec] = std::from_chars(env, env + std::strlen(env), v);
+    if (ec == std::errc() && !*end && v >= 1 && v <= 256) return v;
+  }
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+// Generates for the rows of `src` [batch, width] (row i holds lengths[i] ids, then padding)
+// in batches grouped by length (runtime/batcher.h: at most `max_batch_tokens` tokens and the
+// model's max_batch rows each, padded with `pad` to their longest row), `workers` batches at
+// once (fewer where there are fewer batches), which share `threads` kernel threads (0: leave
+// the model's setting alone). The result is in the rows' order, the same translations as
+// each row alone gives; an error is the first failing batch's, naming its sentence with
+// `sentence(i)`.
+Generated generate_batched(const CompiledGenerator& model, const std::vector<int64_t>& src,
+                           int64_t batch, int64_t width, const std::vector<int64_t>& lengths,
+                           int64_t pad, int64_t max_batch_tokens, int workers, int threads,
+                           const kiln_search_options& search,
+                           const std::function<std::string(int64_t)>& sentence) {
+  struct Row {
+    int64_t hypotheses = 0, max_length = 0;
+    std::vector<int64_t> ids, lengths;  // [hypotheses, max_length], [hypotheses]
+    std::vector<float> scores;          // [hypotheses]
+  };
+  const int64_t max_batch = model.symbol_max("B");
+  const rt::BatchLimits limits{max_batch_tokens, std::max<int64_t>(max_batch, 0), 0};
+  // A file of one batch (one sentence, say) runs on one worker with every kernel thread.
+  workers = static_cast<int>(
+      std::min<size_t>(static_cast<size_t>(workers), rt::group_by_length(lengths, limits).size()));
+  if (threads > 0) model.set_threads(threads / std::max(workers, 1));
+  std::vector<Row> rows;
+  try {
+    rows = rt::run_batched<Row>(lengths, limits, workers, [&](const rt::Batch& b) {
+      const int64_t n = static_cast<int64_t>(b.requests.size());
+      const int64_t length = std::max<int64_t>(b.length, 1);
+      std::vector<int64_t> ids(static_cast<size_t>(n * length), pad);
+      for (int64_t r = 0; r < n; ++r) {
+        const int64_t i = static_cast<int64_t>(b.requests[r]);
+        std::copy(src.begin() + i * width, src.begin() + i * width + std::min(width, length),
+                  ids.begin() + r * length);
+      }
+      const Generated g = model.generate(ids, n, length, search, [&](int64_t row) {
+        return sentence(static_cast<int64_t>(b.requests[static_cast<size_t>(row)]));
+      });
+      std::vector<Row> out(static_cast<size_t>(n));
+      const int64_t h = g.hypotheses, m = g.max_length;
+      for (int64_t r = 0; r < n; ++r) {
+        Row& row = out[static_cast<size_t>(r)];
+        row.hypotheses = h;
+        row.max_length = m;
+        row.ids.assign(g.ids.begin() + r * h * m, g.ids.begin() + (r + 1) * h * m);
+        row.lengths.assign(g.lengths.begin() + r * h, g.lengths.begin() + (r + 1) * h);
+        row.scores.assign(g.scores.begin() + r * h, g.scores.begin() + (r + 1) * h);
+      }
+      return out;
+    });
+  } catch (const rt::BatchError& e) {
+    throw Error(e.what());
+  }
+  Generated out;
+  out.batch = batch;
+  for (const Row& row : rows) {
+    KILN_ASSERT(row.hypotheses == rows[0].hypotheses && row.max_length == rows[0].max_length,
+                "every batch generates the same hypotheses and max_length");
+    out.hypotheses = row.hypotheses;
+    out.max_length = row.max_length;
+    out.ids.insert(out.ids.end(), row.ids.begin(), row.ids.end());
+    out.lengths.insert(out.lengths.end(), row.lengths.begin(), row.lengths.end());
+    out.scores.insert(out.scores.end(), row.scores.begin(), row.scores.end());
+  }
+  return out;
+}
+
 // kiln translate (see its --help).
 int cmd_translate(const std::vector<std::string>& argv) {
   TranslateArgs a;
@@ -116,11 +198,26 @@ int cmd_translate(const std::vector<std::string>& argv) {
     fail("translate: TEXT arguments need --src-vocab and --tgt-vocab (got {})",
          kiln::quote(a.text[0]));
 
-  const CompiledGenerator model(a.compiled, a.weights, a.threads);
+  // --inter-threads workers share the kernel threads: each gets threads / workers of them
+  // (generate_batched sets them).
+  const int total_threads = total_kernel_threads(a.threads);
+  if (a.inter_threads > total_threads) {
+    if (a.inter_threads_given)
+      fail(
+          "translate: --inter-threads {} is more than the {} kernel threads ({}), which the "
+          "workers share: give at most {}",
+          a.inter_threads, total_threads,
+          a.threads > 0 ? "--threads" : "--threads not given: HL_NUM_THREADS or the CPUs",
+          total_threads);
+    a.inter_threads = total_threads;
+  }
+  const int kernel_threads = a.threads > 0 || a.inter_threads > 1 ? total_threads : 0;
+  const CompiledGenerator model(a.compiled, a.weights, kernel_threads);
   std::vector<std::string> lines;
   std::optional<kiln::Vocabulary> src_vocab, tgt_vocab;
   std::vector<int64_t> src;
-  int64_t batch = 0, length = 0;
+  std::vector<int64_t> lengths;  // of each sentence, without padding
+  int64_t batch = 0, length = 0, pad = -1;
   if (text) {
     src_vocab = load_vocab(a.src_vocab);
     tgt_vocab = load_vocab(a.tgt_vocab);
@@ -133,8 +230,7 @@ int cmd_translate(const std::vector<std::string>& argv) {
     check_vocab(*src_vocab, "source", model);
     check_vocab(*tgt_vocab, "target", model);
     const int64_t max_length = model.symbol_max("S");
-    const int64_t pad =
-        model.config("pad_id") >= 0 ? model.config("pad_id") : src_vocab->id("<pad>");
+    pad = model.config("pad_id") >= 0 ? model.config("pad_id") : src_vocab->id("<pad>");
     if (pad < 0) fail("translate: the source vocabulary has no <pad> token");
     std::vector<std::vector<int64_t>> sentences;
     read_sentences("translate", a.text, [&](const std::string& line) {
@@ -154,8 +250,10 @@ int cmd_translate(const std::vector<std::string>& argv) {
     });
     batch = static_cast<int64_t>(sentences.size());
     src.assign(static_cast<size_t>(batch * length), pad);
-    for (int64_t b = 0; b < batch; ++b)
+    for (int64_t b = 0; b < batch; ++b) {
       std::copy(sentences[b].begin(), sentences[b].end(), src.begin() + b * length);
+      lengths.push_back(static_cast<int64_t>(sentences[b].size()));
+    }
   } else {
     rt::SafeTensors ifile = load_safetensors(a.inputs);
     const rt::TensorInfo* t = ifile.find("src");
@@ -165,6 +263,13 @@ int cmd_translate(const std::vector<std::string>& argv) {
     batch = t->shape[0];
     length = t->shape[1];
     src = ifile.to_i64(*t);
+    // A row's length: up to its last id that is not the model's pad_id (at least 1).
+    pad = model.config("pad_id");
+    for (int64_t b = 0; b < batch; ++b) {
+      int64_t n = length;
+      while (pad >= 0 && n > 1 && src[static_cast<size_t>(b * length + n - 1)] == pad) --n;
+      lengths.push_back(n);
+    }
   }
   auto sentence = [&](int64_t i) {
     if (text)
@@ -172,7 +277,11 @@ int cmd_translate(const std::vector<std::string>& argv) {
                          kiln::quote(lines[static_cast<size_t>(i)]));
     return fmt::format("translate: row {} of 'src'", i);
   };
-  Generated g = model.generate(src, batch, length, a.search, sentence);
+  // No sentence: the runtime's error for an empty batch, as before.
+  Generated g = batch == 0
+                    ? model.generate(src, batch, length, a.search, sentence)
+                    : generate_batched(model, src, batch, length, lengths, pad, a.max_batch_tokens,
+                                       a.inter_threads, kernel_threads, a.search, sentence);
   if (!a.output.empty()) {
     write_generation(a.output, g);
     return 0;
