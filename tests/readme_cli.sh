@@ -32,12 +32,16 @@ check() {  # NAME EXPECTED ACTUAL
   echo "README's $1 matches kiln"
 }
 
+# Each --help is read whole before awk stops at its first empty line: awk leaving early would
+# break the pipe under a help longer than one write (4096 bytes) and fail the script.
 usage=""
 for cmd in emit inspect opt compile run translate generate; do
-  usage+=$("$kiln" "$cmd" --help | awk 'NF == 0 { exit } { print substr($0, 8) }')$'\n'
+  help=$("$kiln" "$cmd" --help)
+  usage+=$(awk 'NF == 0 { exit } { print substr($0, 8) }' <<<"$help")$'\n'
 done
 usage+=$'kiln models\nkiln --version'
 check "usage block" "$usage" "$(block '<!-- kiln usage -->')"
 
-search=$("$kiln" translate --help | awk '/^search options:$/ { on = 1 } on && NF == 0 { exit } on')
+help=$("$kiln" translate --help)
+search=$(awk '/^search options:$/ { on = 1 } on && NF == 0 { exit } on' <<<"$help")
 check "translate search options" "$search" "$(block '<!-- kiln translate search options -->')"
