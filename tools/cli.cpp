@@ -392,10 +392,12 @@ std::unique_ptr<CLI::App> translate_command(TranslateArgs& a) {
       "Batches: the sentences are sorted by length and cut into batches of at most\n"
       "--max-batch-tokens tokens (rows times the batch's longest source) and the model's\n"
       "max_batch rows; --inter-threads batches are translated at once, each on a worker of its\n"
-      "own with --threads / --inter-threads kernel threads. The output keeps the input's order\n"
-      "and holds the same translations as translating each sentence alone (scores may differ\n"
-      "in a float's last bits; sampling starts from --seed in each batch, so its samples depend\n"
-      "on the batches). An error names a sentence of the first batch that failed.\n"
+      "own with --threads / --inter-threads kernel threads (one pool per process: while one\n"
+      "worker's kernel holds it, another's runs on that worker's thread alone). The output\n"
+      "keeps the input's order and holds the same translations as translating each sentence\n"
+      "alone (scores may differ in a float's last bits; sampling starts from --seed in each\n"
+      "batch, so its samples depend on the batches). An error names a sentence of the first\n"
+      "batch that failed.\n"
       "\n"
       "Output: with -o, a safetensors file with 'ids' I64 [batch, hypotheses, max_len] (-1 "
       "after\neach hypothesis), 'lengths' I64 [batch, hypotheses] and 'scores' F32 [batch, "
@@ -418,8 +420,9 @@ std::unique_ptr<CLI::App> translate_command(TranslateArgs& a) {
       ->check(whole_number(1, INT64_MAX))
       ->capture_default_str();
   app->add_option("--inter-threads", a.inter_threads,
-                  "batches translated at once, each by a worker with --threads / N kernel "
-                  "threads; at most --threads (without it, at most the number of CPUs)")
+                  "batches translated at once, each by a worker with at most --threads / N "
+                  "(rounded down) kernel threads; N at most --threads (without it, the number of "
+                  "CPUs)")
       ->type_name("N")
       ->check(whole_number(1, 1024))
       ->capture_default_str()
