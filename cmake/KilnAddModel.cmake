@@ -1,6 +1,6 @@
 # kiln_add_model(<target> (MODEL <model> | SOURCES <file.cpp>... | KIR <file.kir>)
 #                [CONFIG <config>] [SET key=value...] [TARGET <halide-target>]
-#                [WEIGHTS f32|bf16]
+#                [WEIGHTS f32|bf16|int8]
 #                [NAME <library-name>] [JOBS <n>])
 #
 # Gets a model's IR, compiles it with `kiln compile`, and defines <target>: a library to

@@ -29,6 +29,8 @@ struct KernelPipeline {
 KernelPipeline build_linear(const LinearKernel& spec, const Halide::Target& target);
 // spec.bf16: `target` must have avx512_sapphirerapids (see bf16_target).
 KernelPipeline build_linear_bf16(const LinearKernel& spec, const Halide::Target& target);
+// spec.int8: the same (vpdpbusd, AVX512-VNNI).
+KernelPipeline build_linear_int8(const LinearKernel& spec, const Halide::Target& target);
 KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target& target);
 KernelPipeline build_step_attention(const StepAttentionKernel& spec, const Halide::Target& target);
 KernelPipeline build_layernorm(const LayerNormKernel& spec, const Halide::Target& target);
@@ -46,6 +48,17 @@ KernelPipeline build_kernel(const KernelSpec& spec, const Halide::Target& target
 // multiple of 4 with at least 2 tiles, else 2 on the same terms, else 1. Shared by the f32
 // and bf16 linear kernels.
 int one_row_panels_per_tile(int64_t panels);
+
+// The schedule of the bf16 and int8 linear kernels (weights packed in panels of 64 columns
+// with groups of K adjacent: acc(j, p, m) over RDom r (group member r.x, group r.y of
+// `k_groups`), out(n, m) reading acc(n % 64, n / 64, m)): parallel tiles, register blocks
+// of 4 vectors × up to 6 rows over the whole reduction, the group vectorized atomically (a
+// dot-product instruction); specialized for few rows; `long_k` (a panel of 128 KB or more)
+// chunks the rows. Returns the chunk loop of out, where the caller computes its converted
+// input (bf16 or quantized x) once per chunk.
+Halide::Var schedule_packed_linear(Halide::Func out, Halide::Func acc, const Halide::RDom& r,
+                                   const Halide::Var& n, const Halide::Var& m, const Halide::Var& j,
+                                   int N, int Np, int k_groups, bool long_k);
 
 // The host target with only the x86 features this CPU really has: Halide 14 reports
 // avx512_sapphirerapids on AMD Zen 4/5 (it checks BF16 and VNNI only), and LLVM's

@@ -134,7 +134,10 @@ std::string kernel_name(const KernelSpec& spec) {
   if (const auto* k = std::get_if<LinearKernel>(&spec))
     return fmt::format("kiln_linear_k{}_n{}{}{}{}{}", k->K, k->N, k->has_bias ? "" : "_nobias",
                        k->act == "none" ? "" : "_" + k->act,
-                       k->panel ? fmt::format("_p{}", k->panel) : "", k->bf16 ? "_bf16" : "");
+                       k->panel ? fmt::format("_p{}", k->panel) : "",
+                       k->bf16   ? "_bf16"
+                       : k->int8 ? "_int8"
+                                 : "");
   if (const auto* k = std::get_if<AttentionKernel>(&spec))
     return fmt::format(
         "kiln_attention_h{}_dk{}_dv{}{}{}{}{}{}{}{}{}_s{}", k->heads, k->dk, k->dv,
@@ -240,7 +243,9 @@ int kernel_num_outputs(const KernelSpec& spec) {
 
 std::string kind_without_gpu_schedule(const KernelSpec& spec) {
   struct Kind {
-    std::string operator()(const LinearKernel& k) const { return k.bf16 ? "bf16 linear" : ""; }
+    std::string operator()(const LinearKernel& k) const {
+      return k.bf16 ? "bf16 linear" : k.int8 ? "int8 linear" : "";
+    }
     std::string operator()(const AttentionKernel&) const { return ""; }
     std::string operator()(const StepAttentionKernel&) const { return ""; }
     std::string operator()(const LayerNormKernel&) const { return ""; }
@@ -256,7 +261,9 @@ std::string kind_without_gpu_schedule(const KernelSpec& spec) {
 
 KernelPipeline build_kernel(const KernelSpec& spec, const Halide::Target& t) {
   if (const auto* k = std::get_if<LinearKernel>(&spec))
-    return k->bf16 ? build_linear_bf16(*k, t) : build_linear(*k, t);
+    return k->bf16   ? build_linear_bf16(*k, t)
+           : k->int8 ? build_linear_int8(*k, t)
+                     : build_linear(*k, t);
   if (const auto* k = std::get_if<AttentionKernel>(&spec)) return build_attention(*k, t);
   if (const auto* k = std::get_if<StepAttentionKernel>(&spec)) return build_step_attention(*k, t);
   if (const auto* k = std::get_if<LayerNormKernel>(&spec)) return build_layernorm(*k, t);
@@ -268,20 +275,33 @@ KernelPipeline build_kernel(const KernelSpec& spec, const Halide::Target& t) {
   return build_elementwise(std::get<ElementwiseKernel>(spec), t);
 }
 
-std::string bf16_target_problem(const std::string& target) {
+namespace {
+// Why weights of `kind` ("bf16", needing `what` = "AVX512-BF16", kiln feature `feature`) cannot
+// be compiled for `target`, or "".
+std::string packed_weights_problem(const std::string& target, const char* kind, const char* what,
+                                   const char* feature) {
   Halide::Target t = parse_target(target);
   if (t.arch != Halide::Target::X86 || t.bits != 64 ||
       !t.has_feature(Halide::Target::AVX512_Skylake))
     return fmt::format(
-        "bf16 weights need an x86-64 target with AVX-512 (avx512_skylake or "
-        "higher) on a CPU with AVX512-BF16; target '{}' has no avx512_skylake",
-        t.to_string());
-  if (target == "host" && !rt::missing_cpu_features(kBf16Feature).empty())
+        "{} weights need an x86-64 target with AVX-512 (avx512_skylake or "
+        "higher) on a CPU with {}; target '{}' has no avx512_skylake",
+        kind, what, t.to_string());
+  if (target == "host" && !rt::missing_cpu_features(feature).empty())
     return fmt::format(
-        "bf16 weights need AVX512-BF16, which this CPU lacks ({}); compile with "
+        "{} weights need {}, which this CPU lacks ({}); compile with "
         "f32 weights, or for another machine's target",
-        fmt::join(rt::missing_cpu_features(kBf16Feature), ", "));
+        kind, what, fmt::join(rt::missing_cpu_features(feature), ", "));
   return "";
+}
+}  // namespace
+
+std::string bf16_target_problem(const std::string& target) {
+  return packed_weights_problem(target, "bf16", "AVX512-BF16", kBf16Feature);
+}
+
+std::string int8_target_problem(const std::string& target) {
+  return packed_weights_problem(target, "int8", "AVX512-VNNI", kInt8Feature);
 }
 
 KernelOutput compile_kernel(const KernelSpec& spec, const std::string& target,
@@ -289,11 +309,13 @@ KernelOutput compile_kernel(const KernelSpec& spec, const std::string& target,
   Halide::Target t = parse_target(target).with_feature(Halide::Target::NoRuntime);
   try {
     const auto* linear = std::get_if<LinearKernel>(&spec);
-    if (linear && linear->bf16) {
-      const std::string problem = bf16_target_problem(target);
+    if (linear && (linear->bf16 || linear->int8)) {
+      const std::string problem =
+          linear->bf16 ? bf16_target_problem(target) : int8_target_problem(target);
       if (!problem.empty()) fail("{}", problem);
       // LLVM IR for avx512_sapphirerapids (it names no CPU), compiled by llc for cooperlake:
-      // AVX-512 with BF16 and VNNI, no FP16, no AMX (see KernelOutput).
+      // AVX-512 with BF16 and VNNI, no FP16, no AMX (see KernelOutput). Halide 14 emits
+      // vdpbf16ps and vpdpbusd only for avx512_sapphirerapids.
       const Halide::Target sapphire = t.with_feature(Halide::Target::AVX512_SapphireRapids);
       KernelPipeline kp = build_kernel(spec, sapphire);
       KernelOutput out{object_path + ".ll", "cooperlake"};

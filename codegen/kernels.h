@@ -35,12 +35,20 @@ namespace kiln::codegen {
 //   bf16(W[p·64 + j, 2·kp + pair]), 0 outside W (Np: N rounded up to a multiple of 64, Kp:
 //   K rounded up to even; panel = 64); x is rounded to bf16 (to nearest, ties to even) as
 //   it is read; products summed in f32.
+//   With int8: the weight quantized per output row (support/int8.h), packed in panels of 64
+//   columns with 4 consecutive K adjacent, wt i8 (g, j, kg, p) [4 × 64 × Kp/4 × Np/64] dense
+//   with wt(g, j, kg, p) = q(W)[p·64 + j, 4·kg + g], 0 outside W (Kp: K rounded up to a
+//   multiple of 4); then wscale f32 (n) [Np] (row n's scale) and wsum i32 (n) [Np] (Σ_k of row
+//   n's q), after wt and before bias; each row of x quantized as it is read (asymmetric u8
+//   with a zero point z, support/int8.h); the products summed exactly in int32,
+//   out = f32(Σ u·q_w − z·wsum) · (step_x · wscale) + bias.
 struct LinearKernel {
   int64_t K = 0, N = 0;
   std::string act = "none";
   bool has_bias = true;
   int64_t panel = 0;
   bool bf16 = false;
+  bool int8 = false;
 };
 
 // The panel width codegen packs linear weights into (a multiple of every target's
@@ -257,9 +265,9 @@ std::string kind_without_gpu_schedule(const KernelSpec& spec);
 constexpr int kGpuMaxThreadsPerBlock = 1024;
 constexpr int64_t kGpuMaxSharedBytesPerBlock = 48 * 1024;
 
-// What compile_kernel wrote: the object itself, or (a bf16 linear kernel) LLVM assembly
+// What compile_kernel wrote: the object itself, or (a bf16 or int8 linear kernel) LLVM assembly
 // that the caller compiles into the object with `llc-14 -O3 -mcpu=LLC_CPU
-// -relocation-model=pic -filetype=obj`. Halide 14 emits vdpbf16ps only for
+// -relocation-model=pic -filetype=obj`. Halide 14 emits vdpbf16ps and vpdpbusd only for
 // avx512_sapphirerapids, whose LLVM CPU may also emit AVX512-FP16 instructions, which AMD
 // Zen 4/5 lack; the IR names no CPU, and llc compiles it for LLVM's cooperlake.
 struct KernelOutput {
@@ -286,5 +294,9 @@ std::string resolve_target(const std::string& target);
 inline constexpr const char* kBf16Feature = "avx512_bf16";
 // Why bf16 weights cannot be compiled for `target` (a target string or "host"), or "".
 std::string bf16_target_problem(const std::string& target);
+// The same for int8 weights: kiln's name for AVX-512 with VNNI (the int8 kernels are compiled
+// for LLVM's cooperlake too, and use only its VNNI beyond AVX-512 BW/DQ/VL).
+inline constexpr const char* kInt8Feature = "avx512_vnni";
+std::string int8_target_problem(const std::string& target);
 
 }  // namespace kiln::codegen

@@ -39,6 +39,81 @@ Expr round_to_bf16_bits(const Expr& f) {
 
 }  // namespace
 
+Var schedule_packed_linear(Func out, Func acc, const RDom& r, const Var& n, const Var& m,
+                           const Var& j, int N, int Np, int k_groups, bool long_k) {
+  constexpr int P = 64, lanes = 16;
+  Halide::OutputImageParam ob = out.output_buffer();
+  const Expr M = ob.dim(1).extent();
+  // Loops of out: c (chunks of rows) > t (tiles: one panel × a tile of rows of the chunk) >
+  // mb (register block rows) > mr > ni. The input's low-precision copy is made per chunk
+  // (the caller computes it at c), just before the chunk's tiles read it (in L2/L3, not
+  // written to memory and read back), in parallel. acc is computed per register block, its
+  // reduction innermost over the group of K (vdpbf16ps: a pair, vpdpbusd: four), then the 4
+  // vectors, then the rows.
+  Var c("c"), mc("mc"), nt("nt"), ni("ni"), mt("mt"), mi("mi"), mb("mb"), mr("mr"), t("t");
+  // N not a multiple of 64: the last panel's columns from N on are computed (on zero
+  // weights) but not stored.
+  const TailStrategy n_tail = N % P == 0 ? TailStrategy::RoundUp : TailStrategy::GuardWithIf;
+  auto schedule_out = [&](Halide::Stage s, const Expr& chunk_m, const Expr& tile_m, int rows,
+                          bool panels_fastest, int panels_per_tile = 1) {
+    s.split(m, c, mc, chunk_m, TailStrategy::ShiftInwards)
+        .split(n, nt, ni, P, n_tail)
+        .split(mc, mt, mi, tile_m, TailStrategy::ShiftInwards)
+        .split(mi, mb, mr, rows, TailStrategy::ShiftInwards);
+    Var ntile = nt;
+    if (panels_per_tile > 1) {  // a tile of several panels, one after the other
+      Var np("np");
+      s.split(nt, ntile, np, panels_per_tile).reorder(ni, mr, mb, np, ntile);
+    }
+    if (panels_fastest)
+      s.reorder(ni, mr, mb, ntile, mt, c).fuse(ntile, mt, t);
+    else
+      s.reorder(ni, mr, mb, mt, ntile, c).fuse(mt, ntile, t);
+    s.parallel(t).vectorize(ni, lanes).unroll(mr);
+  };
+  // Up to 64 rows: one chunk.
+  constexpr int few_rows = 4, many_rows = 64, rows = 6;
+  // One to 3 rows (a decoding step): reading the weights is the cost; a thread streams 4
+  // consecutive panels per tile where N allows (W3's one-row GEMMs 8–10% faster than one
+  // panel per tile, measured on the f32 kernel).
+  schedule_out(out.specialize(M < few_rows), M, M, 1, false, one_row_panels_per_tile(Np / P));
+  // Fewer than 16 panels: two tiles of rows per panel, so that 2 threads share the work in
+  // pieces small enough to balance.
+  if (Np / P < 16)
+    schedule_out(out.specialize(M >= 16 && M < many_rows), M, (M + 1) / 2, few_rows, false);
+  schedule_out(out.specialize(M < many_rows), M, M, few_rows, false);
+  // Long reductions (long_k: a panel of 128 KB and more): chunks of about 240 rows (x of a
+  // chunk is 1.9 MB at K = 2048, its bf16 copy 0.9 MB), tiles of about 120 rows, whose
+  // converted rows stay in L2 while a thread goes from panel to panel (the panels fastest).
+  // Else one chunk, tiles of up to 1024 rows, the row tiles fastest: a panel is read once
+  // per 1024 rows.
+  if (long_k) {
+    const Expr chunks = (M + 239) / 240, chunk_m = (M + chunks - 1) / chunks;
+    schedule_out(out, chunk_m, (chunk_m + 1) / 2, rows, true);
+  } else {
+    const Expr tiles = (M + 1023) / 1024;
+    schedule_out(out, M, (M + tiles - 1) / tiles, rows, false);
+  }
+
+  Var jv("jv"), ju("ju");
+  Halide::RVar ko("ko"), ki("ki");
+  int k_unroll = 4;  // groups of K per iteration, as the f32 kernel unrolls its reduction
+  while (k_unroll > 1 && k_groups % k_unroll != 0) k_unroll /= 2;
+  Var p = acc.args()[1];
+  acc.compute_at(out, mb).vectorize(j, lanes).unroll(j).unroll(m);
+  acc.update()
+      .split(j, ju, jv, lanes)
+      .split(r.y, ko, ki, k_unroll)
+      .reorder(r.x, jv, ju, m, ki, ko, p)
+      .atomic()
+      .vectorize(r.x)
+      .vectorize(jv)
+      .unroll(ju)
+      .unroll(m)
+      .unroll(ki);
+  return c;
+}
+
 KernelPipeline build_linear_bf16(const LinearKernel& spec, const Halide::Target& target) {
   constexpr int P = 64, lanes = 16;
   KILN_ASSERT(spec.bf16 && spec.panel == P, "bf16 linear kernel needs 64-column panels");
@@ -88,77 +163,12 @@ KernelPipeline build_linear_bf16(const LinearKernel& spec, const Halide::Target&
   Halide::OutputImageParam ob = out.output_buffer();
   ob.dim(0).set_bounds(0, N);
   ob.dim(1).set_min(0).set_stride(N);
-  const Expr M = ob.dim(1).extent();
   x.set_estimates({{0, K}, {0, 2048}});
   wt.set_estimates({{0, 2}, {0, P}, {0, Kp / 2}, {0, Np / P}});
   bias.set_estimates({{0, N}});
   out.set_estimates({{0, N}, {0, 2048}});
 
-  // Loops of out: c (chunks of rows) > t (tiles: one panel × a tile of rows of the chunk) >
-  // mb (register block rows) > mr > ni. x's bf16 copy is made per chunk, just before the
-  // chunk's tiles read it (in L2/L3, not written to memory and read back), in parallel.
-  // acc is computed per register block, its reduction innermost over the pair (vdpbf16ps),
-  // then the 4 vectors, then the rows.
-  Var c("c"), mc("mc"), nt("nt"), ni("ni"), mt("mt"), mi("mi"), mb("mb"), mr("mr"), t("t");
-  // N not a multiple of 64: the last panel's columns from N on are computed (on zero
-  // weights) but not stored.
-  const TailStrategy n_tail = N % P == 0 ? TailStrategy::RoundUp : TailStrategy::GuardWithIf;
-  auto schedule_out = [&](Halide::Stage s, const Expr& chunk_m, const Expr& tile_m, int rows,
-                          bool panels_fastest, int panels_per_tile = 1) {
-    s.split(m, c, mc, chunk_m, TailStrategy::ShiftInwards)
-        .split(n, nt, ni, P, n_tail)
-        .split(mc, mt, mi, tile_m, TailStrategy::ShiftInwards)
-        .split(mi, mb, mr, rows, TailStrategy::ShiftInwards);
-    Var ntile = nt;
-    if (panels_per_tile > 1) {  // a tile of several panels, one after the other
-      Var np("np");
-      s.split(nt, ntile, np, panels_per_tile).reorder(ni, mr, mb, np, ntile);
-    }
-    if (panels_fastest)
-      s.reorder(ni, mr, mb, ntile, mt, c).fuse(ntile, mt, t);
-    else
-      s.reorder(ni, mr, mb, mt, ntile, c).fuse(mt, ntile, t);
-    s.parallel(t).vectorize(ni, lanes).unroll(mr);
-  };
-  // Up to 64 rows: one chunk.
-  constexpr int few_rows = 4, many_rows = 64, rows = 6;
-  // One to 3 rows (a decoding step): reading the weights is the cost; a thread streams 4
-  // consecutive panels per tile where N allows (W3's one-row GEMMs 8–10% faster than one
-  // panel per tile, measured on the f32 kernel).
-  schedule_out(out.specialize(M < few_rows), M, M, 1, false, one_row_panels_per_tile(Np / P));
-  // Fewer than 16 panels: two tiles of rows per panel, so that 2 threads share the work in
-  // pieces small enough to balance.
-  if (Np / P < 16)
-    schedule_out(out.specialize(M >= 16 && M < many_rows), M, (M + 1) / 2, few_rows, false);
-  schedule_out(out.specialize(M < many_rows), M, M, few_rows, false);
-  // Long reductions (a panel of 256 KB and more): chunks of about 240 rows (x of a chunk is
-  // 1.9 MB at K = 2048, its bf16 copy 0.9 MB), tiles of about 120 rows, whose bf16 rows stay
-  // in L2 while a thread goes from panel to panel (the panels fastest). Else one chunk, tiles
-  // of up to 1024 rows, the row tiles fastest: a panel is read once per 1024 rows.
-  const bool long_k = Kp >= 1024;
-  if (long_k) {
-    const Expr chunks = (M + 239) / 240, chunk_m = (M + chunks - 1) / chunks;
-    schedule_out(out, chunk_m, (chunk_m + 1) / 2, rows, true);
-  } else {
-    const Expr tiles = (M + 1023) / 1024;
-    schedule_out(out, M, (M + tiles - 1) / tiles, rows, false);
-  }
-
-  Var jv("jv"), ju("ju");
-  Halide::RVar ko("ko"), ki("ki");
-  int k_unroll = 4;  // pairs of K per iteration, as the f32 kernel unrolls its reduction
-  while (k_unroll > 1 && (Kp / 2) % k_unroll != 0) k_unroll /= 2;
-  acc.compute_at(out, mb).vectorize(j, lanes).unroll(j).unroll(m);
-  acc.update()
-      .split(j, ju, jv, lanes)
-      .split(r.y, ko, ki, k_unroll)
-      .reorder(r.x, jv, ju, m, ki, ko, p)
-      .atomic()
-      .vectorize(r.x)
-      .vectorize(jv)
-      .unroll(ju)
-      .unroll(m)
-      .unroll(ki);
+  const Var c = schedule_packed_linear(out, acc, r, n, m, j, N, Np, Kp / 2, Kp >= 1024);
   // x is rounded once per chunk of rows, not per register block of every panel: for the
   // output projection (500 panels) that was one rounding per 64 products, about 12% of the
   // instructions of the products themselves.

@@ -40,6 +40,8 @@ struct LoweredModel {
 struct LowerOptions {
   // Every `linear` kernel with bf16 weights (kernels.h, LinearKernel::bf16).
   bool bf16_weights = false;
+  // Every `linear` kernel with int8 weights (kernels.h, LinearKernel::int8).
+  bool int8_weights = false;
 };
 
 LoweredModel lower_module(const ir::Module& module, const LowerOptions& options = {});

@@ -77,17 +77,20 @@ CompileResult compile(ir::Module module, const CompileOptions& options, JobRunne
   check_library_name(name);
   check_name_is_no_macro(name);
   const std::string target = codegen::resolve_target(options.target);
-  if (options.weights != "f32" && options.weights != "bf16")
-    fail("unknown weight type '{}' (use f32 or bf16)", options.weights);
-  const bool bf16 = options.weights == "bf16";
+  if (options.weights != "f32" && options.weights != "bf16" && options.weights != "int8")
+    fail("unknown weight type '{}' (use f32, bf16 or int8)", options.weights);
+  const bool bf16 = options.weights == "bf16", int8 = options.weights == "int8";
   if (bf16)
     if (std::string problem = codegen::bf16_target_problem(options.target); !problem.empty())
       fail("{}", problem);
+  if (int8)
+    if (std::string problem = codegen::int8_target_problem(options.target); !problem.empty())
+      fail("{}", problem);
 
   const std::string gpu = codegen::gpu_api(options.target);
-  if (bf16 && !gpu.empty())
-    fail("bf16 weights are for the CPU (AVX512-BF16); target '{}' runs kernels on the GPU",
-         options.target);
+  if ((bf16 || int8) && !gpu.empty())
+    fail("{} weights are for the CPU ({}); target '{}' runs kernels on the GPU", options.weights,
+         bf16 ? "AVX512-BF16" : "AVX512-VNNI", options.target);
   const int jobs = options.jobs > 0 ? options.jobs : default_jobs();
 
   auto t = Clock::now();
@@ -98,7 +101,7 @@ CompileResult compile(ir::Module module, const CompileOptions& options, JobRunne
       options.note(line);
   progress(fmt::format("optimized the graph ({:.2f} s)", since(t)));
   runner.check_interrupt();
-  codegen::LoweredModel lowered = codegen::lower_module(module, codegen::LowerOptions{bf16});
+  codegen::LoweredModel lowered = codegen::lower_module(module, codegen::LowerOptions{bf16, int8});
   runner.check_interrupt();
   if (!gpu.empty()) {
     // Before the slow part: every kernel needs a GPU schedule (kernels.h).
@@ -125,8 +128,10 @@ CompileResult compile(ir::Module module, const CompileOptions& options, JobRunne
   for (const rt::FunctionDesc& f : lowered.plan.functions)
     check_method_name(f.name, name);  // before the slow part
   // The runtime refuses the library on a CPU without its target's features (and, with bf16
-  // kernels, without AVX512-BF16).
-  lowered.plan.target = bf16 ? target + "-" + codegen::kBf16Feature : target;
+  // kernels, without AVX512-BF16; with int8 kernels, without AVX512-VNNI).
+  lowered.plan.target = bf16   ? target + "-" + codegen::kBf16Feature
+                        : int8 ? target + "-" + codegen::kInt8Feature
+                               : target;
   // Kernel symbols carry the library name: two models can link into one application.
   for (std::string& k : lowered.plan.kernel_names) k = name + "_" + k;
   size_t steps = 0;
@@ -198,7 +203,7 @@ CompileResult compile(ir::Module module, const CompileOptions& options, JobRunne
       if (out.llvm_assembly.empty()) return;
       run_program({"llc-14", "-O3", "-mcpu=" + out.llc_cpu, "-relocation-model=pic",
                    "-filetype=obj", out.llvm_assembly, "-o", obj},
-                  fmt::format("compiling bf16 kernel {} with llc-14", kname),
+                  fmt::format("compiling {} kernel {} with llc-14", options.weights, kname),
                   "is Debian's llvm-14 installed?");
       std::remove(out.llvm_assembly.c_str());
     };

@@ -40,6 +40,7 @@
 #include "ir/op_types.h"
 #include "ir/printer.h"
 #include "support/error.h"
+#include "support/int8.h"
 #include "support/sinusoid.h"
 
 namespace kiln::ir {
@@ -871,8 +872,26 @@ float round_to_bf16(float x) {
   return x;
 }
 
+enum class LinearRounding { none, bf16, int8 };
+
+// One weight row of n f32 values quantized as support/int8.h does it; returns its scale.
+float quantize_weight_row(const float* v, int64_t n, int8_t* q) {
+  const float absmax = int8::absmax(v, n), inverse = int8::inverse_scale(absmax);
+  for (int64_t i = 0; i < n; ++i) q[i] = int8::quantize(v[i], inverse);
+  return int8::scale(absmax);
+}
+
+// One input row: its levels less the zero point (u − z), and its step.
+float quantize_input_row(const float* v, int64_t n, int32_t* levels) {
+  const int8::InputRow q = int8::input_row(v, n);
+  for (int64_t i = 0; i < n; ++i)
+    levels[i] = int8::quantize_input(v[i], q) - static_cast<int32_t>(q.zero);
+  return q.step;
+}
+
 Tensor eval_linear(const Op& op, const Tensor& x, const Tensor& w, const Tensor* bias,
-                   const Shape& shape, bool bf16) {
+                   const Shape& shape, LinearRounding rounding) {
+  const bool bf16 = rounding == LinearRounding::bf16, int8 = rounding == LinearRounding::int8;
   const int64_t rank = rank_of(x);
   KILN_ASSERT(rank >= 1 && rank_of(w) == 2 && w.shape[1] == x.shape.back(), "linear operands");
   const int64_t n = w.shape[0], k = w.shape[1];
@@ -888,10 +907,27 @@ Tensor eval_linear(const Op& op, const Tensor& x, const Tensor& w, const Tensor*
   Tensor r = Tensor::zeros(DType::f32, shape);
   const int64_t rows =
       k == 0 ? shape_numel(Shape(x.shape.begin(), x.shape.end() - 1)) : x.numel() / k;
+  // int8: the weight's rows quantized once, each input row in turn.
+  std::vector<int8_t> wq;
+  std::vector<int32_t> xq;
+  std::vector<float> wscale;
+  if (int8) {
+    wq.resize(static_cast<size_t>(n * k));
+    xq.resize(static_cast<size_t>(k));
+    for (int64_t j = 0; j < n; ++j)
+      wscale.push_back(quantize_weight_row(w.f.data() + j * k, k, wq.data() + j * k));
+  }
   for (int64_t row = 0; row < rows; ++row) {
+    const float xscale = int8 ? quantize_input_row(x.f.data() + row * k, k, xq.data()) : 0.0f;
     for (int64_t j = 0; j < n; ++j) {
       double sum = 0;
-      if (bf16)
+      if (int8) {
+        int64_t exact = 0;
+        for (int64_t p = 0; p < k; ++p)
+          exact += int64_t{xq[static_cast<size_t>(p)]} * wq[static_cast<size_t>(j * k + p)];
+        // As the kernel scales it: f32(Σ) · (x's step · the weight row's scale), in f32.
+        sum = static_cast<float>(exact) * (xscale * wscale[static_cast<size_t>(j)]);
+      } else if (bf16)
         for (int64_t p = 0; p < k; ++p)
           sum += static_cast<double>(round_to_bf16(x.f[row * k + p])) *
                  static_cast<double>(round_to_bf16(w.f[j * k + p]));
@@ -1497,7 +1533,9 @@ class Interpreter {
       case OpKind::linear:
         r = eval_linear(op, operand(op, 0), operand(op, 1),
                         op.operands.size() == 3 ? &operand(op, 2) : nullptr, shape,
-                        options_.bf16_linear);
+                        options_.int8_linear   ? LinearRounding::int8
+                        : options_.bf16_linear ? LinearRounding::bf16
+                                               : LinearRounding::none);
         break;
       case OpKind::attention: {
         // Optional operands: key_pad, query_pad (query_pad = 1), bias (bias = 1).

@@ -72,6 +72,11 @@ struct InterpretOptions {
   // subnormals to a zero of their sign, NaN kept) before the products, as the kernels of
   // `kiln compile --weights bf16` do (AVX512-BF16 flushes subnormals): the reference for them.
   bool bf16_linear = false;
+  // `linear` quantizes its weight (symmetric s8 per output row) and each row of its input
+  // (asymmetric u8 with a zero point) as the kernels of `kiln compile --weights int8` do
+  // (support/int8.h), sums the products exactly and scales the sum back in f32 in the
+  // kernels' order: the reference for them.
+  bool int8_linear = false;
   // Where to count work (InterpretCounters), or null.
   InterpretCounters* counters = nullptr;
 };

@@ -237,6 +237,8 @@ size_t kiln_dtype_size(int32_t dtype) {
       return 1;
     case KILN_BF16:
       return 2;
+    case KILN_I8:
+      return 1;
   }
   return 0;
 }

@@ -86,6 +86,8 @@ const std::vector<Feature>& features() {
       {"avx512_sapphirerapids", {kF, kCD, kBW, kDQ, kVL, kIFMA, kVBMI, kVNNI, kBF16, kFP16}},
       // kiln's own: the bf16 linear kernels, compiled for LLVM's cooperlake.
       {"avx512_bf16", {kF, kCD, kBW, kDQ, kVL, kVNNI, kBF16}},
+      // kiln's own: the int8 linear kernels, compiled for cooperlake too (vpdpbusd).
+      {"avx512_vnni", {kF, kCD, kBW, kDQ, kVL, kVNNI}},
   };
   return all;
 }

@@ -162,7 +162,9 @@ DeviceTensors stage_device(const kiln_device_ops& ops, const char* what, const k
       case KILN_I32:
         fail("{} is i32: a device tensor has its parameter's dtype (ids are i64)", label);
       case KILN_BF16:
-        fail("{} is bf16: an entry point's tensors are f32, i64 or bool", label);
+      case KILN_I8:
+        fail("{} is {}: an entry point's tensors are f32, i64 or bool", label,
+             ::kiln::dtype_name(t.dtype));
       default:
         fail("{} has unknown dtype {}", label, t.dtype);
     }

@@ -40,8 +40,10 @@ halide_type_t halide_type(kiln_dtype t) {
       return halide_type_t(halide_type_uint, 8);
     case KILN_BF16:
       return halide_type_t(halide_type_bfloat, 16);
-    case KILN_I32:  // a caller's ids only, never a plan's buffer
-      break;
+    case KILN_I8:  // int8 weights
+      return halide_type_t(halide_type_int, 8);
+    case KILN_I32:  // int8 weights' row sums (a caller's i32 ids are converted first)
+      return halide_type_t(halide_type_int, 32);
   }
   return halide_type_t(halide_type_float, 32);
 }

@@ -4,9 +4,11 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "support/error.h"
+#include "support/int8.h"
 
 namespace kiln::rt {
 
@@ -71,15 +73,18 @@ namespace {
 // Version 8: kiln_hooks gained set_custom_do_par_for (the runtime's thread pool).
 // Version 10 ('A'): steps list the kernels a builtin calls (moe_ffn's linear kernels).
 // Version 11 ('B'): symbols derived from others (base, scale, offset: T+1).
-constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', 'B'};
+// Version 12 ('C'): int8 weights (a weight's storage f32 0, bf16 1, int8 2), and the element
+// types i8 and i32 (the int8 kernels' weights and row sums).
+constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', 'C'};
 
 // A plan stores an element type as its index here: the codes of format 8 (f32 0, i64 1,
 // bool 2, bf16 3), kept when the runtime's element types became kiln_dtype, so a plan's
-// bytes did not change.
-constexpr kiln_dtype kPlanTypes[] = {KILN_F32, KILN_I64, KILN_BOOL, KILN_BF16};
+// bytes did not change; then i8 4 and i32 5 (format 12).
+constexpr kiln_dtype kPlanTypes[] = {KILN_F32, KILN_I64, KILN_BOOL, KILN_BF16, KILN_I8, KILN_I32};
+constexpr int64_t kPlanTypeCount = sizeof kPlanTypes / sizeof kPlanTypes[0];
 
 int64_t type_code(kiln_dtype type) {
-  for (int64_t i = 0; i < 4; ++i)
+  for (int64_t i = 0; i < kPlanTypeCount; ++i)
     if (kPlanTypes[i] == type) return i;
   KILN_ASSERT(false, fmt::format("a plan holds no element type {}", static_cast<int>(type)));
   return 0;
@@ -179,7 +184,7 @@ class Reader {
     return t;
   }
   kiln_dtype elem(int64_t v) {
-    if (v < 0 || v > 3) fail("compiled plan has an unknown element type {}", v);
+    if (v < 0 || v >= kPlanTypeCount) fail("compiled plan has an unknown element type {}", v);
     return kPlanTypes[v];
   }
   bool done() const { return pos_ == size_; }
@@ -198,10 +203,11 @@ class Reader {
 void validate(const Plan& p) {
   for (const WeightDesc& w : p.weights) {
     const bool packed_shape =
-        w.bf16 ? w.shape.size() == 4 && w.shape[2] == 64 && w.shape[3] == 2 && w.panel == 64
-               : w.shape.size() == 3 && w.shape[2] == w.panel;
-    if (w.panel < 0 || (w.panel > 0 && (!w.transpose || !packed_shape)) ||
-        (w.panel == 0 && (w.bf16 || (w.transpose && w.shape.size() != 2))))
+        w.bf16   ? w.shape.size() == 4 && w.shape[2] == 64 && w.shape[3] == 2 && w.panel == 64
+        : w.int8 ? w.shape.size() == 4 && w.shape[2] == 64 && w.shape[3] == 4 && w.panel == 64
+                 : w.shape.size() == 3 && w.shape[2] == w.panel;
+    if (w.panel < 0 || (w.bf16 && w.int8) || (w.panel > 0 && (!w.transpose || !packed_shape)) ||
+        (w.panel == 0 && (w.bf16 || w.int8 || (w.transpose && w.shape.size() != 2))))
       fail("compiled plan: weight '{}' has a bad layout (panel {}, shape [{}])", w.name, w.panel,
            fmt::join(w.shape, ","));
   }
@@ -215,8 +221,9 @@ void validate(const Plan& p) {
   for (const FunctionDesc& f : p.functions) {
     for (const auto* list : {&f.params, &f.results})
       for (const TensorDesc& t : *list) {
-        if (t.type == KILN_BF16)
-          fail("compiled plan: tensor '{}' of '{}' is bf16 (only weights are)", t.name, f.name);
+        if (t.type == KILN_BF16 || t.type == KILN_I8 || t.type == KILN_I32)
+          fail("compiled plan: tensor '{}' of '{}' is {} (only weights are)", t.name, f.name,
+               ::kiln::dtype_name(t.type));
         for (const DimExpr& d : t.shape) check_dim(d);
         for (const auto& l : t.id_limits) check_dim(l.limit);
       }
@@ -346,6 +353,39 @@ void lay_out_linear_weight_bf16_rows(const uint8_t* w_rows, int64_t n0, int64_t 
   }
 }
 
+int64_t lay_out_linear_weight_int8_rows(const uint8_t* w_rows, int64_t n0, int64_t rows, int64_t N,
+                                        int64_t K, uint8_t* out, bool source_bf16) {
+  KILN_ASSERT(n0 >= 0 && rows >= 0 && n0 + rows <= N, "rows outside the weight");
+  const int64_t bytes = source_bf16 ? 2 : 4, Kp = (K + 3) / 4 * 4, Np = (N + 63) / 64 * 64;
+  std::vector<float> row(static_cast<size_t>(K));
+  for (int64_t n = n0; n < n0 + rows; ++n) {
+    const uint8_t* src = w_rows + (n - n0) * K * bytes;
+    for (int64_t k = 0; k < K; ++k) {
+      row[static_cast<size_t>(k)] = source_value(src, k, source_bf16);
+      if (!std::isfinite(row[static_cast<size_t>(k)])) return n;
+    }
+    const float absmax = int8::absmax(row.data(), K), inverse = int8::inverse_scale(absmax);
+    int8_t* column = reinterpret_cast<int8_t*>(out) + (n / 64) * Kp * 64 + (n % 64) * 4;
+    int32_t sum = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      const int8_t q = int8::quantize(row[static_cast<size_t>(k)], inverse);
+      column[(k / 4) * 256 + k % 4] = q;
+      sum += q;
+    }
+    const float scale = int8::scale(absmax);
+    std::memcpy(out + Np * Kp + 4 * n, &scale, 4);
+    std::memcpy(out + Np * Kp + 4 * Np + 4 * n, &sum, 4);
+  }
+  return -1;
+}
+
+int64_t weight_bytes(const WeightDesc& w) {
+  int64_t numel = 1;
+  for (int64_t d : w.shape) numel *= d;
+  if (w.int8) return numel + 8 * w.shape.at(0) * 64;
+  return numel * (w.bf16 ? 2 : 4);
+}
+
 AlignedStorage allocate_aligned(int64_t bytes) {
   constexpr int64_t kHuge = int64_t{2} << 20;
   const int64_t align = bytes >= kHuge ? kHuge : 64;
@@ -391,7 +431,7 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
     }
     w.i64(wd.transpose);
     w.i64(wd.panel);
-    w.i64(wd.bf16);
+    w.i64(wd.int8 ? 2 : wd.bf16 ? 1 : 0);  // how its elements are stored: f32, bf16 or int8
     w.ints(wd.shape);
   }
   w.i64(static_cast<int64_t>(p.tables.size()));
@@ -482,7 +522,11 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
     }
     wd.transpose = r.i64() != 0;
     wd.panel = r.i64();
-    wd.bf16 = r.i64() != 0;
+    const int64_t stored = r.i64();
+    if (stored < 0 || stored > 2)
+      fail("compiled plan: weight '{}' has an unknown storage {}", wd.name, stored);
+    wd.bf16 = stored == 1;
+    wd.int8 = stored == 2;
     wd.shape = r.ints();
   }
   p.tables.resize(r.count());

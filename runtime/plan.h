@@ -119,11 +119,18 @@ struct WeightDesc {
   std::string name;                  // for messages
   std::vector<std::string> sources;  // state_dict names
   std::vector<std::vector<int64_t>> source_shapes;
-  bool transpose = false;      // a linear weight, laid out after concatenation
-  int64_t panel = 0;           // its panel width (0: transposed only)
-  std::vector<int64_t> shape;  // as stored: [K, N], [N/panel, K, panel] or [Np/64, Kp/2, 64, 2]
+  bool transpose = false;  // a linear weight, laid out after concatenation
+  int64_t panel = 0;       // its panel width (0: transposed only)
+  // As stored: [K, N], [N/panel, K, panel], bf16 [Np/64, Kp/2, 64, 2] or int8 [Np/64, Kp/4,
+  // 64, 4] (then its scales and row sums, see weight_bytes).
+  std::vector<int64_t> shape;
   bool bf16 = false;  // packed for the bf16 linear kernel (lay_out_linear_weight_bf16_rows)
+  bool int8 = false;  // quantized for the int8 linear kernel (lay_out_linear_weight_int8_rows)
 };
+
+// The bytes a weight takes as the runtime lays it out: its shape's elements (f32, bf16 or
+// int8), and for int8 then Np f32 scales and Np i32 row sums (Np = shape[0]·64).
+int64_t weight_bytes(const WeightDesc& w);
 
 // Lays out a linear weight W[N, K] (row-major) as codegen's linear kernel reads it
 // (codegen/kernels.h, LinearKernel): panel = 0: wt[k·N + n] = W[n, k], i.e. Wᵀ [K, N];
@@ -142,6 +149,16 @@ void lay_out_linear_weight_rows(const uint8_t* w_rows, int64_t n0, int64_t rows,
 // `source_bf16`) rows of K. The padding is left as it is: zero `wt` first.
 void lay_out_linear_weight_bf16_rows(const uint8_t* w_rows, int64_t n0, int64_t rows, int64_t N,
                                      int64_t K, uint16_t* wt, bool source_bf16 = false);
+// The int8 layout of codegen's int8 linear kernel (kernels.h, LinearKernel::int8), with Np =
+// N rounded up to a multiple of 64 and Kp = K rounded up to a multiple of 4: each row of W
+// quantized (support/int8.h), q(W)[n, k] at byte (n / 64)·Kp·64 + (k / 4)·256 + (n % 64)·4 +
+// k % 4, i.e. [Np/64, Kp/4, 64, 4]; then at byte Np·Kp the f32 scale of row n at n, then at
+// byte Np·Kp + 4·Np the i32 Σ_k q(W)[n, k] at n. Rows [n0, n0 + rows) of W given as f32 (or
+// bf16 with `source_bf16`) rows of K; the padding is left as it is: zero `out` first. Returns
+// the first of those rows with a value that is not finite (nothing is written for it or after
+// it), or -1.
+int64_t lay_out_linear_weight_int8_rows(const uint8_t* w_rows, int64_t n0, int64_t rows, int64_t N,
+                                        int64_t K, uint8_t* out, bool source_bf16 = false);
 // f32 -> bf16 bits as AVX512-BF16 converts (vcvtne2ps2bf16): rounded to nearest, ties to
 // even; zero and subnormals (below 2^-126) to a zero of their sign (so a bf16 subnormal, which
 // vdpbf16ps would read as zero, is never made); NaN stays NaN. bf16 bits -> f32.

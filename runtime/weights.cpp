@@ -84,32 +84,43 @@ std::vector<AlignedBytes> load_weights(const Plan& plan, const std::string& path
       source_numel += static_cast<int64_t>(parts.back().size() / (part_bf16.back() ? 2 : 4));
     }
     // A linear weight W[N, K] (its sources are blocks of rows of K; the bf16 layout pads
-    // N to a multiple of 64 and K to even).
+    // N to a multiple of 64 and K to even, the int8 one to a multiple of 4).
     const int64_t K = w.transpose && !w.source_shapes.empty() && !w.source_shapes[0].empty()
                           ? w.source_shapes[0].back()
                           : 1;
-    if (w.bf16 ? (K < 1 || source_numel % K != 0 || (source_numel / K + 63) / 64 != w.shape[0] ||
-                  (K + 1) / 2 != w.shape[1])
-               : source_numel != numel)
+    const int64_t group = w.bf16 ? 2 : w.int8 ? 4 : 0;  // K adjacent in the packed layout
+    if (group ? (K < 1 || source_numel % K != 0 || (source_numel / K + 63) / 64 != w.shape[0] ||
+                 (K + group - 1) / group != w.shape[1])
+              : source_numel != numel)
       fail("weight '{}' has {} elements, the plan expects {}", w.name, source_numel,
-           w.bf16
-               ? fmt::format("[N, K] with N/64 = {}, K/2 = {} (rounded up)", w.shape[0], w.shape[1])
-               : std::to_string(numel));
-    weights[wi].allocate(numel * (w.bf16 ? 2 : 4));
-    if (w.bf16) std::memset(weights[wi].data.get(), 0, static_cast<size_t>(numel) * 2);
+           group ? fmt::format("[N, K] with N/64 = {}, K/{} = {} (rounded up)", w.shape[0], group,
+                               w.shape[1])
+                 : std::to_string(numel));
+    const int64_t bytes = weight_bytes(w);
+    weights[wi].allocate(bytes);
+    if (group) std::memset(weights[wi].data.get(), 0, static_cast<size_t>(bytes));
     if (w.transpose) {
-      // Stored as [K, N], [N/panel, K, panel] or [Np/64, Kp/2, 64, 2] (the plan is
+      // Stored as [K, N], [N/panel, K, panel], [Np/64, Kp/2, 64, 2] or int8 (the plan is
       // validated) from W[N, K].
       int64_t row = 0;
       for (size_t pi = 0; pi < parts.size(); ++pi) {
         const bool b = part_bf16[pi];
         const int64_t rows = static_cast<int64_t>(parts[pi].size() / (b ? 2 : 4)) / K;
-        if (w.bf16)
+        if (w.bf16) {
           lay_out_linear_weight_bf16_rows(parts[pi].data(), row, rows, source_numel / K, K,
                                           reinterpret_cast<uint16_t*>(weights[wi].data.get()), b);
-        else
+        } else if (w.int8) {
+          const int64_t bad = lay_out_linear_weight_int8_rows(
+              parts[pi].data(), row, rows, source_numel / K, K, weights[wi].data.get(), b);
+          if (bad >= 0)
+            fail(
+                "weight '{}' (from '{}'): row {} has a value that is not finite (NaN or "
+                "infinite): int8 weights are quantized by each row's largest magnitude",
+                w.name, w.sources[pi], bad - row);
+        } else {
           lay_out_linear_weight_rows(parts[pi].data(), row, rows, numel / K, K, w.panel,
                                      reinterpret_cast<float*>(weights[wi].data.get()), b);
+        }
         row += rows;
       }
     } else {

@@ -516,7 +516,24 @@ TEST_F(CliTest, Bf16WeightsNeedAnAvx512Target) {
   EXPECT_THAT(avx2.output, HasSubstr("has no avx512_skylake"));
   Result fp8 = run("compile " + path("tiny16.kir") + " --weights fp8 -o " + path("o16"));
   EXPECT_EQ(fp8.status, 1);
-  EXPECT_THAT(fp8.output, HasSubstr("unknown weight type 'fp8' (use f32 or bf16)"));
+  EXPECT_THAT(fp8.output, HasSubstr("unknown weight type 'fp8' (use f32, bf16 or int8)"));
+}
+
+// --weights int8 needs an AVX-512 target too (its kernels use AVX512-VNNI), and is for the CPU.
+TEST_F(CliTest, Int8WeightsNeedAnAvx512Target) {
+  ASSERT_EQ(run("emit transformer --config tiny -o " + path("tiny8.kir")).status, 0);
+  Result avx2 = run("compile " + path("tiny8.kir") +
+                    " --weights int8 --target x86-64-linux-avx-avx2-fma-sse41 -o " + path("o8"));
+  EXPECT_EQ(avx2.status, 1);
+  EXPECT_THAT(avx2.output, HasSubstr("kiln: error: int8 weights need an x86-64 target with "
+                                     "AVX-512 (avx512_skylake or higher) on a CPU with "
+                                     "AVX512-VNNI; target 'x86-64-linux-avx-avx2-fma-sse41' "
+                                     "has no avx512_skylake"));
+  Result gpu =
+      run("compile " + path("tiny8.kir") + " --weights int8 --target host-opencl -o " + path("o8"));
+  EXPECT_EQ(gpu.status, 1);
+  EXPECT_THAT(gpu.output, HasSubstr("int8 weights are for the CPU (AVX512-VNNI); target "
+                                    "'host-opencl' runs kernels on the GPU"));
 }
 
 // Inputs and outputs named like C++ keywords still give a header that compiles (kiln

@@ -3,6 +3,7 @@
 // serialization, and the rejection of inconsistent layouts in a deserialized plan; element
 // types (the C ABI's kiln_dtype) and their codes in a serialized plan.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -83,6 +84,57 @@ TEST(PlanWeights, PackedLayoutRoundTrips) {
   EXPECT_EQ(back.weights[0].shape, w.shape);
 }
 
+// int8: each row quantized by its largest magnitude (support/int8.h), packed as [Np/64, Kp/4,
+// 64, 4] with the padding 0, then the f32 scales and the i32 row sums; written in two blocks
+// of rows as from two sources; a row with a non-finite value is reported, not packed.
+TEST(PlanWeights, Int8LayoutQuantizesEachRow) {
+  const int64_t N = 70, K = 6, Np = 128, Kp = 8;
+  std::vector<float> w(static_cast<size_t>(N * K));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) w[n * K + k] = (n == 3 ? 0.0f : (k - 2.5f) * (n + 1) * 0.25f);
+  std::vector<uint8_t> bytes(static_cast<size_t>(Np * Kp + 8 * Np), 0);
+  const auto* rows = reinterpret_cast<const uint8_t*>(w.data());
+  EXPECT_EQ(lay_out_linear_weight_int8_rows(rows, 0, 40, N, K, bytes.data()), -1);
+  EXPECT_EQ(lay_out_linear_weight_int8_rows(rows + 40 * K * 4, 40, 30, N, K, bytes.data()), -1);
+  for (int64_t n = 0; n < N; ++n) {
+    float absmax = 0;
+    for (int64_t k = 0; k < K; ++k) absmax = std::max(absmax, std::abs(w[n * K + k]));
+    float scale;
+    int32_t sum;
+    std::memcpy(&scale, &bytes[Np * Kp + 4 * n], 4);
+    std::memcpy(&sum, &bytes[Np * Kp + 4 * Np + 4 * n], 4);
+    EXPECT_EQ(scale, absmax * (1.0f / 127.0f)) << n;
+    int32_t want_sum = 0;
+    for (int64_t k = 0; k < Kp; ++k) {
+      const int8_t q =
+          static_cast<int8_t>(bytes[(n / 64) * Kp * 64 + (k / 4) * 256 + (n % 64) * 4 + k % 4]);
+      if (k >= K) {
+        EXPECT_EQ(q, 0) << "padding at n " << n << " k " << k;
+        continue;
+      }
+      want_sum += q;
+      // Within half a step of the value, and the largest magnitude is exactly ±127.
+      EXPECT_LE(std::abs(q * scale - w[n * K + k]), scale / 2 * 1.0001f) << n << "," << k;
+      if (absmax > 0 && std::abs(w[n * K + k]) == absmax) EXPECT_EQ(std::abs(q), 127);
+    }
+    EXPECT_EQ(sum, want_sum) << n;
+  }
+  // Row 3 is all zero: scale 0, q 0.
+  float scale3;
+  std::memcpy(&scale3, &bytes[Np * Kp + 4 * 3], 4);
+  EXPECT_EQ(scale3, 0.0f);
+  w[5 * K + 2] = NAN;
+  EXPECT_EQ(lay_out_linear_weight_int8_rows(rows, 0, 40, N, K, bytes.data()), 5);
+  WeightDesc d{"proj", {"w"}, {{N, K}}, true, 64, {2, 2, 64, 4}};
+  d.int8 = true;
+  EXPECT_EQ(weight_bytes(d), Np * Kp + 8 * Np);
+  std::vector<uint8_t> plan = serialize_plan(plan_with_weight(d));
+  Plan back = deserialize_plan(plan.data(), plan.size());
+  EXPECT_TRUE(back.weights[0].int8);
+  EXPECT_FALSE(back.weights[0].bf16);
+  EXPECT_EQ(back.weights[0].shape, d.shape);
+}
+
 TEST(PlanWeights, InconsistentLayoutsAreRejected) {
   auto error_for = [](WeightDesc w) {
     std::vector<uint8_t> bytes = serialize_plan(plan_with_weight(std::move(w)));
@@ -100,6 +152,13 @@ TEST(PlanWeights, InconsistentLayoutsAreRejected) {
               HasSubstr("weight 'w' has a bad layout (panel -1"));
   EXPECT_THAT(error_for({"w", {"w"}, {{64, 8}}, true, 0, {512}}),
               HasSubstr("weight 'w' has a bad layout (panel 0, shape [512])"));
+  // int8: [Np/64, Kp/4, 64, 4] with panel 64.
+  WeightDesc q{"w", {"w"}, {{64, 8}}, true, 64, {1, 2, 64, 2}};
+  q.int8 = true;
+  EXPECT_THAT(error_for(q), HasSubstr("weight 'w' has a bad layout (panel 64, shape [1,2,64,2])"));
+  q.shape = {1, 2, 64, 4};
+  q.panel = 0;
+  EXPECT_THAT(error_for(q), HasSubstr("weight 'w' has a bad layout (panel 0, shape [1,2,64,4])"));
 }
 
 // A plan's element types are kiln_dtype values; serialized, they keep the codes of plan
@@ -142,13 +201,22 @@ TEST(PlanTypes, ElementTypesKeepTheirSerializedCodes) {
   EXPECT_EQ(code_after("x_f32"), 3);
   EXPECT_THAT(error_of([&] { deserialize_plan(bytes.data(), bytes.size()); }),
               HasSubstr("compiled plan: tensor 'x_f32' of 'forward' is bf16 (only weights are)"));
-  // A code past bf16 is refused too.
+  // So are i8 and i32 (int8 weights and their row sums; format 12's codes 4 and 5).
+  p.functions[0].params[0].type = KILN_I8;
+  bytes = serialize_plan(p);
+  EXPECT_EQ(code_after("x_f32"), 4);
+  EXPECT_THAT(error_of([&] { deserialize_plan(bytes.data(), bytes.size()); }),
+              HasSubstr("compiled plan: tensor 'x_f32' of 'forward' is i8 (only weights are)"));
+  p.functions[0].params[0].type = KILN_I32;
+  bytes = serialize_plan(p);
+  EXPECT_EQ(code_after("x_f32"), 5);
+  // A code past i32 is refused too.
   const std::string x = "x_f32";
   auto at = std::search(bytes.begin(), bytes.end(), x.begin(), x.end());
-  const int64_t unknown = 4;
+  const int64_t unknown = 6;
   std::memcpy(&*(at + 5), &unknown, 8);
   EXPECT_THAT(error_of([&] { deserialize_plan(bytes.data(), bytes.size()); }),
-              HasSubstr("compiled plan has an unknown element type 4"));
+              HasSubstr("compiled plan has an unknown element type 6"));
 }
 
 // A symbol derived from another (an IR dim T+1 or 2*T-1) keeps its base, scale and offset

@@ -41,6 +41,24 @@ TEST(Target, MissingFeaturesAreNamed) {
   EXPECT_THAT(rt::missing_cpu_features("x86-64-linux-sse41-cuda-no_runtime"), ::testing::IsEmpty());
 }
 
+// kiln's own features for the bf16 and int8 kernels (compiled for LLVM's cooperlake) are
+// CPUID's flags: the load check of such a library (the same check as avx512_knl's below)
+// refuses it exactly where the CPU lacks AVX512-BF16 or AVX512-VNNI.
+TEST(Target, PackedWeightFeaturesAreCpuidFlags) {
+  EXPECT_EQ(rt::missing_cpu_features("x86-64-linux-avx512_vnni").empty(),
+            __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"));
+  EXPECT_EQ(rt::missing_cpu_features("x86-64-linux-avx512_bf16").empty(),
+            __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bf16") &&
+                __builtin_cpu_supports("avx512bw"));
+  for (const std::string feature : {"avx512_vnni", "avx512_bf16"}) {
+    const std::string lacks = rt::missing_cpu_features("x86-64-linux-" + feature).empty()
+                                  ? "none"
+                                  : rt::missing_cpu_features("x86-64-linux-" + feature)[0];
+    std::printf("[ target   ] %s: this CPU lacks %s\n", feature.c_str(), lacks.c_str());
+  }
+}
+
 // A library compiled for avx512_knl is refused by name when it is loaded.
 TEST(Target, LibraryForAMissingFeatureIsRefusedAtLoad) {
   char* error = nullptr;
@@ -84,14 +102,14 @@ bool fp16_or_amx(const std::string& mnemonic) {
   return mnemonic != "vcvtps2ph" && std::regex_match(mnemonic, fp16);
 }
 
-TEST(Target, Bf16LibraryUsesOnlyCooperlakeInstructions) {
+TEST(Target, Bf16AndInt8LibrariesUseOnlyCooperlakeInstructions) {
   for (const char* fp16 : {"vaddph", "vfmadd231sh", "vmovw", "vcvtw2ph", "vmovsh", "tileloadd"})
     EXPECT_TRUE(fp16_or_amx(fp16)) << fp16;
   for (const char* fine : {"vcvtps2ph", "vcvtph2ps", "vdpbf16ps", "vfmadd231ps", "vpunpckhwd"})
     EXPECT_FALSE(fp16_or_amx(fine)) << fine;
   const std::string dir = std::string(KILN_BINARY_DIR) + "/tests/";
-  for (const std::string lib :
-       {"bf16_tiny.kiln/libbf16_tiny.a", "golden_tiny.kiln/libgolden_tiny.a"}) {
+  for (const std::string lib : {"bf16_tiny.kiln/libbf16_tiny.a", "int8_tiny.kiln/libint8_tiny.a",
+                                "golden_tiny.kiln/libgolden_tiny.a"}) {
     const std::map<std::string, int> count = mnemonics(dir + lib);
     int total = 0;
     for (const auto& [name, n] : count) {
@@ -99,10 +117,14 @@ TEST(Target, Bf16LibraryUsesOnlyCooperlakeInstructions) {
       EXPECT_FALSE(fp16_or_amx(name)) << lib << ": " << n << " x " << name;
     }
     ASSERT_GT(total, 1000) << "could not disassemble " << lib;
-    const bool bf16 = lib.rfind("bf16", 0) == 0;
+    const bool bf16 = lib.rfind("bf16", 0) == 0, int8 = lib.rfind("int8", 0) == 0;
     EXPECT_EQ(count.count("vdpbf16ps") > 0, bf16) << lib;
-    std::printf("[ target   ] %s: %d instructions, %d vdpbf16ps, no AVX512-FP16 or AMX\n",
-                lib.c_str(), total, count.count("vdpbf16ps") ? count.at("vdpbf16ps") : 0);
+    // int8: the products are vpdpbusd (AVX512-VNNI), never widened to f32.
+    EXPECT_EQ(count.count("vpdpbusd") > 0, int8) << lib;
+    std::printf(
+        "[ target   ] %s: %d instructions, %d vdpbf16ps, %d vpdpbusd, no AVX512-FP16 or AMX\n",
+        lib.c_str(), total, count.count("vdpbf16ps") ? count.at("vdpbf16ps") : 0,
+        count.count("vpdpbusd") ? count.at("vpdpbusd") : 0);
   }
 }
 

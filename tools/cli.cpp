@@ -217,7 +217,8 @@ std::unique_ptr<CLI::App> run_command(RunArgs& a) {
   auto app = make_command(
       "run",
       "FILE --weights W.safetensors --inputs IN.safetensors [--function NAME]\n"
-      "[-o OUT.safetensors] [--expect EXPECTED.safetensors [--atol X]] [--bf16-linear]\n"
+      "[-o OUT.safetensors] [--expect EXPECTED.safetensors [--atol X]] [--bf16-linear | "
+      "--int8-linear]\n"
       "kiln run --compiled DIR --weights W.safetensors --inputs IN.safetensors [...]\n"
       "[--threads N] [--repeat N] [--profile]",
       "Runs a function with the reference interpreter. Inputs are read by parameter name\n"
@@ -271,6 +272,12 @@ std::unique_ptr<CLI::App> run_command(RunArgs& a) {
                 "interpreter only: every linear op rounds its input and weight to bf16 first, as "
                 "a library compiled with '--weights bf16' does (run it on that library's "
                 "optimized IR, 'kiln compile --emit=ir')");
+  app->add_flag("--int8-linear", a.int8_linear,
+                "interpreter only: every linear op quantizes its weight and each row of its "
+                "input to int8 (symmetric, scale max|row| / 127) and sums the products exactly, "
+                "as a library compiled with '--weights int8' does (run it on that library's "
+                "optimized IR)")
+      ->excludes("--bf16-linear");
   return app;
 }
 

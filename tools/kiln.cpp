@@ -344,6 +344,7 @@ int cmd_run(const std::vector<std::string>& argv) {
   if (!a.compiled.empty()) exec_runner("run", argv);
   ir::InterpretOptions interpret_options;
   interpret_options.bf16_linear = a.bf16_linear;
+  interpret_options.int8_linear = a.int8_linear;
   interpret_options.max_bytes = parse_byte_size(a.max_memory).value();  // checked by CLI11
   if (a.file.empty()) fail("run: FILE is required (see 'kiln run --help')");
   const std::string& file = a.file;
@@ -372,7 +373,7 @@ int cmd_compile(const std::vector<std::string>& argv) {
   driver::CompileOptions options;
   auto app = make_command(
       "compile",
-      "FILE.kir [--target T] [--weights f32|bf16] [-o DIR] [--name NAME]\n"
+      "FILE.kir [--target T] [--weights f32|bf16|int8] [-o DIR] [--name NAME]\n"
       "[--emit=static,shared,ir] [-j N]",
       "Runs the default pipeline, generates and compiles every kernel with Halide, and writes\n"
       "into DIR a static library libNAME.a and a header NAME.h (C++ class kiln_models::NAME "
@@ -385,10 +386,14 @@ int cmd_compile(const std::vector<std::string>& argv) {
       ->type_name("T")
       ->capture_default_str();
   app->add_option("--weights", options.weights,
-                  "f32 or bf16: linear weights converted to bf16 at load time (f32 or bf16 "
-                  "safetensors), products summed in f32 with AVX512-BF16's vdpbf16ps; attention, "
-                  "norms and the rest stay f32. Needs an AVX-512 target, and with 'host' a CPU "
-                  "with AVX512-BF16; the library refuses to load on a CPU without it")
+                  "f32, bf16 or int8. bf16: linear weights converted to bf16 at load time (f32 or "
+                  "bf16 safetensors), products summed in f32 with AVX512-BF16's vdpbf16ps. int8: "
+                  "linear weights quantized per output row at load time (symmetric, scale "
+                  "max|row|/127), each row of a linear's input quantized the same way as it runs, "
+                  "products summed exactly in int32 with AVX512-VNNI's vpdpbusd, scaled back in "
+                  "f32. Attention, norms and the rest stay f32. Both need an AVX-512 target, and "
+                  "with 'host' a CPU with AVX512-BF16 (bf16) or AVX512-VNNI (int8); the library "
+                  "refuses to load on a CPU without it")
       ->type_name("W")
       ->capture_default_str();
   app->add_option("-o", options.out_dir, "output directory")

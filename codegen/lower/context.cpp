@@ -186,9 +186,13 @@ View ModuleLowering::dense_view(const ir::TensorType& t, Storage storage, int32_
   return v;
 }
 
-int32_t ModuleLowering::weight_index(const std::string& name, bool linear, int64_t panel,
-                                     bool bf16) {
-  std::string key = name + (linear ? fmt::format("#t{}{}", panel, bf16 ? "b" : "") : "");
+int32_t ModuleLowering::weight_index(const std::string& name, bool linear, int64_t panel, bool bf16,
+                                     bool int8) {
+  std::string key = name + (linear ? fmt::format("#t{}{}", panel,
+                                                 bf16   ? "b"
+                                                 : int8 ? "q"
+                                                        : "")
+                                   : "");
   auto it = weights_.find(key);
   if (it != weights_.end()) return it->second;
   const ir::Weight* w = m.find_weight(name);
@@ -203,7 +207,7 @@ int32_t ModuleLowering::weight_index(const std::string& name, bool linear, int64
   if (w->derivation && w->derivation->op == "transpose") {
     // transpose(@W) of an [in, out] weight W[K, N] (GPT-2's Conv1D), read only by linear
     // kernels without panels or bf16 (lower_linear): their layout Wᵀ [K, N] is W as stored.
-    if (!linear || panel != 0 || bf16)
+    if (!linear || panel != 0 || bf16 || int8)
       fail(
           "weight '{}': a transposed [in, out] weight is supported only as an f32 linear "
           "weight without panels",
@@ -237,11 +241,13 @@ int32_t ModuleLowering::weight_index(const std::string& name, bool linear, int64
                 fmt::format("lowering: weight '{}' of a linear is not 2-D", name));
     const int64_t N = d.shape[0], K = d.shape[1];
     d.shape = bf16    ? std::vector<int64_t>{(N + 63) / 64, (K + 1) / 2, 64, 2}
+              : int8  ? std::vector<int64_t>{(N + 63) / 64, (K + 3) / 4, 64, 4}
               : panel ? std::vector<int64_t>{N / panel, K, panel}
                       : std::vector<int64_t>{K, N};
     d.transpose = true;
     d.panel = panel;
     d.bf16 = bf16;
+    d.int8 = int8;
   }
   int32_t index = static_cast<int32_t>(out.plan.weights.size());
   out.plan.weights.push_back(std::move(d));

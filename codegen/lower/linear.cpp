@@ -1,5 +1,5 @@
 // Lowering of `linear`: the linear kernel on a load-time weight laid out for it (f32
-// panels or bf16), or the general matmul for a weight computed at run time.
+// panels, bf16 or int8), or the general matmul for a weight computed at run time.
 #include <optional>
 #include <string>
 #include <vector>
@@ -8,6 +8,8 @@
 
 #include "codegen/lower/lowering.h"
 #include "passes/rewrite.h"
+#include "support/error.h"
+#include "support/int8.h"
 
 namespace kiln::codegen::lowering {
 
@@ -35,19 +37,37 @@ void lower_linear(FunctionLowering& L, const ir::Op& op) {
   } else if (L.module.options.bf16_weights) {
     k.bf16 = true;
     k.panel = 64;
+  } else if (L.module.options.int8_weights) {
+    if (K > int8::kMaxK)
+      fail("linear %{}: K = {} is more than int8 weights allow ({}: the int32 sums must be exact)",
+           op.result, K, int8::kMaxK);
+    k.int8 = true;
+    k.panel = 64;
   }
   View out = L.output_view(op);
   rt::StepDesc s{L.kernel_index(k), fmt::format("linear %{}", op.result), {}};
   s.args.push_back(L.rows_arg(op, 0));
-  // The weight as stored (weight_index lays it out): [K, N], [N/panel, K, panel] or
-  // for bf16 [N/64, K/2, 64, 2].
-  const int32_t wi = L.module.weight_index(w->str_attr("name"), true, k.panel, k.bf16);
+  // The weight as stored (weight_index lays it out): [K, N], [N/panel, K, panel], for bf16
+  // [N/64, K/2, 64, 2], for int8 [N/64, K/4, 64, 4] then its scales and row sums.
+  const int32_t wi = L.module.weight_index(w->str_attr("name"), true, k.panel, k.bf16, k.int8);
   std::vector<ir::Dim> stored;
-  for (int64_t d : L.module.out.plan.weights[static_cast<size_t>(wi)].shape)
+  int64_t stored_numel = 1;
+  for (int64_t d : L.module.out.plan.weights[static_cast<size_t>(wi)].shape) {
     stored.push_back(ir::Dim::constant(d));
+    stored_numel *= d;
+  }
   View wv = L.dense_view(ir::TensorType{ir::DType::f32, stored}, Storage::weight, wi, 0);
   if (k.bf16) wv.type = KILN_BF16;
+  if (k.int8) wv.type = KILN_I8;
   s.args.push_back(wv.halide());
+  if (k.int8) {
+    const int64_t Np = stored[0].value * 64;
+    const ir::TensorType rows{ir::DType::f32, {ir::Dim::constant(Np)}};
+    s.args.push_back(L.dense_view(rows, Storage::weight, wi, stored_numel).halide());
+    View sums = L.dense_view(rows, Storage::weight, wi, stored_numel + 4 * Np);
+    sums.type = KILN_I32;
+    s.args.push_back(sums.halide());
+  }
   if (k.has_bias) s.args.push_back(L.view_of(op.operands[2], op).halide());
   s.args.push_back(*L.rows_view(out, op));
   L.fd.steps.push_back(std::move(s));

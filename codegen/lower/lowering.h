@@ -61,7 +61,8 @@ class ModuleLowering {
   View dense_view(const ir::TensorType& t, rt::Storage storage, int32_t index, int64_t byte_offset);
   // The weight `name` as stored: as declared, or for a linear's weight (`linear`) laid
   // out as its kernel reads it, transposed or packed in panels of `panel` columns.
-  int32_t weight_index(const std::string& name, bool linear, int64_t panel = 0, bool bf16 = false);
+  int32_t weight_index(const std::string& name, bool linear, int64_t panel = 0, bool bf16 = false,
+                       bool int8 = false);
   int32_t table_index(int64_t rows, int64_t dim);
   // The kernel's index in the plan, added the first time a spec is seen.
   int32_t kernel_index(const KernelSpec& spec);
@@ -145,7 +146,7 @@ void lower_weight(FunctionLowering& L, const ir::Op& op);
 void lower_sinusoid_table(FunctionLowering& L, const ir::Op& op);
 void lower_reshape(FunctionLowering& L, const ir::Op& op);
 void lower_slice(FunctionLowering& L, const ir::Op& op);
-// linear.cpp: the linear kernel (f32 or bf16 weights).
+// linear.cpp: the linear kernel (f32, bf16 or int8 weights).
 void lower_linear(FunctionLowering& L, const ir::Op& op);
 // attention.cpp: attention, and incremental decoding's cache write and step attentions.
 void lower_attention(FunctionLowering& L, const ir::Op& op);

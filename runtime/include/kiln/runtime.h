@@ -18,8 +18,16 @@ extern "C" {
 typedef struct kiln_model kiln_model;
 
 /* Element types, the one enumeration of them in the runtime (its plans use it too).
- * KILN_BF16 is only a compiled model's bf16 weights, never an entry point's tensor. */
-enum kiln_dtype { KILN_F32 = 0, KILN_I64 = 1, KILN_I32 = 2, KILN_BOOL = 3, KILN_BF16 = 4 };
+ * KILN_BF16 and KILN_I8 are only a compiled model's bf16 and int8 weights, never an entry
+ * point's tensor. */
+enum kiln_dtype {
+  KILN_F32 = 0,
+  KILN_I64 = 1,
+  KILN_I32 = 2,
+  KILN_BOOL = 3,
+  KILN_BF16 = 4,
+  KILN_I8 = 5
+};
 
 #define KILN_MAX_RANK 8
 
@@ -39,7 +47,8 @@ typedef struct kiln_tensor {
   size_t capacity; /* bytes at `data` */
 } kiln_tensor;
 
-/* Bytes per element of a dtype (KILN_BOOL: 1, KILN_BF16: 2), or 0 for an unknown one. */
+/* Bytes per element of a dtype (KILN_BOOL and KILN_I8: 1, KILN_BF16: 2), or 0 for an
+ * unknown one. */
 size_t kiln_dtype_size(int32_t dtype);
 
 /* Hooks into the Halide runtime compiled into the model library. release_device (NULL for
@@ -346,6 +355,8 @@ inline const char* dtype_name(int32_t dtype) {
       return "bool";
     case KILN_BF16:
       return "bf16";
+    case KILN_I8:
+      return "i8";
   }
   return "an unknown dtype";
 }

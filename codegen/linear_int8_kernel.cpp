@@ -1,0 +1,106 @@
+// The `linear` kernel with int8 weights (kernels.h, LinearKernel::int8): the weight quantized
+// per output row at load time (support/int8.h: symmetric s8, q = round(w · 127 / max|row|),
+// scale max|row| / 127) and packed in panels of 64 columns, each column's 4 consecutive K
+// adjacent (as vpdpbusd reads them); each row of the input quantized as it is read
+// (asymmetric u8 with a zero point z, step s: x ≈ s · (u − z)); the products summed in int32
+// by AVX512-VNNI's `vpdpbusd` (64 u8 × s8 products into 16 int32 lanes per instruction, four
+// times the FMA rate of f32); the zero point taken off exactly in int32 (Σ u·q_w − z·Σ q_w),
+// then scaled by the two scales, the bias and activation applied in f32.
+//
+// Schedule: the bf16 kernel's (schedule_packed_linear), with groups of 4 instead of pairs:
+// Halide 14 matches the atomically vectorized sum over a group of 4 of i32(u8) · i32(i8) to
+// vpdpbusd (measured: it needs avx512_sapphirerapids in the Halide target, so these kernels
+// are compiled as the bf16 ones, LLVM IR through llc for cooperlake; see kernels.cpp). The
+// input's row ranges and its quantized copy are computed once per chunk of rows.
+#include "codegen/halide_kernels.h"
+#include "support/error.h"
+#include "support/int8.h"
+
+namespace kiln::codegen {
+
+using Halide::Expr;
+using Halide::Func;
+using Halide::RDom;
+using Halide::TailStrategy;
+using Halide::Var;
+
+KernelPipeline build_linear_int8(const LinearKernel& spec, const Halide::Target& target) {
+  constexpr int P = 64, G = 4;
+  KILN_ASSERT(spec.int8 && spec.panel == P, "int8 linear kernel needs 64-column panels");
+  KILN_ASSERT(target.has_feature(Halide::Target::AVX512_SapphireRapids),
+              "int8 linear kernel needs a target with AVX512-VNNI");
+  KILN_ASSERT(spec.K >= 1 && spec.K <= int8::kMaxK && spec.N <= (int64_t{1} << 30),
+              "int8 linear kernel: K must be in [1, 65536]");
+  const int K = static_cast<int>(spec.K), N = static_cast<int>(spec.N);
+  const int Kg = (K + G - 1) / G, Kp = Kg * G, Np = (N + P - 1) / P * P;  // as packed
+
+  Halide::ImageParam x(Halide::Float(32), 2, "x");
+  // wt(g, j, kg, p) = q(W)[p·64 + j, 4·kg + g]; wscale(n): row n's scale; wsum(n) = Σ_k q(W)[n, k].
+  Halide::ImageParam wt(Halide::Int(8), 4, "wt");
+  Halide::ImageParam wscale(Halide::Float(32), 1, "wscale");
+  Halide::ImageParam wsum(Halide::Int(32), 1, "wsum");
+  Halide::ImageParam bias(Halide::Float(32), 1, "bias");
+  Var n("n"), m("m"), k("k"), j("j"), p("p");
+
+  // The input's rows quantized as support/int8.h does it (asymmetric, u8).
+  RDom rk(0, K, "rk");
+  Func range("range");  // (lo, hi): min(row, 0), max(row, 0)
+  range(m) = {0.0f, 0.0f};
+  range(m) = {Halide::min(range(m)[0], x(rk, m)), Halide::max(range(m)[1], x(rk, m))};
+  Func quant("quant");  // (inverse, zero, step)
+  {
+    Expr width = range(m)[1] - range(m)[0];
+    Expr inverse = Halide::select(width > 0.0f, 255.0f / width, 0.0f);
+    quant(m) = {inverse, Halide::round(-range(m)[0] * inverse), width * (1.0f / 255.0f)};
+  }
+  Func xq("xq");  // u8; the padding columns (K to Kp) any value: their weights are 0
+  Expr u = Halide::round(x(Halide::min(k, K - 1), m) * quant(m)[0]) + quant(m)[1];
+  xq(k, m) = Halide::cast<uint8_t>(Halide::clamp(u, 0.0f, 255.0f));
+
+  RDom r(0, G, 0, Kg, "r");
+  Func acc("acc");  // acc(j, p, m): column p·64 + j
+  acc(j, p, m) = 0;
+  acc(j, p, m) +=
+      Halide::cast<int32_t>(xq(G * r.y + r.x, m)) * Halide::cast<int32_t>(wt(r.x, j, r.y, p));
+  Expr exact = acc(n % P, n / P, m) - Halide::cast<int32_t>(quant(m)[1]) * wsum(n);
+  Expr y = Halide::cast<float>(exact) * (quant(m)[2] * wscale(n));
+  if (spec.has_bias) y += bias(n);
+  if (spec.act != "none") y = float_function(spec.act, y);
+  Func out("out");
+  out(n, m) = y;
+
+  x.dim(0).set_bounds(0, K);
+  x.dim(1).set_min(0);
+  wt.dim(0).set_bounds(0, G);
+  wt.dim(1).set_bounds(0, P).set_stride(G);
+  wt.dim(2).set_bounds(0, Kg).set_stride(G * P);
+  wt.dim(3).set_bounds(0, Np / P).set_stride(P * Kp);
+  wscale.dim(0).set_bounds(0, Np);
+  wsum.dim(0).set_bounds(0, Np);
+  bias.dim(0).set_bounds(0, N);
+  Halide::OutputImageParam ob = out.output_buffer();
+  ob.dim(0).set_bounds(0, N);
+  ob.dim(1).set_min(0).set_stride(N);
+  x.set_estimates({{0, K}, {0, 2048}});
+  wt.set_estimates({{0, G}, {0, P}, {0, Kg}, {0, Np / P}});
+  wscale.set_estimates({{0, Np}});
+  wsum.set_estimates({{0, Np}});
+  bias.set_estimates({{0, N}});
+  out.set_estimates({{0, N}, {0, 2048}});
+
+  // A panel of 128 KB from K = 2048 on, as for bf16 (K = 1024).
+  const Var c = schedule_packed_linear(out, acc, r, n, m, j, N, Np, Kg, Kp >= 2048);
+  // The input is quantized once per chunk of rows, in parallel over blocks of 16 rows.
+  Var xo("xo");
+  range.compute_at(out, c);
+  range.update().atomic().vectorize(rk, 16);
+  quant.compute_at(out, c);
+  xq.compute_at(out, c).split(m, xo, m, 16, TailStrategy::GuardWithIf).parallel(xo);
+  if (Kp >= 64) xq.vectorize(k, 64, TailStrategy::ShiftInwards);
+
+  std::vector<Halide::Argument> args = {x, wt, wscale, wsum};
+  if (spec.has_bias) args.push_back(bias);
+  return KernelPipeline{Halide::Pipeline(out), args};
+}
+
+}  // namespace kiln::codegen

@@ -1,0 +1,392 @@
+// Models compiled with `kiln compile --weights int8` (kiln_add_model ... WEIGHTS int8).
+//
+// What int8 changes. Every linear with a load-time weight quantizes its weight per output row
+// and each row of its input at run time (support/int8.h: q = round(v · 127 / max|row|), scale
+// max|row| / 127), sums q_x · q_w exactly in int32 and scales back in f32. The kernels are
+// checked tightly: each int8 linear alone against a double sum over the same quantized inputs
+// (the dequantized values), within the f32 bound of the scaling (Int8Kernels), and the
+// interpreter's int8_linear gives the same numbers.
+//
+// The models' bound, derived. Quantizing a row moves each element by at most half a step,
+// max|row| / 254, so one output of a linear moves by at most
+//   (max|x| · Σ_k |w_k| + max|w| · Σ_k |x_k|) / 254 + K · max|x| · max|w| / 254²,
+// which for rows of comparable magnitudes is about 2/254 ≈ 2^-7 of K · max|x| · max|w|, the
+// largest value the output could take. Real rows are far from that worst case (errors of
+// random sign add as √K, and an output is rarely near K · max|x| · max|w|), and LayerNorm
+// re-scales after each sublayer; a chain of G linears then moves the logits by about
+// G · 2^-7 of the largest |logit| at worst. The acceptance caps the bound at 2% of
+// the logits' range, which is the tighter of the two for every model here (G ≥ 13), so that
+// is what the tests assert (kInt8OfRange); every measured error is printed beside it, and
+// the distance to the int8-quantizing interpreter is printed (not asserted: an input within
+// an f32 ulp of a quantization boundary may round the other way in the kernel, a step that
+// later layers carry on).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "f32_numbers.h"
+#include "frontend/models.h"
+#include "int8_linears.h"
+#include "int8_numbers.h"
+#include "int8_odd.h"
+#include "int8_small.h"
+#include "int8_tiny.h"
+#include "ir/interpreter.h"
+#include "ir/parser.h"
+#include "kiln/vocab.h"
+#include "noise.h"
+#include "pass_harness.h"
+#include "passes/pipeline.h"
+#include "runtime/plan.h"
+#include "runtime/safetensors.h"
+#include "support/int8.h"
+#include "tools/bridge.h"
+
+namespace kiln {
+namespace {
+
+constexpr double kInt8OfRange = 0.02;  // the models' bound: 2% of the logits' range
+
+std::string golden(const std::string& f) {
+  return std::string(KILN_TEST_DATA_DIR) + "/golden/" + f;
+}
+
+ir::Module optimized(const std::string& config, const std::vector<std::string>& settings = {}) {
+  ir::Module m = models::build_model("transformer", config, settings);
+  passes::run_passes(m, passes::default_pipeline());
+  return m;
+}
+
+std::vector<ir::Tensor> run_int8_reference(const ir::Module& m, const std::string& entry,
+                                           const ir::WeightMap& weights,
+                                           const std::vector<ir::Tensor>& inputs) {
+  ir::InterpretOptions options;
+  options.int8_linear = true;
+  return ir::interpret(m, *m.find_function(entry), weights, inputs, options);
+}
+
+double max_diff(const std::vector<float>& got, const std::vector<float>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double err = 0;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i)
+    err = std::max(err, std::abs(static_cast<double>(got[i]) - want[i]));
+  return err;
+}
+
+double range_of(const std::vector<float>& v) {
+  if (v.empty()) return 0;
+  const auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+  return static_cast<double>(*hi) - *lo;
+}
+
+// A weight row quantized as the kernels do it, dequantized: s · q per element.
+std::vector<double> dequantized_weight(const float* v, int64_t n) {
+  const float absmax = int8::absmax(v, n), inverse = int8::inverse_scale(absmax);
+  const double s = int8::scale(absmax);
+  std::vector<double> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = s * int8::quantize(v[i], inverse);
+  return out;
+}
+
+// An input row quantized as the kernels do it (u8 with a zero point), dequantized: s · (u − z).
+std::vector<double> dequantized_input(const float* v, int64_t n) {
+  const int8::InputRow q = int8::input_row(v, n);
+  std::vector<double> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    out[static_cast<size_t>(i)] =
+        static_cast<double>(q.step) * (int8::quantize_input(v[i], q) - static_cast<double>(q.zero));
+  return out;
+}
+
+struct Case {
+  int64_t K, N;
+  bool relu, bias;
+};
+// tests/abi/linears.kir: N below, at and above multiples of 64, K not a multiple of 4 (1, 7,
+// 21, 33), ReLU, no bias, a long reduction (2048).
+const std::vector<Case> kCases = {
+    {1, 17, false, true},    {7, 5, true, false},     {20, 36, true, true}, {21, 29, false, true},
+    {64, 64, false, true},   {64, 200, true, true},   {33, 1, false, true}, {512, 512, false, true},
+    {512, 130, true, false}, {2048, 128, false, true}};
+
+std::string case_name(const Case& c) {
+  return "k" + std::to_string(c.K) + "_n" + std::to_string(c.N);
+}
+
+// Each kernel alone against a double-precision sum over the dequantized x and W (the same
+// quantized values on both sides: the int32 sum is exact, only its conversion and the two
+// scale products round, each by 2^-24 relative), within 4 · 2^-24 · (Σ_k |x̂_k · ŵ_k| + |b|);
+// and the interpreter's int8_linear on the same inputs within the same bound. Rows of x are
+// of different magnitudes (scales), one of them all zero.
+TEST(Int8Kernels, MatchADoubleSumOfQuantizedInputs) {
+  std::vector<rt::TensorData> tensors;
+  std::map<std::string, std::vector<float>> w, b;
+  uint32_t seed = 1;
+  for (const Case& c : kCases) {
+    const std::string name = case_name(c);
+    w[name] = testing::noise(static_cast<size_t>(c.N * c.K), seed++);
+    tensors.push_back(rt::make_f32("w_" + name, {c.N, c.K}, w[name]));
+    if (c.bias) {
+      b[name] = testing::noise(static_cast<size_t>(c.N), seed++);
+      tensors.push_back(rt::make_f32("b_" + name, {c.N}, b[name]));
+    }
+  }
+  const std::string path = ::testing::TempDir() + "int8_linears.safetensors";
+  rt::write_safetensors(path, tensors);
+  char* error = nullptr;
+  std::unique_ptr<kiln_model, void (*)(kiln_model*)> model(
+      int8_linears_create(path.c_str(), &error), kiln_model_destroy);
+  ASSERT_TRUE(model) << error;
+  std::ifstream kir(std::string(KILN_TEST_DATA_DIR) + "/abi/linears.kir");
+  std::stringstream text;
+  text << kir.rdbuf();
+  const ir::Module m = ir::parse_and_verify(text.str(), "linears.kir");
+  ir::WeightMap wm;
+  for (const rt::TensorData& t : tensors) {
+    std::vector<float> v(t.data.size() / 4);
+    std::memcpy(v.data(), t.data.data(), t.data.size());
+    wm[t.name] = ir::Tensor::from_f32(t.shape, v);
+  }
+  ir::InterpretOptions options;
+  options.int8_linear = true;
+  int checked = 0;
+  for (const Case& c : kCases) {
+    const std::string name = case_name(c);
+    std::vector<std::vector<double>> wq;
+    for (int64_t n = 0; n < c.N; ++n) wq.push_back(dequantized_weight(&w[name][n * c.K], c.K));
+    for (int64_t M : {1, 2, 3, 4, 5, 7, 33, 63, 64, 129, 200}) {
+      SCOPED_TRACE(name + " M=" + std::to_string(M));
+      std::vector<float> x = testing::noise(static_cast<size_t>(M * c.K), seed++);
+      // Row scales from 2^-6 to 2^6; rows of one sign (as after a ReLU: every 4th row from
+      // row 1) and shifted ones (from row 3), whose zero point is not the middle; row 2 all zero.
+      for (int64_t r = 0; r < M; ++r)
+        for (int64_t k = 0; k < c.K; ++k) {
+          float& v = x[r * c.K + k];
+          if (r % 4 == 1) v = std::abs(v);
+          if (r % 4 == 3) v += 0.75f;
+          v *= r == 2 ? 0.0f : std::ldexp(1.0f, static_cast<int>(r % 13) - 6);
+        }
+      std::vector<float> y(static_cast<size_t>(M * c.N), NAN);
+      kiln_tensor in{}, out{};
+      in.dtype = out.dtype = KILN_F32;
+      in.rank = out.rank = 2;
+      in.shape[0] = out.shape[0] = M;
+      in.shape[1] = c.K;
+      out.shape[1] = c.N;
+      in.data = x.data();
+      in.capacity = x.size() * 4;
+      out.data = y.data();
+      out.capacity = y.size() * 4;
+      ASSERT_EQ(kiln_model_run(model.get(), name.c_str(), &in, 1, &out, 1), 0)
+          << kiln_model_error(model.get());
+      const std::vector<ir::Tensor> interpreted = ir::interpret(
+          m, *m.find_function(name), wm, {ir::Tensor::from_f32({M, c.K}, x)}, options);
+      int failures = 0;
+      for (int64_t r = 0; r < M; ++r) {
+        const std::vector<double> xq = dequantized_input(&x[r * c.K], c.K);
+        for (int64_t n = 0; n < c.N; ++n) {
+          double sum = 0, magnitude = c.bias ? std::abs(b[name][n]) : 0.0;
+          for (int64_t k = 0; k < c.K; ++k) {
+            const double p = xq[static_cast<size_t>(k)] * wq[static_cast<size_t>(n)][k];
+            sum += p;
+            magnitude += std::abs(p);
+          }
+          double want = sum + (c.bias ? b[name][n] : 0.0);
+          if (c.relu) want = std::max(want, 0.0);
+          const double tolerance = 4 * 0x1p-24 * magnitude;
+          for (const float got : {y[r * c.N + n], interpreted[0].f[r * c.N + n]})
+            if (!(std::abs(static_cast<double>(got) - want) <= tolerance) && ++failures <= 5)
+              ADD_FAILURE() << "out[" << r << "," << n << "] = " << got << " (library "
+                            << y[r * c.N + n] << ", interpreter " << interpreted[0].f[r * c.N + n]
+                            << "), want " << want << " ± " << tolerance;
+          if (r == 2 && y[r * c.N + n] != static_cast<float>(c.relu ? std::max(want, 0.0) : want))
+            ADD_FAILURE() << "a zero row gives its bias exactly: out[2," << n
+                          << "] = " << y[r * c.N + n];
+          ++checked;
+        }
+      }
+      ASSERT_EQ(failures, 0);
+    }
+  }
+  std::printf("[ int8 ] %d kernel outputs (and the interpreter's) within 4 f32 roundings\n",
+              checked);
+}
+
+// A weight row with a NaN or an infinity cannot be quantized (its largest magnitude is the
+// scale): loading refuses it, naming the weight and the row.
+TEST(Int8Kernels, NonFiniteWeightsAreRefusedAtLoad) {
+  std::vector<rt::TensorData> tensors;
+  for (const Case& c : kCases) {
+    std::vector<float> v = testing::noise(static_cast<size_t>(c.N * c.K), 3);
+    if (case_name(c) == "k20_n36") v[5 * 20 + 7] = INFINITY;
+    tensors.push_back(rt::make_f32("w_" + case_name(c), {c.N, c.K}, v));
+    if (c.bias)
+      tensors.push_back(rt::make_f32("b_" + case_name(c), {c.N}, std::vector<float>(c.N, 0.f)));
+  }
+  const std::string path = ::testing::TempDir() + "int8_infinite.safetensors";
+  rt::write_safetensors(path, tensors);
+  char* error = nullptr;
+  kiln_model* model = int8_linears_create(path.c_str(), &error);
+  EXPECT_EQ(model, nullptr);
+  ASSERT_NE(error, nullptr);
+  const std::string message = error;
+  kiln_free_error(error);
+  EXPECT_NE(message.find("weight 'w_k20_n36'"), std::string::npos) << message;
+  EXPECT_NE(message.find("row 5 has a value that is not finite"), std::string::npos) << message;
+}
+
+// A golden batch through the int8 library against PyTorch's f32 logits, within 2% of their
+// range; the distance to the int8-quantizing interpreter is printed.
+template <typename Model>
+void expect_golden(Model& model, const std::string& config, const std::string& batch) {
+  const ir::Module m = optimized(config);
+  rt::SafeTensors weights = rt::SafeTensors::load(golden(config + ".weights.safetensors"));
+  ir::WeightMap wm = tools::load_weight_map(m, weights);
+  ir::materialize_weights(m, wm);
+  auto src = read_tensor<int64_t>(golden(batch + ".inputs.safetensors"), "src");
+  auto tgt = read_tensor<int64_t>(golden(batch + ".inputs.safetensors"), "tgt");
+  auto logits = read_tensor<float>(golden(batch + ".expected.safetensors"), "logits");
+  const std::vector<ir::Tensor> quantized =
+      run_int8_reference(m, "forward", wm,
+                         {ir::Tensor::from_ints(ir::DType::i64, src.shape, src.data),
+                          ir::Tensor::from_ints(ir::DType::i64, tgt.shape, tgt.data)});
+  const Tensor<float> got = model.forward(src, tgt);
+  ASSERT_EQ(got.shape, logits.shape);
+  const double tolerance = kInt8OfRange * range_of(logits.data);
+  const double vs_f32 = max_diff(got.data, logits.data);
+  std::printf(
+      "[ int8 ] %s: vs PyTorch f32 %.3g = %.2f%% of the logits' range %.3g (tolerance 2%% = "
+      "%.3g); the int8 interpreter vs f32 %.3g, vs the library %.3g\n",
+      batch.c_str(), vs_f32, 100 * vs_f32 / range_of(logits.data), range_of(logits.data), tolerance,
+      max_diff(quantized[0].f, logits.data), max_diff(got.data, quantized[0].f));
+  EXPECT_LE(vs_f32, tolerance);
+  EXPECT_GT(vs_f32, 0) << "nothing was quantized";
+}
+
+TEST(Int8Golden, TinyWithinTwoPercentOfTheRange) {
+  kiln_models::int8_tiny model(golden("tiny.weights.safetensors").c_str());
+  expect_golden(model, "tiny", "tiny_b1");
+  expect_golden(model, "tiny", "tiny_b2");
+}
+
+TEST(Int8Golden, SmallWithinTwoPercentOfTheRange) {
+  kiln_models::int8_small model(golden("small.weights.safetensors").c_str());
+  expect_golden(model, "small", "small_b1");
+}
+
+// Odd sizes (d_model 21, d_ff 13: K and N not multiples of 4 or 64), forward and encode on
+// random ids with padding, from a bf16 checkpoint, against the f32 interpreter within 2% of
+// the outputs' range.
+TEST(Int8Random, OddSizesFromABf16Checkpoint) {
+  const std::vector<std::string> settings = {
+      "d_model=21",   "heads=3",      "d_ff=13",  "src_vocab=17", "tgt_vocab=19",
+      "enc_layers=1", "dec_layers=2", "pad_id=2", "max_len=12",   "max_batch=3"};
+  ir::Module m = optimized("tiny", settings);
+  ir::Module plain = models::build_model("transformer", "tiny", settings);
+  ir::WeightMap wm = testing::random_weights(plain, 9);
+  std::vector<rt::TensorData> tensors;
+  for (const ir::Weight& w : plain.weights) {
+    if (w.derivation) continue;
+    ir::Tensor& t = wm.at(w.name);
+    rt::TensorData d;
+    d.name = w.name;
+    d.dtype = rt::DType::bf16;
+    d.shape = t.shape;
+    d.data.resize(t.f.size() * 2);
+    for (size_t i = 0; i < t.f.size(); ++i) {
+      const uint16_t bits = rt::f32_to_bf16(t.f[i]);
+      t.f[i] = rt::bf16_to_f32(bits);  // the interpreter sees what the file holds
+      std::memcpy(d.data.data() + 2 * i, &bits, 2);
+    }
+    tensors.push_back(std::move(d));
+  }
+  const std::string path = ::testing::TempDir() + "int8_odd.safetensors";
+  rt::write_safetensors(path, tensors);
+  ir::materialize_weights(m, wm);
+  kiln_models::int8_odd model(path.c_str());
+  for (const char* entry : {"forward", "encode"}) {
+    const ir::Function& f = *m.find_function(entry);
+    double worst = 0, range = 0, quantized_worst = 0;
+    for (int64_t batch : {1, 3})
+      for (int64_t len : {1, 7, 12}) {
+        std::map<std::string, int64_t> sizes = {{"B", batch}, {"S", len}, {"T", len}};
+        auto inputs = testing::random_inputs(m, f, sizes, 9 + static_cast<uint32_t>(len), true);
+        std::vector<ir::Tensor> want = ir::interpret(m, f, wm, inputs);
+        Tensor<int64_t> src{inputs[0].shape, inputs[0].ints};
+        Tensor<float> got =
+            f.name == "forward"
+                ? model.forward(src, Tensor<int64_t>{inputs[1].shape, inputs[1].ints})
+                : model.encode(src);
+        ASSERT_EQ(got.shape, want[0].shape);
+        worst = std::max(worst, max_diff(got.data, want[0].f));
+        range = std::max(range, range_of(want[0].f));
+        quantized_worst = std::max(
+            quantized_worst, max_diff(got.data, run_int8_reference(m, entry, wm, inputs)[0].f));
+      }
+    std::printf(
+        "[ int8 ] odd %s (bf16 checkpoint): vs the f32 interpreter %.3g (tolerance 2%% of %.3g "
+        "= %.3g); vs the int8 interpreter %.3g\n",
+        entry, worst, range, kInt8OfRange * range, quantized_worst);
+    EXPECT_LE(worst, kInt8OfRange * range) << entry;
+    EXPECT_GT(worst, 0) << "nothing was quantized";
+  }
+}
+
+// The shipped number translator through int8: exact match on the held-out set (at least
+// 99%), and how many sentences' greedy ids differ from the f32 library's.
+TEST(Int8Numbers, HeldOutExactMatchAndIdsAgainstF32) {
+  const std::string dir = std::string(KILN_TEST_DATA_DIR) + "/../examples/numbers/";
+  const std::string weights = dir + "numbers.weights.safetensors";
+  const Vocabulary src_vocab = Vocabulary::load(dir + "vocab.src.txt");
+  const Vocabulary tgt_vocab = Vocabulary::load(dir + "vocab.tgt.txt");
+  kiln_models::f32_numbers f32(weights.c_str());
+  kiln_models::int8_numbers int8(weights.c_str());
+  std::ifstream in(dir + "heldout.tsv");
+  std::vector<std::vector<int64_t>> sentences;
+  std::vector<std::string> expected;
+  for (std::string line; std::getline(in, line);) {
+    const size_t tab = line.find('\t');
+    sentences.push_back(src_vocab.encode(line.substr(0, tab)));
+    expected.push_back(line.substr(tab + 1));
+  }
+  ASSERT_GE(sentences.size(), 100u);
+  const int64_t pad = src_vocab.id("<pad>");
+  SearchOptions options;
+  options.max_decoding_length = static_cast<int32_t>(kiln_models::f32_numbers::max_T);
+  size_t correct = 0, correct_f32 = 0, same_ids = 0;
+  const size_t per = static_cast<size_t>(kiln_models::f32_numbers::max_B);
+  for (size_t first = 0; first < sentences.size(); first += per) {
+    const size_t n = std::min(per, sentences.size() - first);
+    size_t length = 1;
+    for (size_t i = 0; i < n; ++i) length = std::max(length, sentences[first + i].size());
+    Tensor<int64_t> src{{static_cast<int64_t>(n), static_cast<int64_t>(length)},
+                        std::vector<int64_t>(n * length, pad)};
+    for (size_t i = 0; i < n; ++i)
+      std::copy(sentences[first + i].begin(), sentences[first + i].end(),
+                src.data.begin() + static_cast<int64_t>(i * length));
+    auto a = f32.generate(src, options), q = int8.generate(src, options);
+    ASSERT_EQ(a.size(), q.size());
+    for (size_t i = 0; i < q.size(); ++i) {
+      same_ids += a[i][0].ids == q[i][0].ids;
+      correct += tgt_vocab.decode(q[i][0].ids) == expected[first + i];
+      correct_f32 += tgt_vocab.decode(a[i][0].ids) == expected[first + i];
+    }
+  }
+  std::printf(
+      "[ int8 ] numbers: held-out exact match %zu of %zu through int8 (f32: %zu); %zu "
+      "sentences' greedy ids differ from f32's\n",
+      correct, sentences.size(), correct_f32, sentences.size() - same_ids);
+  EXPECT_GE(correct * 100, sentences.size() * 99);
+}
+
+}  // namespace
+}  // namespace kiln
