@@ -534,6 +534,16 @@ TEST_F(CliTest, Int8WeightsNeedAnAvx512Target) {
   EXPECT_EQ(gpu.status, 1);
   EXPECT_THAT(gpu.output, HasSubstr("int8 weights are for the CPU (AVX512-VNNI); target "
                                     "'host-opencl' runs kernels on the GPU"));
+  // A reduction longer than the int32 sums hold exactly (127 · 255 · K < 2^31) is refused.
+  std::ofstream(path("long.kir"))
+      << "module @m {\n  symbol M max 4\n  weight @w : f32[8,70000]\n"
+         "  func @f(%x: f32[M,70000]) -> (f32[M,8]) {\n"
+         "    %w = weight() {name = \"w\"} : f32[8,70000]\n"
+         "    %y = linear(%x, %w) {act = \"none\"} : f32[M,8]\n    return %y\n  }\n}\n";
+  Result long_k = run("compile " + path("long.kir") + " --weights int8 -o " + path("o8"));
+  EXPECT_EQ(long_k.status, 1);
+  EXPECT_THAT(long_k.output, HasSubstr(": K = 70000 is more than int8 weights allow (65536: "
+                                       "the int32 sums must be exact)"));
 }
 
 // Inputs and outputs named like C++ keywords still give a header that compiles (kiln
