@@ -46,6 +46,7 @@
 #include "ir/parser.h"
 #include "kiln/vocab.h"
 #include "noise.h"
+#include "packed_weights.h"
 #include "pass_harness.h"
 #include "passes/pipeline.h"
 #include "runtime/plan.h"
@@ -63,16 +64,9 @@ int linear_ops(const ir::Module& m, const std::string& entry) {
   return n;
 }
 
-std::string golden(const std::string& f) {
-  return std::string(KILN_TEST_DATA_DIR) + "/golden/" + f;
-}
-
-// The module as the library was built from it: the default pipeline's output.
-ir::Module optimized(const std::string& config, const std::vector<std::string>& settings = {}) {
-  ir::Module m = models::build_model("transformer", config, settings);
-  passes::run_passes(m, passes::default_pipeline());
-  return m;
-}
+using testing::golden_file;
+using testing::max_abs_diff;
+using testing::optimized_transformer;
 
 std::vector<ir::Tensor> run_bf16_reference(const ir::Module& m, const std::string& entry,
                                            const ir::WeightMap& weights,
@@ -80,14 +74,6 @@ std::vector<ir::Tensor> run_bf16_reference(const ir::Module& m, const std::strin
   ir::InterpretOptions options;
   options.bf16_linear = true;
   return ir::interpret(m, *m.find_function(entry), weights, inputs, options);
-}
-
-double max_diff(const std::vector<float>& got, const std::vector<float>& want) {
-  EXPECT_EQ(got.size(), want.size());
-  double err = 0;
-  for (size_t i = 0; i < got.size() && i < want.size(); ++i)
-    err = std::max(err, std::abs(static_cast<double>(got[i]) - want[i]));
-  return err;
 }
 
 double max_abs(const std::vector<float>& v) {
@@ -100,27 +86,18 @@ double max_abs(const std::vector<float>& v) {
 // the largest |logit|; the distance to the bf16-rounding interpreter is printed.
 template <typename Model>
 void expect_golden(Model& model, const std::string& config, const std::string& batch) {
-  const ir::Module m = optimized(config);
-  rt::SafeTensors weights = rt::SafeTensors::load(golden(config + ".weights.safetensors"));
-  ir::WeightMap wm = tools::load_weight_map(m, weights);
-  ir::materialize_weights(m, wm);
-  auto src = read_tensor<int64_t>(golden(batch + ".inputs.safetensors"), "src");
-  auto tgt = read_tensor<int64_t>(golden(batch + ".inputs.safetensors"), "tgt");
-  auto logits = read_tensor<float>(golden(batch + ".expected.safetensors"), "logits");
-  const std::vector<ir::Tensor> rounded =
-      run_bf16_reference(m, "forward", wm,
-                         {ir::Tensor::from_ints(ir::DType::i64, src.shape, src.data),
-                          ir::Tensor::from_ints(ir::DType::i64, tgt.shape, tgt.data)});
-  const Tensor<float> got = model.forward(src, tgt);
-  ASSERT_EQ(got.shape, logits.shape);
-  const int gemms = linear_ops(m, "forward");
-  const double tolerance = gemms * kBf16PerGemm * max_abs(logits.data);
-  const double vs_f32 = max_diff(got.data, logits.data);
+  ir::InterpretOptions options;
+  options.bf16_linear = true;
+  const testing::GoldenForward g = testing::golden_forward(model, config, batch, options);
+  ASSERT_EQ(g.got.shape, g.pytorch.shape);
+  const int gemms = g.linears;
+  const double tolerance = gemms * kBf16PerGemm * max_abs(g.pytorch.data);
+  const double vs_f32 = max_abs_diff(g.got.data, g.pytorch.data);
   std::printf(
       "[ bf16 ] %s: vs PyTorch f32 %.3g (tolerance %d GEMMs x 2^-6 x %.3g = %.3g); the "
       "bf16-rounding interpreter vs f32 %.3g, vs the library %.3g\n",
-      batch.c_str(), vs_f32, gemms, max_abs(logits.data), tolerance,
-      max_diff(rounded[0].f, logits.data), max_diff(got.data, rounded[0].f));
+      batch.c_str(), vs_f32, gemms, max_abs(g.pytorch.data), tolerance,
+      max_abs_diff(g.interpreted, g.pytorch.data), max_abs_diff(g.got.data, g.interpreted));
   EXPECT_LE(vs_f32, tolerance);
   EXPECT_GT(vs_f32, 0) << "nothing was rounded to bf16";
 }
@@ -168,22 +145,8 @@ TEST(Bf16Kernels, MatchADoubleSumOfRoundedInputs) {
       std::vector<float> x = testing::noise(static_cast<size_t>(M * c.K), seed++);
       std::vector<float> xr(x.size());
       std::transform(x.begin(), x.end(), xr.begin(), round);
-      std::vector<float> y(static_cast<size_t>(M * c.N), NAN);
-      kiln_tensor in{}, out{};
-      in.name = "x";
-      in.dtype = KILN_F32;
-      in.rank = 2;
-      in.shape[0] = M;
-      in.shape[1] = c.K;
-      in.data = x.data();
-      in.capacity = x.size() * 4;
-      out.dtype = KILN_F32;
-      out.rank = 2;
-      out.shape[0] = M;
-      out.shape[1] = c.N;
-      out.data = y.data();
-      out.capacity = y.size() * 4;
-      ASSERT_EQ(kiln_model_run(model.get(), name.c_str(), &in, 1, &out, 1), 0)
+      std::vector<float> y;
+      ASSERT_EQ(testing::run_linear(model.get(), name, x, M, c.K, c.N, y), 0)
           << kiln_model_error(model.get());
       int failures = 0;
       for (int64_t m = 0; m < M; ++m)
@@ -462,18 +425,8 @@ TEST(Bf16Subnormals, SubnormalWeightsGiveTheInterpretersResults) {
       for (float& v : x)
         v = std::ldexp(1.f + (rng() % 1000) / 1000.f, 118 + static_cast<int>(rng() % 8)) *
             (rng() % 2 ? 1.f : -1.f);
-      std::vector<float> y(static_cast<size_t>(M * N), NAN);
-      kiln_tensor in{}, out{};
-      in.dtype = out.dtype = KILN_F32;
-      in.rank = out.rank = 2;
-      in.shape[0] = out.shape[0] = M;
-      in.shape[1] = K;
-      out.shape[1] = N;
-      in.data = x.data();
-      in.capacity = x.size() * 4;
-      out.data = y.data();
-      out.capacity = y.size() * 4;
-      ASSERT_EQ(kiln_model_run(model.get(), f.name.c_str(), &in, 1, &out, 1), 0)
+      std::vector<float> y;
+      ASSERT_EQ(testing::run_linear(model.get(), f.name, x, M, K, N, y), 0)
           << kiln_model_error(model.get());
       const std::vector<ir::Tensor> want =
           ir::interpret(m, f, wm, {ir::Tensor::from_f32({M, K}, x)}, options);
@@ -513,13 +466,13 @@ TEST(Bf16Subnormals, SubnormalWeightsGiveTheInterpretersResults) {
 }
 
 TEST(Bf16Golden, TinyMatchesTheBf16Reference) {
-  kiln_models::bf16_tiny model(golden("tiny.weights.safetensors").c_str());
+  kiln_models::bf16_tiny model(golden_file("tiny.weights.safetensors").c_str());
   expect_golden(model, "tiny", "tiny_b1");
   expect_golden(model, "tiny", "tiny_b2");
 }
 
 TEST(Bf16Golden, SmallMatchesTheBf16Reference) {
-  kiln_models::bf16_small model(golden("small.weights.safetensors").c_str());
+  kiln_models::bf16_small model(golden_file("small.weights.safetensors").c_str());
   expect_golden(model, "small", "small_b1");
 }
 
@@ -559,7 +512,7 @@ template <typename Model>
 void expect_random(const std::string& label, const std::vector<std::string>& settings,
                    const std::string& config, uint32_t seed, bool bf16_file,
                    const std::vector<int64_t>& lengths, bool skip_rounded = false) {
-  ir::Module m = optimized(config, settings);
+  ir::Module m = optimized_transformer(config, settings);
   ir::Module plain = models::build_model("transformer", config, settings);
   ir::WeightMap wm = testing::random_weights(plain, seed);
   const std::string path = write_random_weights(plain, wm, label, bf16_file);
@@ -580,11 +533,11 @@ void expect_random(const std::string& label, const std::vector<std::string>& set
                 ? model.forward(src, Tensor<int64_t>{inputs[1].shape, inputs[1].ints})
                 : model.encode(src);
         ASSERT_EQ(got.shape, want[0].shape);
-        worst = std::max(worst, max_diff(got.data, want[0].f));
+        worst = std::max(worst, max_abs_diff(got.data, want[0].f));
         largest = std::max(largest, max_abs(want[0].f));
         if (!skip_rounded)
           rounded_worst = std::max(
-              rounded_worst, max_diff(got.data, run_bf16_reference(m, entry, wm, inputs)[0].f));
+              rounded_worst, max_abs_diff(got.data, run_bf16_reference(m, entry, wm, inputs)[0].f));
       }
     const int gemms = linear_ops(m, entry);
     const double tolerance = gemms * kBf16PerGemm * largest;
@@ -625,42 +578,27 @@ TEST(Bf16Random, BaseModel) {
 // The shipped number translator: greedy ids of the bf16 library are those of the f32 one
 // on the whole held-out set.
 TEST(Bf16Numbers, GreedyIdsMatchF32) {
-  const std::string dir = std::string(KILN_TEST_DATA_DIR) + "/../examples/numbers/";
-  const std::string weights = dir + "numbers.weights.safetensors";
-  const Vocabulary src_vocab = Vocabulary::load(dir + "vocab.src.txt");
+  const std::string weights = testing::numbers_file("numbers.weights.safetensors");
+  const testing::HeldOut heldout = testing::numbers_heldout();
+  ASSERT_GE(heldout.sources.size(), 100u);
   kiln_models::f32_numbers f32(weights.c_str());
   kiln_models::bf16_numbers bf16(weights.c_str());
-  std::ifstream in(dir + "heldout.tsv");
-  std::vector<std::vector<int64_t>> sentences;
-  for (std::string line; std::getline(in, line);)
-    sentences.push_back(src_vocab.encode(line.substr(0, line.find('\t'))));
-  ASSERT_GE(sentences.size(), 100u);
-  const int64_t pad = src_vocab.id("<pad>");
-  SearchOptions options;
-  options.max_decoding_length = static_cast<int32_t>(kiln_models::f32_numbers::max_T);
+  const int64_t max_batch = kiln_models::f32_numbers::max_B;
+  const auto max_length = static_cast<int32_t>(kiln_models::f32_numbers::max_T);
+  const auto a = testing::greedy_ids(f32, heldout, max_batch, max_length);
+  const auto b = testing::greedy_ids(bf16, heldout, max_batch, max_length);
+  ASSERT_EQ(a.size(), heldout.sources.size());
+  ASSERT_EQ(b.size(), a.size());
   size_t same = 0, tokens = 0;
-  const size_t per = static_cast<size_t>(kiln_models::f32_numbers::max_B);
-  for (size_t first = 0; first < sentences.size(); first += per) {
-    const size_t n = std::min(per, sentences.size() - first);
-    size_t length = 1;
-    for (size_t i = 0; i < n; ++i) length = std::max(length, sentences[first + i].size());
-    Tensor<int64_t> src{{static_cast<int64_t>(n), static_cast<int64_t>(length)},
-                        std::vector<int64_t>(n * length, pad)};
-    for (size_t i = 0; i < n; ++i)
-      std::copy(sentences[first + i].begin(), sentences[first + i].end(),
-                src.data.begin() + static_cast<int64_t>(i * length));
-    auto a = f32.generate(src, options), b = bf16.generate(src, options);
-    ASSERT_EQ(a.size(), b.size());
-    for (size_t i = 0; i < a.size(); ++i) {
-      same += a[i][0].ids == b[i][0].ids;
-      tokens += a[i][0].ids.size();
-    }
+  for (size_t i = 0; i < a.size(); ++i) {
+    same += a[i] == b[i];
+    tokens += a[i].size();
   }
   std::printf(
       "[ bf16 ] numbers: %zu of %zu held-out sentences with identical greedy ids (%zu "
       "tokens)\n",
-      same, sentences.size(), tokens);
-  EXPECT_EQ(same, sentences.size());
+      same, a.size(), tokens);
+  EXPECT_EQ(same, a.size());
 }
 
 }  // namespace

@@ -34,7 +34,6 @@
 #include <gtest/gtest.h>
 
 #include "f32_numbers.h"
-#include "frontend/models.h"
 #include "int8_linears.h"
 #include "int8_numbers.h"
 #include "int8_odd.h"
@@ -44,8 +43,8 @@
 #include "ir/parser.h"
 #include "kiln/vocab.h"
 #include "noise.h"
+#include "packed_weights.h"
 #include "pass_harness.h"
-#include "passes/pipeline.h"
 #include "runtime/plan.h"
 #include "runtime/safetensors.h"
 #include "support/int8.h"
@@ -56,15 +55,9 @@ namespace {
 
 constexpr double kInt8OfRange = 0.02;  // the models' bound: 2% of the logits' range
 
-std::string golden(const std::string& f) {
-  return std::string(KILN_TEST_DATA_DIR) + "/golden/" + f;
-}
-
-ir::Module optimized(const std::string& config, const std::vector<std::string>& settings = {}) {
-  ir::Module m = models::build_model("transformer", config, settings);
-  passes::run_passes(m, passes::default_pipeline());
-  return m;
-}
+using testing::golden_file;
+using testing::max_abs_diff;
+using testing::optimized_transformer;
 
 std::vector<ir::Tensor> run_int8_reference(const ir::Module& m, const std::string& entry,
                                            const ir::WeightMap& weights,
@@ -72,14 +65,6 @@ std::vector<ir::Tensor> run_int8_reference(const ir::Module& m, const std::strin
   ir::InterpretOptions options;
   options.int8_linear = true;
   return ir::interpret(m, *m.find_function(entry), weights, inputs, options);
-}
-
-double max_diff(const std::vector<float>& got, const std::vector<float>& want) {
-  EXPECT_EQ(got.size(), want.size());
-  double err = 0;
-  for (size_t i = 0; i < got.size() && i < want.size(); ++i)
-    err = std::max(err, std::abs(static_cast<double>(got[i]) - want[i]));
-  return err;
 }
 
 double range_of(const std::vector<float>& v) {
@@ -175,18 +160,8 @@ TEST(Int8Kernels, MatchADoubleSumOfQuantizedInputs) {
           if (r % 4 == 3) v += 0.75f;
           v *= r == 2 ? 0.0f : std::ldexp(1.0f, static_cast<int>(r % 13) - 6);
         }
-      std::vector<float> y(static_cast<size_t>(M * c.N), NAN);
-      kiln_tensor in{}, out{};
-      in.dtype = out.dtype = KILN_F32;
-      in.rank = out.rank = 2;
-      in.shape[0] = out.shape[0] = M;
-      in.shape[1] = c.K;
-      out.shape[1] = c.N;
-      in.data = x.data();
-      in.capacity = x.size() * 4;
-      out.data = y.data();
-      out.capacity = y.size() * 4;
-      ASSERT_EQ(kiln_model_run(model.get(), name.c_str(), &in, 1, &out, 1), 0)
+      std::vector<float> y;
+      ASSERT_EQ(testing::run_linear(model.get(), name, x, M, c.K, c.N, y), 0)
           << kiln_model_error(model.get());
       const std::vector<ir::Tensor> interpreted = ir::interpret(
           m, *m.find_function(name), wm, {ir::Tensor::from_f32({M, c.K}, x)}, options);
@@ -248,38 +223,29 @@ TEST(Int8Kernels, NonFiniteWeightsAreRefusedAtLoad) {
 // range; the distance to the int8-quantizing interpreter is printed.
 template <typename Model>
 void expect_golden(Model& model, const std::string& config, const std::string& batch) {
-  const ir::Module m = optimized(config);
-  rt::SafeTensors weights = rt::SafeTensors::load(golden(config + ".weights.safetensors"));
-  ir::WeightMap wm = tools::load_weight_map(m, weights);
-  ir::materialize_weights(m, wm);
-  auto src = read_tensor<int64_t>(golden(batch + ".inputs.safetensors"), "src");
-  auto tgt = read_tensor<int64_t>(golden(batch + ".inputs.safetensors"), "tgt");
-  auto logits = read_tensor<float>(golden(batch + ".expected.safetensors"), "logits");
-  const std::vector<ir::Tensor> quantized =
-      run_int8_reference(m, "forward", wm,
-                         {ir::Tensor::from_ints(ir::DType::i64, src.shape, src.data),
-                          ir::Tensor::from_ints(ir::DType::i64, tgt.shape, tgt.data)});
-  const Tensor<float> got = model.forward(src, tgt);
-  ASSERT_EQ(got.shape, logits.shape);
-  const double tolerance = kInt8OfRange * range_of(logits.data);
-  const double vs_f32 = max_diff(got.data, logits.data);
+  ir::InterpretOptions options;
+  options.int8_linear = true;
+  const testing::GoldenForward g = testing::golden_forward(model, config, batch, options);
+  ASSERT_EQ(g.got.shape, g.pytorch.shape);
+  const double range = range_of(g.pytorch.data), tolerance = kInt8OfRange * range;
+  const double vs_f32 = max_abs_diff(g.got.data, g.pytorch.data);
   std::printf(
       "[ int8 ] %s: vs PyTorch f32 %.3g = %.2f%% of the logits' range %.3g (tolerance 2%% = "
       "%.3g); the int8 interpreter vs f32 %.3g, vs the library %.3g\n",
-      batch.c_str(), vs_f32, 100 * vs_f32 / range_of(logits.data), range_of(logits.data), tolerance,
-      max_diff(quantized[0].f, logits.data), max_diff(got.data, quantized[0].f));
+      batch.c_str(), vs_f32, 100 * vs_f32 / range, range, tolerance,
+      max_abs_diff(g.interpreted, g.pytorch.data), max_abs_diff(g.got.data, g.interpreted));
   EXPECT_LE(vs_f32, tolerance);
   EXPECT_GT(vs_f32, 0) << "nothing was quantized";
 }
 
 TEST(Int8Golden, TinyWithinTwoPercentOfTheRange) {
-  kiln_models::int8_tiny model(golden("tiny.weights.safetensors").c_str());
+  kiln_models::int8_tiny model(golden_file("tiny.weights.safetensors").c_str());
   expect_golden(model, "tiny", "tiny_b1");
   expect_golden(model, "tiny", "tiny_b2");
 }
 
 TEST(Int8Golden, SmallWithinTwoPercentOfTheRange) {
-  kiln_models::int8_small model(golden("small.weights.safetensors").c_str());
+  kiln_models::int8_small model(golden_file("small.weights.safetensors").c_str());
   expect_golden(model, "small", "small_b1");
 }
 
@@ -290,7 +256,7 @@ TEST(Int8Random, OddSizesFromABf16Checkpoint) {
   const std::vector<std::string> settings = {
       "d_model=21",   "heads=3",      "d_ff=13",  "src_vocab=17", "tgt_vocab=19",
       "enc_layers=1", "dec_layers=2", "pad_id=2", "max_len=12",   "max_batch=3"};
-  ir::Module m = optimized("tiny", settings);
+  ir::Module m = optimized_transformer("tiny", settings);
   ir::Module plain = models::build_model("transformer", "tiny", settings);
   ir::WeightMap wm = testing::random_weights(plain, 9);
   std::vector<rt::TensorData> tensors;
@@ -327,10 +293,10 @@ TEST(Int8Random, OddSizesFromABf16Checkpoint) {
                 ? model.forward(src, Tensor<int64_t>{inputs[1].shape, inputs[1].ints})
                 : model.encode(src);
         ASSERT_EQ(got.shape, want[0].shape);
-        worst = std::max(worst, max_diff(got.data, want[0].f));
+        worst = std::max(worst, max_abs_diff(got.data, want[0].f));
         range = std::max(range, range_of(want[0].f));
         quantized_worst = std::max(
-            quantized_worst, max_diff(got.data, run_int8_reference(m, entry, wm, inputs)[0].f));
+            quantized_worst, max_abs_diff(got.data, run_int8_reference(m, entry, wm, inputs)[0].f));
       }
     std::printf(
         "[ int8 ] odd %s (bf16 checkpoint): vs the f32 interpreter %.3g (tolerance 2%% of %.3g "
@@ -344,48 +310,29 @@ TEST(Int8Random, OddSizesFromABf16Checkpoint) {
 // The shipped number translator through int8: exact match on the held-out set (at least
 // 99%), and how many sentences' greedy ids differ from the f32 library's.
 TEST(Int8Numbers, HeldOutExactMatchAndIdsAgainstF32) {
-  const std::string dir = std::string(KILN_TEST_DATA_DIR) + "/../examples/numbers/";
-  const std::string weights = dir + "numbers.weights.safetensors";
-  const Vocabulary src_vocab = Vocabulary::load(dir + "vocab.src.txt");
-  const Vocabulary tgt_vocab = Vocabulary::load(dir + "vocab.tgt.txt");
+  const std::string weights = testing::numbers_file("numbers.weights.safetensors");
+  const Vocabulary tgt_vocab = Vocabulary::load(testing::numbers_file("vocab.tgt.txt"));
+  const testing::HeldOut heldout = testing::numbers_heldout();
+  ASSERT_GE(heldout.sources.size(), 100u);
   kiln_models::f32_numbers f32(weights.c_str());
   kiln_models::int8_numbers int8(weights.c_str());
-  std::ifstream in(dir + "heldout.tsv");
-  std::vector<std::vector<int64_t>> sentences;
-  std::vector<std::string> expected;
-  for (std::string line; std::getline(in, line);) {
-    const size_t tab = line.find('\t');
-    sentences.push_back(src_vocab.encode(line.substr(0, tab)));
-    expected.push_back(line.substr(tab + 1));
-  }
-  ASSERT_GE(sentences.size(), 100u);
-  const int64_t pad = src_vocab.id("<pad>");
-  SearchOptions options;
-  options.max_decoding_length = static_cast<int32_t>(kiln_models::f32_numbers::max_T);
+  const int64_t max_batch = kiln_models::f32_numbers::max_B;
+  const auto max_length = static_cast<int32_t>(kiln_models::f32_numbers::max_T);
+  const auto a = testing::greedy_ids(f32, heldout, max_batch, max_length);
+  const auto q = testing::greedy_ids(int8, heldout, max_batch, max_length);
+  ASSERT_EQ(a.size(), heldout.sources.size());
+  ASSERT_EQ(q.size(), heldout.sources.size());
   size_t correct = 0, correct_f32 = 0, same_ids = 0;
-  const size_t per = static_cast<size_t>(kiln_models::f32_numbers::max_B);
-  for (size_t first = 0; first < sentences.size(); first += per) {
-    const size_t n = std::min(per, sentences.size() - first);
-    size_t length = 1;
-    for (size_t i = 0; i < n; ++i) length = std::max(length, sentences[first + i].size());
-    Tensor<int64_t> src{{static_cast<int64_t>(n), static_cast<int64_t>(length)},
-                        std::vector<int64_t>(n * length, pad)};
-    for (size_t i = 0; i < n; ++i)
-      std::copy(sentences[first + i].begin(), sentences[first + i].end(),
-                src.data.begin() + static_cast<int64_t>(i * length));
-    auto a = f32.generate(src, options), q = int8.generate(src, options);
-    ASSERT_EQ(a.size(), q.size());
-    for (size_t i = 0; i < q.size(); ++i) {
-      same_ids += a[i][0].ids == q[i][0].ids;
-      correct += tgt_vocab.decode(q[i][0].ids) == expected[first + i];
-      correct_f32 += tgt_vocab.decode(a[i][0].ids) == expected[first + i];
-    }
+  for (size_t i = 0; i < q.size(); ++i) {
+    same_ids += a[i] == q[i];
+    correct += tgt_vocab.decode(q[i]) == heldout.targets[i];
+    correct_f32 += tgt_vocab.decode(a[i]) == heldout.targets[i];
   }
   std::printf(
       "[ int8 ] numbers: held-out exact match %zu of %zu through int8 (f32: %zu); %zu "
       "sentences' greedy ids differ from f32's\n",
-      correct, sentences.size(), correct_f32, sentences.size() - same_ids);
-  EXPECT_GE(correct * 100, sentences.size() * 99);
+      correct, q.size(), correct_f32, q.size() - same_ids);
+  EXPECT_GE(correct * 100, q.size() * 99);
 }
 
 }  // namespace

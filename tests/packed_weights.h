@@ -1,0 +1,144 @@
+// What the tests of models compiled with packed linear weights (bf16_test.cpp: WEIGHTS bf16,
+// int8_test.cpp: WEIGHTS int8) share: the golden files, the optimized module the library was
+// built from, one linear entry point run through the C ABI, the shipped number translator's
+// held-out set, greedy ids in batches of a model's max batch.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "frontend/models.h"
+#include "ir/interpreter.h"
+#include "ir/ir.h"
+#include "kiln/runtime.h"
+#include "kiln/vocab.h"
+#include "passes/pipeline.h"
+#include "runtime/safetensors.h"
+#include "tools/bridge.h"
+
+namespace kiln::testing {
+
+inline std::string golden_file(const std::string& f) {
+  return std::string(KILN_TEST_DATA_DIR) + "/golden/" + f;
+}
+
+// The module as a library is built from it: the default pipeline's output.
+inline ir::Module optimized_transformer(const std::string& config,
+                                        const std::vector<std::string>& settings = {}) {
+  ir::Module m = models::build_model("transformer", config, settings);
+  passes::run_passes(m, passes::default_pipeline());
+  return m;
+}
+
+inline double max_abs_diff(const std::vector<float>& got, const std::vector<float>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double err = 0;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i)
+    err = std::max(err, std::abs(static_cast<double>(got[i]) - want[i]));
+  return err;
+}
+
+// A golden batch (tests/golden: `config`'s weights, `batch`'s inputs and PyTorch's f32 logits)
+// through a library's forward, and through the interpreter with `options` (its rounding of
+// the linears) on the module the library was built from.
+struct GoldenForward {
+  Tensor<float> got, pytorch;
+  std::vector<float> interpreted;
+  int linears = 0;  // linear ops in forward
+};
+template <typename Model>
+GoldenForward golden_forward(Model& model, const std::string& config, const std::string& batch,
+                             const ir::InterpretOptions& options) {
+  const ir::Module m = optimized_transformer(config);
+  rt::SafeTensors weights = rt::SafeTensors::load(golden_file(config + ".weights.safetensors"));
+  ir::WeightMap wm = tools::load_weight_map(m, weights);
+  ir::materialize_weights(m, wm);
+  const auto src = read_tensor<int64_t>(golden_file(batch + ".inputs.safetensors"), "src");
+  const auto tgt = read_tensor<int64_t>(golden_file(batch + ".inputs.safetensors"), "tgt");
+  GoldenForward r;
+  r.pytorch = read_tensor<float>(golden_file(batch + ".expected.safetensors"), "logits");
+  const ir::Function& forward = *m.find_function("forward");
+  r.interpreted = ir::interpret(m, forward, wm,
+                                {ir::Tensor::from_ints(ir::DType::i64, src.shape, src.data),
+                                 ir::Tensor::from_ints(ir::DType::i64, tgt.shape, tgt.data)},
+                                options)[0]
+                      .f;
+  r.got = model.forward(src, tgt);
+  for (const ir::Op& op : forward.ops) r.linears += op.kind == ir::OpKind::linear;
+  return r;
+}
+
+// Entry point `name` of a library of linears (tests/abi/linears.kir): x [M, K] in, y [M, N]
+// out (NaN before the call). Returns kiln_model_run's status.
+inline int run_linear(kiln_model* model, const std::string& name, std::vector<float>& x, int64_t M,
+                      int64_t K, int64_t N, std::vector<float>& y) {
+  y.assign(static_cast<size_t>(M * N), NAN);
+  kiln_tensor in{}, out{};
+  in.dtype = out.dtype = KILN_F32;
+  in.rank = out.rank = 2;
+  in.shape[0] = out.shape[0] = M;
+  in.shape[1] = K;
+  out.shape[1] = N;
+  in.data = x.data();
+  in.capacity = x.size() * 4;
+  out.data = y.data();
+  out.capacity = y.size() * 4;
+  return kiln_model_run(model, name.c_str(), &in, 1, &out, 1);
+}
+
+// The shipped number translator's held-out set (examples/numbers/heldout.tsv): source
+// sentences encoded, and the expected translations.
+struct HeldOut {
+  std::vector<std::vector<int64_t>> sources;
+  std::vector<std::string> targets;
+  int64_t pad = 0;
+};
+inline HeldOut numbers_heldout() {
+  const std::string dir = std::string(KILN_TEST_DATA_DIR) + "/../examples/numbers/";
+  const Vocabulary src_vocab = Vocabulary::load(dir + "vocab.src.txt");
+  HeldOut h;
+  std::ifstream in(dir + "heldout.tsv");
+  for (std::string line; std::getline(in, line);) {
+    const size_t tab = line.find('\t');
+    h.sources.push_back(src_vocab.encode(line.substr(0, tab)));
+    h.targets.push_back(tab == std::string::npos ? "" : line.substr(tab + 1));
+  }
+  h.pad = src_vocab.id("<pad>");
+  return h;
+}
+inline std::string numbers_file(const std::string& f) {
+  return std::string(KILN_TEST_DATA_DIR) + "/../examples/numbers/" + f;
+}
+
+// The greedy ids of every sentence through `model` (a generated class), in batches of at most
+// `max_batch`, each padded to its longest sentence.
+template <typename Model>
+std::vector<std::vector<int64_t>> greedy_ids(Model& model, const HeldOut& h, int64_t max_batch,
+                                             int32_t max_length) {
+  SearchOptions options;
+  options.max_decoding_length = max_length;
+  std::vector<std::vector<int64_t>> ids;
+  const size_t per = static_cast<size_t>(max_batch);
+  for (size_t first = 0; first < h.sources.size(); first += per) {
+    const size_t n = std::min(per, h.sources.size() - first);
+    size_t length = 1;
+    for (size_t i = 0; i < n; ++i) length = std::max(length, h.sources[first + i].size());
+    Tensor<int64_t> src{{static_cast<int64_t>(n), static_cast<int64_t>(length)},
+                        std::vector<int64_t>(n * length, h.pad)};
+    for (size_t i = 0; i < n; ++i)
+      std::copy(h.sources[first + i].begin(), h.sources[first + i].end(),
+                src.data.begin() + static_cast<int64_t>(i * length));
+    auto out = model.generate(src, options);
+    for (auto& hyps : out) ids.push_back(std::move(hyps[0].ids));
+  }
+  return ids;
+}
+
+}  // namespace kiln::testing
