@@ -2,6 +2,7 @@
 #include "runtime/cpu_features.h"
 
 #include <cstdint>
+#include <cstdlib>
 #include <sstream>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -41,7 +42,15 @@ struct Flag {
   enum State { none, ymm, zmm } state = none;
   bool in(const Cpu& c) const {
     const bool os = state == none || (state == ymm ? c.ymm_state : c.zmm_state);
-    return ((c.*word >> bit) & 1u) && os;
+    return ((c.*word >> bit) & 1u) && os && !hidden();
+  }
+  // Named in KILN_CPU_LACKS (see cpu_features.h).
+  bool hidden() const {
+    static const std::string lacks = [] {
+      const char* v = std::getenv("KILN_CPU_LACKS");
+      return v ? "," + std::string(v) + "," : std::string();
+    }();
+    return !lacks.empty() && lacks.find("," + std::string(name) + ",") != std::string::npos;
   }
 };
 

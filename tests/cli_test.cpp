@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "kiln/runtime.h"
+#include "runtime/cpu_features.h"
 #include "runtime/safetensors.h"
 #include "tests/cli_run.h"
 
@@ -519,7 +520,8 @@ TEST_F(CliTest, Bf16WeightsNeedAnAvx512Target) {
   EXPECT_THAT(fp8.output, HasSubstr("unknown weight type 'fp8' (use f32, bf16 or int8)"));
 }
 
-// --weights int8 needs an AVX-512 target too (its kernels use AVX512-VNNI), and is for the CPU.
+// --weights int8 needs an AVX-512 target too (its kernels use AVX512-VNNI), a CPU with VNNI
+// (at compile time for `host`, at load for the library), and is for the CPU.
 TEST_F(CliTest, Int8WeightsNeedAnAvx512Target) {
   ASSERT_EQ(run("emit transformer --config tiny -o " + path("tiny8.kir")).status, 0);
   Result avx2 = run("compile " + path("tiny8.kir") +
@@ -544,6 +546,29 @@ TEST_F(CliTest, Int8WeightsNeedAnAvx512Target) {
   EXPECT_EQ(long_k.status, 1);
   EXPECT_THAT(long_k.output, HasSubstr(": K = 70000 is more than int8 weights allow (65536: "
                                        "the int32 sums must be exact)"));
+  // On a CPU without AVX512-VNNI (KILN_CPU_LACKS hides it from this machine's CPUID): `host`
+  // is refused at compile time, and a library compiled on a CPU with it is refused at load,
+  // naming the feature, never run into SIGILL.
+  if (!rt::missing_cpu_features("x86-64-linux-avx512_vnni").empty())
+    GTEST_SKIP() << "this CPU has no AVX512-VNNI: the int8 library cannot be built here";
+  const std::vector<std::string> no_vnni = {"KILN_CPU_LACKS=AVX512-VNNI"};
+  Result host =
+      run("compile " + path("tiny8.kir") + " --weights int8 -o " + path("o8"), {.env = no_vnni});
+  EXPECT_EQ(host.status, 1);
+  EXPECT_THAT(host.output, HasSubstr("int8 weights need AVX512-VNNI, which this CPU lacks "
+                                     "(avx512_vnni (AVX512-VNNI))"));
+  ASSERT_EQ(run("compile " + path("tiny8.kir") + " --weights int8 --emit=shared --name tiny8 -o " +
+                path("lib8"))
+                .status,
+            0);
+  const std::string run_lib = "run --compiled " + path("lib8") + " --weights " +
+                              golden("tiny.weights.safetensors") + " --inputs " +
+                              golden("tiny_b1.inputs.safetensors") + " -o " + path("out8.st");
+  Result loads = run(run_lib);
+  EXPECT_EQ(loads.status, 0) << loads.output;
+  Result refused = run(run_lib, {.env = no_vnni});
+  EXPECT_EQ(refused.status, 1);
+  EXPECT_THAT(refused.output, HasSubstr("but this CPU lacks avx512_vnni (AVX512-VNNI)"));
 }
 
 // Inputs and outputs named like C++ keywords still give a header that compiles (kiln
