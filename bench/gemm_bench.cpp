@@ -59,7 +59,7 @@
 #include <benchmark/benchmark.h>
 #include <fmt/format.h>
 #include <oneapi/dnnl/dnnl.h>
-#ifdef KILN_BENCH_BF16
+#if defined(KILN_BENCH_BF16) || defined(KILN_BENCH_INT8)
 #include <oneapi/dnnl/dnnl.hpp>
 #endif
 
@@ -67,6 +67,7 @@
 #include "codegen/kernels.h"
 #include "kiln/runtime.h"
 #include "runtime/plan.h"
+#include "support/int8.h"
 #include "tests/noise.h"
 
 namespace {
@@ -123,7 +124,7 @@ double seconds_per_call(Call call, double seconds) {
 // of oneDNN with 1–3 ms of settling, 98–120% with 6–20 ms.
 constexpr double kSettleSeconds = 0.03;
 
-enum class Library { kKiln, kOneDnn, kKilnBf16, kOneDnnBf16 };
+enum class Library { kKiln, kOneDnn, kKilnBf16, kOneDnnBf16, kKilnInt8, kOneDnnInt8 };
 std::optional<Library> last_library;  // the library whose calls ran last
 
 // Runs `call` in the benchmark loop, after settling if the other library ran last, and
@@ -259,44 +260,98 @@ dnnl_status_t run_dnnl(Problem& p) {
                     p.out_dnnl.get(), s.N);
 }
 
-#ifdef KILN_BENCH_BF16
-// kiln's bf16 kernels, from the bench_gemm_bf16 library (bench/gemm_bf16.kir): the argv form
-// of each (x, wt, bias, out), named as `kiln compile` names them (the library's name, then
-// codegen's kernel_name()).
+#if defined(KILN_BENCH_BF16) || defined(KILN_BENCH_INT8)
+// kiln's kernels with packed weights, compiled ahead of time from bench/gemm_shapes.kir (one
+// library per weight type): the argv form of each, named as `kiln compile` names them (the
+// library's name, then codegen's kernel_name()). bf16: x, wt, bias, out; int8: x, wt, wscale,
+// wsum, bias, out.
 extern "C" {
+#ifdef KILN_BENCH_BF16
 int bench_gemm_bf16_kiln_linear_k512_n1536_p64_bf16_argv(void** args);
 int bench_gemm_bf16_kiln_linear_k512_n512_p64_bf16_argv(void** args);
 int bench_gemm_bf16_kiln_linear_k512_n1024_p64_bf16_argv(void** args);
 int bench_gemm_bf16_kiln_linear_k512_n2048_relu_p64_bf16_argv(void** args);
 int bench_gemm_bf16_kiln_linear_k2048_n512_p64_bf16_argv(void** args);
 int bench_gemm_bf16_kiln_linear_k512_n32000_p64_bf16_argv(void** args);
+#endif
+#ifdef KILN_BENCH_INT8
+int bench_gemm_int8_kiln_linear_k512_n1536_p64_int8_argv(void** args);
+int bench_gemm_int8_kiln_linear_k512_n512_p64_int8_argv(void** args);
+int bench_gemm_int8_kiln_linear_k512_n1024_p64_int8_argv(void** args);
+int bench_gemm_int8_kiln_linear_k512_n2048_relu_p64_int8_argv(void** args);
+int bench_gemm_int8_kiln_linear_k2048_n512_p64_int8_argv(void** args);
+int bench_gemm_int8_kiln_linear_k512_n32000_p64_int8_argv(void** args);
+#endif
 }
 
-using Bf16Kernel = int (*)(void**);
-Bf16Kernel bf16_kernel_for(const GemmShape& s) {
-  const std::map<std::tuple<int64_t, int64_t, bool>, Bf16Kernel> kernels = {
-      {{512, 1536, false}, bench_gemm_bf16_kiln_linear_k512_n1536_p64_bf16_argv},
-      {{512, 512, false}, bench_gemm_bf16_kiln_linear_k512_n512_p64_bf16_argv},
-      {{512, 1024, false}, bench_gemm_bf16_kiln_linear_k512_n1024_p64_bf16_argv},
-      {{512, 2048, true}, bench_gemm_bf16_kiln_linear_k512_n2048_relu_p64_bf16_argv},
-      {{2048, 512, false}, bench_gemm_bf16_kiln_linear_k2048_n512_p64_bf16_argv},
-      {{512, 32000, false}, bench_gemm_bf16_kiln_linear_k512_n32000_p64_bf16_argv}};
-  auto it = kernels.find({s.K, s.N, s.relu});
+// The weight types compared against oneDNN's matmul primitive.
+enum class Packed { kBf16, kInt8 };
+const char* packed_name(Packed t) { return t == Packed::kBf16 ? "bf16" : "int8"; }
+Library kiln_library(Packed t) {
+  return t == Packed::kBf16 ? Library::kKilnBf16 : Library::kKilnInt8;
+}
+Library dnnl_library(Packed t) {
+  return t == Packed::kBf16 ? Library::kOneDnnBf16 : Library::kOneDnnInt8;
+}
+
+using AotKernel = int (*)(void**);
+AotKernel aot_kernel_for(const GemmShape& s, Packed t) {
+  using Key = std::tuple<int64_t, int64_t, bool, Packed>;
+  const std::map<Key, AotKernel> kernels = {
+#ifdef KILN_BENCH_BF16
+      {{512, 1536, false, Packed::kBf16}, bench_gemm_bf16_kiln_linear_k512_n1536_p64_bf16_argv},
+      {{512, 512, false, Packed::kBf16}, bench_gemm_bf16_kiln_linear_k512_n512_p64_bf16_argv},
+      {{512, 1024, false, Packed::kBf16}, bench_gemm_bf16_kiln_linear_k512_n1024_p64_bf16_argv},
+      {{512, 2048, true, Packed::kBf16}, bench_gemm_bf16_kiln_linear_k512_n2048_relu_p64_bf16_argv},
+      {{2048, 512, false, Packed::kBf16}, bench_gemm_bf16_kiln_linear_k2048_n512_p64_bf16_argv},
+      {{512, 32000, false, Packed::kBf16}, bench_gemm_bf16_kiln_linear_k512_n32000_p64_bf16_argv},
+#endif
+#ifdef KILN_BENCH_INT8
+      {{512, 1536, false, Packed::kInt8}, bench_gemm_int8_kiln_linear_k512_n1536_p64_int8_argv},
+      {{512, 512, false, Packed::kInt8}, bench_gemm_int8_kiln_linear_k512_n512_p64_int8_argv},
+      {{512, 1024, false, Packed::kInt8}, bench_gemm_int8_kiln_linear_k512_n1024_p64_int8_argv},
+      {{512, 2048, true, Packed::kInt8}, bench_gemm_int8_kiln_linear_k512_n2048_relu_p64_int8_argv},
+      {{2048, 512, false, Packed::kInt8}, bench_gemm_int8_kiln_linear_k2048_n512_p64_int8_argv},
+      {{512, 32000, false, Packed::kInt8}, bench_gemm_int8_kiln_linear_k512_n32000_p64_int8_argv},
+#endif
+  };
+  auto it = kernels.find({s.K, s.N, s.relu, t});
   return it == kernels.end() ? nullptr : it->second;
 }
 
-// The bf16 operands of one shape (x, W and bias are the f32 problem's) and both libraries'
-// prepared forms: kiln's weight packed as its runtime packs it at load
-// (rt::lay_out_linear_weight_bf16_rows: [Np/64, Kp/2, 64, 2]), oneDNN's matmul primitive
-// with its weights reordered into the layout it chose.
-struct Bf16Problem {
+using Bytes = std::unique_ptr<uint8_t[], kiln::rt::FreeDeleter>;
+Bytes aligned_bytes(int64_t bytes) {
+  auto p = kiln::rt::allocate_aligned(bytes);
+  std::memset(p.get(), 0, static_cast<size_t>(bytes));
+  return Bytes(reinterpret_cast<uint8_t*>(p.release()));
+}
+
+halide_buffer_t make_buffer_1d(void* data, halide_type_t type, halide_dimension_t* dim) {
+  halide_buffer_t b{};
+  b.host = static_cast<uint8_t*>(data);
+  b.type = type;
+  b.dimensions = 1;
+  b.dim = dim;
+  return b;
+}
+
+// One shape of a packed weight type (x, W and bias are the f32 problem's) and both
+// libraries' prepared forms: kiln's weight packed as its runtime packs it at load (bf16:
+// rt::lay_out_linear_weight_bf16_rows, [Np/64, Kp/2, 64, 2]; int8:
+// rt::lay_out_linear_weight_int8_rows, [Np/64, Kp/4, 64, 4] then the row scales and row sums)
+// and the kernel's argv over it; oneDNN's matmul primitive with its operands prepared
+// (weights reordered into the layout it chose). What bf16 and int8 share: running either
+// library, the benchmarks, the paired runner and the table.
+struct PackedProblem {
   GemmShape shape;
+  Packed type = Packed::kBf16;
   Problem* f32 = nullptr;
-  Bf16Kernel kernel = nullptr;
-  std::unique_ptr<uint8_t[], kiln::rt::FreeDeleter> wt_packed, x_bf16, wt_dnnl;
+  AotKernel kernel = nullptr;
+  Bytes wt_packed, x_dnnl, wt_dnnl, bias_dnnl;
   Floats out_kiln, out_dnnl;
-  halide_buffer_t wt_buf{}, out_buf{};
-  halide_dimension_t wt_dims[4], out_dims[2];
+  halide_buffer_t wt_buf{}, wscale_buf{}, wsum_buf{}, out_buf{};
+  halide_dimension_t wt_dims[4], wscale_dims[1], wsum_dims[1], out_dims[2];
+  std::vector<void*> argv;  // the kernel's arguments
   dnnl::engine engine;
   dnnl::stream stream;
   dnnl::matmul matmul;
@@ -304,89 +359,188 @@ struct Bf16Problem {
   std::string error;  // why it cannot run, or ""
 };
 
-std::unique_ptr<uint8_t[], kiln::rt::FreeDeleter> aligned_bytes(int64_t bytes) {
-  auto p = kiln::rt::allocate_aligned(bytes);
-  std::memset(p.get(), 0, static_cast<size_t>(bytes));
-  return std::unique_ptr<uint8_t[], kiln::rt::FreeDeleter>(reinterpret_cast<uint8_t*>(p.release()));
+// W[N, K] = wtᵀ of the f32 problem (the IR's weight, as the runtime reads it from a checkpoint).
+std::vector<float> weight_rows(const Problem& f32) {
+  const GemmShape& s = f32.shape;
+  std::vector<float> w(static_cast<size_t>(s.N * s.K));
+  for (int64_t k = 0; k < s.K; ++k)
+    for (int64_t n = 0; n < s.N; ++n) w[n * s.K + k] = f32.wt[k * s.N + n];
+  return w;
 }
 
-Bf16Problem& bf16_problem_for(const GemmShape& s) {
-  static std::map<std::string, std::unique_ptr<Bf16Problem>> problems;
-  std::unique_ptr<Bf16Problem>& p = problems[shape_name(s)];
+// oneDNN's matmul for `p` (src_md: x as oneDNN gets it; the weights' data type, any layout;
+// bias f32 [1, N], ReLU where the model has it, dst f32), weights reordered from `wt_src`
+// ([K, N] row-major, of the weights' type) into its layout, and the arguments.
+void make_dnnl_matmul(PackedProblem& p, const dnnl::memory::desc& src_md,
+                      dnnl::memory::data_type wei_type, const void* wt_src,
+                      const dnnl::primitive_attr& attr_in, const float* bias) {
+  using tag = dnnl::memory::format_tag;
+  using dt = dnnl::memory::data_type;
+  const GemmShape& s = p.shape;
+  const dnnl::memory::desc wei_any({s.K, s.N}, wei_type, tag::any);
+  const dnnl::memory::desc bias_md({1, s.N}, dt::f32, tag::ab);
+  const dnnl::memory::desc dst_md({s.M, s.N}, dt::f32, tag::ab);
+  dnnl::post_ops ops;
+  if (s.relu) ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+  dnnl::primitive_attr attr = attr_in;
+  attr.set_post_ops(ops);
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, wei_any, bias_md, dst_md), attr,
+                                        p.engine);
+  p.matmul = dnnl::matmul(pd);
+  p.wt_dnnl = aligned_bytes(static_cast<int64_t>(pd.weights_desc().get_size()));
+  dnnl::memory wt_plain({{s.K, s.N}, wei_type, tag::ab}, p.engine, const_cast<void*>(wt_src));
+  dnnl::memory wei(pd.weights_desc(), p.engine, p.wt_dnnl.get());
+  dnnl::reorder(wt_plain, wei).execute(p.stream, wt_plain, wei);
+  p.stream.wait();
+  p.args = {{DNNL_ARG_SRC, dnnl::memory(src_md, p.engine, p.x_dnnl.get())},
+            {DNNL_ARG_WEIGHTS, wei},
+            {DNNL_ARG_BIAS, dnnl::memory(bias_md, p.engine, const_cast<float*>(bias))},
+            {DNNL_ARG_DST, dnnl::memory(dst_md, p.engine, p.out_dnnl.get())}};
+}
+
+// kiln's bf16 weight and oneDNN's bf16 matmul: x and Wᵀ converted to bf16 by oneDNN's reorders
+// (round to nearest even), outside the timing.
+void prepare_bf16(PackedProblem& p) {
+  using dt = dnnl::memory::data_type;
+  using tag = dnnl::memory::format_tag;
+  const GemmShape& s = p.shape;
+  const int64_t P = 64, Kp = s.K + s.K % 2, Np = (s.N + P - 1) / P * P;
+  const std::vector<float> w = weight_rows(*p.f32);
+  p.wt_packed = aligned_bytes(Np * Kp * 2);
+  kiln::rt::lay_out_linear_weight_bf16_rows(reinterpret_cast<const uint8_t*>(w.data()), 0, s.N, s.N,
+                                            s.K, reinterpret_cast<uint16_t*>(p.wt_packed.get()));
+  const auto i32 = [](int64_t v) { return static_cast<int32_t>(v); };
+  p.wt_dims[0] = {0, 2, 1};
+  p.wt_dims[1] = {0, i32(P), 2};
+  p.wt_dims[2] = {0, i32(Kp / 2), i32(2 * P)};
+  p.wt_dims[3] = {0, i32(Np / P), i32(P * Kp)};
+  p.wt_buf.host = p.wt_packed.get();
+  p.wt_buf.type = halide_type_t(halide_type_bfloat, 16);
+  p.wt_buf.dimensions = 4;
+  p.wt_buf.dim = p.wt_dims;
+  p.argv = {&p.f32->x_buf, &p.wt_buf, &p.f32->bias_buf, &p.out_buf};
+
+  const dnnl::memory::desc src_md({s.M, s.K}, dt::bf16, tag::ab);
+  p.x_dnnl = aligned_bytes(s.M * s.K * 2);
+  dnnl::memory x_f32({{s.M, s.K}, dt::f32, tag::ab}, p.engine, p.f32->x.get());
+  dnnl::memory src(src_md, p.engine, p.x_dnnl.get());
+  dnnl::reorder(x_f32, src).execute(p.stream, x_f32, src);
+  // Wᵀ in bf16 ([K, N], the primitive's logical weights), then into its layout.
+  std::vector<uint16_t> wt_bf16(static_cast<size_t>(s.K * s.N));
+  {
+    dnnl::memory wt_f32({{s.K, s.N}, dt::f32, tag::ab}, p.engine, p.f32->wt.get());
+    dnnl::memory wt_b({{s.K, s.N}, dt::bf16, tag::ab}, p.engine, wt_bf16.data());
+    dnnl::reorder(wt_f32, wt_b).execute(p.stream, wt_f32, wt_b);
+    p.stream.wait();
+  }
+  make_dnnl_matmul(p, src_md, dt::bf16, wt_bf16.data(), dnnl::primitive_attr(), p.f32->bias.get());
+}
+
+// kiln's int8 weight (each row of W quantized at "load", support/int8.h) and oneDNN's int8
+// matmul as CTranslate2 calls it: src u8 [M, K] quantized outside the timing (one scale and
+// zero point for the whole matrix: oneDNN's output scales cannot carry a per-row input
+// scale), weights s8 quantized per output column with the same rounding as kiln's (so both
+// read the same q(W)), reordered once into the layout the primitive chose; output scales per
+// column (mask 2: step_x · scale_n), bias f32 with the zero point's compensation folded in
+// (−z · Σ_k q(W)[n, k], as CTranslate2 folds its u8 shift), ReLU as a post-op, dst f32.
+// oneDNN 2.x adds the bias to the int32 sum before the output scale, so the bias it gets is
+// divided by the scale (a column of zeros gets the bias through a scale of 1 instead).
+void prepare_int8(PackedProblem& p) {
+  using dt = dnnl::memory::data_type;
+  using tag = dnnl::memory::format_tag;
+  const GemmShape& s = p.shape;
+  const int64_t P = 64, Kp = (s.K + 3) / 4 * 4, Np = (s.N + P - 1) / P * P;
+  const std::vector<float> w = weight_rows(*p.f32);
+  p.wt_packed = aligned_bytes(Np * Kp + 8 * Np);
+  if (kiln::rt::lay_out_linear_weight_int8_rows(reinterpret_cast<const uint8_t*>(w.data()), 0, s.N,
+                                                s.N, s.K, p.wt_packed.get()) != -1) {
+    p.error = "non-finite weight";
+    return;
+  }
+  const auto i32 = [](int64_t v) { return static_cast<int32_t>(v); };
+  p.wt_dims[0] = {0, 4, 1};
+  p.wt_dims[1] = {0, i32(P), 4};
+  p.wt_dims[2] = {0, i32(Kp / 4), i32(4 * P)};
+  p.wt_dims[3] = {0, i32(Np / P), i32(P * Kp)};
+  p.wt_buf.host = p.wt_packed.get();
+  p.wt_buf.type = halide_type_t(halide_type_int, 8);
+  p.wt_buf.dimensions = 4;
+  p.wt_buf.dim = p.wt_dims;
+  p.wscale_dims[0] = {0, i32(Np), 1};
+  p.wsum_dims[0] = {0, i32(Np), 1};
+  uint8_t* scales = p.wt_packed.get() + Np * Kp;
+  p.wscale_buf = make_buffer_1d(scales, halide_type_t(halide_type_float, 32), p.wscale_dims);
+  p.wsum_buf = make_buffer_1d(scales + 4 * Np, halide_type_t(halide_type_int, 32), p.wsum_dims);
+  p.argv = {&p.f32->x_buf, &p.wt_buf, &p.wscale_buf, &p.wsum_buf, &p.f32->bias_buf, &p.out_buf};
+
+  // oneDNN's operands: q(W)ᵀ [K, N] s8 with each column's scale and sum, x in u8.
+  std::vector<int8_t> qwt(static_cast<size_t>(s.K * s.N));
+  std::vector<float> wscale(static_cast<size_t>(s.N));
+  std::vector<int32_t> wsum(static_cast<size_t>(s.N), 0);
+  for (int64_t n = 0; n < s.N; ++n) {
+    const float* row = w.data() + n * s.K;
+    const float absmax = kiln::int8::absmax(row, s.K);
+    const float inverse = kiln::int8::inverse_scale(absmax);
+    wscale[n] = kiln::int8::scale(absmax);
+    for (int64_t k = 0; k < s.K; ++k) {
+      const int8_t q = kiln::int8::quantize(row[k], inverse);
+      qwt[k * s.N + n] = q;
+      wsum[n] += q;
+    }
+  }
+  const kiln::int8::InputRow xq = kiln::int8::input_row(p.f32->x.get(), s.M * s.K);
+  p.x_dnnl = aligned_bytes(s.M * s.K);
+  for (int64_t i = 0; i < s.M * s.K; ++i) p.x_dnnl[i] = kiln::int8::quantize_input(p.f32->x[i], xq);
+  std::vector<float> oscales(static_cast<size_t>(s.N));
+  p.bias_dnnl = aligned_bytes(s.N * 4);
+  float* bias = reinterpret_cast<float*>(p.bias_dnnl.get());
+  for (int64_t n = 0; n < s.N; ++n) {
+    const float o = xq.step * wscale[n];
+    oscales[n] = o > 0 ? o : 1.0f;
+    bias[n] = p.f32->bias[n] / oscales[n] - xq.zero * static_cast<float>(wsum[n]);
+  }
+  dnnl::primitive_attr attr;
+  attr.set_output_scales(1 << 1, oscales);
+  make_dnnl_matmul(p, dnnl::memory::desc({s.M, s.K}, dt::u8, tag::ab), dt::s8, qwt.data(), attr,
+                   bias);
+}
+
+PackedProblem& packed_problem_for(const GemmShape& s, Packed t) {
+  static std::map<std::pair<std::string, Packed>, std::unique_ptr<PackedProblem>> problems;
+  std::unique_ptr<PackedProblem>& p = problems[{shape_name(s), t}];
   if (p) return *p;
-  p = std::make_unique<Bf16Problem>();
+  p = std::make_unique<PackedProblem>();
   p->shape = s;
+  p->type = t;
   p->f32 = &problem_for(s);
-  p->kernel = bf16_kernel_for(s);
+  p->kernel = aot_kernel_for(s, t);
   if (!p->kernel) {
-    p->error = "no bf16 kernel for " + shape_name(s) + " in bench/gemm_bf16.kir";
+    p->error =
+        fmt::format("no {} kernel for {} in bench/gemm_shapes.kir", packed_name(t), shape_name(s));
     return *p;
   }
-  const int64_t P = 64, Kp = s.K + s.K % 2, Np = (s.N + P - 1) / P * P;
-  std::vector<float> w(static_cast<size_t>(s.N * s.K));  // W[N, K] = wtᵀ
-  for (int64_t k = 0; k < s.K; ++k)
-    for (int64_t n = 0; n < s.N; ++n) w[n * s.K + k] = p->f32->wt[k * s.N + n];
-  p->wt_packed = aligned_bytes(Np * Kp * 2);
-  kiln::rt::lay_out_linear_weight_bf16_rows(reinterpret_cast<const uint8_t*>(w.data()), 0, s.N, s.N,
-                                            s.K, reinterpret_cast<uint16_t*>(p->wt_packed.get()));
   const auto i32 = [](int64_t v) { return static_cast<int32_t>(v); };
-  p->wt_dims[0] = {0, 2, 1};
-  p->wt_dims[1] = {0, i32(P), 2};
-  p->wt_dims[2] = {0, i32(Kp / 2), i32(2 * P)};
-  p->wt_dims[3] = {0, i32(Np / P), i32(P * Kp)};
-  p->wt_buf = halide_buffer_t{};
-  p->wt_buf.host = p->wt_packed.get();
-  p->wt_buf.type = halide_type_t(halide_type_bfloat, 16);
-  p->wt_buf.dimensions = 4;
-  p->wt_buf.dim = p->wt_dims;
   p->out_kiln = aligned_floats(s.M * s.N, 6);
   p->out_dnnl = aligned_floats(s.M * s.N, 7);
   p->out_dims[0] = {0, i32(s.N), 1};
   p->out_dims[1] = {0, i32(s.M), i32(s.N)};
   p->out_buf = make_buffer(p->out_kiln.get(), 2, p->out_dims);
-
-  using dt = dnnl::memory::data_type;
-  using tag = dnnl::memory::format_tag;
   try {
     p->engine = dnnl::engine(dnnl::engine::kind::cpu, 0);
     p->stream = dnnl::stream(p->engine);
-    const dnnl::memory::desc src_md({s.M, s.K}, dt::bf16, tag::ab);
-    const dnnl::memory::desc wei_any({s.K, s.N}, dt::bf16, tag::any);
-    const dnnl::memory::desc bias_md({1, s.N}, dt::f32, tag::ab);
-    const dnnl::memory::desc dst_md({s.M, s.N}, dt::f32, tag::ab);
-    dnnl::post_ops ops;
-    if (s.relu) ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
-    dnnl::primitive_attr attr;
-    attr.set_post_ops(ops);
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, wei_any, bias_md, dst_md),
-                                          attr, p->engine);
-    p->matmul = dnnl::matmul(pd);
-    // x and Wᵀ converted from the f32 problem's by oneDNN's reorders (round to nearest even).
-    p->x_bf16 = aligned_bytes(s.M * s.K * 2);
-    p->wt_dnnl = aligned_bytes(static_cast<int64_t>(pd.weights_desc().get_size()));
-    dnnl::memory x_f32({{s.M, s.K}, dt::f32, tag::ab}, p->engine, p->f32->x.get());
-    dnnl::memory wt_f32({{s.K, s.N}, dt::f32, tag::ab}, p->engine, p->f32->wt.get());
-    dnnl::memory src(src_md, p->engine, p->x_bf16.get());
-    dnnl::memory wei(pd.weights_desc(), p->engine, p->wt_dnnl.get());
-    dnnl::reorder(x_f32, src).execute(p->stream, x_f32, src);
-    dnnl::reorder(wt_f32, wei).execute(p->stream, wt_f32, wei);
-    p->stream.wait();
-    p->args = {{DNNL_ARG_SRC, src},
-               {DNNL_ARG_WEIGHTS, wei},
-               {DNNL_ARG_BIAS, dnnl::memory(bias_md, p->engine, p->f32->bias.get())},
-               {DNNL_ARG_DST, dnnl::memory(dst_md, p->engine, p->out_dnnl.get())}};
+    if (t == Packed::kBf16)
+      prepare_bf16(*p);
+    else
+      prepare_int8(*p);
   } catch (const dnnl::error& e) {
-    p->error = std::string("oneDNN bf16 matmul: ") + e.what();
+    p->error = fmt::format("oneDNN {} matmul: {}", packed_name(t), e.what());
   }
   return *p;
 }
 
-int run_kiln_bf16(Bf16Problem& p) {
-  void* argv[] = {&p.f32->x_buf, &p.wt_buf, &p.f32->bias_buf, &p.out_buf};
-  return p.kernel(argv);
-}
+int run_kiln_packed(PackedProblem& p) { return p.kernel(p.argv.data()); }
 
-bool run_dnnl_bf16(Bf16Problem& p) {
+bool run_dnnl_packed(PackedProblem& p) {
   try {
     p.matmul.execute(p.stream, p.args);
     p.stream.wait();
@@ -396,26 +550,24 @@ bool run_dnnl_bf16(Bf16Problem& p) {
   }
 }
 
-void bm_kiln_bf16(benchmark::State& state, GemmShape s) {
-  Bf16Problem& p = bf16_problem_for(s);
+void bm_kiln_packed(benchmark::State& state, GemmShape s, Packed t) {
+  PackedProblem& p = packed_problem_for(s, t);
   if (!p.error.empty()) {
     state.SkipWithError(p.error.c_str());
     return;
   }
-  measure(state, s, Library::kKilnBf16, "kiln bf16 kernel failed",
-          [&] { return run_kiln_bf16(p) == 0; });
+  measure(state, s, kiln_library(t), "kiln kernel failed", [&] { return run_kiln_packed(p) == 0; });
 }
 
-void bm_dnnl_bf16(benchmark::State& state, GemmShape s) {
-  Bf16Problem& p = bf16_problem_for(s);
+void bm_dnnl_packed(benchmark::State& state, GemmShape s, Packed t) {
+  PackedProblem& p = packed_problem_for(s, t);
   if (!p.error.empty()) {
     state.SkipWithError(p.error.c_str());
     return;
   }
-  measure(state, s, Library::kOneDnnBf16, "oneDNN bf16 matmul failed",
-          [&] { return run_dnnl_bf16(p); });
+  measure(state, s, dnnl_library(t), "oneDNN matmul failed", [&] { return run_dnnl_packed(p); });
 }
-#endif  // KILN_BENCH_BF16
+#endif  // KILN_BENCH_BF16 || KILN_BENCH_INT8
 
 void bm_kiln(benchmark::State& state, GemmShape s) {
   Problem& p = problem_for(s);
@@ -437,10 +589,10 @@ double median_of(std::vector<double> v) {
 
 constexpr double kPairedBlockSeconds = 0.02;
 
-// Alternating blocks of kiln's `kiln` and oneDNN's `dnnl` (see the header); `bf16`: which
-// pair of libraries they are, for the settling of the next benchmark.
+// Alternating blocks of kiln's `kiln` and oneDNN's `dnnl` (see the header); `kiln_lib` and
+// `dnnl_lib`: which libraries they are, for the settling of the next benchmark.
 template <typename Kiln, typename Dnnl>
-void paired(benchmark::State& state, Kiln kiln, Dnnl dnnl, bool bf16) {
+void paired(benchmark::State& state, Kiln kiln, Dnnl dnnl, Library kiln_lib, Library dnnl_lib) {
   const auto block = [&](auto call) {
     return seconds_per_call(call, kSettleSeconds) < 0 ? -1.0
                                                       : seconds_per_call(call, kPairedBlockSeconds);
@@ -456,8 +608,7 @@ void paired(benchmark::State& state, Kiln kiln, Dnnl dnnl, bool bf16) {
       td = block(dnnl);
       tk = block(kiln);
     }
-    last_library = kiln_first ? (bf16 ? Library::kOneDnnBf16 : Library::kOneDnn)
-                              : (bf16 ? Library::kKilnBf16 : Library::kKiln);
+    last_library = kiln_first ? dnnl_lib : kiln_lib;
     kiln_first = !kiln_first;
     if (tk <= 0 || td <= 0) {
       state.SkipWithError(tk <= 0 ? "kiln kernel failed" : "oneDNN failed");
@@ -471,30 +622,42 @@ void paired(benchmark::State& state, Kiln kiln, Dnnl dnnl, bool bf16) {
 void bm_paired(benchmark::State& state, GemmShape s) {
   Problem& p = problem_for(s);
   paired(
-      state, [&] { return run_kiln(p) == 0; }, [&] { return run_dnnl(p) == dnnl_success; }, false);
+      state, [&] { return run_kiln(p) == 0; }, [&] { return run_dnnl(p) == dnnl_success; },
+      Library::kKiln, Library::kOneDnn);
 }
 
-#ifdef KILN_BENCH_BF16
-void bm_paired_bf16(benchmark::State& state, GemmShape s) {
-  Bf16Problem& p = bf16_problem_for(s);
+#if defined(KILN_BENCH_BF16) || defined(KILN_BENCH_INT8)
+void bm_paired_packed(benchmark::State& state, GemmShape s, Packed t) {
+  PackedProblem& p = packed_problem_for(s, t);
   if (!p.error.empty()) {
     state.SkipWithError(p.error.c_str());
     return;
   }
   paired(
-      state, [&] { return run_kiln_bf16(p) == 0; }, [&] { return run_dnnl_bf16(p); }, true);
+      state, [&] { return run_kiln_packed(p) == 0; }, [&] { return run_dnnl_packed(p); },
+      kiln_library(t), dnnl_library(t));
 }
 
-// The largest |kiln bf16 − oneDNN bf16| over the outputs (both with bias and ReLU), after one
-// call of each, and the largest |oneDNN bf16| for scale.
-std::pair<double, double> max_difference_bf16(Bf16Problem& p) {
-  if (!p.error.empty() || run_kiln_bf16(p) != 0 || !run_dnnl_bf16(p)) return {NAN, NAN};
-  double worst = 0, scale = 0;
+// After one call of each: the largest |kiln − oneDNN| over the outputs (both with bias and
+// ReLU), the largest |kiln − f32| and |oneDNN − f32| (f32: kiln's f32 kernel on the same x, W
+// and bias: what the quantization costs each), and the largest |f32| for scale; NaN if a call
+// failed.
+struct PackedDifference {
+  double kiln_dnnl = NAN, kiln_f32 = NAN, dnnl_f32 = NAN, scale = NAN;
+};
+PackedDifference max_difference_packed(PackedProblem& p) {
+  PackedDifference d;
+  if (!p.error.empty() || run_kiln_packed(p) != 0 || !run_dnnl_packed(p) || run_kiln(*p.f32) != 0)
+    return d;
+  d = {0, 0, 0, 0};
   for (int64_t i = 0; i < p.shape.M * p.shape.N; ++i) {
-    worst = std::max(worst, std::fabs(static_cast<double>(p.out_kiln[i]) - p.out_dnnl[i]));
-    scale = std::max(scale, std::fabs(static_cast<double>(p.out_dnnl[i])));
+    const double k = p.out_kiln[i], o = p.out_dnnl[i], f = p.f32->out_kiln[i];
+    d.kiln_dnnl = std::max(d.kiln_dnnl, std::fabs(k - o));
+    d.kiln_f32 = std::max(d.kiln_f32, std::fabs(k - f));
+    d.dnnl_f32 = std::max(d.dnnl_f32, std::fabs(o - f));
+    d.scale = std::max(d.scale, std::fabs(f));
   }
-  return {worst, scale};
+  return d;
 }
 #endif
 
@@ -552,13 +715,21 @@ int main(int argc, char** argv) {
   // kiln_model_create installs the runtime's thread pool into a model library's Halide
   // runtime; the kernels are called directly here, so install it the same way (it reads
   // HL_NUM_THREADS at its first loop): into the JIT's runtime for the f32 kernel, into the
-  // AOT library's for the bf16 ones. (A JITUserContext* is the task's void* user context.)
+  // AOT libraries' for the bf16 and int8 ones (weak symbols: the libraries share one runtime).
+  // (A JITUserContext* is the task's void* user context.)
   Halide::JITHandlers handlers;
   handlers.custom_do_par_for =
       reinterpret_cast<decltype(handlers.custom_do_par_for)>(&kiln_do_par_for);
   Halide::Internal::JITSharedRuntime::set_default_handlers(handlers);
-#ifdef KILN_BENCH_BF16
+#if defined(KILN_BENCH_BF16) || defined(KILN_BENCH_INT8)
   halide_set_custom_do_par_for(kiln_do_par_for);
+  std::vector<Packed> packed_types;
+#ifdef KILN_BENCH_BF16
+  packed_types.push_back(Packed::kBf16);
+#endif
+#ifdef KILN_BENCH_INT8
+  packed_types.push_back(Packed::kInt8);
+#endif
 #endif
 
   const std::vector<GemmShape> shapes = model_shapes();
@@ -572,16 +743,19 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(("paired/" + shape_name(s)).c_str(), bm_paired, s)
         ->UseRealTime()
         ->Unit(benchmark::kMicrosecond);
-#ifdef KILN_BENCH_BF16
-    benchmark::RegisterBenchmark(("kiln_bf16/" + shape_name(s)).c_str(), bm_kiln_bf16, s)
-        ->UseRealTime()
-        ->Unit(benchmark::kMicrosecond);
-    benchmark::RegisterBenchmark(("onednn_bf16/" + shape_name(s)).c_str(), bm_dnnl_bf16, s)
-        ->UseRealTime()
-        ->Unit(benchmark::kMicrosecond);
-    benchmark::RegisterBenchmark(("paired_bf16/" + shape_name(s)).c_str(), bm_paired_bf16, s)
-        ->UseRealTime()
-        ->Unit(benchmark::kMicrosecond);
+#if defined(KILN_BENCH_BF16) || defined(KILN_BENCH_INT8)
+    for (Packed t : packed_types) {
+      const std::string suffix = std::string("_") + packed_name(t) + "/" + shape_name(s);
+      benchmark::RegisterBenchmark(("kiln" + suffix).c_str(), bm_kiln_packed, s, t)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark(("onednn" + suffix).c_str(), bm_dnnl_packed, s, t)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark(("paired" + suffix).c_str(), bm_paired_packed, s, t)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+    }
 #endif
   }
   benchmark::Initialize(&argc, argv);
@@ -604,29 +778,53 @@ int main(int argc, char** argv) {
                 shape_name(s).c_str(), kw, dw, 100.0 * kw / dw, kc, dc, 100.0 * kc / dc, 100.0 * pr,
                 max_difference(problem_for(s)));
   }
-#ifdef KILN_BENCH_BF16
-  bool header = false;
-  for (const GemmShape& s : shapes) {
-    const std::string kiln = "kiln_bf16/" + shape_name(s), dnnl = "onednn_bf16/" + shape_name(s);
-    const double kw = reporter.median(kiln, "GFLOP/s"), dw = reporter.median(dnnl, "GFLOP/s");
-    const double kc = reporter.median(kiln, "GFLOP/cpu-s");
-    const double dc = reporter.median(dnnl, "GFLOP/cpu-s");
-    const double pr = reporter.median("paired_bf16/" + shape_name(s), "kiln/oneDNN");
-    const double kf = reporter.median("kiln/" + shape_name(s), "GFLOP/s");
-    if (std::isnan(kw) && std::isnan(dw) && std::isnan(pr)) continue;  // filtered out
-    if (!header) {
-      std::printf("\nbf16: kiln's bf16 kernel vs oneDNN's bf16 matmul (x bf16, weights any)\n");
-      std::printf("%-22s %12s %12s %8s %12s %12s %8s %8s %10s %10s\n", "shape", "kiln bf16",
-                  "oneDNN bf16", "ratio", "kiln cpu-s", "oneDNN cpu-s", "ratio", "paired",
-                  "bf16/f32", "max |diff|");
-      header = true;
+#if defined(KILN_BENCH_BF16) || defined(KILN_BENCH_INT8)
+  // One table per packed weight type: kiln's kernel against oneDNN's matmul of that type; its
+  // speed-up over kiln's f32 kernel (and for int8 over kiln's bf16 one, where built), GFLOP/s
+  // medians; the outputs' differences (for int8 also each against the f32 kernel's output).
+  for (Packed t : packed_types) {
+    const char* name = packed_name(t);
+    bool header = false;
+    for (const GemmShape& s : shapes) {
+      const std::string suffix = std::string("_") + name + "/" + shape_name(s);
+      const double kw = reporter.median("kiln" + suffix, "GFLOP/s");
+      const double dw = reporter.median("onednn" + suffix, "GFLOP/s");
+      const double kc = reporter.median("kiln" + suffix, "GFLOP/cpu-s");
+      const double dc = reporter.median("onednn" + suffix, "GFLOP/cpu-s");
+      const double pr = reporter.median("paired" + suffix, "kiln/oneDNN");
+      const double kf = reporter.median("kiln/" + shape_name(s), "GFLOP/s");
+      const double kb = reporter.median("kiln_bf16/" + shape_name(s), "GFLOP/s");
+      if (std::isnan(kw) && std::isnan(dw) && std::isnan(pr)) continue;  // filtered out
+      const bool int8 = t == Packed::kInt8;
+      if (!header) {
+        if (int8)
+          std::printf(
+              "\nint8: kiln's int8 kernel (x f32, quantized per row inside the call) vs oneDNN's "
+              "int8 matmul (x already u8, weights s8 any, per-column output scales)\n");
+        else
+          std::printf("\nbf16: kiln's bf16 kernel vs oneDNN's bf16 matmul (x bf16, weights any)\n");
+        std::printf("%-22s %12s %12s %8s %12s %12s %8s %8s %10s", "shape",
+                    int8 ? "kiln int8" : "kiln bf16", int8 ? "oneDNN int8" : "oneDNN bf16", "ratio",
+                    "kiln cpu-s", "oneDNN cpu-s", "ratio", "paired",
+                    int8 ? "int8/f32" : "bf16/f32");
+        if (int8) std::printf(" %10s", "int8/bf16");
+        std::printf(" %10s\n", "max |diff|");
+        header = true;
+      }
+      const PackedDifference d = max_difference_packed(packed_problem_for(s, t));
+      // kiln's speed-ups (GFLOP/s medians), "-" where the other kernel was filtered out.
+      const auto speedup = [&](double other) {
+        return std::isnan(other) ? std::string("-") : fmt::format("{:.2f}x", kw / other);
+      };
+      std::printf("%-22s %12.1f %12.1f %7.1f%% %12.1f %12.1f %7.1f%% %7.1f%% %10s",
+                  shape_name(s).c_str(), kw, dw, 100.0 * kw / dw, kc, dc, 100.0 * kc / dc,
+                  100.0 * pr, speedup(kf).c_str());
+      if (int8)
+        std::printf(" %10s %10.3g (of %.3g; kiln-f32 %.3g, oneDNN-f32 %.3g)\n", speedup(kb).c_str(),
+                    d.kiln_dnnl, d.scale, d.kiln_f32, d.dnnl_f32);
+      else
+        std::printf(" %10.3g (of %.3g)\n", d.kiln_dnnl, d.scale);
     }
-    const auto [diff, scale] = max_difference_bf16(bf16_problem_for(s));
-    // kiln bf16 over kiln f32 (GFLOP/s medians), "-" where the f32 kernel was filtered out.
-    const std::string speedup = std::isnan(kf) ? "-" : fmt::format("{:.2f}x", kw / kf);
-    std::printf("%-22s %12.1f %12.1f %7.1f%% %12.1f %12.1f %7.1f%% %7.1f%% %10s %10.3g (of %.3g)\n",
-                shape_name(s).c_str(), kw, dw, 100.0 * kw / dw, kc, dc, 100.0 * kc / dc, 100.0 * pr,
-                speedup.c_str(), diff, scale);
   }
 #endif
   benchmark::Shutdown();

@@ -18,9 +18,11 @@
 // per call by the runtime), 32 decode_step runs and the search itself. One untimed warm-up
 // call per workload first, which must return 32 tokens per sentence.
 // Counters: tokens/s = target tokens (batch × 32, the best hypothesis of each sentence) per
-// second; for W3 also floor_ms, the weight bytes one decoder step must read × 32 steps over
-// the bandwidth measured in this process (the highest so far; report.py recomputes it with
-// the highest of the whole run).
+// second; GFLOP, the call's arithmetic counted as model_bench counts it (generation_flops:
+// prepare's encoder and cross-attention keys/values once, then every step for batch × beam
+// hypotheses; report.py divides it by the FMA peak for the compute floor); for W3 also floor_ms,
+// the weight bytes one decoder step must read × 32 steps over the bandwidth measured in this
+// process (the highest so far; report.py recomputes it with the highest of the whole run).
 //
 // bf16 (issue 13): where the host has AVX512-BF16 (bench/CMakeLists.txt), the same model
 // compiled with `WEIGHTS bf16` (bench_gen_bf16) runs the same workloads as bf16/W3_... and
@@ -29,11 +31,19 @@
 // row) in f32: 77.15 MB per step. bf16/check_generate_vs_pytorch reports its ids against
 // PyTorch's f32 ones (bf16 rounding may change a near-tie: informational).
 //
+// int8 (issue 27): where the host has AVX512-VNNI (KILN_BENCH_INT8), the same model compiled
+// with `WEIGHTS int8` (bench_gen_int8: linear weights quantized per output row at load, inputs
+// per row at run time) as int8/W3_..., int8/W5_... and int8/check_generate_vs_pytorch,
+// interleaved with the others; its W3 floor counts the linear weights at 1 byte plus 8 bytes
+// per output row (the row's f32 scale and i32 sum) and the rest in f32: 39.27 MB per step.
+//
 // With KILN_BENCH_GEN_REFERENCE (bench/peers.py --generation-reference-out: source ids and
 // PyTorch's greedy and beam-4 ids), `check_generate_vs_pytorch` reports how many ids kiln
 // reproduces. With KILN_BENCH_PROFILE_OUT=FILE, after the benchmarks the process runs W3
 // five times and W5 once with kiln_model_set_profiling on and writes kiln_model_profile's
-// text (per entry point and per kernel) to FILE; never during the timed runs.
+// text (per entry point and per kernel) to FILE; never during the timed runs. The f32 model
+// first, then each other build the benchmarks loaded (bf16, int8), each section's header
+// naming it ("== int8 W5_...").
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -51,6 +61,9 @@
 #include "bench_gen.h"
 #ifdef KILN_BENCH_BF16
 #include "bench_gen_bf16.h"
+#endif
+#ifdef KILN_BENCH_INT8
+#include "bench_gen_int8.h"
 #endif
 #include "peak.h"
 
@@ -74,12 +87,45 @@ constexpr double kStepWeightBytes = 4 * kStepWeightFloats;   // 153.96 MB
 // The same with bf16 linear weights (2 bytes each; biases, norms, the embedding row f32).
 constexpr double kStepLinearWeights = kLayers * (6 * kD * kD + 2 * kD * kFF) + kD * kVocab;
 constexpr double kStepWeightBytesBf16 = kStepWeightBytes - 2 * kStepLinearWeights;  // 77.15 MB
+// With int8 linear weights: 1 byte each, plus 8 bytes per output row (its f32 scale and i32
+// row sum; every N here is a multiple of 64, so no padding rows).
+constexpr double kStepLinearRows = kLayers * (6 * kD + kFF + kD) + kVocab;
+constexpr double kStepWeightBytesInt8 =
+    kStepWeightBytes - 3 * kStepLinearWeights + 8 * kStepLinearRows;  // 39.27 MB
+
+// The weights' element type of a model library.
+enum Dtype { kF32, kBf16, kInt8 };
 
 struct GenWorkload {
   const char* name;
   int64_t batch, src_len, beam, new_tokens;
   uint64_t seed;
 };
+
+// The arithmetic of one kiln_generate call, counted as model_bench counts a forward (2·M·N·K
+// per linear, 2·rows·H·Lk·dk each for QKᵀ and P·V; the rest not counted): `prepare` runs the 6
+// encoder layers over batch·S tokens and projects the memory into every decoder layer's cross
+// keys and values (2·n·d·2d each); then each of the new_tokens steps runs every hypothesis
+// (step 0 one per sentence, later ones batch·beam; min = max decoding length: none finishes
+// early) through the 6 decoder layers (self q, k, v, o, cross q, o, the FFN; self-attention
+// over the t + 1 cached positions of step t, cross-attention over S) and the generator.
+// W5 ≈ 355.1 GFLOP (309.6 of them in the steps), W3 ≈ 3.90.
+double generation_flops(const GenWorkload& w) {
+  constexpr double kHeads = 8, kDk = kD / kHeads;
+  const double B = static_cast<double>(w.batch), S = static_cast<double>(w.src_len);
+  const double n = B * S;
+  const double encoder =
+      kLayers * (2 * n * kD * (3 * kD + kD + 2 * kFF) + 2 * 2 * B * kHeads * S * S * kDk);
+  const double cross_kv = kLayers * 2 * n * kD * 2 * kD;
+  double steps = 0;
+  for (int64_t t = 0; t < w.new_tokens; ++t) {
+    const double linear = kLayers * 2 * kD * (3 * kD + kD + kD + kD + 2 * kFF) + 2 * kD * kVocab;
+    const double attention = kLayers * 2 * 2 * kHeads * kDk * (static_cast<double>(t + 1) + S);
+    const double hyps = t == 0 ? B : B * static_cast<double>(w.beam);
+    steps += hyps * (linear + attention);
+  }
+  return encoder + cross_kv + steps;
+}
 
 const GenWorkload kWorkloads[] = {
     {"W3_greedy_b1_s32_n32", 1, 32, 1, 32, 103},
@@ -103,6 +149,9 @@ struct Loaded {
   std::unique_ptr<Model> model;
   std::string error;
 };
+
+// Whether the model of each Dtype was loaded (for write_profile).
+bool g_loaded[3] = {false, false, false};
 
 template <typename Model>
 Loaded<Model>& loaded() {
@@ -150,18 +199,19 @@ std::vector<int64_t> random_ids(uint64_t seed, int64_t count) {
 double g_best_bandwidth = 0;
 
 template <typename Model>
-void BM_generate(benchmark::State& state, const GenWorkload& w, bool bf16) {
+void BM_generate(benchmark::State& state, const GenWorkload& w, Dtype dtype) {
   Loaded<Model>& l = loaded<Model>();
   if (!l.model) {
     state.SkipWithError(l.error.c_str());
     return;
   }
+  g_loaded[dtype] = true;
   kiln_model* m = l.model->get();
   const std::vector<int64_t> ids = random_ids(w.seed, w.batch * w.src_len);
   const kiln_tensor src = ids_tensor(ids, w.batch, w.src_len);
   const kiln_search_options o = options_for(w.beam, w.new_tokens);
-  static std::set<std::pair<const GenWorkload*, bool>> warmed;
-  if (warmed.insert({&w, bf16}).second) {
+  static std::set<std::pair<const GenWorkload*, Dtype>> warmed;
+  if (warmed.insert({&w, dtype}).second) {
     kiln_generation g{};
     if (kiln_generate(m, &src, &o, &g) != 0) {
       state.SkipWithError(kiln_model_error(m));
@@ -187,10 +237,13 @@ void BM_generate(benchmark::State& state, const GenWorkload& w, bool bf16) {
   state.counters["tokens/s"] =
       benchmark::Counter(tokens, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["target_tokens"] = tokens;
+  state.counters["GFLOP"] = generation_flops(w) / 1e9;
   state.counters["steps"] = static_cast<double>(w.new_tokens);
   state.counters["threads"] = bench_threads();
   if (w.beam == 1 && w.batch == 1) {
-    const double bytes = bf16 ? kStepWeightBytesBf16 : kStepWeightBytes;
+    const double bytes = dtype == kBf16   ? kStepWeightBytesBf16
+                         : dtype == kInt8 ? kStepWeightBytesInt8
+                                          : kStepWeightBytes;
     state.counters["step_weight_MB"] = bytes / 1e6;
     if (g_best_bandwidth > 0)
       state.counters["floor_ms"] =
@@ -274,10 +327,11 @@ class BandwidthWatcher : public benchmark::BenchmarkReporter {
   benchmark::BenchmarkReporter* inner_;
 };
 
-void write_profile(const char* path) {
-  Loaded<kiln_models::bench_gen>& l = loaded<kiln_models::bench_gen>();
+// The profile of one build's W3 and W5 (`label`: "" for f32, "bf16 ", "int8 "), appended to text.
+template <typename Model>
+void profile_model(const char* label, std::string& text) {
+  Loaded<Model>& l = loaded<Model>();
   if (!l.model) return;
-  std::string text;
   for (const GenWorkload& w : kWorkloads) {
     const std::vector<int64_t> ids = random_ids(w.seed, w.batch * w.src_len);
     const kiln_tensor src = ids_tensor(ids, w.batch, w.src_len);
@@ -296,7 +350,7 @@ void write_profile(const char* path) {
     }
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    text += "== " + std::string(w.name) + ": " + std::to_string(calls) +
+    text += "== " + std::string(label) + w.name + ": " + std::to_string(calls) +
             " kiln_generate call(s), " + std::to_string(ms / calls) +
             " ms per call with profiling on (kernel times below; the rest of a call is the "
             "runtime's search)\n";
@@ -304,6 +358,18 @@ void write_profile(const char* path) {
     text += "\n";
     kiln_model_set_profiling(m, 0);
   }
+}
+
+void write_profile(const char* path) {
+  std::string text;
+  profile_model<kiln_models::bench_gen>("", text);
+#ifdef KILN_BENCH_BF16
+  if (g_loaded[kBf16]) profile_model<kiln_models::bench_gen_bf16>("bf16 ", text);
+#endif
+#ifdef KILN_BENCH_INT8
+  if (g_loaded[kInt8]) profile_model<kiln_models::bench_gen_int8>("int8 ", text);
+#endif
+  if (text.empty()) return;
   if (std::FILE* f = std::fopen(path, "w")) {
     std::fputs(text.c_str(), f);
     std::fclose(f);
@@ -314,7 +380,7 @@ const bool registered = [] {
   using F32 = kiln_models::bench_gen;
   for (const GenWorkload& w : kWorkloads)
     benchmark::RegisterBenchmark(w.name,
-                                 [&w](benchmark::State& s) { BM_generate<F32>(s, w, false); })
+                                 [&w](benchmark::State& s) { BM_generate<F32>(s, w, kF32); })
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("check_generate_vs_pytorch", BM_check<F32>)
@@ -324,10 +390,21 @@ const bool registered = [] {
   using Bf16 = kiln_models::bench_gen_bf16;
   for (const GenWorkload& w : kWorkloads)
     benchmark::RegisterBenchmark((std::string("bf16/") + w.name).c_str(),
-                                 [&w](benchmark::State& s) { BM_generate<Bf16>(s, w, true); })
+                                 [&w](benchmark::State& s) { BM_generate<Bf16>(s, w, kBf16); })
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("bf16/check_generate_vs_pytorch", BM_check<Bf16>)
+      ->Iterations(1)
+      ->Unit(benchmark::kMillisecond);
+#endif
+#ifdef KILN_BENCH_INT8
+  using Int8 = kiln_models::bench_gen_int8;
+  for (const GenWorkload& w : kWorkloads)
+    benchmark::RegisterBenchmark((std::string("int8/") + w.name).c_str(),
+                                 [&w](benchmark::State& s) { BM_generate<Int8>(s, w, kInt8); })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("int8/check_generate_vs_pytorch", BM_check<Int8>)
       ->Iterations(1)
       ->Unit(benchmark::kMillisecond);
 #endif

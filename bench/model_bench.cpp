@@ -28,11 +28,18 @@
 // loaded at its first workload, so a run filtered to the f32 workloads never loads it
 // (bench/run.sh's memory runs: one process per model).
 //
+// int8 (issue 27): where the host has AVX512-VNNI (KILN_BENCH_INT8), the same model compiled
+// with `WEIGHTS int8` (bench_base_int8: linear weights quantized per output row at load from
+// the same f32 checkpoint, s8 with an f32 scale and an i32 row sum per row; activations
+// quantized per row as each int8 linear reads them) as int8/W1_forward_b1_s32_t32 etc. and
+// int8/check_vs_pytorch, interleaved with the others; loaded at its first workload too.
+//
 // W1's floor (issue 13): W1 reads every weight once per call (but for the two embedding
 // tables, of which it reads one row per token), so its time is bounded below by those
 // bytes over the memory bandwidth. `bandwidth` (bench/bandwidth.cpp) runs in this process,
 // interleaved with the workloads; W1's rows carry the bytes (floor_weight_MB: f32, or
-// bf16 linear weights with f32 biases, norms and embedding rows) and report.py divides.
+// bf16 linear weights with f32 biases, norms and embedding rows, or int8 linear weights at
+// 1 byte plus 8 bytes per output row, its scale and row sum) and report.py divides.
 //
 // GPU (issue 14): built as model_bench_cuda (bench/CMakeLists.txt, KILN_BENCH_GPU=ON) the same
 // workloads run the model compiled for host-cuda-cuda_capability_86 (bench_base_cuda; no
@@ -69,6 +76,9 @@
 #endif
 #ifdef KILN_BENCH_BF16
 #include "bench_base_bf16.h"
+#endif
+#ifdef KILN_BENCH_INT8
+#include "bench_base_int8.h"
 #endif
 #include "peak.h"
 
@@ -114,20 +124,27 @@ double decoder_flops(double B, double S, double T) {
 double generator_flops(double B, double T) { return 2 * B * T * kDModel * kTgtVocab; }
 
 // The bytes of weights a forward call reads at least once: every linear's weight (`linear`
-// bytes per element: 4 in f32, 2 in bf16) and bias, every LayerNorm, the generator, and one
-// row of an embedding table per token (B·S source, B·T target); f32 except the linear
-// weights. Per encoder layer: q, k, v, o and the FFN, two LayerNorms; per decoder layer:
-// self q, k, v, o, cross q, k, v, o, the FFN, three LayerNorms; the two final LayerNorms.
-// W1, f32: 242.36 MB; bf16: 121.51 MB.
-double forward_weight_bytes(double B, double S, double T, double linear) {
+// bytes per element: 4 in f32, 2 in bf16, 1 in int8) and bias, every LayerNorm, the
+// generator, and one row of an embedding table per token (B·S source, B·T target); f32
+// except the linear weights; `per_row` more bytes per output row of every linear (int8: its
+// f32 scale and i32 row sum, 8; every N here is a multiple of 64, so no padding). Per encoder
+// layer: q, k, v, o and the FFN, two LayerNorms; per decoder layer: self q, k, v, o, cross
+// q, k, v, o, the FFN, three LayerNorms; the two final LayerNorms.
+// W1, f32: 242.36 MB; bf16: 121.51 MB; int8: 61.88 MB.
+double forward_weight_bytes(double B, double S, double T, double linear, double per_row = 0) {
   const double d = kDModel, ff = kDff;
   const double enc_w = 4 * d * d + d * ff + ff * d, enc_f32 = 4 * d + ff + d + 2 * 2 * d;
   const double dec_w = 8 * d * d + d * ff + ff * d, dec_f32 = 8 * d + ff + d + 3 * 2 * d;
   const double weights = kEncLayers * enc_w + kDecLayers * dec_w + kTgtVocab * d;
+  const double rows = kEncLayers * (4 * d + ff + d) + kDecLayers * (8 * d + ff + d) + kTgtVocab;
   const double f32s =
       kEncLayers * enc_f32 + kDecLayers * dec_f32 + 2 * 2 * d + kTgtVocab + (B * S + B * T) * d;
-  return linear * weights + 4 * f32s;
+  return linear * weights + per_row * rows + 4 * f32s;
 }
+
+// The weights' element type of a model library; also g_load's index.
+enum Dtype { kF32 = 0, kBf16 = 1, kInt8 = 2 };
+const char* const kDtypePrefix[] = {"", "bf16_", "int8_"};
 
 struct Workload {
   const char* name;
@@ -181,15 +198,16 @@ double rss_mib() {
 // Writes the setup and memory figures to KILN_BENCH_MEMORY_OUT at exit (see the header).
 void write_memory_report();
 
-// The load figures of the models this process loaded, for write_memory_report: f32, bf16.
+// The load figures of the models this process loaded, for write_memory_report: f32, bf16,
+// int8 (Dtype).
 struct LoadFigures {
   bool loaded = false;
   double load_ms = 0, rss_after_load_mib = 0;
 };
-LoadFigures g_load[2];
+LoadFigures g_load[3];
 
 template <typename Model>
-Loaded<Model>& loaded(int which) {  // which: 0 f32, 1 bf16 (g_load's index)
+Loaded<Model>& loaded(int which) {  // which: a Dtype (g_load's index)
   static Loaded<Model> l = [which] {
     Loaded<Model> r;
     const char* path = std::getenv("KILN_BENCH_WEIGHTS");
@@ -223,10 +241,11 @@ using BaseModel = kiln_models::bench_base_cuda;
 #else
 using BaseModel = kiln_models::bench_base;
 #endif
-Loaded<BaseModel>& loaded_f32() { return loaded<BaseModel>(0); }
+Loaded<BaseModel>& loaded_f32() { return loaded<BaseModel>(kF32); }
 
 // Model figures in the JSON: load_ms and rss_after_load_mib of the f32 model, bf16_load_ms and
-// bf16_rss_after_load_mib of the bf16 one (those that were loaded), and the process's peak.
+// bf16_rss_after_load_mib of the bf16 one, int8_load_ms and int8_rss_after_load_mib of the int8
+// one (those that were loaded), and the process's peak.
 void write_memory_report() {
   const char* out = std::getenv("KILN_BENCH_MEMORY_OUT");
   if (!out || !*out) return;
@@ -234,9 +253,9 @@ void write_memory_report() {
   getrusage(RUSAGE_SELF, &usage);
   if (std::FILE* f = std::fopen(out, "w")) {
     std::fprintf(f, "{");
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < 3; ++i) {
       if (!g_load[i].loaded) continue;
-      const char* prefix = i ? "bf16_" : "";
+      const char* prefix = kDtypePrefix[i];
       std::fprintf(f, "\"%sload_ms\": %.1f, \"%srss_after_load_mib\": %.1f, ", prefix,
                    g_load[i].load_ms, prefix, g_load[i].rss_after_load_mib);
     }
@@ -295,7 +314,7 @@ struct Call {
 
 template <typename Model>
 void BM_workload(benchmark::State& state, const Workload& w, Loaded<Model>& (*get_loaded)(),
-                 bool bf16) {
+                 Dtype dtype) {
   Loaded<Model>& l = get_loaded();
   if (!l.model) {
     state.SkipWithError(l.error.c_str());
@@ -315,8 +334,8 @@ void BM_workload(benchmark::State& state, const Workload& w, Loaded<Model>& (*ge
   }
   // Warm-up (untimed), once per workload (not per repetition): first touch of the arena,
   // thread pool start; the outputs must be finite.
-  static std::set<std::pair<const Workload*, bool>> warmed;
-  if (warmed.insert({&w, bf16}).second) {
+  static std::set<std::pair<const Workload*, Dtype>> warmed;
+  if (warmed.insert({&w, dtype}).second) {
     if (call.run(m, w.function) != 0) {
       state.SkipWithError(kiln_model_error(m));
       return;
@@ -340,7 +359,11 @@ void BM_workload(benchmark::State& state, const Workload& w, Loaded<Model>& (*ge
   if (w.batch == 1 && std::string(w.function) == "forward")  // W1: its bandwidth floor
     state.counters["floor_weight_MB"] =
         forward_weight_bytes(static_cast<double>(w.batch), static_cast<double>(w.src_len),
-                             static_cast<double>(w.tgt_len), bf16 ? 2 : 4) /
+                             static_cast<double>(w.tgt_len),
+                             dtype == kBf16   ? 2
+                             : dtype == kInt8 ? 1
+                                              : 4,
+                             dtype == kInt8 ? 8 : 0) /
         1e6;
 }
 
@@ -388,14 +411,19 @@ void BM_check(benchmark::State& state, Loaded<Model>& (*get_loaded)()) {
 
 #ifdef KILN_BENCH_BF16
 Loaded<kiln_models::bench_base_bf16>& loaded_bf16() {
-  return loaded<kiln_models::bench_base_bf16>(1);
+  return loaded<kiln_models::bench_base_bf16>(kBf16);
+}
+#endif
+#ifdef KILN_BENCH_INT8
+Loaded<kiln_models::bench_base_int8>& loaded_int8() {
+  return loaded<kiln_models::bench_base_int8>(kInt8);
 }
 #endif
 
 const bool registered = [] {
   for (const Workload& w : kWorkloads)
-    benchmark::RegisterBenchmark(
-        w.name, [&w](benchmark::State& s) { BM_workload(s, w, loaded_f32, false); })
+    benchmark::RegisterBenchmark(w.name,
+                                 [&w](benchmark::State& s) { BM_workload(s, w, loaded_f32, kF32); })
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("check_vs_pytorch",
@@ -407,11 +435,24 @@ const bool registered = [] {
   for (const Workload& w : kWorkloads)
     benchmark::RegisterBenchmark(
         (std::string("bf16/") + w.name).c_str(),
-        [&w](benchmark::State& s) { BM_workload(s, w, loaded_bf16, true); })
+        [&w](benchmark::State& s) { BM_workload(s, w, loaded_bf16, kBf16); })
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("bf16/check_vs_pytorch",
                                [](benchmark::State& s) { BM_check(s, loaded_bf16); })
+      ->Iterations(1)
+      ->Unit(benchmark::kMillisecond);
+#endif
+#ifdef KILN_BENCH_INT8
+  // The int8 library: the same workloads (and ids), "int8/" before the name.
+  for (const Workload& w : kWorkloads)
+    benchmark::RegisterBenchmark(
+        (std::string("int8/") + w.name).c_str(),
+        [&w](benchmark::State& s) { BM_workload(s, w, loaded_int8, kInt8); })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("int8/check_vs_pytorch",
+                               [](benchmark::State& s) { BM_check(s, loaded_int8); })
       ->Iterations(1)
       ->Unit(benchmark::kMillisecond);
 #endif
