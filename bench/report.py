@@ -12,7 +12,10 @@ every round's figures with the peak measured next to each engine, correctness ag
 PyTorch, every PyTorch BLAS setting, and kiln's GEMM kernel against oneDNN. bf16 (issue 13):
 kiln's bf16 build beside its f32 one on W1, W2, W4 (and W3, W5), PyTorch under bf16
 autocast, W1 against its memory-bandwidth floor in f32 and bf16, kiln's bf16 linear kernel
-against oneDNN's bf16 matmul, and those acceptance checks.
+against oneDNN's bf16 matmul, and those acceptance checks. int8 (issue 27): kiln's int8 build
+beside f32 and bf16 on W1–W5, every build's distance to its compute floor, peak RSS per build,
+kiln's int8 linear kernel against oneDNN's int8 matmul, those acceptance checks, and a plot of
+W3/W5 tokens/s per engine and dtype (bench/tokens_per_s.svg; python3-matplotlib, optional).
 """
 
 import json
@@ -183,6 +186,11 @@ def setup_and_memory(p, rd, compiled):
         p("| kiln, bf16 weights (converted from the f32 checkpoint at load) | `kiln compile --weights bf16` "
           "(not timed) | %s | %s | %s | %s |" % (fmt(kb.get("bf16_load_ms"), 0), fmt(kb.get("bf16_rss_after_load_mib"), 0),
                                                 fmt(kb.get("peak_rss_mib"), 0), vs_kiln(kb.get("peak_rss_mib"))))
+    ki = load(os.path.join(rd["dir"], "kiln-memory-int8.json")) or {}
+    if ki.get("int8_load_ms") is not None:
+        p("| kiln, int8 weights (quantized from the f32 checkpoint at load) | `kiln compile --weights int8` "
+          "(not timed) | %s | %s | %s | %s |" % (fmt(ki.get("int8_load_ms"), 0), fmt(ki.get("int8_rss_after_load_mib"), 0),
+                                                fmt(ki.get("peak_rss_mib"), 0), vs_kiln(ki.get("peak_rss_mib"))))
     if ps:
         p("| PyTorch (%s) | none (eager) | %s | %s | %s | %s |" % (
             ps.get("name", "?"), fmt(ps.get("load_ms"), 0), fmt(ps.get("rss_after_load_mib"), 0),
@@ -691,6 +699,7 @@ def main():
         any(rd["pt"].get("best") for rd in rounds) or any(rd["ort"].get("workloads") for rd in rounds)
     if not have_forward:  # KILN_BENCH_GENERATION=only
         generation_section(p, rounds, res)
+        int8_section(p, rounds, [], {}, res)
         machine_and_problems(p, res)
         print("\n".join(lines))
         return 0
@@ -943,7 +952,11 @@ def main():
                         if any_paired else ""))
         p("")
 
-    gemm_bf16_section(p, gemm_docs)
+    gemm_packed_section(p, gemm_docs, "bf16")
+    int8_gemm = gemm_packed_section(p, gemm_docs, "int8")
+
+    # int8 weights (issue 27): every workload in the three dtypes, the floors, the plot.
+    int8_section(p, rounds, workloads, int8_gemm, res)
 
     machine_and_problems(p, res)
     if notes:
@@ -954,20 +967,39 @@ def main():
     return 0
 
 
-def gemm_bf16_section(p, gemm_docs):
-    """gemm_bench's bf16 benchmarks (kiln_bf16/, onednn_bf16/, paired_bf16/): kiln's bf16 linear
-    kernel against oneDNN's bf16 matmul, and issue 13's >= 95% check on the paired ratios."""
+GEMM_PACKED = {
+    "bf16": dict(
+        issue="13", needs="AVX512-BF16", onednn="oneDNN's bf16 matmul",
+        what="oneDNN: the matmul primitive (src bf16, weights bf16 with format_tag::any reordered once "
+             "outside the timing, bias f32 and ReLU post-op as kiln's, dst f32; oneDNN 2.6 has no "
+             "dnnl_gemm_bf16bf16f32). kiln reads x in f32 and rounds it as it reads; oneDNN gets it in bf16."),
+    "int8": dict(
+        issue="27", needs="AVX512-VNNI", onednn="oneDNN's int8 matmul",
+        what="oneDNN: the matmul primitive as CTranslate2 uses it (src u8 [M, K] quantized once outside "
+             "the timing, weights s8 with format_tag::any reordered once, per-column output scales "
+             "(mask 2), bias f32 with the zero point's compensation folded in, ReLU post-op, dst f32; "
+             "oneDNN at its default ISA). kiln reads x in f32 and quantizes each row (u8 with a zero "
+             "point) inside its timing; oneDNN gets x already in u8."),
+}
+
+
+def gemm_packed_section(p, gemm_docs, dtype):
+    """gemm_bench's benchmarks of one packed weight type (kiln_DTYPE/, onednn_DTYPE/,
+    paired_DTYPE/; bf16 or int8): kiln's linear kernel of that type against oneDNN's matmul of the
+    same type, and the issue's >= 95% check on the paired ratios. Returns {shape: paired ratio}."""
+    info = GEMM_PACKED[dtype]
     rounds = [(name, gbench_entries(d), d) for name, d in gemm_docs]
     names = set()
     for _, g, _ in rounds:
-        names |= {rn.split("/")[1] for rn in g if rn.startswith("kiln_bf16/")}
+        names |= {rn.split("/")[1] for rn in g if rn.startswith("kiln_%s/" % dtype)}
+    title = "### GEMM, %s: kiln's %s linear kernel vs %s (gemm_bench)" % (dtype, dtype, info["onednn"])
     if not names:
-        p("### GEMM, bf16: kiln's bf16 linear kernel vs oneDNN's bf16 matmul (gemm_bench)")
-        p("- n/a: kiln's bf16 linear at >= 95%% of oneDNN's bf16 matmul on every model shape (no bf16 "
-          "results from gemm_bench: %s)" % ("not run (needs libdnnl-dev; KILN_BENCH_GEMM=0?)" if not rounds
-                                            else "built without bf16 (no AVX512-BF16) or KILN_BENCH_BF16=0"))
+        p(title)
+        p("- n/a: kiln's %s linear at >= 95%% of %s on every model shape (no %s results from gemm_bench: "
+          "%s)" % (dtype, info["onednn"], dtype, "not run (needs libdnnl-dev; KILN_BENCH_GEMM=0?)" if not rounds
+                   else "built without %s (no %s) or KILN_BENCH_%s=0" % (dtype, info["needs"], dtype.upper())))
         p("")
-        return
+        return {}
     shapes = sorted(names, key=lambda s: [int(t[1:]) if t[1:].isdigit() else 0 for t in s.split("_")[:3]])
 
     def value(g, name, counter):
@@ -978,11 +1010,12 @@ def gemm_bf16_section(p, gemm_docs):
         return fmt(a / b * 100) + "%" if a and b else "—"
 
     multi = len(rounds) > 1
-    p("### GEMM, bf16: kiln's bf16 linear kernel vs oneDNN's bf16 matmul (gemm_bench)")
+    p(title)
     p("")
-    head = "| shape | kiln bf16 GFLOP/s | oneDNN bf16 GFLOP/s | kiln/oneDNN, best rounds | kiln/oneDNN, paired " \
-        "| kiln bf16 / kiln f32 |"
-    rule = "|---|---:|---:|---:|---:|---:|"
+    int8 = dtype == "int8"
+    head = "| shape | kiln %s GFLOP/s | oneDNN %s GFLOP/s | kiln/oneDNN, best rounds | kiln/oneDNN, paired " \
+        "| kiln %s / kiln f32 |" % (dtype, dtype, dtype) + (" kiln int8 / kiln bf16 |" if int8 else "")
+    rule = "|---|---:|---:|---:|---:|---:|" + ("---:|" if int8 else "")
     if multi:
         head += "".join(" %s: apart; paired |" % n for n, _, _ in rounds)
         rule += "---:|" * len(rounds)
@@ -990,30 +1023,34 @@ def gemm_bf16_section(p, gemm_docs):
     p(rule)
     pooled, best, per_round = {}, {}, {}
     for s in shapes:
-        ks = [value(g, "kiln_bf16/" + s, "GFLOP/s") for _, g, _ in rounds]
-        ds = [value(g, "onednn_bf16/" + s, "GFLOP/s") for _, g, _ in rounds]
-        ps = [value(g, "paired_bf16/" + s, "kiln/oneDNN") for _, g, _ in rounds]
+        ks = [value(g, "kiln_%s/" % dtype + s, "GFLOP/s") for _, g, _ in rounds]
+        ds = [value(g, "onednn_%s/" % dtype + s, "GFLOP/s") for _, g, _ in rounds]
+        ps = [value(g, "paired_%s/" % dtype + s, "kiln/oneDNN") for _, g, _ in rounds]
         fs = [value(g, "kiln/" + s, "GFLOP/s") for _, g, _ in rounds]
+        bs = [value(g, "kiln_bf16/" + s, "GFLOP/s") for _, g, _ in rounds]
         per_round[s] = list(zip(ks, ds, ps))
         best[s] = (max([v for v in ks if v], default=None), max([v for v in ds if v], default=None))
         kf = max([v for v in fs if v], default=None)
-        pooled[s] = median([v for _, _, d in rounds for v in gbench_values(d, "paired_bf16/" + s, "kiln/oneDNN")])
+        kb = max([v for v in bs if v], default=None)
+        pooled[s] = median([v for _, _, d in rounds
+                            for v in gbench_values(d, "paired_%s/" % dtype + s, "kiln/oneDNN")])
         row = "| %s | %s | %s | %s | %s | %s |" % (
             s, fmt(best[s][0]), fmt(best[s][1]), pct(*best[s]), pct(pooled[s]),
             fmt(best[s][0] / kf, 2) + "×" if best[s][0] and kf else "—")
+        if int8:
+            row += " %s |" % (fmt(best[s][0] / kb, 2) + "×" if best[s][0] and kb else "—")
         if multi:
             row += "".join(" %s; %s |" % (pct(k, d), pct(pr)) for k, d, pr in per_round[s])
         p(row)
     p("")
-    p("GFLOP/s: medians over the repetitions, each library's best round. oneDNN: the matmul primitive "
-      "(src bf16, weights bf16 with format_tag::any reordered once outside the timing, bias f32 and "
-      "ReLU post-op as kiln's, dst f32; oneDNN 2.6 has no dnnl_gemm_bf16bf16f32). kiln reads x in f32 "
-      "and rounds it as it reads; oneDNN gets it in bf16. Paired: as for f32, the median over every "
-      "pair of 20 ms blocks of every round. kiln bf16 / kiln f32: kiln's best-round GFLOP/s of its bf16 "
-      "kernel over its f32 one.")
+    p("GFLOP/s (2·M·N·K per call): medians over the repetitions, each library's best round. %s "
+      "Paired: as for f32, the median over every pair of 20 ms blocks of every round. kiln %s / kiln "
+      "f32: kiln's best-round GFLOP/s of its %s kernel over its f32 one%s." % (
+          info["what"], dtype, dtype, " (and over its bf16 one)" if int8 else ""))
     missed = [s for s in shapes if pooled[s] is None or pooled[s] < 0.95]
-    p("- %s: kiln's bf16 linear at >= 95%% of oneDNN's bf16 matmul on every model shape (paired ratios)%s" % (
-        "met" if not missed else "NOT met", "" if not missed else ": below: %s" % ", ".join(
+    p("- %s: kiln's %s linear at >= 95%% of %s on every model shape (paired ratios; issue %s)%s" % (
+        "met" if not missed else "NOT met", dtype, info["onednn"], info["issue"],
+        "" if not missed else ": below: %s" % ", ".join(
             "%s %s%%" % (s, fmt(pooled[s] * 100 if pooled[s] else None)) for s in missed)))
     apart = [s for s in shapes if not (all(best[s]) and best[s][0] >= 0.95 * best[s][1])]
     p("- from the libraries' separate best-round medians: %s" % (
@@ -1026,6 +1063,205 @@ def gemm_bf16_section(p, gemm_docs):
             p("- %s alone, apart: %s; paired: %s" % (
                 name, "every shape >= 95%" if not below else "below 95%: " + ", ".join(below),
                 "every shape >= 95%" if not below_p else "below 95%: " + ", ".join(below_p)))
+    p("")
+    return pooled
+
+
+DTYPES = (("f32", "", 1), ("bf16", "bf16/", 2), ("int8", "int8/", 4))  # name, prefix, × FMA peak
+
+
+def int8_section(p, rounds, workloads, int8_gemm, res):
+    """Issue 27: kiln's f32, bf16 and int8 builds side by side on W1–W5 (model_bench and
+    generate_bench, each dtype's best round), their distance to the compute floor (the
+    workload's GFLOP over the highest FMA peak measured in the run, × 2 for bf16, × 4 for int8),
+    peak RSS per dtype, the acceptance lines of points 2 and 3, and the tokens/s plot."""
+    with open(os.path.join(HERE, "workloads.json")) as f:
+        gen = json.load(f).get("generation", [])
+    grounds = [load_generation_round(rd["dir"]) for rd in rounds]
+    peaks = [x for rd in rounds for x in (rd["peak_kiln"], rd["peak_pt"], rd["peak_ort"]) if x]
+    peaks += [g["peak"] for g in grounds if g["peak"]]
+    peak = max(peaks) if peaks else None
+    rows = []  # (key, is_generation, n tokens or None, {dtype: (ms, GFLOP)})
+    for w in workloads:
+        rows.append((w["key"], False, None, w["kiln_name"], [rd["kiln"] for rd in rounds]))
+    for w in gen:
+        rows.append((w["key"], True, w["batch"] * w["new_tokens"], w["kiln_name"], [g["entries"] for g in grounds]))
+    table = {}
+    for key, is_gen, n, name, entries in rows:
+        table[key] = {}
+        for dt, prefix, mult in DTYPES:
+            ms, gflop = [], None
+            for ents in entries:  # one per round: None where it did not run
+                e = find(ents, prefix + name)
+                ok = e is not None and not e.get("error_occurred")
+                ms.append(to_ms(e) if ok else None)
+                gflop = gflop or (e.get("GFLOP") if ok else None)
+            table[key][dt] = (best_of(ms), gflop, ms)
+    if not any(table[k]["int8"][0] for k in table):
+        p("### int8 weights (issue 27)")
+        p("")
+        p("No int8 numbers in this run (benches built without int8 rows: no AVX512-VNNI on the build host, "
+          "or KILN_BENCH_INT8=0).")
+        p("")
+        return
+
+    def ratio(a, b):
+        return a / b if a and b else None
+
+    def x(v, nd=2):
+        return fmt(v, nd) + "×" if v else "—"
+
+    p("### int8 weights (issue 27): kiln's f32, bf16 and int8 builds")
+    p("")
+    p("| workload | kiln f32 ms | kiln bf16 ms | kiln int8 ms | f32 / bf16 | f32 / int8 | bf16 / int8 | "
+      "target tok/s f32 / bf16 / int8 | GFLOP | f32 / floor | bf16 / bf16 floor | int8 / int8 floor |")
+    p("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+    floors = {}
+    for key, is_gen, n, name, _ in rows:
+        t = table[key]
+        f, b, i = (t[dt][0] for dt, _, _ in DTYPES)
+        gflop = next((t[dt][1] for dt, _, _ in DTYPES if t[dt][1]), None)
+        floors[key] = {}
+        for dt, _, mult in DTYPES:
+            floor_ms = gflop / (peak * mult) * 1e3 if gflop and peak else None
+            floors[key][dt] = ratio(t[dt][0], floor_ms)
+        tps = " / ".join(fmt(n / (v / 1e3) if v else None, 0) for v in (f, b, i)) if n else "—"
+        p("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            key, fmt(f), fmt(b), fmt(i), x(ratio(f, b)), x(ratio(f, i)), x(ratio(b, i)), tps, fmt(gflop, 2),
+            x(floors[key]["f32"]), x(floors[key]["bf16"]), x(floors[key]["int8"])))
+    p("")
+    p("ms: each build's median per round, best round shown (f32, bf16 and int8 run in one model_bench / "
+      "generate_bench process, their repetitions interleaved with each other and with the FMA peak). "
+      "Ratios above 1: the second build is faster. Compute floor: the workload's GFLOP (model_bench's "
+      "count; generate_bench's: prepare's encoder and cross keys/values once, then every step for every "
+      "hypothesis, step 0 one per sentence) over the highest FP32 FMA peak measured in the run, %s "
+      "GFLOP/s; the bf16 floor divides by 2× that peak (vdpbf16ps: 32 products per instruction against "
+      "16 FMAs), the int8 floor by 4× (vpdpbusd: 64). The floors count only the linear layers and "
+      "attention products; everything else a call does (norms, softmax, the search, quantizing "
+      "activations) is above them." % fmt(peak))
+    p("")
+    p("Every round (median ms f32 / bf16 / int8): " + "; ".join(
+        "%s %s" % (os.path.basename(rd["dir"]), ", ".join(
+            "%s %s" % (key, " / ".join(fmt(table[key][dt][2][ri] if ri < len(table[key][dt][2]) else None)
+                                       for dt, _, _ in DTYPES)) for key, _, _, _, _ in rows))
+        for ri, rd in enumerate(rounds)) + ".")
+    p("")
+
+    # Peak RSS per dtype (model_bench's memory runs: one process per build, W1, W2, W4 once).
+    mem = []
+    for dt, suffix in (("f32", ""), ("bf16", "-bf16"), ("int8", "-int8")):
+        m = load(os.path.join(rounds[0]["dir"], "kiln-memory%s.json" % suffix)) or {}
+        pre = "" if dt == "f32" else dt + "_"
+        if m.get(pre + "load_ms") is not None:
+            mem.append("%s: load %s ms, RSS after load %s MiB, peak %s MiB" % (
+                dt, fmt(m.get(pre + "load_ms"), 0), fmt(m.get(pre + "rss_after_load_mib"), 0),
+                fmt(m.get("peak_rss_mib"), 0)))
+    if mem:
+        p("kiln's memory per build (model_bench, one process per build over W1, W2, W4 once): " + "; ".join(mem) + ".")
+        p("")
+    for name, what in (("int8/check_vs_pytorch", "forward, W1 shape"),):
+        ce = find(rounds[0]["kiln"], name)
+        if ce and not ce.get("error_occurred"):
+            p("kiln int8 vs PyTorch f32 (%s): max |Δ| %.3g, vs f64 %.3g, max |logit| %.3g (quantization of "
+              "every linear's weights and inputs)." % (what, ce["max_abs_err"], ce["max_abs_err_f64"],
+                                                       ce["max_abs_logit"]))
+    ce = find(grounds[0]["entries"], "int8/check_generate_vs_pytorch") if grounds else None
+    if ce and not ce.get("error_occurred"):
+        p("kiln int8 vs PyTorch f32 on the same source ids (informational): greedy %d/%d ids equal (%d leading), "
+          "beam 4 %d/%d (%d leading)." % (
+              ce.get("greedy_same_ids", 0), ce.get("greedy_of", 0), ce.get("greedy_same_prefix", 0),
+              ce.get("beam4_same_ids", 0), ce.get("beam4_of", 0), ce.get("beam4_same_prefix", 0)))
+    p("")
+
+    def check(cond, text):
+        if cond is None:
+            return "- n/a: %s (missing numbers)" % text
+        return "- %s: %s" % ("met" if cond else "MISSED", text)
+
+    def at_least(v, bar):
+        return None if v is None else v >= bar
+
+    def at_most(v, bar):
+        return None if v is None else v <= bar
+
+    t = table
+    w5 = t.get("W5", {})
+    w3 = t.get("W3", {})
+    r5i = ratio(w5.get("f32", (None,))[0], w5.get("int8", (None,))[0]) if w5 else None
+    r5b = ratio(w5.get("f32", (None,))[0], w5.get("bf16", (None,))[0]) if w5 else None
+    r3 = ratio(w3.get("bf16", (None,))[0], w3.get("int8", (None,))[0]) if w3 else None
+    p("### Acceptance (issue 27, points 2 and 3; on the medians above)")
+    p(check(at_least(r5i, 2.0), "W5 int8 at least 2× kiln's f32 W5 (%s)" % x(r5i)))
+    p(check(at_least(r5b, 1.6), "W5 bf16 at least 1.6× kiln's f32 W5 (%s)" % x(r5b)))
+    p(check(None if r3 is None else r3 > 1.0, "W3 int8 faster than W3 bf16 (bf16 / int8 %s)" % x(r3)))
+    missed = sorted(s for s, v in int8_gemm.items() if v is None or v < 0.95)
+    p(check(None if not int8_gemm else not missed,
+            "int8 linear at least 95%% of oneDNN's int8 matmul on every model shape (paired; lowest %s%s)" % (
+                fmt(100 * min(v for v in int8_gemm.values() if v) if any(int8_gemm.values()) else None) + "%",
+                "; below: " + ", ".join(missed) if missed else "")))
+    fl = lambda key, dt: floors.get(key, {}).get(dt)  # noqa: E731
+    p(check(at_most(fl("W1", "f32"), 1.15), "W1 f32 within 1.15× of its compute floor (%s)" % x(fl("W1", "f32"))))
+    p(check(at_most(fl("W4", "f32"), 1.1), "W4 f32 within 1.1× of its compute floor (%s)" % x(fl("W4", "f32"))))
+    p(check(at_most(fl("W5", "f32"), 1.3), "W5 f32 within 1.3× of its compute floor (%s)" % x(fl("W5", "f32"))))
+    p(check(at_most(fl("W2", "bf16"), 1.15), "W2 bf16 within 1.15× of the bf16 floor (%s)" % x(fl("W2", "bf16"))))
+    p(check(at_most(fl("W4", "bf16"), 1.15), "W4 bf16 within 1.15× of the bf16 floor (%s)" % x(fl("W4", "bf16"))))
+    p("- int8's distance to its floor (report only): " + ", ".join(
+        "%s %s" % (key, x(fl(key, "int8"))) for key, _, _, _, _ in rows))
+    p("")
+    plot_tokens(p, rounds, gen, table, res)
+
+
+def plot_tokens(p, rounds, gen, table, res):
+    """The tokens/s of W3 and W5 per engine and dtype as an SVG (python3-matplotlib; skipped
+    without it): KILN_BENCH_PLOT names the file (default bench/tokens_per_s.svg; "0": none)."""
+    out = os.environ.get("KILN_BENCH_PLOT", os.path.join(HERE, "tokens_per_s.svg"))
+    if out == "0" or not gen:
+        return
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        p("(no plot: python3-matplotlib is not installed)")
+        p("")
+        return
+    bars = []  # (label, {key: tokens/s})
+    for dt, _, _ in DTYPES:
+        bars.append(("kiln " + dt, {w["key"]: table[w["key"]][dt][0] for w in gen}))
+    for label, field in (("PyTorch f32", "best_generation"), ("PyTorch bf16 autocast", "best_generation_bf16")):
+        bars.append((label, {w["key"]: best_of(((rd["pt"].get(field) or {}).get(w["key"]) or {}).get("median_ms")
+                                               for rd in rounds) for w in gen}))
+    bars.append(("ONNX Runtime f32", {w["key"]: best_of(((rd["ort"].get("generation") or {}).get(w["key"]) or {})
+                                                        .get("median_ms") for rd in rounds) for w in gen}))
+    bars = [(label, ms) for label, ms in bars if any(ms.values())]
+    fig, axes = plt.subplots(1, len(gen), figsize=(5 * len(gen), 3.6))
+    axes = axes if len(gen) > 1 else [axes]
+    cpu = ""
+    try:
+        with open(os.path.join(res, "machine.log")) as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    for ax, w in zip(axes, gen):
+        n = w["batch"] * w["new_tokens"]
+        labels = [label for label, _ in bars]
+        values = [n / (ms[w["key"]] / 1e3) if ms.get(w["key"]) else 0 for _, ms in bars]
+        colors = ["#1f77b4" if lb.startswith("kiln") else "#999999" for lb in labels]
+        ax.barh(labels[::-1], values[::-1], color=colors[::-1])
+        for y, v in enumerate(values[::-1]):
+            ax.text(v, y, " %.0f" % v if v else " —", va="center", fontsize=8)
+        what = "greedy" if w["beam"] == 1 else "beam %d" % w["beam"]
+        ax.set_title("%s: %s, batch %d, %d new tokens" % (w["key"], what, w["batch"], w["new_tokens"]), fontsize=9)
+        ax.set_xlabel("target tokens/s (higher is better)", fontsize=8)
+        ax.tick_params(labelsize=8)
+        ax.set_xlim(0, max(values + [1]) * 1.18)
+    fig.suptitle("kiln vs peers, 2 threads%s" % (" (" + cpu + ")" if cpu else ""), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, format="svg" if out.endswith(".svg") else None)
+    plt.close(fig)
+    shown = os.path.relpath(out, os.path.dirname(HERE))
+    p("Plot: %s (target tokens/s per engine and dtype, each one's best round)." % (
+        out if shown.startswith("..") else shown))
     p("")
 
 

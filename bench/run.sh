@@ -6,8 +6,9 @@
 #   PyTorch eager and ONNX Runtime one after the other on the forward workloads (W1, W2, W4)
 #   and generation (W3, W5) (in rounds; each also reports its load time and memory), and
 #   gemm_bench (kiln vs oneDNN: medians of 20 interleaved repetitions, and paired ratios;
-#   f32, and bf16 against oneDNN's bf16 matmul) in every round, and prints the table
-#   (bench/report.py). kiln's model benches run its f32 and bf16 builds side by side.
+#   f32, bf16 against oneDNN's bf16 matmul, int8 against oneDNN's int8 matmul) in every round,
+#   and prints the table (bench/report.py; with python3-matplotlib also the tokens/s plot).
+#   kiln's model benches run its f32, bf16 and int8 builds side by side.
 #   Results: $KILN_BENCH_CACHE/results/ (round*/ per round).
 #
 #   bench/run.sh
@@ -24,6 +25,11 @@
 #                      bandwidth) only: no model_bench, no forward workloads, no gemm_bench
 #   KILN_BENCH_BF16=0  no bf16 rows (issue 13: kiln's bf16 build, PyTorch bf16 autocast,
 #                      gemm_bench's bf16 shapes); they are built only on a host with AVX512-BF16
+#   KILN_BENCH_INT8=0  no int8 rows (issue 27: kiln's int8 build, gemm_bench's int8 shapes against
+#                      oneDNN's int8 matmul); they are built only on a host with AVX512-VNNI
+#   KILN_BENCH_PEERS=0 kiln alone: no PyTorch or ONNX Runtime runs (and no ONNX export); the
+#                      checkpoint and PyTorch's references are still made (peers.py, once)
+#   KILN_BENCH_PLOT    the tokens/s plot report.py writes (default bench/tokens_per_s.svg; 0: none)
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -34,10 +40,15 @@ export KILN_BENCH_THREADS=${KILN_BENCH_THREADS:-2}
 GEN=${KILN_BENCH_GENERATION:-1}
 REPS=${KILN_BENCH_REPS:-5}
 BF16=${KILN_BENCH_BF16:-1}
-# Without bf16: Google Benchmark's negative filters leave the bf16 benchmarks out.
-MODEL_FILTER=(); GEMM_FILTER=(); PEERS_BF16=()
-if [[ $BF16 == 0 ]]; then
-  MODEL_FILTER=(--benchmark_filter=-^bf16/); GEMM_FILTER=(--benchmark_filter=-_bf16/); PEERS_BF16=(--no-bf16)
+INT8=${KILN_BENCH_INT8:-1}
+PEERS=${KILN_BENCH_PEERS:-1}
+# Without bf16 or int8: Google Benchmark's negative filters leave those benchmarks out.
+MODEL_FILTER=(); GEMM_FILTER=(); PEERS_BF16=(); off=()
+[[ $BF16 == 0 ]] && { off+=(bf16); PEERS_BF16=(--no-bf16); }
+[[ $INT8 == 0 ]] && off+=(int8)
+if ((${#off[@]})); then
+  alt=$(IFS='|'; echo "${off[*]}")
+  MODEL_FILTER=("--benchmark_filter=-^($alt)/"); GEMM_FILTER=("--benchmark_filter=-_($alt)/")
 fi
 PY=/usr/bin/python3
 OUT=$CACHE/results
@@ -48,7 +59,8 @@ log() { echo "[run.sh +$(( $(date +%s) - START ))s] $*" >&2; }
 status() { echo "$1" >> "$OUT/status.log"; log "$1"; }
 : > "$OUT/status.log"
 echo "start $(date -Is) load $(cut -d' ' -f1-3 /proc/loadavg)" > "$OUT/machine.log"
-{ grep -m1 'model name' /proc/cpuinfo; echo "cpus $(nproc)"; } >> "$OUT/machine.log"
+{ grep -m1 'model name' /proc/cpuinfo; grep -m1 'cpu family' /proc/cpuinfo; grep -m1 '^model\s' /proc/cpuinfo
+  echo "cpus $(nproc)"; } >> "$OUT/machine.log"
 
 # 1. Build.
 if [[ "${KILN_BENCH_SKIP_BUILD:-0}" != 1 ]]; then
@@ -87,9 +99,11 @@ fi
 # 3. The checkpoint every engine runs, PyTorch's reference logits and generated ids, the
 #    ONNX exports (forward, encode; gen_encode, gen_step for generation).
 log "weights / references / ONNX (cached in $CACHE)"
+ONNX=(--onnx-dir "$CACHE")
+[[ $PEERS == 0 ]] && ONNX=()
 $PY "$ROOT/bench/peers.py" --weights-out "$CACHE/base.safetensors" \
   --reference-out "$CACHE/reference.safetensors" \
-  --generation-reference-out "$CACHE/gen_reference.safetensors" --onnx-dir "$CACHE" 2> "$OUT/peers-prepare.log" \
+  --generation-reference-out "$CACHE/gen_reference.safetensors" "${ONNX[@]}" 2> "$OUT/peers-prepare.log" \
   || status "peers.py (weights/ONNX) failed (see $OUT/peers-prepare.log)"
 
 # 3b. kiln's ahead-of-time step, timed: emit the model bench_base is built from and compile
@@ -115,7 +129,7 @@ if [[ -x "$BUILD/tools/kiln" ]]; then
 fi
 
 # 4. ONNX Runtime's npm package.
-if [[ ! -d "$ROOT/bench/ort/node_modules/onnxruntime-node" ]]; then
+if [[ $PEERS != 0 && ! -d "$ROOT/bench/ort/node_modules/onnxruntime-node" ]]; then
   log "npm ci in bench/ort"
   (cd "$ROOT/bench/ort" && npm ci --no-audit --no-fund > "$OUT/npm.log" 2>&1) \
     || status "npm ci for onnxruntime-node failed (see $OUT/npm.log): no ONNX Runtime numbers"
@@ -141,7 +155,7 @@ run_kiln() {
     if [[ $r == 1 ]]; then
       # Load time and memory, one process per model (the timed run below holds both models and
       # the bandwidth probe's 512 MiB): W1, W2, W4 once each (~5 s per process).
-      log "round $r: kiln model_bench memory runs (f32, bf16: load, RSS; one call per workload)"
+      log "round $r: kiln model_bench memory runs (f32, bf16, int8: load, RSS; one call per workload)"
       KILN_BENCH_MEMORY_OUT="$R/kiln-memory.json" "$BUILD/bench/model_bench" \
         --benchmark_filter='^W[0-9]' --benchmark_min_time=1e-6 > "$R/kiln-memory.log" 2>&1 \
         || status "round $r: model_bench memory run failed (see $R/kiln-memory.log)"
@@ -150,8 +164,13 @@ run_kiln() {
           --benchmark_filter='^bf16/W[0-9]' --benchmark_min_time=1e-6 > "$R/kiln-memory-bf16.log" 2>&1 \
           || status "round $r: model_bench bf16 memory run failed (see $R/kiln-memory-bf16.log)"
       fi
+      if [[ $INT8 != 0 ]] && grep -q 'int8/W1' <("$BUILD/bench/model_bench" --benchmark_list_tests 2>/dev/null); then
+        KILN_BENCH_MEMORY_OUT="$R/kiln-memory-int8.json" "$BUILD/bench/model_bench" \
+          --benchmark_filter='^int8/W[0-9]' --benchmark_min_time=1e-6 > "$R/kiln-memory-int8.log" 2>&1 \
+          || status "round $r: model_bench int8 memory run failed (see $R/kiln-memory-int8.log)"
+      fi
     fi
-    log "round $r: kiln model_bench (peak, bandwidth, W1, W2, W4, check; f32 and bf16; $REPS repetitions, interleaved)"
+    log "round $r: kiln model_bench (peak, bandwidth, W1, W2, W4, check; f32, bf16, int8; $REPS repetitions, interleaved)"
     # Random interleaving: the peak, the bandwidth and the workloads of both builds alternate,
     # so they see the same load. Console: aggregates only; JSON: every repetition too (report.py
     # shows the min).
@@ -180,6 +199,7 @@ run_kiln() {
   fi
 }
 run_pytorch() {
+  [[ $PEERS == 0 ]] && return 0
   peak_probe "$R/peak-pytorch.json"
   local only=()
   [[ $r -gt 1 && -s "$OUT/round1/pytorch.json" ]] && only=(--only-settings-from "$OUT/round1/pytorch.json")
@@ -195,6 +215,7 @@ run_pytorch() {
     || status "round $r: PyTorch run failed (see $R/pytorch.log)"
 }
 run_ort() {
+  [[ $PEERS == 0 ]] && return 0
   [[ -d "$ROOT/bench/ort/node_modules/onnxruntime-node" ]] || return 0
   peak_probe "$R/peak-ort.json"
   log "round $r: ONNX Runtime (onnxruntime-node)"
@@ -214,7 +235,7 @@ for r in $(seq 1 "$ROUNDS"); do
   echo "round $r start $(date -Is) load $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/machine.log"
   if (( r % 2 )); then run_kiln; run_pytorch; run_ort; else run_ort; run_pytorch; run_kiln; fi
   if [[ "${KILN_BENCH_GEMM:-1}" != 0 && $GEN != only && -x "$BUILD/bench/gemm_bench" ]]; then
-    log "round $r: gemm_bench (kiln linear kernel vs oneDNN)"
+    log "round $r: gemm_bench (kiln linear kernels vs oneDNN: f32, bf16, int8)"
     # Many short repetitions in random order, medians reported: the shared machine's load
     # moves within seconds, and a single long run per shape lets one burst decide a ratio.
     # Once per round, like the model workloads: report.py takes each library's best round
