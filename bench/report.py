@@ -221,18 +221,23 @@ STEP_WEIGHT_BYTES = 4 * (DEC_LAYERS * (6 * (D_MODEL * D_MODEL + D_MODEL) + (D_MO
 # The same with bf16 linear weights (2 bytes; biases, norms, the embedding row stay f32).
 STEP_LINEAR_WEIGHTS = DEC_LAYERS * (6 * D_MODEL * D_MODEL + 2 * D_MODEL * D_FF) + D_MODEL * VOCAB
 STEP_WEIGHT_BYTES_BF16 = STEP_WEIGHT_BYTES - 2 * STEP_LINEAR_WEIGHTS
+# With int8 linear weights: 1 byte each plus 8 per output row (its f32 scale and i32 row sum).
+STEP_LINEAR_ROWS = DEC_LAYERS * (6 * D_MODEL + D_FF + D_MODEL) + VOCAB
+STEP_WEIGHT_BYTES_INT8 = STEP_WEIGHT_BYTES - 3 * STEP_LINEAR_WEIGHTS + 8 * STEP_LINEAR_ROWS
 ENC_LAYERS = 6
 
 
-def forward_weight_bytes(batch, src_len, tgt_len, linear_bytes):
+def forward_weight_bytes(batch, src_len, tgt_len, linear_bytes, per_row=0):
     """The bytes of weights a forward call reads at least once (model_bench.cpp has the same
-    formula): every linear's weight (`linear_bytes` per element) and bias, every LayerNorm,
-    the generator, one embedding row per token; f32 but the linear weights."""
+    formula): every linear's weight (`linear_bytes` per element, plus `per_row` bytes per output
+    row: 8 for int8's scale and row sum) and bias, every LayerNorm, the generator, one embedding
+    row per token; f32 but the linear weights."""
     d, ff = D_MODEL, D_FF
     weights = ENC_LAYERS * (4 * d * d + 2 * d * ff) + DEC_LAYERS * (8 * d * d + 2 * d * ff) + VOCAB * d
+    rows = ENC_LAYERS * (4 * d + ff + d) + DEC_LAYERS * (8 * d + ff + d) + VOCAB
     f32s = ENC_LAYERS * (4 * d + ff + d + 4 * d) + DEC_LAYERS * (8 * d + ff + d + 6 * d) + 4 * d + VOCAB \
         + (batch * src_len + batch * tgt_len) * d
-    return linear_bytes * weights + 4 * f32s
+    return linear_bytes * weights + per_row * rows + 4 * f32s
 
 
 def bandwidth_of(entries):
@@ -301,15 +306,17 @@ def run_bandwidth(rounds):
 def bf16_section(p, rounds, workloads, per_round, rows, res):
     """kiln's bf16 build beside the f32 one (model_bench bf16/...), PyTorch under bf16 autocast,
     W1 against its bandwidth floor, and issue 13's acceptance checks 2 and 3."""
-    kb = {}  # key -> [(median ms, fastest repetition ms, floor_weight_MB) per round]
+    kb, ki = {}, {}  # key -> [(median ms, fastest repetition ms, floor_weight_MB) per round]: bf16, int8
     for w in workloads:
-        name = "bf16/" + w["kiln_name"]
-        kb[w["key"]] = []
-        for rd in rounds:
-            e = find(rd["kiln"], name)
-            ok = e is not None and not e.get("error_occurred")
-            kb[w["key"]].append((to_ms(e) if ok else None, gbench_min_ms(rd.get("kiln_doc"), name) if ok else None,
-                                 e.get("floor_weight_MB") if ok else None))
+        for prefix, into in (("bf16/", kb), ("int8/", ki)):
+            name = prefix + w["kiln_name"]
+            into[w["key"]] = []
+            for rd in rounds:
+                e = find(rd["kiln"], name)
+                ok = e is not None and not e.get("error_occurred")
+                into[w["key"]].append((to_ms(e) if ok else None,
+                                       gbench_min_ms(rd.get("kiln_doc"), name) if ok else None,
+                                       e.get("floor_weight_MB") if ok else None))
     pb = {w["key"]: [((rd["pt"].get("best_bf16") or {}).get(w["key"]) or {}) for rd in rounds] for w in workloads}
     have = any(t[0] for v in kb.values() for t in v) or any(x for v in pb.values() for x in v)
     errors = sorted({"%s: %s" % (os.path.basename(rd["dir"]), e.get("error_message"))
@@ -375,8 +382,12 @@ def bf16_section(p, rounds, workloads, per_round, rows, res):
                 ("f32", 4, rows["W1"]["k_ms"], best_of(t[5] for t in per_round["W1"]),
                  [t[0] for t in per_round["W1"]]),
                 ("bf16", 2, best_of(t[0] for t in kb["W1"]), best_of(t[1] for t in kb["W1"]),
-                 [t[0] for t in kb["W1"]])):
-            mb = forward_weight_bytes(w1["batch"], w1["src_len"], w1["tgt_len"], lb) / 1e6
+                 [t[0] for t in kb["W1"]]),
+                ("int8", 1, best_of(t[0] for t in ki["W1"]), best_of(t[1] for t in ki["W1"]),
+                 [t[0] for t in ki["W1"]])):
+            if tag == "int8" and not k_ms:
+                continue
+            mb = forward_weight_bytes(w1["batch"], w1["src_len"], w1["tgt_len"], lb, 8 if tag == "int8" else 0) / 1e6
             fl = mb * 1e6 / (bw * 1e9) * 1e3 if bw else None
             floor[tag] = k_ms / fl if k_ms and fl else None
             own = []
@@ -389,7 +400,7 @@ def bf16_section(p, rounds, workloads, per_round, rows, res):
                 fmt(k_min / fl, 2) + "×" if k_min and fl else "—", ", ".join(own)))
         p("")
         p("W1 (forward, batch 1, 32 + 32 tokens) reads every weight once per call: every linear's weight "
-          "and bias (linear weights 4 bytes in f32, 2 in bf16), the LayerNorms, the generator 512×32000, "
+          "and bias (linear weights 4 bytes in f32, 2 in bf16, 1 in int8 plus 8 per output row), the LayerNorms, the generator 512×32000, "
           "and one embedding row per token (not the whole tables). Floor = those bytes over the highest "
           "memory read bandwidth measured in the run, %s GB/s (`bandwidth`: 2 threads streaming 512 MiB, "
           "in model_bench between the workloads' repetitions, in generate_bench, and before each peer). "
@@ -1146,6 +1157,19 @@ def int8_section(p, rounds, workloads, int8_gemm, res):
                                        for dt, _, _ in DTYPES)) for key, _, _, _, _ in rows))
         for ri, rd in enumerate(rounds)) + ".")
     p("")
+
+    # W3's bandwidth floor per build (generation_section has f32's, generation_bf16 bf16's).
+    bw = run_bandwidth(rounds)
+    w3g = next((w for w in gen if w["key"] == "W3"), None)
+    if w3g and bw and "W3" in table:
+        cells = []
+        for dt, step in (("f32", STEP_WEIGHT_BYTES), ("bf16", STEP_WEIGHT_BYTES_BF16), ("int8", STEP_WEIGHT_BYTES_INT8)):
+            floor_ms = step * w3g["new_tokens"] / (bw * 1e9) * 1e3
+            cells.append("%s %.2f MB per step, floor %s ms, kiln %s ms = %s" % (
+                dt, step / 1e6, fmt(floor_ms), fmt(table["W3"][dt][0]), x(ratio(table["W3"][dt][0], floor_ms))))
+        p("W3 against its memory-bandwidth floor (weight bytes per step × %d steps over %s GB/s, the run's "
+          "highest): %s." % (w3g["new_tokens"], fmt(bw), "; ".join(cells)))
+        p("")
 
     # Peak RSS per dtype (model_bench's memory runs: one process per build, W1, W2, W4 once).
     mem = []
