@@ -33,6 +33,23 @@
 // paired_bf16/SHAPE (as paired/, kiln's bf16 kernel against oneDNN's bf16 matmul); a second
 // table at the end, with kiln bf16 over kiln f32.
 //
+// int8 (issue 27; built where the host has AVX512-VNNI): kiln's int8 linear kernels
+// (codegen/linear_int8_kernel.cpp, vpdpbusd; the same gemm_shapes.kir compiled by `kiln compile
+// --weights int8`, kiln_add_model bench_gemm_int8) against oneDNN 2.6's int8 matmul primitive
+// as CTranslate2 uses it, at oneDNN's default ISA. kiln: W quantized per output row outside the
+// timing (rt::lay_out_linear_weight_int8_rows, as its runtime does at load: s8, the row scales
+// and row sums after it); each call reads x in f32 and quantizes every row (u8 with a zero
+// point) inside its timing, sums u8 × s8 in int32, then scales, adds the bias and applies ReLU
+// in f32. oneDNN: src u8 [M, K] already quantized outside the timing (one scale and zero point
+// for the whole x: its output scales cannot carry a per-row input scale), weights s8 with the
+// same per-row rounding as kiln's, format_tag::any, reordered once; output scales per column
+// (mask 2), bias f32 with the zero point's compensation folded in (as CTranslate2 folds its u8
+// shift), ReLU post-op, dst f32. So kiln does the quantization of x on top of the same product.
+// Benchmarks kiln_int8/SHAPE, onednn_int8/SHAPE and paired_int8/SHAPE; a third table, with
+// kiln int8 over kiln f32 and over kiln bf16, and each output's distance from kiln's f32 one.
+// bf16 and int8 share the problem struct (PackedProblem), the oneDNN matmul setup, the
+// benchmarks and the paired runner.
+//
 // The kiln kernel computes out = x·Wᵀ + bias (ReLU where the model has it) with W in the
 // layout kiln's runtime loads (packed in 64-column panels for these N); dnnl_sgemm computes
 // x·wt with wt = Wᵀ (K × N), row-major, no bias: the epilogue is kiln's extra work. Both
