@@ -68,12 +68,11 @@ using testing::golden_file;
 using testing::max_abs_diff;
 using testing::optimized_transformer;
 
-std::vector<ir::Tensor> run_bf16_reference(const ir::Module& m, const std::string& entry,
-                                           const ir::WeightMap& weights,
-                                           const std::vector<ir::Tensor>& inputs) {
+// The interpreter with every linear's inputs rounded to bf16, as the library rounds them.
+ir::InterpretOptions bf16_rounding() {
   ir::InterpretOptions options;
   options.bf16_linear = true;
-  return ir::interpret(m, *m.find_function(entry), weights, inputs, options);
+  return options;
 }
 
 double max_abs(const std::vector<float>& v) {
@@ -86,8 +85,7 @@ double max_abs(const std::vector<float>& v) {
 // the largest |logit|; the distance to the bf16-rounding interpreter is printed.
 template <typename Model>
 void expect_golden(Model& model, const std::string& config, const std::string& batch) {
-  ir::InterpretOptions options;
-  options.bf16_linear = true;
+  const ir::InterpretOptions options = bf16_rounding();
   const testing::GoldenForward g = testing::golden_forward(model, config, batch, options);
   ASSERT_EQ(g.got.shape, g.pytorch.shape);
   const int gemms = g.linears;
@@ -292,8 +290,7 @@ TEST(Bf16Subnormals, RoundingIsTheHardwaresEverywhere) {
   std::unique_ptr<kiln_model, void (*)(kiln_model*)> model(
       bf16_linears_create(path.c_str(), &error), kiln_model_destroy);
   ASSERT_TRUE(model) << error;
-  ir::InterpretOptions options;
-  options.bf16_linear = true;
+  const ir::InterpretOptions options = bf16_rounding();
   size_t checked = 0;
   for (const Entry& e : entries) {
     // K 1 takes infinities and NaNs too; a longer row would multiply them by the zeros.
@@ -352,8 +349,7 @@ TEST(Bf16Subnormals, SubnormalWeightsGiveTheInterpretersResults) {
   std::stringstream text;
   text << kir.rdbuf();
   const ir::Module m = ir::parse_and_verify(text.str(), "linears.kir");
-  ir::InterpretOptions options;
-  options.bf16_linear = true;
+  const ir::InterpretOptions options = bf16_rounding();
   size_t checked = 0, flushed_rows = 0;
   for (uint32_t seed : {1u, 2u, 3u}) {
     std::mt19937 rng(seed);
@@ -476,35 +472,6 @@ TEST(Bf16Golden, SmallMatchesTheBf16Reference) {
   expect_golden(model, "small", "small_b1");
 }
 
-// Random weights written as a safetensors file (f32, or bf16 with `as_bf16`: a bf16
-// checkpoint loads as it is, and then the rounding of the weights is exact).
-std::string write_random_weights(const ir::Module& m, ir::WeightMap& wm, const std::string& name,
-                                 bool as_bf16) {
-  std::vector<rt::TensorData> tensors;
-  for (const ir::Weight& w : m.weights) {
-    if (w.derivation) continue;
-    ir::Tensor& t = wm.at(w.name);
-    if (as_bf16) {
-      rt::TensorData d;
-      d.name = w.name;
-      d.dtype = rt::DType::bf16;
-      d.shape = t.shape;
-      d.data.resize(t.f.size() * 2);
-      for (size_t i = 0; i < t.f.size(); ++i) {
-        const uint16_t b = rt::f32_to_bf16(t.f[i]);
-        t.f[i] = rt::bf16_to_f32(b);  // the interpreter sees what the file holds
-        std::memcpy(d.data.data() + 2 * i, &b, 2);
-      }
-      tensors.push_back(std::move(d));
-    } else {
-      tensors.push_back(rt::make_f32(w.name, t.shape, t.f));
-    }
-  }
-  const std::string path = ::testing::TempDir() + name + ".safetensors";
-  rt::write_safetensors(path, tensors);
-  return path;
-}
-
 // Forward and encode against the f32 interpreter on random ids, lengths `lengths`, batches
 // 1 and 3, with padding, within G·2^-6 of the largest |value| (the bf16-rounding
 // interpreter's distance printed beside, unless `skip_rounded`).
@@ -515,7 +482,7 @@ void expect_random(const std::string& label, const std::vector<std::string>& set
   ir::Module m = optimized_transformer(config, settings);
   ir::Module plain = models::build_model("transformer", config, settings);
   ir::WeightMap wm = testing::random_weights(plain, seed);
-  const std::string path = write_random_weights(plain, wm, label, bf16_file);
+  const std::string path = testing::write_random_weights(plain, wm, label, bf16_file);
   ir::materialize_weights(m, wm);
   Model model(path.c_str());
   for (const char* entry : {"forward", "encode"}) {
@@ -537,7 +504,9 @@ void expect_random(const std::string& label, const std::vector<std::string>& set
         largest = std::max(largest, max_abs(want[0].f));
         if (!skip_rounded)
           rounded_worst = std::max(
-              rounded_worst, max_abs_diff(got.data, run_bf16_reference(m, entry, wm, inputs)[0].f));
+              rounded_worst,
+              max_abs_diff(got.data,
+                           testing::interpret_entry(m, entry, wm, inputs, bf16_rounding())[0].f));
       }
     const int gemms = linear_ops(m, entry);
     const double tolerance = gemms * kBf16PerGemm * largest;

@@ -59,12 +59,11 @@ using testing::golden_file;
 using testing::max_abs_diff;
 using testing::optimized_transformer;
 
-std::vector<ir::Tensor> run_int8_reference(const ir::Module& m, const std::string& entry,
-                                           const ir::WeightMap& weights,
-                                           const std::vector<ir::Tensor>& inputs) {
+// The interpreter with every linear quantized as the library quantizes it.
+ir::InterpretOptions int8_rounding() {
   ir::InterpretOptions options;
   options.int8_linear = true;
-  return ir::interpret(m, *m.find_function(entry), weights, inputs, options);
+  return options;
 }
 
 double range_of(const std::vector<float>& v) {
@@ -141,8 +140,7 @@ TEST(Int8Kernels, MatchADoubleSumOfQuantizedInputs) {
     std::memcpy(v.data(), t.data.data(), t.data.size());
     wm[t.name] = ir::Tensor::from_f32(t.shape, v);
   }
-  ir::InterpretOptions options;
-  options.int8_linear = true;
+  const ir::InterpretOptions options = int8_rounding();
   int checked = 0;
   for (const Case& c : kCases) {
     const std::string name = case_name(c);
@@ -223,8 +221,7 @@ TEST(Int8Kernels, NonFiniteWeightsAreRefusedAtLoad) {
 // range; the distance to the int8-quantizing interpreter is printed.
 template <typename Model>
 void expect_golden(Model& model, const std::string& config, const std::string& batch) {
-  ir::InterpretOptions options;
-  options.int8_linear = true;
+  const ir::InterpretOptions options = int8_rounding();
   const testing::GoldenForward g = testing::golden_forward(model, config, batch, options);
   ASSERT_EQ(g.got.shape, g.pytorch.shape);
   const double range = range_of(g.pytorch.data), tolerance = kInt8OfRange * range;
@@ -259,24 +256,7 @@ TEST(Int8Random, OddSizesFromABf16Checkpoint) {
   ir::Module m = optimized_transformer("tiny", settings);
   ir::Module plain = models::build_model("transformer", "tiny", settings);
   ir::WeightMap wm = testing::random_weights(plain, 9);
-  std::vector<rt::TensorData> tensors;
-  for (const ir::Weight& w : plain.weights) {
-    if (w.derivation) continue;
-    ir::Tensor& t = wm.at(w.name);
-    rt::TensorData d;
-    d.name = w.name;
-    d.dtype = rt::DType::bf16;
-    d.shape = t.shape;
-    d.data.resize(t.f.size() * 2);
-    for (size_t i = 0; i < t.f.size(); ++i) {
-      const uint16_t bits = rt::f32_to_bf16(t.f[i]);
-      t.f[i] = rt::bf16_to_f32(bits);  // the interpreter sees what the file holds
-      std::memcpy(d.data.data() + 2 * i, &bits, 2);
-    }
-    tensors.push_back(std::move(d));
-  }
-  const std::string path = ::testing::TempDir() + "int8_odd.safetensors";
-  rt::write_safetensors(path, tensors);
+  const std::string path = testing::write_random_weights(plain, wm, "int8_odd", true);
   ir::materialize_weights(m, wm);
   kiln_models::int8_odd model(path.c_str());
   for (const char* entry : {"forward", "encode"}) {
@@ -296,7 +276,9 @@ TEST(Int8Random, OddSizesFromABf16Checkpoint) {
         worst = std::max(worst, max_abs_diff(got.data, want[0].f));
         range = std::max(range, range_of(want[0].f));
         quantized_worst = std::max(
-            quantized_worst, max_abs_diff(got.data, run_int8_reference(m, entry, wm, inputs)[0].f));
+            quantized_worst,
+            max_abs_diff(got.data,
+                         testing::interpret_entry(m, entry, wm, inputs, int8_rounding())[0].f));
       }
     std::printf(
         "[ int8 ] odd %s (bf16 checkpoint): vs the f32 interpreter %.3g (tolerance 2%% of %.3g "

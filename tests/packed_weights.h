@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <utility>
@@ -20,6 +21,7 @@
 #include "kiln/runtime.h"
 #include "kiln/vocab.h"
 #include "passes/pipeline.h"
+#include "runtime/plan.h"
 #include "runtime/safetensors.h"
 #include "tools/bridge.h"
 
@@ -45,6 +47,45 @@ inline double max_abs_diff(const std::vector<float>& got, const std::vector<floa
   return err;
 }
 
+// Entry point `entry` of `m` through the interpreter with `options` (its rounding of the
+// linears: bf16_linear or int8_linear), the reference of a packed-weight library.
+inline std::vector<ir::Tensor> interpret_entry(const ir::Module& m, const std::string& entry,
+                                               const ir::WeightMap& weights,
+                                               const std::vector<ir::Tensor>& inputs,
+                                               const ir::InterpretOptions& options) {
+  return ir::interpret(m, *m.find_function(entry), weights, inputs, options);
+}
+
+// The weights of `m` (those not derived at load) from `wm` written as a safetensors file
+// named `name` in the test's temporary directory: f32, or bf16 with `as_bf16`, in which case
+// `wm` is rounded to what the file holds (a bf16 checkpoint loads as it is). Returns its path.
+inline std::string write_random_weights(const ir::Module& m, ir::WeightMap& wm,
+                                        const std::string& name, bool as_bf16) {
+  std::vector<rt::TensorData> tensors;
+  for (const ir::Weight& w : m.weights) {
+    if (w.derivation) continue;
+    ir::Tensor& t = wm.at(w.name);
+    if (as_bf16) {
+      rt::TensorData d;
+      d.name = w.name;
+      d.dtype = rt::DType::bf16;
+      d.shape = t.shape;
+      d.data.resize(t.f.size() * 2);
+      for (size_t i = 0; i < t.f.size(); ++i) {
+        const uint16_t b = rt::f32_to_bf16(t.f[i]);
+        t.f[i] = rt::bf16_to_f32(b);  // the interpreter sees what the file holds
+        std::memcpy(d.data.data() + 2 * i, &b, 2);
+      }
+      tensors.push_back(std::move(d));
+    } else {
+      tensors.push_back(rt::make_f32(w.name, t.shape, t.f));
+    }
+  }
+  const std::string path = ::testing::TempDir() + name + ".safetensors";
+  rt::write_safetensors(path, tensors);
+  return path;
+}
+
 // A golden batch (tests/golden: `config`'s weights, `batch`'s inputs and PyTorch's f32 logits)
 // through a library's forward, and through the interpreter with `options` (its rounding of
 // the linears) on the module the library was built from.
@@ -64,14 +105,14 @@ GoldenForward golden_forward(Model& model, const std::string& config, const std:
   const auto tgt = read_tensor<int64_t>(golden_file(batch + ".inputs.safetensors"), "tgt");
   GoldenForward r;
   r.pytorch = read_tensor<float>(golden_file(batch + ".expected.safetensors"), "logits");
-  const ir::Function& forward = *m.find_function("forward");
-  r.interpreted = ir::interpret(m, forward, wm,
-                                {ir::Tensor::from_ints(ir::DType::i64, src.shape, src.data),
-                                 ir::Tensor::from_ints(ir::DType::i64, tgt.shape, tgt.data)},
-                                options)[0]
+  r.interpreted = interpret_entry(m, "forward", wm,
+                                  {ir::Tensor::from_ints(ir::DType::i64, src.shape, src.data),
+                                   ir::Tensor::from_ints(ir::DType::i64, tgt.shape, tgt.data)},
+                                  options)[0]
                       .f;
   r.got = model.forward(src, tgt);
-  for (const ir::Op& op : forward.ops) r.linears += op.kind == ir::OpKind::linear;
+  for (const ir::Op& op : m.find_function("forward")->ops)
+    r.linears += op.kind == ir::OpKind::linear;
   return r;
 }
 
