@@ -105,39 +105,19 @@ void expect_golden(Model& model, const std::string& config, const std::string& b
 // inputs are the same on both sides, so only the f32 summation differs, by at most
 // (K + 4)·2^-24·(Σ_k |x̂_k·ŵ_k| + |b|) (the f32 kernels' bound, linear_kernel_test.cpp).
 TEST(Bf16Kernels, MatchADoubleSumOfRoundedInputs) {
-  struct Case {
-    int64_t K, N;
-    bool relu, bias;
-  };
-  const std::vector<Case> cases = {{1, 17, false, true},    {7, 5, true, false},
-                                   {20, 36, true, true},    {21, 29, false, true},
-                                   {64, 64, false, true},   {64, 200, true, true},
-                                   {33, 1, false, true},    {512, 512, false, true},
-                                   {512, 130, true, false}, {2048, 128, false, true}};
-  std::vector<rt::TensorData> tensors;
-  std::map<std::string, std::vector<float>> w, b;
   uint32_t seed = 1;
-  for (const Case& c : cases) {
-    const std::string name = "k" + std::to_string(c.K) + "_n" + std::to_string(c.N);
-    w[name] = testing::noise(static_cast<size_t>(c.N * c.K), seed++);
-    tensors.push_back(rt::make_f32("w_" + name, {c.N, c.K}, w[name]));
-    if (c.bias) {
-      b[name] = testing::noise(static_cast<size_t>(c.N), seed++);
-      tensors.push_back(rt::make_f32("b_" + name, {c.N}, b[name]));
-    }
-  }
-  const std::string path = ::testing::TempDir() + "bf16_linears.safetensors";
-  rt::write_safetensors(path, tensors);
+  const testing::LinearsCheckpoint ck =
+      testing::write_linears_noise("bf16_linears.safetensors", seed);
   char* error = nullptr;
   std::unique_ptr<kiln_model, void (*)(kiln_model*)> model(
-      bf16_linears_create(path.c_str(), &error), kiln_model_destroy);
+      bf16_linears_create(ck.path.c_str(), &error), kiln_model_destroy);
   ASSERT_TRUE(model) << error;
   auto round = [](float v) { return rt::bf16_to_f32(rt::f32_to_bf16(v)); };
   int checked = 0;
-  for (const Case& c : cases) {
-    const std::string name = "k" + std::to_string(c.K) + "_n" + std::to_string(c.N);
-    std::vector<float> wr(w[name].size());
-    std::transform(w[name].begin(), w[name].end(), wr.begin(), round);
+  for (const testing::LinearCase& c : testing::linears_cases()) {
+    const std::string name = c.name();
+    std::vector<float> wr(ck.w.at(name).size());
+    std::transform(ck.w.at(name).begin(), ck.w.at(name).end(), wr.begin(), round);
     for (int64_t M : {1, 2, 3, 4, 5, 7, 33, 63, 64, 129, 200}) {
       SCOPED_TRACE(name + " M=" + std::to_string(M));
       std::vector<float> x = testing::noise(static_cast<size_t>(M * c.K), seed++);
@@ -149,14 +129,14 @@ TEST(Bf16Kernels, MatchADoubleSumOfRoundedInputs) {
       int failures = 0;
       for (int64_t m = 0; m < M; ++m)
         for (int64_t n = 0; n < c.N; ++n) {
-          double sum = 0, magnitude = c.bias ? std::abs(b[name][n]) : 0.0;
+          double sum = 0, magnitude = c.bias ? std::abs(ck.b.at(name)[n]) : 0.0;
           for (int64_t k = 0; k < c.K; ++k) {
             const double p = static_cast<double>(xr[m * c.K + k]) * wr[n * c.K + k];
             sum += p;
             magnitude += std::abs(p);
           }
           float want = static_cast<float>(sum);
-          if (c.bias) want += b[name][n];
+          if (c.bias) want += ck.b.at(name)[n];
           if (c.relu) want = std::max(want, 0.0f);
           const double tolerance = static_cast<double>(c.K + 4) * 0x1p-24 * magnitude;
           const float got = y[m * c.N + n];
@@ -270,10 +250,7 @@ TEST(Bf16Subnormals, RoundingIsTheHardwaresEverywhere) {
                                       {"k20_n36", 20, 36, true},
                                       {"k21_n29", 21, 29, false},
                                       {"k64_n64", 64, 64, false}};
-  std::ifstream kir(std::string(KILN_TEST_DATA_DIR) + "/abi/linears.kir");
-  std::stringstream text;
-  text << kir.rdbuf();
-  const ir::Module m = ir::parse_and_verify(text.str(), "linears.kir");
+  const ir::Module m = testing::linears_module();
   // Output n reads input n % K with weight 1; every other weight and bias is 0.
   ir::WeightMap wm;
   std::vector<rt::TensorData> tensors;
@@ -345,10 +322,7 @@ TEST(Bf16Subnormals, RoundingIsTheHardwaresEverywhere) {
 // linear of the bf16 library equals the interpreter's bf16_linear within the f32 summation
 // bound, and an output whose weights are all subnormal is exactly its bias (flushed: 0·x).
 TEST(Bf16Subnormals, SubnormalWeightsGiveTheInterpretersResults) {
-  std::ifstream kir(std::string(KILN_TEST_DATA_DIR) + "/abi/linears.kir");
-  std::stringstream text;
-  text << kir.rdbuf();
-  const ir::Module m = ir::parse_and_verify(text.str(), "linears.kir");
+  const ir::Module m = testing::linears_module();
   const ir::InterpretOptions options = bf16_rounding();
   size_t checked = 0, flushed_rows = 0;
   for (uint32_t seed : {1u, 2u, 3u}) {

@@ -91,20 +91,10 @@ std::vector<double> dequantized_input(const float* v, int64_t n) {
   return out;
 }
 
-struct Case {
-  int64_t K, N;
-  bool relu, bias;
-};
-// tests/abi/linears.kir: N below, at and above multiples of 64, K not a multiple of 4 (1, 7,
-// 21, 33), ReLU, no bias, a long reduction (2048).
-const std::vector<Case> kCases = {
-    {1, 17, false, true},    {7, 5, true, false},     {20, 36, true, true}, {21, 29, false, true},
-    {64, 64, false, true},   {64, 200, true, true},   {33, 1, false, true}, {512, 512, false, true},
-    {512, 130, true, false}, {2048, 128, false, true}};
-
-std::string case_name(const Case& c) {
-  return "k" + std::to_string(c.K) + "_n" + std::to_string(c.N);
-}
+// The kernels of tests/abi/linears.kir: among them K not a multiple of 4 (1, 7, 21, 33) and a
+// long reduction (2048).
+using testing::LinearCase;
+using testing::linears_cases;
 
 // Each kernel alone against a double-precision sum over the dequantized x and W (the same
 // quantized values on both sides: the int32 sum is exact, only its conversion and the two
@@ -112,40 +102,21 @@ std::string case_name(const Case& c) {
 // and the interpreter's int8_linear on the same inputs within the same bound. Rows of x are
 // of different magnitudes (scales), one of them all zero.
 TEST(Int8Kernels, MatchADoubleSumOfQuantizedInputs) {
-  std::vector<rt::TensorData> tensors;
-  std::map<std::string, std::vector<float>> w, b;
   uint32_t seed = 1;
-  for (const Case& c : kCases) {
-    const std::string name = case_name(c);
-    w[name] = testing::noise(static_cast<size_t>(c.N * c.K), seed++);
-    tensors.push_back(rt::make_f32("w_" + name, {c.N, c.K}, w[name]));
-    if (c.bias) {
-      b[name] = testing::noise(static_cast<size_t>(c.N), seed++);
-      tensors.push_back(rt::make_f32("b_" + name, {c.N}, b[name]));
-    }
-  }
-  const std::string path = ::testing::TempDir() + "int8_linears.safetensors";
-  rt::write_safetensors(path, tensors);
+  const testing::LinearsCheckpoint ck =
+      testing::write_linears_noise("int8_linears.safetensors", seed);
   char* error = nullptr;
   std::unique_ptr<kiln_model, void (*)(kiln_model*)> model(
-      int8_linears_create(path.c_str(), &error), kiln_model_destroy);
+      int8_linears_create(ck.path.c_str(), &error), kiln_model_destroy);
   ASSERT_TRUE(model) << error;
-  std::ifstream kir(std::string(KILN_TEST_DATA_DIR) + "/abi/linears.kir");
-  std::stringstream text;
-  text << kir.rdbuf();
-  const ir::Module m = ir::parse_and_verify(text.str(), "linears.kir");
-  ir::WeightMap wm;
-  for (const rt::TensorData& t : tensors) {
-    std::vector<float> v(t.data.size() / 4);
-    std::memcpy(v.data(), t.data.data(), t.data.size());
-    wm[t.name] = ir::Tensor::from_f32(t.shape, v);
-  }
+  const ir::Module m = testing::linears_module();
   const ir::InterpretOptions options = int8_rounding();
   int checked = 0;
-  for (const Case& c : kCases) {
-    const std::string name = case_name(c);
+  for (const LinearCase& c : linears_cases()) {
+    const std::string name = c.name();
     std::vector<std::vector<double>> wq;
-    for (int64_t n = 0; n < c.N; ++n) wq.push_back(dequantized_weight(&w[name][n * c.K], c.K));
+    for (int64_t n = 0; n < c.N; ++n)
+      wq.push_back(dequantized_weight(&ck.w.at(name)[n * c.K], c.K));
     for (int64_t M : {1, 2, 3, 4, 5, 7, 33, 63, 64, 129, 200}) {
       SCOPED_TRACE(name + " M=" + std::to_string(M));
       std::vector<float> x = testing::noise(static_cast<size_t>(M * c.K), seed++);
@@ -162,18 +133,18 @@ TEST(Int8Kernels, MatchADoubleSumOfQuantizedInputs) {
       ASSERT_EQ(testing::run_linear(model.get(), name, x, M, c.K, c.N, y), 0)
           << kiln_model_error(model.get());
       const std::vector<ir::Tensor> interpreted = ir::interpret(
-          m, *m.find_function(name), wm, {ir::Tensor::from_f32({M, c.K}, x)}, options);
+          m, *m.find_function(name), ck.weights, {ir::Tensor::from_f32({M, c.K}, x)}, options);
       int failures = 0;
       for (int64_t r = 0; r < M; ++r) {
         const std::vector<double> xq = dequantized_input(&x[r * c.K], c.K);
         for (int64_t n = 0; n < c.N; ++n) {
-          double sum = 0, magnitude = c.bias ? std::abs(b[name][n]) : 0.0;
+          double sum = 0, magnitude = c.bias ? std::abs(ck.b.at(name)[n]) : 0.0;
           for (int64_t k = 0; k < c.K; ++k) {
             const double p = xq[static_cast<size_t>(k)] * wq[static_cast<size_t>(n)][k];
             sum += p;
             magnitude += std::abs(p);
           }
-          double want = sum + (c.bias ? b[name][n] : 0.0);
+          double want = sum + (c.bias ? ck.b.at(name)[n] : 0.0);
           if (c.relu) want = std::max(want, 0.0);
           const double tolerance = 4 * 0x1p-24 * magnitude;
           for (const float got : {y[r * c.N + n], interpreted[0].f[r * c.N + n]})
@@ -198,12 +169,12 @@ TEST(Int8Kernels, MatchADoubleSumOfQuantizedInputs) {
 // scale): loading refuses it, naming the weight and the row.
 TEST(Int8Kernels, NonFiniteWeightsAreRefusedAtLoad) {
   std::vector<rt::TensorData> tensors;
-  for (const Case& c : kCases) {
+  for (const LinearCase& c : linears_cases()) {
     std::vector<float> v = testing::noise(static_cast<size_t>(c.N * c.K), 3);
-    if (case_name(c) == "k20_n36") v[5 * 20 + 7] = INFINITY;
-    tensors.push_back(rt::make_f32("w_" + case_name(c), {c.N, c.K}, v));
+    if (c.name() == "k20_n36") v[5 * 20 + 7] = INFINITY;
+    tensors.push_back(rt::make_f32("w_" + c.name(), {c.N, c.K}, v));
     if (c.bias)
-      tensors.push_back(rt::make_f32("b_" + case_name(c), {c.N}, std::vector<float>(c.N, 0.f)));
+      tensors.push_back(rt::make_f32("b_" + c.name(), {c.N}, std::vector<float>(c.N, 0.f)));
   }
   const std::string path = ::testing::TempDir() + "int8_infinite.safetensors";
   rt::write_safetensors(path, tensors);

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,8 +20,10 @@
 #include "frontend/models.h"
 #include "ir/interpreter.h"
 #include "ir/ir.h"
+#include "ir/parser.h"
 #include "kiln/runtime.h"
 #include "kiln/vocab.h"
+#include "noise.h"
 #include "passes/pipeline.h"
 #include "runtime/plan.h"
 #include "runtime/safetensors.h"
@@ -114,6 +118,55 @@ GoldenForward golden_forward(Model& model, const std::string& config, const std:
   for (const ir::Op& op : m.find_function("forward")->ops)
     r.linears += op.kind == ir::OpKind::linear;
   return r;
+}
+
+// tests/abi/linears.kir, whose entry points are one linear each: N below, at and above
+// multiples of 64, K odd and even (1, 7, 20, 21, 33, 64, 512, 2048), ReLU, no bias.
+struct LinearCase {
+  int64_t K, N;
+  bool relu, bias;
+  std::string name() const { return "k" + std::to_string(K) + "_n" + std::to_string(N); }
+};
+inline const std::vector<LinearCase>& linears_cases() {
+  static const std::vector<LinearCase> cases = {{1, 17, false, true},    {7, 5, true, false},
+                                                {20, 36, true, true},    {21, 29, false, true},
+                                                {64, 64, false, true},   {64, 200, true, true},
+                                                {33, 1, false, true},    {512, 512, false, true},
+                                                {512, 130, true, false}, {2048, 128, false, true}};
+  return cases;
+}
+inline ir::Module linears_module() {
+  std::ifstream kir(std::string(KILN_TEST_DATA_DIR) + "/abi/linears.kir");
+  std::stringstream text;
+  text << kir.rdbuf();
+  return ir::parse_and_verify(text.str(), "linears.kir");
+}
+
+// A checkpoint of noise for every linears_cases() weight (w_NAME [N, K]) and bias (b_NAME [N]),
+// seeds from `seed` on (left at the next unused one), written as `file` in the test's
+// temporary directory.
+struct LinearsCheckpoint {
+  std::map<std::string, std::vector<float>> w, b;  // by case name
+  ir::WeightMap weights;                           // the same, for the interpreter
+  std::string path;
+};
+inline LinearsCheckpoint write_linears_noise(const std::string& file, uint32_t& seed) {
+  LinearsCheckpoint c;
+  std::vector<rt::TensorData> tensors;
+  for (const LinearCase& lc : linears_cases()) {
+    const std::string name = lc.name();
+    c.w[name] = noise(static_cast<size_t>(lc.N * lc.K), seed++);
+    tensors.push_back(rt::make_f32("w_" + name, {lc.N, lc.K}, c.w[name]));
+    c.weights["w_" + name] = ir::Tensor::from_f32({lc.N, lc.K}, c.w[name]);
+    if (lc.bias) {
+      c.b[name] = noise(static_cast<size_t>(lc.N), seed++);
+      tensors.push_back(rt::make_f32("b_" + name, {lc.N}, c.b[name]));
+      c.weights["b_" + name] = ir::Tensor::from_f32({lc.N}, c.b[name]);
+    }
+  }
+  c.path = ::testing::TempDir() + file;
+  rt::write_safetensors(c.path, tensors);
+  return c;
 }
 
 // Entry point `name` of a library of linears (tests/abi/linears.kir): x [M, K] in, y [M, N]
