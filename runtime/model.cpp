@@ -395,6 +395,17 @@ void kiln_model::run(const char* fname, const kiln_tensor* inputs, size_t n_in,
       for (size_t a = static_cast<size_t>(first_output); a < args.size(); ++a)
         written.push_back(static_cast<halide_buffer_t*>(args[a]));
       views->finish(written, fmt::format("step '{}'", step.op));
+      // A GPU kernel call returns once the kernel is queued: profiled, each kernel's time is
+      // measured up to the device's finishing it (device_sync on one of its outputs), so the
+      // tallies are the kernels' own times (plus a sync's latency each) rather than launch
+      // times with all the work charged to whichever later step waits.
+      if (profile_this_run && !written.empty() && written[0]->device_interface) {
+        kernel_error().clear();
+        const int synced = written[0]->device_interface->device_sync(nullptr, written[0]);
+        if (synced != 0)
+          fail("step '{}': waiting for the device failed with status {}{}", step.op, synced,
+               kernel_error_suffix());
+      }
     }
     if (profile_this_run) {
       Tally& t = kernel_tally[static_cast<size_t>(step.kernel)];
