@@ -1,7 +1,7 @@
 # kiln_add_model(<target> (MODEL <model> | SOURCES <file.cpp>... | KIR <file.kir>)
 #                [CONFIG <config>] [SET key=value...] [TARGET <halide-target>]
 #                [WEIGHTS f32|bf16|int8]
-#                [NAME <library-name>] [JOBS <n>])
+#                [NAME <library-name>] [JOBS <n>] [ENV var=value...])
 #
 # Gets a model's IR, compiles it with `kiln compile`, and defines <target>: a library to
 # link that brings the generated header (<name>.h), the static library and kiln's runtime.
@@ -17,13 +17,15 @@
 # per CPU. A build that runs several compiles at once (ninja -j2 over several models) sets
 # a small value so that they do not oversubscribe the machine. The .kir that is compiled is
 # the target's property KILN_KIR (e.g. for `kiln run` with the interpreter); the target
-# <target>_kir writes it without compiling.
+# <target>_kir writes it without compiling. ENV sets variables in `kiln compile`'s environment
+# (bench/CMakeLists.txt: KILN_GPU_LINEAR, the GPU GEMM schedule experiments).
 #
 #   kiln_add_model(translator MODEL transformer CONFIG base SET max_len=256)
 #   kiln_add_model(gpt SOURCES gpt.cpp CONFIG small SET max_len=256)
 #   target_link_libraries(app PRIVATE translator gpt)   # then: #include "gpt.h"
 function(kiln_add_model target)
-  cmake_parse_arguments(ARG "" "MODEL;CONFIG;KIR;TARGET;NAME;WEIGHTS;JOBS" "SET;SOURCES" ${ARGN})
+  cmake_parse_arguments(ARG "" "MODEL;CONFIG;KIR;TARGET;NAME;WEIGHTS;JOBS" "SET;SOURCES;ENV"
+                        ${ARGN})
   if(ARG_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "kiln_add_model: unknown arguments: ${ARG_UNPARSED_ARGUMENTS}")
   endif()
@@ -101,11 +103,15 @@ function(kiln_add_model target)
       VERBATIM)
   endif()
   add_custom_target(${target}_kir DEPENDS ${kir})
+  set(kiln_command kiln::kiln)
+  if(ARG_ENV)
+    set(kiln_command ${CMAKE_COMMAND} -E env ${ARG_ENV} $<TARGET_FILE:kiln::kiln>)
+  endif()
   add_custom_command(
     OUTPUT ${lib} ${header}
     COMMAND ${CMAKE_COMMAND} -E make_directory ${out}
-    COMMAND kiln::kiln compile ${kir} --target ${ARG_TARGET} --weights ${ARG_WEIGHTS} --name ${ARG_NAME}
-            ${jobs_option} -o ${out}
+    COMMAND ${kiln_command} compile ${kir} --target ${ARG_TARGET} --weights ${ARG_WEIGHTS}
+            --name ${ARG_NAME} ${jobs_option} -o ${out}
     DEPENDS kiln::kiln ${kir}
     COMMENT "kiln: compiling model ${target}"
     VERBATIM)

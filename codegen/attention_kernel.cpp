@@ -45,6 +45,8 @@
 // product in register tiles of 12 rows × EB channels (2 vectors with AVX-512: 24
 // accumulators; 1 with AVX2), the keys outermost, one broadcast probability per (key, row).
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -174,6 +176,13 @@ GpuAttentionTiles gpu_attention_tiles(int dk, int dv) {
                          3 * int64_t{qt} * dv);
   };
   int qt = 16, kt = 32;
+  // An experiment's tiles (KILN_GPU_ATTENTION="qt,kt" when `kiln compile` runs: the GPU
+  // kernel bench's variants, bench/CMakeLists.txt; not for production builds).
+  if (const char* env = std::getenv("KILN_GPU_ATTENTION"); env && *env) {
+    KILN_ASSERT(std::sscanf(env, "%d,%d", &qt, &kt) == 2 && qt >= 1 && kt >= 4 && qt <= 64 &&
+                    kt <= 128,
+                "KILN_GPU_ATTENTION must be 'qt,kt' (query rows and keys per tile)");
+  }
   while (bytes(qt, kt) > kGpuMaxSharedBytesPerBlock && (qt > 1 || kt > 4)) {
     if (kt > qt && kt > 4)
       kt /= 2;

@@ -33,6 +33,9 @@
 // Single-threaded, M = 32, N = 32000 runs at about the sum of streaming its 65 MB (16 GB/s
 // on one core) and its compute from L2; oneDNN is at the same rate.
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 
 #include "codegen/halide_kernels.h"
 #include "support/error.h"
@@ -91,10 +94,60 @@ GemmParams fit_to_shape(GemmParams p, int64_t K, int64_t N, int64_t panel) {
   return p;
 }
 
-// The GPU schedule (apps/cuda_mat_mul's shape in Halide's repository): blocks of 64 (n) ×
-// 16 (m) outputs, 16 × 4 threads each computing a 4 × 4 register block over the whole
-// reduction, the bias and activation fused into the store. Rows past M and columns past N
-// of a block are computed from clamped reads (the last row of x, the last column of W)
+// GPU schedule parameters: a block of threads_n × threads_m threads, each computing
+// regs_n (n) × regs_m (m) outputs in registers over the whole reduction; with k_vec = 4 each
+// thread stages its operands for 4 k at a time in registers first (x: regs_m rows of 4
+// consecutive k, w: 4 rows of regs_n consecutive n), read as 16-byte loads where the
+// buffers allow (x dense, K and N multiples of 4); with k_vec = 0 it reads them one float
+// at a time inside the reduction.
+struct GpuGemm {
+  int threads_n = 16, threads_m = 8;
+  int regs_n = 4, regs_m = 4;
+  int k_vec = 4;
+  bool legacy = false;  // the schedule before issue 30 (tail guards on n too)
+};
+
+// The schedule `build_linear_gpu` uses: the default, or the experiment named by the
+// environment variable KILN_GPU_LINEAR when `kiln compile` runs (bench/CMakeLists.txt
+// compiles the GPU GEMM bench's variants with it; not for production builds):
+// "legacy" (16 × 4 threads of 4 × 4, scalar reads: the schedule before issue 30) or
+// "tn,tm,rn,rm,kv".
+// Measured on an H100 (bench/gpu_kernel_bench.cpp, 12 variants on the model's 18 GEMM shapes,
+// bench/README.md "GPU mode"): 16 × 8 threads of 4 × 4 outputs with 16-byte loads ran 1.2–1.8×
+// faster than the legacy schedule at M = 1024 and 2048 (k512_n2048 at M 2048: 165 µs against
+// 290; cuBLAS 103); for the long reduction (K = 2048) 16 × 16 threads of 4 × 2 ran fastest at
+// every M (220 µs against 232 and the legacy 318 at M 2048: twice the warps to hide the
+// reduction's latency). Register blocks of 8 rows or 8 columns ran 2–7× slower than 4 × 4
+// (not profiled further; register pressure is the likely cause), and scalar reads of the
+// same 4 × 4 blocks ran at the legacy schedule's speed.
+GpuGemm gpu_gemm_for(const LinearKernel& spec) {
+  GpuGemm g;
+  if (spec.K >= 2048) {
+    g.threads_m = 16;
+    g.regs_m = 2;
+  }
+  if (const char* env = std::getenv("KILN_GPU_LINEAR"); env && *env) {
+    if (std::string(env) == "legacy") {
+      g = GpuGemm{16, 4, 4, 4, 0, true};
+    } else {
+      GpuGemm e;
+      KILN_ASSERT(std::sscanf(env, "%d,%d,%d,%d,%d", &e.threads_n, &e.threads_m, &e.regs_n,
+                              &e.regs_m, &e.k_vec) == 5 &&
+                      e.threads_n >= 1 && e.threads_m >= 1 && e.regs_n >= 1 && e.regs_m >= 1 &&
+                      e.threads_n * e.threads_m <= kGpuMaxThreadsPerBlock &&
+                      (e.k_vec == 0 || e.k_vec == 4),
+                  "KILN_GPU_LINEAR must be 'legacy' or 'tn,tm,rn,rm,kv' (kv 0 or 4)");
+      g = e;
+    }
+  }
+  if (spec.K % 4 != 0 || spec.N % 4 != 0 || g.regs_n % 4 != 0) g.k_vec = 0;
+  return g;
+}
+
+// The GPU schedule (apps/cuda_mat_mul's shape in Halide's repository): blocks of
+// (threads_n · regs_n) × (threads_m · regs_m) outputs, each thread's register block kept over
+// the whole reduction, the bias and activation fused into the store. Rows past M and columns
+// past N of a block are computed from clamped reads (the last row of x, the last column of W)
 // and never stored, so any M and N work.
 // Shapes: K and N are constants, M is the only run-time extent. Every buffer starts at 0;
 // wt (packed in panels of P columns, or [K, N] when P is 0) and out are dense, x may have
@@ -121,20 +174,26 @@ Expr constrain_buffers(Halide::ImageParam& x, Halide::ImageParam& wt, Halide::Im
 KernelPipeline build_linear_gpu(const LinearKernel& spec) {
   const int K = static_cast<int>(spec.K), N = static_cast<int>(spec.N);
   const int P = static_cast<int>(spec.panel);
+  const GpuGemm g = gpu_gemm_for(spec);
+  const int block_n = g.threads_n * g.regs_n, block_m = g.threads_m * g.regs_m;
+  // N a multiple of the block: no column is clamped or guarded.
+  const bool exact_n = !g.legacy && N % block_n == 0;
   Halide::ImageParam x(Halide::Float(32), 2, "x");
   Halide::ImageParam wt(Halide::Float(32), P ? 3 : 2, "wt");
   Halide::ImageParam bias(Halide::Float(32), 1, "bias");
   Var n("n"), m("m"), k("k");
   RDom r(0, K, "r");
   Func w("w");  // W[n, k], clamped to the last column
-  const Expr nc = Halide::min(n, N - 1);
+  const Expr nc = exact_n ? Expr(n) : Halide::min(n, N - 1);
   if (P)
     w(n, k) = wt(nc % P, k, nc / P);
   else
     w(n, k) = wt(nc, k);
+  Func xc("xc");  // x, clamped to the last row
+  xc(k, m) = x(k, Halide::clamp(m, 0, x.dim(1).max()));
   Func acc("acc");
   acc(n, m) = 0.0f;
-  acc(n, m) += x(r, Halide::clamp(m, 0, x.dim(1).max())) * w(n, r);
+  acc(n, m) += xc(r, m) * w(n, r);
   // As the CPU kernel and the interpreter round: the dot product, + bias, the activation.
   Expr y = acc(n, m);
   if (spec.has_bias) y += bias(n);
@@ -145,21 +204,52 @@ KernelPipeline build_linear_gpu(const LinearKernel& spec) {
   constrain_buffers(x, wt, bias, out, K, N, P);
 
   Var ni("ni"), mi("mi"), nr("nr"), mr("mr");
-  out.tile(n, m, ni, mi, 64, 16, TailStrategy::GuardWithIf)
-      .tile(ni, mi, nr, mr, 4, 4, TailStrategy::GuardWithIf)
+  const TailStrategy n_tail = exact_n ? TailStrategy::RoundUp : TailStrategy::GuardWithIf;
+  out.split(n, n, ni, block_n, n_tail)
+      .split(m, m, mi, block_m, TailStrategy::GuardWithIf)
+      .split(ni, ni, nr, g.regs_n, n_tail)
+      .split(mi, mi, mr, g.regs_m, TailStrategy::GuardWithIf)
+      .reorder(nr, mr, ni, mi, n, m)
       .gpu_blocks(n, m)
       .gpu_threads(ni, mi)
       .unroll(nr)
       .unroll(mr);
-  // bound_storage: the guarded 4 × 4 tile would otherwise be sized at run time, which puts the
+  // bound_storage: the guarded tile would otherwise be sized at run time, which puts the
   // accumulators in global memory instead of registers.
-  acc.compute_at(out, ni).bound_storage(n, 4).bound_storage(m, 4).unroll(n).unroll(m);
-  acc.update(0).reorder(n, m, r).unroll(n).unroll(m);
+  acc.compute_at(out, ni)
+      .bound_storage(n, g.regs_n)
+      .bound_storage(m, g.regs_m)
+      .unroll(n)
+      .unroll(m);
+  if (g.k_vec == 0) {
+    acc.update(0).reorder(n, m, r).unroll(n).unroll(m);
+  } else {
+    // Operands staged per k_vec steps of the reduction, in registers: x as regs_m rows of
+    // k_vec consecutive k, w as k_vec rows of regs_n consecutive n, each row one vector load.
+    Halide::RVar ro("ro"), ri("ri");
+    acc.update(0).split(r, ro, ri, g.k_vec).reorder(n, m, ri, ro).unroll(n).unroll(m).unroll(ri);
+    Func xs = xc.in(acc), ws = w.in(acc);
+    const Var xk = xs.args()[0], xm = xs.args()[1], wn = ws.args()[0], wk = ws.args()[1];
+    xs.compute_at(acc, ro)
+        .store_in(Halide::MemoryType::Register)
+        .bound_storage(xk, g.k_vec)
+        .bound_storage(xm, g.regs_m)
+        .vectorize(xk)
+        .unroll(xm);
+    ws.compute_at(acc, ro)
+        .store_in(Halide::MemoryType::Register)
+        .bound_storage(wn, g.regs_n)
+        .bound_storage(wk, g.k_vec)
+        .vectorize(wn, 4)
+        .unroll(wk);
+    // x dense (the usual case): its rows K apart, so the vector loads are aligned.
+    out.specialize(x.dim(1).stride() == K);
+  }
 
   std::vector<Halide::Argument> args = {x, wt};
   if (spec.has_bias) args.push_back(bias);
   KernelPipeline kp{Halide::Pipeline(out), args};
-  kp.gpu_threads = 16 * 4;
+  kp.gpu_threads = g.threads_n * g.threads_m;
   return kp;
 }
 

@@ -42,6 +42,9 @@ struct LowerOptions {
   bool bf16_weights = false;
   // Every `linear` kernel with int8 weights (kernels.h, LinearKernel::int8).
   bool int8_weights = false;
+  // The kernels run on a GPU: linear weights are stored unpanelled, as Wᵀ [K, N] (a warp's
+  // threads read consecutive n of one k row: coalesced, 16-byte loads; kernels.h).
+  bool gpu = false;
 };
 
 LoweredModel lower_module(const ir::Module& module, const LowerOptions& options = {});

@@ -101,7 +101,8 @@ CompileResult compile(ir::Module module, const CompileOptions& options, JobRunne
       options.note(line);
   progress(fmt::format("optimized the graph ({:.2f} s)", since(t)));
   runner.check_interrupt();
-  codegen::LoweredModel lowered = codegen::lower_module(module, codegen::LowerOptions{bf16, int8});
+  codegen::LoweredModel lowered =
+      codegen::lower_module(module, codegen::LowerOptions{bf16, int8, !gpu.empty()});
   runner.check_interrupt();
   if (!gpu.empty()) {
     // Before the slow part: every kernel needs a GPU schedule (kernels.h).

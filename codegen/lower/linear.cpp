@@ -34,6 +34,8 @@ void lower_linear(FunctionLowering& L, const ir::Op& op) {
     // unpanelled f32 layout Wᵀ [K, N]; packing it in panels or bf16 would need a transpose
     // at load time that the runtime does not do yet.
     k.panel = 0;
+  } else if (L.module.options.gpu) {
+    k.panel = 0;  // Wᵀ [K, N] (LowerOptions::gpu)
   } else if (L.module.options.bf16_weights) {
     k.bf16 = true;
     k.panel = 64;
