@@ -38,6 +38,7 @@
 #include "cuda_attention.h"
 #include "cuda_base.h"
 #include "cuda_cache_write.h"
+#include "cuda_device.h"
 #include "cuda_general.h"
 #include "cuda_linears.h"
 #include "cuda_norms.h"
@@ -58,6 +59,7 @@ namespace kiln {
 namespace {
 
 using testing::create_model;
+using testing::cuda_driver_present;
 using testing::input_views;
 using testing::max_error;
 using testing::ModelPtr;
@@ -67,30 +69,6 @@ ir::Module read_module(const std::string& file) { return testing::read_gpu_kir(f
 
 // Within the CPU kernels' tolerance (1e-5 on unit-scale data, tests/layernorm_kernel_test.cpp).
 constexpr double kTolerance = 1e-5;
-
-// Why CUDA cannot run here ("" where a device is usable): the driver library is loaded as
-// the generated glue loads it, then asked for devices (cuInit, cuDeviceGetCount).
-std::string cuda_unavailable() {
-  void* lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
-  if (!lib) lib = dlopen("libcuda.so", RTLD_LAZY | RTLD_LOCAL);
-  if (!lib) return "no CUDA driver";
-  using Init = int (*)(unsigned);
-  using Count = int (*)(int*);
-  auto init = reinterpret_cast<Init>(dlsym(lib, "cuInit"));
-  auto count = reinterpret_cast<Count>(dlsym(lib, "cuDeviceGetCount"));
-  int n = 0;
-  if (!init || !count || init(0) != 0 || count(&n) != 0 || n < 1) return "no CUDA device";
-  return "";
-}
-
-bool cuda_driver_present() {
-  for (const char* name : {"libcuda.so.1", "libcuda.so"})
-    if (void* lib = dlopen(name, RTLD_LAZY | RTLD_LOCAL)) {
-      dlclose(lib);
-      return true;
-    }
-  return false;
-}
 
 // A device API the GPU libraries are compiled for: its libraries of tests/gpu/*.kir (their
 // NAME_create) and why its tests skip here ("" where its device is usable).
@@ -118,10 +96,7 @@ const DeviceApi kOpenCL = {
 
 const DeviceApi kCuda = {
     "CUDA",
-    [] {
-      static const std::string why = cuda_unavailable();
-      return why.empty() ? why : "skipped: " + why + " (the CUDA build runs on a GPU)";
-    },
+    testing::cuda_skip_reason,
     "cuda",
     cuda_norms_create,
     cuda_linears_create,
@@ -1250,10 +1225,10 @@ TEST(GpuOpenCL, DeviceTensorsCppApi) {
 // CUDA's own checks, on the cuda_* libraries: the PTX in their kernel objects, the error a
 // call gives without a driver, and the base model (every entry point compiled for CUDA).
 
-#define SKIP_WITHOUT_CUDA()                                                    \
-  do {                                                                         \
-    if (const std::string why = cuda_unavailable(); !why.empty())              \
-      GTEST_SKIP() << "skipped: " << why << " (the CUDA build runs on a GPU)"; \
+#define SKIP_WITHOUT_CUDA()                                                   \
+  do {                                                                        \
+    if (const std::string why = testing::cuda_skip_reason(); !why.empty()) \
+      GTEST_SKIP() << why;                                                    \
   } while (0)
 
 // The members of a static library (the System V / GNU `ar` format, with its table of long

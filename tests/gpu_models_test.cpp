@@ -1,6 +1,7 @@
-// Whole compiled models on the GPU through OpenCL on pocl (issue 14): the golden models and
-// a random config with odd sizes compiled with kiln_add_model(... TARGET host-opencl) and
-// linked as an application links them:
+// Whole compiled models on the GPU, linked as an application links them: the golden models
+// and a random config with odd sizes compiled with kiln_add_model(... TARGET host-opencl)
+// (gpu_*: OpenCL, run on pocl in the suite) and (... TARGET host-cuda-cuda_capability_86)
+// (cuda_*: run where a CUDA device is, bench/run_gpu.sh's GPU machine), one typed suite:
 //  - tiny and small: forward and encode against PyTorch's golden outputs (1e-4), and greedy
 //    and beam search (decode_step's cache and memory attention on the GPU) against the
 //    PyTorch reference search;
@@ -8,16 +9,21 @@
 //    and encode against the reference interpreter on padded batches of lengths 1, 7 and the
 //    maximum.
 // This binary links no libHalide (its LLVM 14 and pocl's LLVM 15 crash in one process).
-// Without an OpenCL device every test skips, saying so (ctest reports it as skipped).
+// Without an API's device its tests skip, saying so (ctest reports them as skipped).
 #include <cmath>
 #include <cstdio>
 #include <map>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "cuda_device.h"
+#include "cuda_golden_small.h"
+#include "cuda_golden_tiny.h"
+#include "cuda_odd.h"
 #include "frontend/models.h"
 #include "golden_checks.h"
 #include "gpu_golden_small.h"
@@ -35,54 +41,80 @@ using testing::expect_golden;
 using testing::expect_reference_search;
 using testing::kGoldenTolerance;
 
-#define SKIP_WITHOUT_OPENCL()                      \
-  do {                                             \
-    if (!testing::opencl_device_present())         \
-      GTEST_SKIP() << "no OpenCL device (install " \
-                      "pocl-opencl-icd)";          \
-  } while (0)
+// A device API's libraries of the three models, its label in the printed errors, and why
+// its tests skip here ("" where its device is usable).
+struct OpenCL {
+  using Tiny = kiln_models::gpu_golden_tiny;
+  using Small = kiln_models::gpu_golden_small;
+  using Odd = kiln_models::gpu_odd;
+  static constexpr const char* kLabel = "opencl";
+  static std::string skip_reason() {
+    return testing::opencl_device_present() ? "" : "no OpenCL device (install pocl-opencl-icd)";
+  }
+};
+struct Cuda {
+  using Tiny = kiln_models::cuda_golden_tiny;
+  using Small = kiln_models::cuda_golden_small;
+  using Odd = kiln_models::cuda_odd;
+  static constexpr const char* kLabel = "cuda";
+  static std::string skip_reason() { return testing::cuda_skip_reason(); }
+};
+
+template <typename Api>
+class GpuModels : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (const std::string why = Api::skip_reason(); !why.empty()) GTEST_SKIP() << why;
+  }
+};
+
+struct ApiNames {
+  template <typename Api>
+  static std::string GetName(int) {
+    return std::is_same_v<Api, OpenCL> ? "OpenCL" : "CUDA";
+  }
+};
+using Apis = ::testing::Types<OpenCL, Cuda>;
+TYPED_TEST_SUITE(GpuModels, Apis, ApiNames);
 
 std::string golden(const std::string& f) { return testing::golden_file(f); }
 
-TEST(GpuModels, TinyMatchesPyTorch) {
-  SKIP_WITHOUT_OPENCL();
-  kiln_models::gpu_golden_tiny model(golden("tiny.weights.safetensors").c_str());
-  expect_golden(model, "tiny_b1", "opencl");
-  expect_golden(model, "tiny_b2", "opencl");
+TYPED_TEST(GpuModels, TinyMatchesPyTorch) {
+  typename TypeParam::Tiny model(golden("tiny.weights.safetensors").c_str());
+  expect_golden(model, "tiny_b1", TypeParam::kLabel);
+  expect_golden(model, "tiny_b2", TypeParam::kLabel);
 }
 
-TEST(GpuModels, SmallMatchesPyTorch) {
-  SKIP_WITHOUT_OPENCL();
-  kiln_models::gpu_golden_small model(golden("small.weights.safetensors").c_str());
-  expect_golden(model, "small_b1", "opencl");
+TYPED_TEST(GpuModels, SmallMatchesPyTorch) {
+  typename TypeParam::Small model(golden("small.weights.safetensors").c_str());
+  expect_golden(model, "small_b1", TypeParam::kLabel);
 }
 
 // Greedy and beam search, every decoder step on the GPU: the ids and scores of the PyTorch
 // reference search (tests/golden/<name>_decode.safetensors).
-TEST(GpuModels, GreedyAndBeamMatchTheReferenceSearch) {
-  SKIP_WITHOUT_OPENCL();
-  kiln_models::gpu_golden_tiny tiny(golden("tiny.weights.safetensors").c_str());
+TYPED_TEST(GpuModels, GreedyAndBeamMatchTheReferenceSearch) {
+  typename TypeParam::Tiny tiny(golden("tiny.weights.safetensors").c_str());
   expect_reference_search(tiny, "tiny");
-  kiln_models::gpu_golden_small small(golden("small.weights.safetensors").c_str());
+  typename TypeParam::Small small(golden("small.weights.safetensors").c_str());
   expect_reference_search(small, "small");
 }
 
-// tests/CMakeLists.txt's gpu_odd settings (decode_odd's).
+// tests/CMakeLists.txt's gpu_odd and cuda_odd settings (decode_odd's).
 const std::vector<std::string> kOddSettings = {
     "d_model=21",   "heads=3",      "d_ff=13",  "src_vocab=17", "tgt_vocab=19",
     "enc_layers=1", "dec_layers=2", "pad_id=2", "max_len=12",   "max_batch=3"};
 
-TEST(GpuModels, OddConfigMatchesInterpreter) {
-  SKIP_WITHOUT_OPENCL();
+TYPED_TEST(GpuModels, OddConfigMatchesInterpreter) {
   ir::Module m = models::build_model("transformer", "tiny", kOddSettings);
   ir::WeightMap wm = testing::random_weights(m, 23);
   std::vector<rt::TensorData> tensors;
   for (const ir::Weight& w : m.weights)
     if (!w.derivation)
       tensors.push_back(rt::make_f32(w.name, wm.at(w.name).shape, wm.at(w.name).f));
-  const std::string path = ::testing::TempDir() + "gpu_odd.safetensors";
+  const std::string path =
+      ::testing::TempDir() + TypeParam::kLabel + "_odd.safetensors";
   rt::write_safetensors(path, tensors);
-  kiln_models::gpu_odd model(path.c_str());
+  typename TypeParam::Odd model(path.c_str());
   double worst = 0;
   int runs = 0;
   for (const char* entry : {"forward", "encode"}) {
@@ -108,7 +140,8 @@ TEST(GpuModels, OddConfigMatchesInterpreter) {
           ++runs;
         }
   }
-  std::printf("[ opencl ] odd config, %d runs vs interpreter: max abs error %.3g\n", runs, worst);
+  std::printf("[ %s ] odd config, %d runs vs interpreter: max abs error %.3g\n", TypeParam::kLabel,
+              runs, worst);
 }
 
 }  // namespace
