@@ -41,9 +41,14 @@
 // bf16 linear weights with f32 biases, norms and embedding rows, or int8 linear weights at
 // 1 byte plus 8 bytes per output row, its scale and row sum) and report.py divides.
 //
-// GPU (issue 14): built as model_bench_cuda (bench/CMakeLists.txt, KILN_BENCH_GPU=ON) the same
-// workloads run the model compiled for host-cuda-cuda_capability_86 (bench_base_cuda; no
-// bf16, no peak or bandwidth): host ids in, host logits out, as an application calls it.
+// GPU (issues 14 and 30): built as model_bench_cuda (bench/CMakeLists.txt, KILN_BENCH_GPU=ON) the
+// same workloads run the model compiled for host-cuda-cuda_capability_86 (bench_base_cuda; no
+// bf16, no peak or bandwidth): W1_... with host ids in and host logits out, as an application
+// calls it; device/W1_... with device tensors (ids uploaded once, the output left on the
+// device, each call ended by a device sync: BM_device_workload), as PyTorch's GPU times are
+// taken; legacy/W1_... the same with the model compiled with the GPU GEMM schedule before
+// issue 30 (bench_base_cuda_legacy, KILN_GPU_LINEAR=legacy). KILN_BENCH_PROFILE_OUT=FILE
+// appends kiln's per-kernel profile of each device workload to FILE.
 // Without a CUDA driver every workload is skipped with the runtime's message (bench/run_gpu.sh
 // stops before that with "no CUDA driver/device").
 //
@@ -61,6 +66,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <random>
 #include <set>
@@ -71,6 +77,8 @@
 
 #ifdef KILN_BENCH_CUDA
 #include "bench_base_cuda.h"
+#include "bench_base_cuda_legacy.h"
+#include "device_tensor.h"
 #else
 #include "bench_base.h"
 #endif
@@ -143,8 +151,9 @@ double forward_weight_bytes(double B, double S, double T, double linear, double 
 }
 
 // The weights' element type of a model library; also g_load's index.
-enum Dtype { kF32 = 0, kBf16 = 1, kInt8 = 2 };
-const char* const kDtypePrefix[] = {"", "bf16_", "int8_"};
+// kLegacy: the CUDA build's model with the GPU GEMM schedule before issue 30 (f32).
+enum Dtype { kF32 = 0, kBf16 = 1, kInt8 = 2, kLegacy = 3 };
+const char* const kDtypePrefix[] = {"", "bf16_", "int8_", "legacy_"};
 
 struct Workload {
   const char* name;
@@ -204,7 +213,7 @@ struct LoadFigures {
   bool loaded = false;
   double load_ms = 0, rss_after_load_mib = 0;
 };
-LoadFigures g_load[3];
+LoadFigures g_load[4];
 
 template <typename Model>
 Loaded<Model>& loaded(int which) {  // which: a Dtype (g_load's index)
@@ -253,7 +262,7 @@ void write_memory_report() {
   getrusage(RUSAGE_SELF, &usage);
   if (std::FILE* f = std::fopen(out, "w")) {
     std::fprintf(f, "{");
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < 4; ++i) {
       if (!g_load[i].loaded) continue;
       const char* prefix = kDtypePrefix[i];
       std::fprintf(f, "\"%sload_ms\": %.1f, \"%srss_after_load_mib\": %.1f, ", prefix,
@@ -409,6 +418,90 @@ void BM_check(benchmark::State& state, Loaded<Model>& (*get_loaded)()) {
   state.counters["max_abs_logit"] = scale;
 }
 
+#ifdef KILN_BENCH_CUDA
+Loaded<kiln_models::bench_base_cuda_legacy>& loaded_legacy() {
+  return loaded<kiln_models::bench_base_cuda_legacy>(kLegacy);
+}
+
+// The workload with device tensors (kiln_model_run_device): the ids uploaded once, the
+// logits (or memory) written to a device buffer allocated once; each iteration is a call and
+// a device sync on the output, so the time is the kernels' and the runtime's per-call work,
+// without the host copies (W2's logits are 262 MB), as PyTorch's times are device tensors in
+// and out. With KILN_BENCH_PROFILE_OUT=FILE, after the first timed loop of each workload and
+// model the process runs it 3 more times with kiln's profiling on (each kernel synced:
+// runtime/model.cpp) and appends the profile to FILE under a "== name" line.
+template <typename Model>
+void BM_device_workload(benchmark::State& state, const Workload& w,
+                        Loaded<Model>& (*get_loaded)(), const std::string& name) {
+  Loaded<Model>& l = get_loaded();
+  if (!l.model) {
+    state.SkipWithError(l.error.c_str());
+    return;
+  }
+  kiln_model* m = l.model->get();
+  std::mt19937_64 rng(w.seed);
+  std::vector<std::unique_ptr<DeviceTensor>> in;
+  const std::vector<int64_t> src = random_ids(rng, w.batch * w.src_len, kSrcVocab);
+  in.push_back(std::make_unique<DeviceTensor>(m, KILN_I64,
+                                              std::vector<int64_t>{w.batch, w.src_len}, src.data()));
+  if (std::string(w.function) == "forward") {
+    const std::vector<int64_t> tgt = random_ids(rng, w.batch * w.tgt_len, kTgtVocabI);
+    in.push_back(std::make_unique<DeviceTensor>(
+        m, KILN_I64, std::vector<int64_t>{w.batch, w.tgt_len}, tgt.data()));
+  }
+  std::vector<kiln_tensor> in_t;
+  for (auto& t : in) {
+    if (t->status() != 0) {
+      state.SkipWithError(("cannot allocate or fill a device input (Halide status " +
+                          std::to_string(t->status()) + "; no CUDA driver or device?)").c_str());
+      return;
+    }
+    in_t.push_back(t->tensor());
+  }
+  kiln_tensor shape{};
+  if (kiln_model_output_shapes_device(m, w.function, in_t.data(), in_t.size(), &shape, 1) != 0) {
+    state.SkipWithError(kiln_model_error(m));
+    return;
+  }
+  DeviceTensor out(m, KILN_F32, std::vector<int64_t>(shape.shape, shape.shape + shape.rank));
+  if (out.status() != 0) {
+    state.SkipWithError(("cannot allocate the device output (Halide status " +
+                          std::to_string(out.status()) + ")").c_str());
+    return;
+  }
+  kiln_tensor out_t = out.tensor();
+  auto call = [&] {
+    return kiln_model_run_device(m, w.function, in_t.data(), in_t.size(), &out_t, 1) == 0 &&
+           out.sync() == 0;
+  };
+  static std::set<std::string> warmed, profiled;
+  if (warmed.insert(name).second && !call()) {
+    state.SkipWithError(kiln_model_error(m));
+    return;
+  }
+  for (auto _ : state)
+    if (!call()) {
+      state.SkipWithError(kiln_model_error(m));
+      return;
+    }
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(w.flops() / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP"] = w.flops() / 1e9;
+  const char* profile_out = std::getenv("KILN_BENCH_PROFILE_OUT");
+  if (profile_out && *profile_out && profiled.insert(name).second) {
+    kiln_model_set_profiling(m, 1);
+    bool ok = true;
+    for (int i = 0; i < 3 && ok; ++i) ok = call();
+    if (std::FILE* f = std::fopen(profile_out, "a")) {
+      std::fprintf(f, "== %s\n%s\n", name.c_str(),
+                   ok ? kiln_model_profile(m) : kiln_model_error(m));
+      std::fclose(f);
+    }
+    kiln_model_set_profiling(m, 0);
+  }
+}
+#endif
+
 #ifdef KILN_BENCH_BF16
 Loaded<kiln_models::bench_base_bf16>& loaded_bf16() {
   return loaded<kiln_models::bench_base_bf16>(kBf16);
@@ -430,6 +523,30 @@ const bool registered = [] {
                                [](benchmark::State& s) { BM_check(s, loaded_f32); })
       ->Iterations(1)
       ->Unit(benchmark::kMillisecond);
+#ifdef KILN_BENCH_CUDA
+  // Device tensors in and out (BM_device_workload): "device/W1_..." for kiln's GPU schedules,
+  // "legacy/W1_..." for the same model with the GEMM schedule before issue 30.
+  for (const Workload& w : kWorkloads) {
+    const std::string device = std::string("device/") + w.name;
+    benchmark::RegisterBenchmark(device.c_str(),
+                                 [&w, device](benchmark::State& s) {
+                                   BM_device_workload(s, w, loaded_f32, device);
+                                 })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+    const std::string legacy = std::string("legacy/") + w.name;
+    benchmark::RegisterBenchmark(legacy.c_str(),
+                                 [&w, legacy](benchmark::State& s) {
+                                   BM_device_workload(s, w, loaded_legacy, legacy);
+                                 })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+  benchmark::RegisterBenchmark("legacy/check_vs_pytorch",
+                               [](benchmark::State& s) { BM_check(s, loaded_legacy); })
+      ->Iterations(1)
+      ->Unit(benchmark::kMillisecond);
+#endif
 #ifdef KILN_BENCH_BF16
   // The bf16 library: the same workloads (and ids), "bf16/" before the name.
   for (const Workload& w : kWorkloads)

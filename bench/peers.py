@@ -816,6 +816,8 @@ def bench_gpu(args):
     each; "best" is, per workload, the faster of the two (named)."""
     settings = []
     for name, compiled in (("eager FP32", False), ("torch.compile", True)):
+        if compiled and args.no_torch_compile:
+            continue
         settings.append(run_setting(args, "%s, %s" % (name, args.device), {}, torch_compile=compiled))
     keys = [w["key"] for w in load_workloads()]
     best = {}
@@ -959,6 +961,8 @@ def main():
                     help="cpu (the BLAS settings above), or cuda: PyTorch eager FP32 and torch.compile "
                          "on the GPU, forward workloads only (bench/run_gpu.sh)")
     ap.add_argument("--torch-compile", action="store_true", help=argparse.SUPPRESS)  # GPU worker
+    ap.add_argument("--no-torch-compile", action="store_true",
+                    help="--device cuda: PyTorch eager only, without torch.compile")
     args = ap.parse_args()
     args.weights = args.weights or args.weights_out
     if args.worker:

@@ -1308,9 +1308,70 @@ def machine_and_problems(p, res):
             p("")
 
 
+def gpu_kernels(p, notes, res):
+    """gpu_kernel_bench (kernels-kiln.json) against gpu_kernels_peer.py (kernels-pytorch.json):
+    per GEMM shape and attention case, PyTorch's µs over kiln's default schedule's (above 1:
+    kiln is faster), the schedule before issue 30 (legacy) and the fastest variant measured."""
+    kd = load(os.path.join(res, "kernels-kiln.json"))
+    pd = load(os.path.join(res, "kernels-pytorch.json")) or {}
+    if not kd:
+        return
+    kiln = {}
+    for b in kd.get("benchmarks", []):
+        name = b["name"].split("/min_time")[0].split("/real_time")[0]
+        if b.get("error_occurred"):
+            notes.append("kiln kernel %s: skipped: %s" % (name, b.get("error_message")))
+        elif "s_per_call" in b:
+            kiln[name] = b["s_per_call"] * 1e6
+    peer = {k: v["s_per_call"] * 1e6 for k, v in (pd.get("results") or {}).items()}
+    for kind, title in (("gemm", "GEMM: kiln `linear` vs torch.addmm (cuBLAS SGEMM)"),
+                        ("attention", "Attention: kiln's fused attention vs scaled_dot_product_attention")):
+        cases, variants = [], []
+        for n in kiln:
+            parts = n.split("/")
+            if parts[0] != kind:
+                continue
+            case = "/".join(parts[2:])
+            if case not in cases:
+                cases.append(case)
+            if parts[1] not in variants:
+                variants.append(parts[1])
+        if not cases:
+            continue
+        p("### %s, µs per call" % title)
+        p("")
+        p("| %s | PyTorch µs | kiln µs | PyTorch/kiln | kiln GFLOP/s | legacy µs | fastest variant (µs) |" % (
+            "shape" if kind == "gemm" else "case"))
+        p("|---|---:|---:|---:|---:|---:|---|")
+        for case in cases:
+            t = peer.get("%s/%s" % (kind, case))
+            k = kiln.get("%s/default/%s" % (kind, case))
+            lg = kiln.get("%s/legacy/%s" % (kind, case))
+            best = min(((kiln[n], n.split("/")[1]) for n in kiln
+                        if n.startswith(kind + "/") and n.endswith("/" + case)), default=None)
+            gflop = None
+            for b in kd.get("benchmarks", []):
+                if b["name"].startswith("%s/default/%s/" % (kind, case)) and "GFLOP/s" in b:
+                    gflop = b["GFLOP/s"]
+            p("| %s | %s | %s | %s | %s | %s | %s |" % (
+                case, fmt(t), fmt(k), fmt(t / k if t and k else None, 2) + ("×" if t and k else ""),
+                fmt(gflop, 0), fmt(lg), "%s (%.1f)" % (best[1], best[0]) if best else "—"))
+        p("")
+        if len(variants) > 2:
+            p("Every variant (µs; columns as bench/CMakeLists.txt names them):")
+            p("")
+            p("| case | " + " | ".join(variants) + " |")
+            p("|---|" + "---:|" * len(variants))
+            for case in cases:
+                p("| %s | %s |" % (case, " | ".join(
+                    fmt(kiln.get("%s/%s/%s" % (kind, v, case))) for v in variants)))
+            p("")
+
+
 def gpu_main(res):
-    """bench/run_gpu.sh's table: kiln's CUDA build against PyTorch eager FP32 and
-    torch.compile on the same GPU (round*/kiln.json, round*/pytorch.json)."""
+    """bench/run_gpu.sh's report: the CUDA tests, kiln's CUDA build against PyTorch eager FP32
+    and torch.compile on the same GPU (round*/kiln.json, round*/pytorch.json), the kernels
+    on their own (kernels-*.json) and kiln's per-kernel profile (round1/kiln-profile.txt)."""
     with open(os.path.join(HERE, "workloads.json")) as f:
         workloads = json.load(f)["workloads"]
     dirs = sorted((os.path.join(res, d) for d in os.listdir(res) if d.startswith("round")),
@@ -1330,60 +1391,95 @@ def gpu_main(res):
                 return (s.get("workloads") or {}).get(key, {}).get("median_ms")
         return None
 
+    def kiln_ms(rd, name, key, tag):
+        e = find(rd["kiln"], name)
+        if e is None:
+            notes.append("%s kiln %s (%s): no result" % (tag, key, name))
+        elif e.get("error_occurred"):
+            notes.append("%s kiln %s: skipped: %s" % (tag, name, e.get("error_message")))
+        else:
+            return to_ms(e), e.get("GFLOP")
+        return None, None
+
     device = next((s.get("device_name") for rd in rounds for s in rd["pt"].get("settings", [])
                    if s.get("device_name")), None)
+    tests = []
+    for log in ("device_tests.log", "gpu_models_tests.log"):
+        try:
+            with open(os.path.join(res, log)) as f:
+                text = f.read()
+        except OSError:
+            continue
+        tests.append((log, [l for l in text.splitlines()
+                            if l.startswith(("[       OK", "[  FAILED", "[  PASSED", "[  SKIPPED ]", "[ cuda ]"))
+                            and "listed below" not in l]))
+    if tests:
+        p("## CUDA tests on %s" % (device or "the GPU"))
+        p("")
+        for log, ls in tests:
+            p("%s:" % log)
+            p("")
+            p("```")
+            p("\n".join(ls))
+            p("```")
+            p("")
     p("## kiln (CUDA build) vs PyTorch eager FP32 vs torch.compile on %s (best of %d round%s)" % (
         device or "the GPU", len(rounds), "s" if len(rounds) > 1 else ""))
     p("")
-    p("| workload | GFLOP | kiln ms | PyTorch eager ms | torch.compile ms | eager/kiln | compile/kiln "
-      "| kiln GFLOP/s |")
-    p("|---|---:|---:|---:|---:|---:|---:|---:|")
+    p("| workload | GFLOP | kiln ms (device tensors) | kiln ms (host I/O) | kiln legacy GEMM ms | "
+      "PyTorch eager ms | torch.compile ms | eager/kiln | compile/kiln | kiln GFLOP/s |")
+    p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     rows = {}
     per_round = {}
     for w in workloads:
         key = w["key"]
         times = []
         for rd in rounds:
-            e = find(rd["kiln"], w["kiln_name"])
             tag = os.path.basename(rd["dir"])
-            k_ms = gflop = None
-            if e is None:
-                notes.append("%s kiln %s: no result" % (tag, key))
-            elif e.get("error_occurred"):
-                notes.append("%s kiln %s: skipped: %s" % (tag, key, e.get("error_message")))
-            else:
-                k_ms, gflop = to_ms(e), e.get("GFLOP")
-            times.append((k_ms, gflop, peer_ms(rd, key, False), peer_ms(rd, key, True)))
+            d_ms, gflop = kiln_ms(rd, "device/" + w["kiln_name"], key, tag)
+            h_ms, _ = kiln_ms(rd, w["kiln_name"], key, tag)
+            l_ms, _ = kiln_ms(rd, "legacy/" + w["kiln_name"], key, tag)
+            times.append((d_ms, gflop, peer_ms(rd, key, False), peer_ms(rd, key, True), h_ms, l_ms))
         per_round[key] = times
         k_ms = best_of(t[0] for t in times)
         gflop = next((t[1] for t in times if t[1]), None)
         e_ms = best_of(t[2] for t in times)
         c_ms = best_of(t[3] for t in times)
+        h_ms = best_of(t[4] for t in times)
+        l_ms = best_of(t[5] for t in times)
         re = e_ms / k_ms if e_ms and k_ms else None
         rc = c_ms / k_ms if c_ms and k_ms else None
-        rows[key] = dict(re=re, rc=rc)
+        rows[key] = dict(re=re, rc=rc, k=k_ms, l=l_ms)
         shape = "%s B=%d S=%d" % (w["function"], w["batch"], w["src_len"]) + \
             (" T=%d" % w["tgt_len"] if w["function"] == "forward" else "")
-        p("| %s %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            key, shape, fmt(gflop, 2), fmt(k_ms, 2), fmt(e_ms, 2), fmt(c_ms, 2),
-            fmt(re, 2) + ("×" if re else ""), fmt(rc, 2) + ("×" if rc else ""),
+        p("| %s %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            key, shape, fmt(gflop, 2), fmt(k_ms, 2), fmt(h_ms, 2), fmt(l_ms, 2), fmt(e_ms, 2),
+            fmt(c_ms, 2), fmt(re, 2) + ("×" if re else ""), fmt(rc, 2) + ("×" if rc else ""),
             fmt(gflop / (k_ms / 1e3) if gflop and k_ms else None)))
     p("")
-    p("ms: each engine's median per round, best round shown; ratios are peer ms / kiln ms (above 1: "
-      "kiln is faster). kiln: host ids in, host logits out through kiln_model_run, as an application "
-      "calls it; PyTorch: ids and logits on the device, each call ended by torch.cuda.synchronize(); "
+    p("ms: each engine's median per round, best round shown; ratios are peer ms / kiln ms with device "
+      "tensors (above 1: kiln is faster). kiln, device tensors: ids uploaded once, logits left on the "
+      "device (kiln_model_run_device), each call ended by a device sync, as PyTorch's calls (device "
+      "tensors, torch.cuda.synchronize()); host I/O: host ids in and host logits out through "
+      "kiln_model_run, as an application without device tensors calls it; legacy GEMM: the same model "
+      "compiled with the GPU GEMM schedule before issue 30 (KILN_GPU_LINEAR=legacy), device tensors. "
       "FP32 everywhere (TF32 off in PyTorch; kiln's kernels use no tensor cores).")
     p("")
 
     def check(cond, text):
         return "- n/a: %s (missing numbers)" % text if cond is None else "- %s: %s" % (
             "met" if cond else "MISSED", text)
-    p("### Acceptance (issue 14; on the medians above)")
+    p("### Acceptance (issue 30; device tensors, on the medians above)")
     for key in ("W2", "W4"):
         r = rows.get(key, {}).get("re")
         p(check(None if r is None else r > 1.0, "%s kiln faster than PyTorch eager (ratio %s)" % (key, fmt(r, 2))))
+    for key in ("W1", "W2", "W4"):
+        r = rows.get(key, {})
+        if r.get("k") and r.get("l"):
+            p("- %s: GEMM schedule before issue 30 %.2f ms, now %.2f ms (%.2f×)" % (
+                key, r["l"], r["k"], r["l"] / r["k"]))
     p("")
-    p("### Every round (median ms: kiln / eager / torch.compile)")
+    p("### Every round (median ms: kiln device / eager / torch.compile)")
     p("")
     p("| round | " + " | ".join(w["key"] for w in workloads) + " |")
     p("|---|" + "---|" * len(workloads))
@@ -1393,12 +1489,13 @@ def gpu_main(res):
             for w in workloads)))
     p("")
     p("### Same ids, W1 shape: logits against PyTorch (CPU reference)")
-    ce = find(rounds[0]["kiln"], "check_vs_pytorch")
-    if ce and not ce.get("error_occurred"):
-        p("- kiln (CUDA): max |Δ| vs PyTorch f32 %.3g, vs f64 %.3g (max |logit| %.3g)" % (
-            ce["max_abs_err"], ce["max_abs_err_f64"], ce["max_abs_logit"]))
-    else:
-        p("- kiln (CUDA): not checked: %s" % (ce.get("error_message") if ce else "no result"))
+    for label, name in (("kiln (CUDA)", "check_vs_pytorch"), ("kiln (CUDA, legacy GEMM)", "legacy/check_vs_pytorch")):
+        ce = find(rounds[0]["kiln"], name)
+        if ce and not ce.get("error_occurred"):
+            p("- %s: max |Δ| vs PyTorch f32 %.3g, vs f64 %.3g (max |logit| %.3g)" % (
+                label, ce["max_abs_err"], ce["max_abs_err_f64"], ce["max_abs_logit"]))
+        else:
+            p("- %s: not checked: %s" % (label, ce.get("error_message") if ce else "no result"))
     p("")
     for rd in rounds[:1]:
         for s in rd["pt"].get("settings", []):
@@ -1408,6 +1505,20 @@ def gpu_main(res):
                 p("torch.compile warm-up (compiles included), round 1: " + ", ".join(
                     "%s %s ms" % (k, fmt(v.get("warmup_ms"), 0)) for k, v in s.get("workloads", {}).items()))
                 p("")
+    gpu_kernels(p, notes, res)
+    prof = os.path.join(dirs[0] if dirs else res, "kiln-profile.txt")
+    try:
+        with open(prof) as f:
+            text = f.read().strip()
+    except OSError:
+        text = ""
+    if text:
+        p("### kiln's per-kernel profile (device tensors, each kernel synced; round 1)")
+        p("")
+        p("```")
+        p(text)
+        p("```")
+        p("")
     if notes:
         p("### Notes")
         p("")
