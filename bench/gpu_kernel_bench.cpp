@@ -110,7 +110,8 @@ void run_bench(benchmark::State& state, Library& lib, const char* function,
     in.push_back(std::make_unique<DeviceTensor>(m, KILN_F32, shape, values.data()));
     if (in.back()->status() != 0) {
       state.SkipWithError(("cannot allocate or fill a device input (Halide status " +
-                          std::to_string(in.back()->status()) + "; no CUDA driver or device?)").c_str());
+                           std::to_string(in.back()->status()) + "; no CUDA driver or device?)")
+                              .c_str());
       return;
     }
     in_t.push_back(in.back()->tensor());
@@ -122,8 +123,9 @@ void run_bench(benchmark::State& state, Library& lib, const char* function,
   }
   DeviceTensor out(m, KILN_F32, std::vector<int64_t>(shape.shape, shape.shape + shape.rank));
   if (out.status() != 0) {
-    state.SkipWithError(("cannot allocate the device output (Halide status " +
-                          std::to_string(out.status()) + ")").c_str());
+    state.SkipWithError(
+        ("cannot allocate the device output (Halide status " + std::to_string(out.status()) + ")")
+            .c_str());
     return;
   }
   kiln_tensor out_t = out.tensor();
@@ -147,8 +149,9 @@ void run_bench(benchmark::State& state, Library& lib, const char* function,
       return;
     }
   }
-  state.counters["s_per_call"] = benchmark::Counter(
-      kCallsPerIteration, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  state.counters["s_per_call"] =
+      benchmark::Counter(kCallsPerIteration, benchmark::Counter::kIsIterationInvariantRate |
+                                                 benchmark::Counter::kInvert);
   state.counters["GFLOP/s"] = benchmark::Counter(kCallsPerIteration * flops / 1e9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
 }
@@ -175,7 +178,7 @@ struct AttentionCase {
   int64_t B, Lq, Lk;
 };
 const AttentionCase kAttention[] = {
-    {"self", 1, 32, 32},     {"causal", 1, 32, 32},   {"cross", 1, 32, 32},      // W1
+    {"self", 1, 32, 32},     {"causal", 1, 32, 32},    {"cross", 1, 32, 32},     // W1
     {"self", 16, 128, 128},  {"causal", 16, 128, 128}, {"cross", 16, 128, 128},  // W2
     {"self", 1, 1024, 1024},                                                     // W4
 };
@@ -186,13 +189,12 @@ const bool registered = [] {
       for (int64_t M : kGemmRows) {
         const std::string name =
             std::string("gemm/") + v.name + "/" + s.entry + "/M" + std::to_string(M);
-        benchmark::RegisterBenchmark(name.c_str(),
-                                     [&v, &s, M](benchmark::State& state) {
-                                       Library& lib = library(v.name, v.create,
-                                                              gemm_weights().c_str());
-                                       run_bench(state, lib, s.entry, {{M, s.K}},
-                                                 2.0 * static_cast<double>(M * s.N * s.K));
-                                     })
+        benchmark::RegisterBenchmark(
+            name.c_str(),
+            [&v, &s, M](benchmark::State& state) {
+              Library& lib = library(v.name, v.create, gemm_weights().c_str());
+              run_bench(state, lib, s.entry, {{M, s.K}}, 2.0 * static_cast<double>(M * s.N * s.K));
+            })
             ->UseRealTime()
             ->MinTime(0.2)
             ->Unit(benchmark::kMicrosecond);

@@ -431,8 +431,8 @@ Loaded<kiln_models::bench_base_cuda_legacy>& loaded_legacy() {
 // model the process runs it 3 more times with kiln's profiling on (each kernel synced:
 // runtime/model.cpp) and appends the profile to FILE under a "== name" line.
 template <typename Model>
-void BM_device_workload(benchmark::State& state, const Workload& w,
-                        Loaded<Model>& (*get_loaded)(), const std::string& name) {
+void BM_device_workload(benchmark::State& state, const Workload& w, Loaded<Model>& (*get_loaded)(),
+                        const std::string& name) {
   Loaded<Model>& l = get_loaded();
   if (!l.model) {
     state.SkipWithError(l.error.c_str());
@@ -442,8 +442,8 @@ void BM_device_workload(benchmark::State& state, const Workload& w,
   std::mt19937_64 rng(w.seed);
   std::vector<std::unique_ptr<DeviceTensor>> in;
   const std::vector<int64_t> src = random_ids(rng, w.batch * w.src_len, kSrcVocab);
-  in.push_back(std::make_unique<DeviceTensor>(m, KILN_I64,
-                                              std::vector<int64_t>{w.batch, w.src_len}, src.data()));
+  in.push_back(std::make_unique<DeviceTensor>(m, KILN_I64, std::vector<int64_t>{w.batch, w.src_len},
+                                              src.data()));
   if (std::string(w.function) == "forward") {
     const std::vector<int64_t> tgt = random_ids(rng, w.batch * w.tgt_len, kTgtVocabI);
     in.push_back(std::make_unique<DeviceTensor>(
@@ -453,7 +453,8 @@ void BM_device_workload(benchmark::State& state, const Workload& w,
   for (auto& t : in) {
     if (t->status() != 0) {
       state.SkipWithError(("cannot allocate or fill a device input (Halide status " +
-                          std::to_string(t->status()) + "; no CUDA driver or device?)").c_str());
+                           std::to_string(t->status()) + "; no CUDA driver or device?)")
+                              .c_str());
       return;
     }
     in_t.push_back(t->tensor());
@@ -465,8 +466,9 @@ void BM_device_workload(benchmark::State& state, const Workload& w,
   }
   DeviceTensor out(m, KILN_F32, std::vector<int64_t>(shape.shape, shape.shape + shape.rank));
   if (out.status() != 0) {
-    state.SkipWithError(("cannot allocate the device output (Halide status " +
-                          std::to_string(out.status()) + ")").c_str());
+    state.SkipWithError(
+        ("cannot allocate the device output (Halide status " + std::to_string(out.status()) + ")")
+            .c_str());
     return;
   }
   kiln_tensor out_t = out.tensor();
@@ -528,17 +530,15 @@ const bool registered = [] {
   // "legacy/W1_..." for the same model with the GEMM schedule before issue 30.
   for (const Workload& w : kWorkloads) {
     const std::string device = std::string("device/") + w.name;
-    benchmark::RegisterBenchmark(device.c_str(),
-                                 [&w, device](benchmark::State& s) {
-                                   BM_device_workload(s, w, loaded_f32, device);
-                                 })
+    benchmark::RegisterBenchmark(
+        device.c_str(),
+        [&w, device](benchmark::State& s) { BM_device_workload(s, w, loaded_f32, device); })
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
     const std::string legacy = std::string("legacy/") + w.name;
-    benchmark::RegisterBenchmark(legacy.c_str(),
-                                 [&w, legacy](benchmark::State& s) {
-                                   BM_device_workload(s, w, loaded_legacy, legacy);
-                                 })
+    benchmark::RegisterBenchmark(
+        legacy.c_str(),
+        [&w, legacy](benchmark::State& s) { BM_device_workload(s, w, loaded_legacy, legacy); })
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   }

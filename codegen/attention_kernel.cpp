@@ -179,9 +179,9 @@ GpuAttentionTiles gpu_attention_tiles(int dk, int dv) {
   // An experiment's tiles (KILN_GPU_ATTENTION="qt,kt" when `kiln compile` runs: the GPU
   // kernel bench's variants, bench/CMakeLists.txt; not for production builds).
   if (const char* env = std::getenv("KILN_GPU_ATTENTION"); env && *env) {
-    KILN_ASSERT(std::sscanf(env, "%d,%d", &qt, &kt) == 2 && qt >= 1 && kt >= 4 && qt <= 64 &&
-                    kt <= 128,
-                "KILN_GPU_ATTENTION must be 'qt,kt' (query rows and keys per tile)");
+    KILN_ASSERT(
+        std::sscanf(env, "%d,%d", &qt, &kt) == 2 && qt >= 1 && kt >= 4 && qt <= 64 && kt <= 128,
+        "KILN_GPU_ATTENTION must be 'qt,kt' (query rows and keys per tile)");
   }
   while (bytes(qt, kt) > kGpuMaxSharedBytesPerBlock && (qt > 1 || kt > 4)) {
     if (kt > qt && kt > 4)

@@ -216,11 +216,7 @@ KernelPipeline build_linear_gpu(const LinearKernel& spec) {
       .unroll(mr);
   // bound_storage: the guarded tile would otherwise be sized at run time, which puts the
   // accumulators in global memory instead of registers.
-  acc.compute_at(out, ni)
-      .bound_storage(n, g.regs_n)
-      .bound_storage(m, g.regs_m)
-      .unroll(n)
-      .unroll(m);
+  acc.compute_at(out, ni).bound_storage(n, g.regs_n).bound_storage(m, g.regs_m).unroll(n).unroll(m);
   if (g.k_vec == 0) {
     acc.update(0).reorder(n, m, r).unroll(n).unroll(m);
   } else {

@@ -94,16 +94,15 @@ const DeviceApi kOpenCL = {
     gpu_step_attention_create,
     gpu_cache_write_create};
 
-const DeviceApi kCuda = {
-    "CUDA",
-    testing::cuda_skip_reason,
-    "cuda",
-    cuda_norms_create,
-    cuda_linears_create,
-    cuda_attention_create,
-    cuda_general_create,
-    cuda_step_attention_create,
-    cuda_cache_write_create};
+const DeviceApi kCuda = {"CUDA",
+                         testing::cuda_skip_reason,
+                         "cuda",
+                         cuda_norms_create,
+                         cuda_linears_create,
+                         cuda_attention_create,
+                         cuda_general_create,
+                         cuda_step_attention_create,
+                         cuda_cache_write_create};
 
 // The suite: every test runs on each API's libraries and skips where its device is missing.
 class DeviceTest : public ::testing::TestWithParam<DeviceApi> {
@@ -1225,10 +1224,9 @@ TEST(GpuOpenCL, DeviceTensorsCppApi) {
 // CUDA's own checks, on the cuda_* libraries: the PTX in their kernel objects, the error a
 // call gives without a driver, and the base model (every entry point compiled for CUDA).
 
-#define SKIP_WITHOUT_CUDA()                                                   \
-  do {                                                                        \
-    if (const std::string why = testing::cuda_skip_reason(); !why.empty()) \
-      GTEST_SKIP() << why;                                                    \
+#define SKIP_WITHOUT_CUDA()                                                                     \
+  do {                                                                                          \
+    if (const std::string why = testing::cuda_skip_reason(); !why.empty()) GTEST_SKIP() << why; \
   } while (0)
 
 // The members of a static library (the System V / GNU `ar` format, with its table of long

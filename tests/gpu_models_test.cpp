@@ -111,8 +111,7 @@ TYPED_TEST(GpuModels, OddConfigMatchesInterpreter) {
   for (const ir::Weight& w : m.weights)
     if (!w.derivation)
       tensors.push_back(rt::make_f32(w.name, wm.at(w.name).shape, wm.at(w.name).f));
-  const std::string path =
-      ::testing::TempDir() + TypeParam::kLabel + "_odd.safetensors";
+  const std::string path = ::testing::TempDir() + TypeParam::kLabel + "_odd.safetensors";
   rt::write_safetensors(path, tensors);
   typename TypeParam::Odd model(path.c_str());
   double worst = 0;

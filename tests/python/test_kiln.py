@@ -1,0 +1,209 @@
+"""The kiln Python module (issue 28) on the golden models, compiled with kiln compile
+--emit=shared by the build (tests/CMakeLists.txt: py_tiny, py_small). Run by ctest as
+python_tests (Debian's /usr/bin/python3 -m pytest tests/python), with the environment:
+
+  KILN_PYTHON_DIR   build/python (the module)
+  KILN_PY_MODELS    the folder holding py_tiny/ and py_small/ (lib<name>.so each)
+  KILN_RUN          kiln-run, the C++ API's generation for comparison (kiln generate)
+  KILN_GOLDEN_DIR   tests/golden (PyTorch's outputs, weights and reference searches)
+"""
+import json
+import os
+import struct
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.environ.get("KILN_PYTHON_DIR", ""))
+import kiln  # noqa: E402
+
+MODELS = os.environ.get("KILN_PY_MODELS", "")
+GOLDEN = os.environ.get("KILN_GOLDEN_DIR", "")
+KILN_RUN = os.environ.get("KILN_RUN", "")
+TOLERANCE = 1e-4  # the C++ golden tests' (tests/golden_checks.h)
+
+
+def read_safetensors(path):
+    """{name: numpy array} and the metadata of a safetensors file (F32, I64 only)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    out = {}
+    for name, info in header.items():
+        dtype = {"F32": np.float32, "I64": np.int64}[info["dtype"]]
+        b, e = info["data_offsets"]
+        out[name] = np.frombuffer(data[8 + n + b:8 + n + e], dtype=dtype).reshape(info["shape"])
+    return out, meta
+
+
+def model(name, threads=2):
+    cfg = name.split("_")[-1]
+    return kiln.Model(os.path.join(MODELS, name), os.path.join(GOLDEN, cfg + ".weights.safetensors"),
+                      threads=threads)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return model("py_tiny")
+
+
+def test_entry_points_name_inputs_dtypes_and_symbolic_shapes(tiny):
+    ep = tiny.entry_points
+    assert set(ep) == {"forward", "encode", "prepare", "decode_step"}
+    assert ep["forward"]["inputs"] == [{"name": "src", "dtype": "int64", "shape": ["B", "S"]},
+                                       {"name": "tgt", "dtype": "int64", "shape": ["B", "T"]}]
+    assert ep["forward"]["outputs"] == [{"name": "logits", "dtype": "float32",
+                                         "shape": ["B", "T", 41]}]
+    assert ep["encode"]["outputs"][0]["shape"] == ["B", "S", 24]
+    assert tiny.name == "py_tiny"
+    assert tiny.symbol_max("B") > 0 and tiny.symbol_max("nope") == -1
+    assert tiny.config("nope") is None
+
+
+@pytest.mark.parametrize("name,batches", [("py_tiny", ["tiny_b1", "tiny_b2"]),
+                                          ("py_small", ["small_b1"])])
+def test_golden_models_match_pytorch(name, batches):
+    m = model(name)
+    for batch in batches:
+        inputs, _ = read_safetensors(os.path.join(GOLDEN, batch + ".inputs.safetensors"))
+        want, _ = read_safetensors(os.path.join(GOLDEN, batch + ".expected.safetensors"))
+        logits = m.forward(inputs["src"], inputs["tgt"])
+        assert logits.dtype == np.float32 and logits.shape == want["logits"].shape
+        err = float(np.abs(logits - want["logits"]).max())
+        assert err <= TOLERANCE, (batch, err)
+        # By name, through run(), and the encoder.
+        same = m.run("forward", tgt=inputs["tgt"], src=inputs["src"])
+        assert np.array_equal(same, logits)
+        memory = m.encode(inputs["src"])
+        err = float(np.abs(memory - want["memory"]).max())
+        assert err <= TOLERANCE, (batch, "memory", err)
+        print("[ python ] %s: forward max abs error %.3g" % (batch, err))
+
+
+def test_int32_ids_and_non_contiguous_arrays_give_the_same_logits(tiny):
+    inputs, _ = read_safetensors(os.path.join(GOLDEN, "tiny_b1.inputs.safetensors"))
+    want = tiny.forward(inputs["src"], inputs["tgt"])
+    got = tiny.forward(inputs["src"].astype(np.int32), inputs["tgt"].astype(np.int32))
+    assert np.array_equal(got, want)
+    src_f = np.asfortranarray(inputs["src"])
+    assert np.array_equal(tiny.forward(src_f, inputs["tgt"]), want)
+    assert np.array_equal(tiny.forward(inputs["src"].tolist(), inputs["tgt"].tolist()), want)
+
+
+def cpp_generation(lib, weights, src, case_meta, end_id, tmp_path):
+    """kiln generate (the C++ API through kiln-run) on the same sources: ids, lengths, scores."""
+    out = os.path.join(str(tmp_path), "cpp.safetensors")
+    pad = 0
+    prompts = [" ".join(str(int(t)) for t in row if t != pad) for row in src]
+    cmd = [KILN_RUN, "generate", "--compiled", lib, "--weights", weights, "-o", out,
+           "--beam", case_meta["beam_size"], "--num-hypotheses", case_meta["num_hypotheses"],
+           "--max-len", case_meta["max_decoding_length"],
+           "--min-len", case_meta["min_decoding_length"],
+           "--length-penalty", case_meta["length_penalty"], "--end-id", end_id] + prompts
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    got, _ = read_safetensors(out)
+    return got
+
+
+@pytest.mark.parametrize("case", ["greedy_a", "greedy_b", "beam_c", "beam_d"])
+def test_generation_ids_equal_the_cpp_api_and_the_reference_search(tiny, case, tmp_path):
+    ref, meta = read_safetensors(os.path.join(GOLDEN, "tiny_decode.safetensors"))
+    opts = {k.split(".", 1)[1]: v for k, v in meta.items() if k.startswith(case + ".")}
+    g = tiny.generate(ref["src"], beam_size=int(opts["beam_size"]),
+                      num_hypotheses=int(opts["num_hypotheses"]),
+                      max_decoding_length=int(opts["max_decoding_length"]),
+                      min_decoding_length=int(opts["min_decoding_length"]),
+                      length_penalty=float(opts["length_penalty"]),
+                      start_id=int(meta["start_id"]), end_id=int(meta["end_id"]))
+    want_ids = ref[case + ".ids"]
+    L = min(g["ids"].shape[2], want_ids.shape[2])
+    assert np.array_equal(g["lengths"], ref[case + ".lengths"])
+    assert np.array_equal(g["ids"][:, :, :L], want_ids[:, :, :L])
+    assert np.allclose(g["scores"], ref[case + ".scores"], atol=1e-4)
+    for b, hyps in enumerate(g["tokens"]):
+        for h, toks in enumerate(hyps):
+            assert toks == [int(t) for t in g["ids"][b, h, :g["lengths"][b, h]]]
+    cpp = cpp_generation(os.path.join(MODELS, "py_tiny"),
+                         os.path.join(GOLDEN, "tiny.weights.safetensors"), ref["src"], opts,
+                         meta["end_id"], tmp_path)
+    assert np.array_equal(g["lengths"], cpp["lengths"])
+    Lc = min(g["ids"].shape[2], cpp["ids"].shape[2])
+    assert np.array_equal(g["ids"][:, :, :Lc], cpp["ids"][:, :, :Lc])
+    assert np.array_equal(g["scores"], cpp["scores"])
+
+
+def test_streaming_calls_back_each_token_in_order(tiny):
+    ref, meta = read_safetensors(os.path.join(GOLDEN, "tiny_decode.safetensors"))
+    src = ref["src"][:1]
+    seen = []
+    g = tiny.generate(src, max_decoding_length=12, start_id=int(meta["start_id"]),
+                      end_id=int(meta["end_id"]),
+                      on_token=lambda sentence, step, token: seen.append((sentence, step, token)))
+    assert [t for _, _, t in seen] == g["tokens"][0][0]
+    assert [s for _, s, _ in seen] == list(range(len(seen)))
+
+    def fails(sentence, step, token):
+        raise ValueError("stop here")
+    with pytest.raises(ValueError, match="stop here"):
+        tiny.generate(src, max_decoding_length=12, on_token=fails)
+    # The model is still usable.
+    assert tiny.generate(src, max_decoding_length=12, start_id=int(meta["start_id"]),
+                         end_id=int(meta["end_id"]))["tokens"] == g["tokens"]
+
+
+def test_four_threads_on_one_model_give_identical_results():
+    m = model("py_small", threads=1)
+    inputs, _ = read_safetensors(os.path.join(GOLDEN, "small_b1.inputs.safetensors"))
+    want = m.forward(inputs["src"], inputs["tgt"])
+    results, errors = [None] * 4, []
+
+    def work(i):
+        try:
+            for _ in range(10):
+                out = m.forward(inputs["src"], inputs["tgt"])
+                if results[i] is None or np.array_equal(results[i], out):
+                    results[i] = out
+                else:
+                    errors.append("thread %d: results differ between calls" % i)
+        except Exception as e:  # noqa: BLE001: reported below
+            errors.append(repr(e))
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for r in results:
+        assert np.array_equal(r, want)
+
+
+def test_errors_are_kiln_errors_with_kiln_messages(tiny):
+    inputs, _ = read_safetensors(os.path.join(GOLDEN, "tiny_b1.inputs.safetensors"))
+    bad = inputs["src"].copy()
+    bad[0, 0] = 10**6
+    with pytest.raises(kiln.Error, match="token id"):
+        tiny.forward(bad, inputs["tgt"])
+    assert issubclass(kiln.Error, RuntimeError)
+    with pytest.raises(kiln.Error, match="takes 2 input"):
+        tiny.forward(inputs["src"])
+    with pytest.raises(kiln.Error, match="must be integer ids"):
+        tiny.forward(inputs["src"].astype(np.float32), inputs["tgt"])
+    with pytest.raises(kiln.Error, match="no entry point 'nope'"):
+        tiny.run("nope", inputs["src"])
+    with pytest.raises(kiln.Error, match="has no input 'source'"):
+        tiny.run("forward", source=inputs["src"], tgt=inputs["tgt"])
+    with pytest.raises(AttributeError):
+        tiny.nope
+    with pytest.raises(kiln.Error, match="does not exist"):
+        kiln.Model("/nonexistent/lib", None)
+    with pytest.raises(kiln.Error, match="cannot open safetensors file"):
+        kiln.Model(os.path.join(MODELS, "py_tiny"), "/nonexistent.safetensors")
+    with pytest.raises(kiln.Error, match="beam"):
+        tiny.generate(inputs["src"], beam_size=0)
+    # Nothing broke: the model still answers.
+    assert tiny.forward(inputs["src"], inputs["tgt"]).shape == (3, 6, 41)
