@@ -18,18 +18,7 @@ namespace {
 
 std::string type_comment(const rt::TensorDesc& t, const rt::Plan& plan) {
   std::string dims;
-  for (const rt::DimExpr& d : t.shape) {
-    if (!dims.empty()) dims += ",";
-    const int s = d.scaled_symbol();
-    if (s < 0)
-      dims += std::to_string(d.coeff);
-    else if (d.coeff == 1)
-      dims += plan.symbols[s].name;
-    else if (plan.symbols[s].base < 0)
-      dims += fmt::format("{}*{}", d.coeff, plan.symbols[s].name);
-    else
-      dims += fmt::format("{}*({})", d.coeff, plan.symbols[s].name);
-  }
+  for (const rt::DimExpr& d : t.shape) dims += (dims.empty() ? "" : ",") + rt::dim_text(d, plan);
   const char* ty = t.type == KILN_F32 ? "f32" : t.type == KILN_I64 ? "i64" : "bool";
   return fmt::format("{}: {}[{}]", t.name, ty, dims);
 }

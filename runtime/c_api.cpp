@@ -84,6 +84,32 @@ int kiln_model_output_updates(const kiln_model* model, const char* function, int
   return -1;
 }
 
+int kiln_model_tensor_type(const kiln_model* model, const char* function, int output, int index,
+                           kiln_tensor_type* out) {
+  if (!model || !function || !out) return -1;
+  const auto& functions = model->plan.functions;
+  for (size_t fi = 0; fi < functions.size(); ++fi) {
+    const auto& f = functions[fi];
+    if (f.name != function) continue;
+    const auto& list = output ? f.results : f.params;
+    if (index < 0 || index >= static_cast<int>(list.size())) return -1;
+    const kiln::rt::TensorDesc& t = list[static_cast<size_t>(index)];
+    const auto& dims =
+        model->dim_texts[fi][(output ? f.params.size() : 0) + static_cast<size_t>(index)];
+    std::memset(out, 0, sizeof *out);
+    out->name = t.name.c_str();
+    out->dtype = t.type;
+    out->rank = static_cast<int32_t>(t.shape.size());
+    for (size_t d = 0; d < t.shape.size() && d < KILN_MAX_RANK; ++d) {
+      const bool constant = t.shape[d].is_constant();
+      out->extent[d] = constant ? t.shape[d].coeff : -1;
+      out->dim[d] = constant ? nullptr : dims[d].c_str();
+    }
+    return 0;
+  }
+  return -1;
+}
+
 const char* const* kiln_model_functions(const kiln_model* model) {
   static const char* const none[] = {nullptr};
   return model ? model->function_names.data() : none;

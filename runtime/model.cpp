@@ -117,6 +117,15 @@ std::unique_ptr<kiln_model> kiln_model::create(const uint8_t* plan, size_t plan_
     }
   for (const auto& f : m->plan.functions) m->function_names.push_back(f.name.c_str());
   m->function_names.push_back(nullptr);
+  for (const auto& f : m->plan.functions) {
+    auto& texts = m->dim_texts.emplace_back();
+    for (const auto* list : {&f.params, &f.results})
+      for (const auto& t : *list) {
+        auto& dims = texts.emplace_back();
+        for (const auto& d : t.shape)
+          dims.push_back(d.is_constant() ? "" : kiln::rt::dim_text(d, m->plan));
+      }
+  }
   if (m->hooks.release_device) kiln::rt::gpu_model_created();
   return m;
 }

@@ -80,6 +80,9 @@ struct kiln_model {
   std::vector<kiln::rt::AlignedBytes> tables;
   int64_t arena_bytes = 0;  // the largest entry point's arena
   std::vector<const char*> function_names;
+  // kiln_model_tensor_type's dim texts (plan symbols as the IR writes them; "" for a
+  // constant), per entry point, params then results, per dim; built by create.
+  std::vector<std::vector<std::vector<std::string>>> dim_texts;
   kiln::rt::ArenaPool arenas;
   kiln::rt::ThreadErrors errors;  // kiln_model_error
   kiln::rt::Profile profile;

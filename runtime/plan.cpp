@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "support/error.h"
 #include "support/int8.h"
@@ -64,6 +65,15 @@ int DimExpr::scaled_symbol() const {
   DimExpr unit = *this;
   unit.coeff = 1;
   return unit.single_symbol();
+}
+
+std::string dim_text(const DimExpr& d, const Plan& plan) {
+  const int s = d.scaled_symbol();
+  if (s < 0 || s >= static_cast<int>(plan.symbols.size())) return std::to_string(d.coeff);
+  const std::string& name = plan.symbols[static_cast<size_t>(s)].name;
+  if (d.coeff == 1) return name;
+  if (plan.symbols[static_cast<size_t>(s)].base < 0) return std::to_string(d.coeff) + "*" + name;
+  return std::to_string(d.coeff) + "*(" + name + ")";
 }
 
 namespace {

@@ -204,6 +204,9 @@ struct Plan {
   std::vector<FunctionDesc> functions;
 };
 
+// A dim's size as the IR writes it, in the plan's symbols: "32", "B", "T+1", "2*T", "2*(T+1)".
+std::string dim_text(const DimExpr& d, const Plan& plan);
+
 std::vector<uint8_t> serialize_plan(const Plan& plan);
 // Reads and validates a serialized plan (indices in range, ranks consistent); throws
 // kiln::Error naming the problem.

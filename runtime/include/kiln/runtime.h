@@ -217,6 +217,21 @@ const char* kiln_model_config(const kiln_model* model, const char* key);
 /* The declared maximum of a shape symbol (e.g. "B", "T"), or -1 if the model has none. */
 int64_t kiln_model_symbol_max(const kiln_model* model, const char* symbol);
 
+/* The declared type of an entry point's input (`output` 0) or output (`output` 1) `index`:
+ * its name, dtype and rank, and per dim either its constant extent (extent[d] >= 0, dim[d]
+ * NULL) or its size in the model's symbols (extent[d] -1, dim[d] the text the IR writes: "B",
+ * "T+1", "2*T"). The strings are the model's, valid while it lives. Returns 0, or -1 for a
+ * NULL model, function or out, an unknown function or an index out of range. */
+typedef struct kiln_tensor_type {
+  const char* name;
+  int32_t dtype;
+  int32_t rank;
+  int64_t extent[KILN_MAX_RANK];
+  const char* dim[KILN_MAX_RANK];
+} kiln_tensor_type;
+int kiln_model_tensor_type(const kiln_model* model, const char* function, int output, int index,
+                           kiln_tensor_type* out);
+
 /* Generation: greedy search, beam search and sampling over a model with either protocol:
  * - an encoder–decoder: entry points `prepare` and `decode_step` (frontend/nn.h describes
  *   them); the input is source sentences, generation starts from start_id;
