@@ -509,7 +509,9 @@ class Search {
       grown.push_back(std::move(h));
       if (static_cast<int64_t>(grown.size()) == K) break;
     }
-    if (K == 1 && o_.on_token && !grown.empty())
+    // Greedy: the chosen token streams, unless the end token was chosen (the sentence ends;
+    // the runner-up that `grown` holds then is no part of the output).
+    if (K == 1 && o_.on_token && !grown.empty() && !is_end(cands.front().token))
       o_.on_token(o_.user_data, sentence, t, grown[0].tokens.back());
     if (t == o_.max_decoding_length - 1) {
       for (Hyp& h : grown)
