@@ -68,9 +68,10 @@ inline Library open_library(const std::string& path, const std::string& command)
            path, libs.size());
     lib = libs[0];
   } else if (!fs::exists(lib, ec)) {
-    fail("{}: '{}' does not exist (give the directory 'kiln compile --emit=shared' wrote, or its "
-         "lib*.so)",
-         command, path);
+    fail(
+        "{}: '{}' does not exist (give the directory 'kiln compile --emit=shared' wrote, or its "
+        "lib*.so)",
+        command, path);
   }
   const std::string file = lib.filename().string();
   if (file.size() <= 6 || file.rfind("lib", 0) != 0 || file.substr(file.size() - 3) != ".so")

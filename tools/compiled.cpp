@@ -1,8 +1,6 @@
 // Running a compiled model's shared library through its C ABI (see compiled.h).
 #include "tools/compiled.h"
 
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <charconv>
 #include <cstring>
@@ -12,47 +10,17 @@
 #include <fmt/format.h>
 
 #include "kiln/runtime.h"
+#include "runtime/library_api.h"
 #include "support/error.h"
 
 namespace kiln::tools {
 namespace fs = std::filesystem;
 
-// The C ABI, resolved from one library handle.
-struct Api {
-  kiln_model* (*create)(const char*, char**);
-  void (*destroy)(kiln_model*);
-  void (*free_error)(char*);
-  int (*num_inputs)(const kiln_model*, const char*);
-  int (*num_outputs)(const kiln_model*, const char*);
-  const char* (*input_name)(const kiln_model*, const char*, int);
-  int (*output_updates)(const kiln_model*, const char*, int);
-  int (*output_shapes)(kiln_model*, const char*, const kiln_tensor*, size_t, kiln_tensor*, size_t);
-  int (*run)(kiln_model*, const char*, const kiln_tensor*, size_t, kiln_tensor*, size_t);
-  const char* (*error)(const kiln_model*);
-  int (*set_num_threads)(kiln_model*, int);
-  int (*set_profiling)(kiln_model*, int);
-  const char* (*profile)(kiln_model*);
-};
-
-namespace {
-template <typename F>
-void resolve(void* handle, const std::string& lib, const std::string& symbol, F* out) {
-  void* p = dlsym(handle, symbol.c_str());
-  if (!p) fail("'{}' does not export '{}': not a kiln model library", lib, symbol);
-  *out = reinterpret_cast<F>(p);
-}
-}  // namespace
-
-// A compiled model's library, opened, and a model created from it.
+// A compiled model's library, opened (runtime/library_api.h), and a model created from it.
 struct LoadedLibrary {
-  Api api{};
+  rt::LibraryApi api{};
   std::string name;
   std::unique_ptr<kiln_model, void (*)(kiln_model*)> model{nullptr, nullptr};
-  int (*generate)(kiln_model*, const kiln_tensor*, const kiln_search_options*,
-                  kiln_generation*) = nullptr;
-  void (*generation_free)(kiln_generation*) = nullptr;
-  int64_t (*symbol_max)(const kiln_model*, const char*) = nullptr;
-  const char* (*config)(const kiln_model*, const char*) = nullptr;
 };
 
 namespace {
@@ -60,49 +28,21 @@ namespace {
 LoadedLibrary open_compiled(const std::string& dir, const std::string& weights_path,
                             const std::string& command) {
   if (weights_path == "-") fail("{} --compiled: weights must be a file, not '-'", command);
-  std::vector<fs::path> libs;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    std::string n = e.path().filename().string();
-    if (n.size() > 6 && n.rfind("lib", 0) == 0 && n.substr(n.size() - 3) == ".so")
-      libs.push_back(e.path());
-  }
+  fs::directory_iterator readable(dir, ec);
   if (ec) fail("{} --compiled: cannot read directory '{}': {}", command, dir, ec.message());
-  if (libs.size() != 1)
-    fail("{} --compiled: expected one lib*.so in '{}' (from kiln compile --emit=shared), found {}",
-         command, dir, libs.size());
-  const std::string lib = libs[0].string();
+  const rt::Library lib = rt::open_library(dir, command + " --compiled");
   LoadedLibrary l;
-  l.name = libs[0].filename().string().substr(3, libs[0].filename().string().size() - 6);
-  void* handle = dlopen(fs::absolute(libs[0]).c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!handle) fail("{} --compiled: cannot load '{}': {}", command, lib, dlerror());
-  Api& api = l.api;
-  resolve(handle, lib, l.name + "_create", &api.create);
-  resolve(handle, lib, "kiln_model_destroy", &api.destroy);
-  resolve(handle, lib, "kiln_free_error", &api.free_error);
-  resolve(handle, lib, "kiln_model_num_inputs", &api.num_inputs);
-  resolve(handle, lib, "kiln_model_num_outputs", &api.num_outputs);
-  resolve(handle, lib, "kiln_model_input_name", &api.input_name);
-  resolve(handle, lib, "kiln_model_output_updates", &api.output_updates);
-  resolve(handle, lib, "kiln_model_output_shapes", &api.output_shapes);
-  resolve(handle, lib, "kiln_model_run", &api.run);
-  resolve(handle, lib, "kiln_model_error", &api.error);
-  resolve(handle, lib, "kiln_model_set_num_threads", &api.set_num_threads);
-  resolve(handle, lib, "kiln_model_set_profiling", &api.set_profiling);
-  resolve(handle, lib, "kiln_model_profile", &api.profile);
-  resolve(handle, lib, "kiln_generate", &l.generate);
-  resolve(handle, lib, "kiln_generation_free", &l.generation_free);
-  resolve(handle, lib, "kiln_model_symbol_max", &l.symbol_max);
-  resolve(handle, lib, "kiln_model_config", &l.config);
-
+  l.api = lib.api;
+  l.name = lib.name;
   char* error = nullptr;
-  kiln_model* model = api.create(weights_path.c_str(), &error);
+  kiln_model* model = l.api.create(weights_path.c_str(), &error);
   if (!model) {
     std::string msg = error ? error : "unknown error";
-    api.free_error(error);
+    l.api.free_error(error);
     fail("{}", msg);
   }
-  l.model = std::unique_ptr<kiln_model, void (*)(kiln_model*)>(model, api.destroy);
+  l.model = std::unique_ptr<kiln_model, void (*)(kiln_model*)>(model, l.api.destroy);
   return l;
 }
 }  // namespace
@@ -114,7 +54,7 @@ std::vector<rt::TensorData> run_compiled(const std::string& dir, const std::stri
   if (options.repeat < 1)
     fail("run --compiled: --repeat must be at least 1, got {}", options.repeat);
   LoadedLibrary loaded = open_compiled(dir, weights_path, "run");
-  const Api& api = loaded.api;
+  const rt::LibraryApi& api = loaded.api;
   const std::string& name = loaded.name;
   kiln_model* model = loaded.model.get();
   if (options.threads > 0) api.set_num_threads(model, options.threads);
@@ -203,7 +143,7 @@ CompiledGenerator::CompiledGenerator(const std::string& dir, const std::string& 
 CompiledGenerator::~CompiledGenerator() = default;
 
 int64_t CompiledGenerator::config(const char* key) const {
-  const char* v = loaded_->config(loaded_->model.get(), key);
+  const char* v = loaded_->api.config(loaded_->model.get(), key);
   if (!v) return -1;
   int64_t out = 0;
   auto [end, ec] = std::from_chars(v, v + std::strlen(v), out);
@@ -212,7 +152,7 @@ int64_t CompiledGenerator::config(const char* key) const {
 }
 
 int64_t CompiledGenerator::symbol_max(const char* symbol) const {
-  return loaded_->symbol_max(loaded_->model.get(), symbol);
+  return loaded_->api.symbol_max(loaded_->model.get(), symbol);
 }
 
 void CompiledGenerator::set_threads(int threads) const {
@@ -254,7 +194,7 @@ Generated CompiledGenerator::generate(const std::vector<int64_t>& src, int64_t b
     in.data = const_cast<int64_t*>(src.data() + first * length);
     in.capacity = static_cast<size_t>(n * length) * sizeof(int64_t);
     kiln_generation g;
-    if (loaded_->generate(model, &in, &o, &g) != 0) {
+    if (loaded_->api.generate(model, &in, &o, &g) != 0) {
       // "... batch row R ...": row R of this chunk is the input's sentence first + R.
       const std::string message = loaded_->api.error(model);
       const size_t at = message.find("batch row ");
@@ -272,7 +212,7 @@ Generated CompiledGenerator::generate(const std::vector<int64_t>& src, int64_t b
     out.ids.insert(out.ids.end(), g.ids, g.ids + m * static_cast<size_t>(g.max_length));
     out.lengths.insert(out.lengths.end(), g.lengths, g.lengths + m);
     out.scores.insert(out.scores.end(), g.scores, g.scores + m);
-    loaded_->generation_free(&g);
+    loaded_->api.generation_free(&g);
   }
   return out;
 }
