@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "kiln/runtime.h"
+#include "kiln/vocab.h"
 #include "runtime/library_api.h"
 #include "support/error.h"
 
@@ -129,8 +130,8 @@ class Model {
     if (args.size() && kwargs.size())
       throw Error(fmt::format("{}: give the inputs by position or by name, not both", function));
     if (static_cast<int>(args.size() + kwargs.size()) != n_in)
-      throw Error(fmt::format("{} takes {} input(s), got {}", function, n_in,
-                              args.size() + kwargs.size()));
+      throw Error(
+          fmt::format("{} takes {} input(s), got {}", function, n_in, args.size() + kwargs.size()));
     for (auto item : kwargs) {
       const std::string key = py::str(item.first);
       bool known = false;
@@ -241,7 +242,8 @@ class Model {
       py::gil_scoped_release unlocked;
       status = lib_.api.generate(model_, &in, &o, &g);
     }
-    std::unique_ptr<kiln_generation, void (*)(kiln_generation*)> owned(&g, lib_.api.generation_free);
+    std::unique_ptr<kiln_generation, void (*)(kiln_generation*)> owned(&g,
+                                                                       lib_.api.generation_free);
     if (stream.error) throw std::move(*stream.error);
     if (status != 0) throw Error(lib_.api.error(model_));
     const py::ssize_t B = g.batch, H = g.hypotheses, L = g.max_length;
@@ -347,6 +349,40 @@ PYBIND11_MODULE(kiln, m) {
       PyErr_SetString(error.ptr(), e.what());
     }
   });
+  // The character-level vocabulary of kiln translate (kiln/vocab.h): text in and out.
+  py::class_<kiln::Vocabulary>(m, "Vocabulary",
+                               "A character-level vocabulary (kiln/vocab.h: one token per "
+                               "line, the line number its id), as kiln translate reads text.")
+      .def(py::init([](const std::string& path) {
+             try {
+               return kiln::Vocabulary::load(path);
+             } catch (const std::runtime_error& e) {
+               throw kiln::Error(e.what());
+             }
+           }),
+           py::arg("path"))
+      .def_property_readonly("size", &kiln::Vocabulary::size)
+      .def(
+          "encode",
+          [](const kiln::Vocabulary& v, const std::string& text) {
+            try {
+              return v.encode(text);
+            } catch (const std::runtime_error& e) {
+              throw kiln::Error(e.what());
+            }
+          },
+          py::arg("text"), "the ids of `text`, one per character")
+      .def(
+          "decode",
+          [](const kiln::Vocabulary& v, const std::vector<int64_t>& ids) {
+            try {
+              return v.decode(ids);
+            } catch (const std::runtime_error& e) {
+              throw kiln::Error(e.what());
+            }
+          },
+          py::arg("ids"), "the text of `ids` (special tokens left out)")
+      .def("id", &kiln::Vocabulary::id, py::arg("token"), "a token's id, -1 if absent");
   py::class_<Model>(m, "Model",
                     "A compiled model: its library (the directory kiln compile --emit=shared "
                     "wrote, or its lib<name>.so) and weights (safetensors by state_dict name; None "
@@ -361,17 +397,16 @@ PYBIND11_MODULE(kiln, m) {
       .def("run", &Model::run, py::arg("function"),
            "run(function, *inputs) or run(function, **inputs): NumPy arrays in, the output "
            "array (a tuple for several) out")
-      .def(
-          "__getattr__",
-          [](py::object self, const std::string& name) -> py::object {
-            Model& model = self.cast<Model&>();
-            for (const std::string& f : model.functions())
-              if (f == name)
-                return py::cpp_function([self, name](py::args args, py::kwargs kwargs) {
-                  return self.attr("run")(name, *args, **kwargs);
-                });
-            throw py::attribute_error("kiln.Model has no attribute or entry point '" + name + "'");
-          })
+      .def("__getattr__",
+           [](py::object self, const std::string& name) -> py::object {
+             Model& model = self.cast<Model&>();
+             for (const std::string& f : model.functions())
+               if (f == name)
+                 return py::cpp_function([self, name](py::args args, py::kwargs kwargs) {
+                   return self.attr("run")(name, *args, **kwargs);
+                 });
+             throw py::attribute_error("kiln.Model has no attribute or entry point '" + name + "'");
+           })
       .def("generate", &Model::generate, py::arg("src"), py::kw_only(), py::arg("beam_size") = 1,
            py::arg("num_hypotheses") = 1, py::arg("max_decoding_length") = 0,
            py::arg("min_decoding_length") = 0, py::arg("length_penalty") = 0.0f,

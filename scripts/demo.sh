@@ -7,7 +7,7 @@
 # runs: kiln, kiln-run and the runtime (scripts/test.sh builds the tests).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/build.sh kiln kiln-run kiln_runtime
+bash scripts/build.sh kiln kiln-run kiln_runtime kiln_python
 kiln=build/tools/kiln
 golden=tests/golden
 mkdir -p out
@@ -21,6 +21,10 @@ translate=($kiln translate --compiled out/numbers --weights $numbers/numbers.wei
   --src-vocab $numbers/vocab.src.txt --tgt-vocab $numbers/vocab.tgt.txt)
 "${translate[@]}" < $numbers/examples.txt
 "${translate[@]}" --beam 4 "three hundred and twelve thousand and one"
+echo
+echo "== the same from Python (import kiln: examples/python/translate_numbers.py)"
+PYTHONPATH=build/python /usr/bin/python3 examples/python/translate_numbers.py out/numbers \
+  "three hundred and twelve thousand and one" "forty two"
 echo
 echo "== held-out accuracy through the compiled model ($numbers/heldout.tsv)"
 cut -f1 $numbers/heldout.tsv | "${translate[@]}" | sed 's/.* -> //' > out/numbers.heldout.txt

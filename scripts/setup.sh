@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Installs the Debian packages kiln needs to build and test, skipping those present.
 # OpenCL on pocl (ocl-icd-opencl-dev, pocl-opencl-icd, clinfo) runs the GPU kernels' tests on
-# the CPU: `clinfo -l` should list a pocl device.
+# the CPU: `clinfo -l` should list a pocl device. The Python module (python/) builds with
+# python3-dev and pybind11-dev; its tests run with python3-numpy and python3-pytest.
 set -euo pipefail
 
 packages=(cmake ninja-build g++ ccache pkg-config llvm-14 llvm-14-tools
           libfmt-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
           libhalide14-0-dev llvm-14-dev clang-format-14
-          ocl-icd-opencl-dev pocl-opencl-icd clinfo)
+          ocl-icd-opencl-dev pocl-opencl-icd clinfo
+          python3-dev pybind11-dev python3-numpy python3-pytest)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

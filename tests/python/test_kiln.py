@@ -207,3 +207,67 @@ def test_errors_are_kiln_errors_with_kiln_messages(tiny):
         tiny.generate(inputs["src"], beam_size=0)
     # Nothing broke: the model still answers.
     assert tiny.forward(inputs["src"], inputs["tgt"]).shape == (3, 6, 41)
+
+
+NUMBERS = os.environ.get("KILN_NUMBERS_DIR", "")
+
+
+@pytest.fixture(scope="module")
+def numbers():
+    return (kiln.Model(os.path.join(MODELS, "py_numbers"),
+                       os.path.join(NUMBERS, "numbers.weights.safetensors"), threads=2),
+            kiln.Vocabulary(os.path.join(NUMBERS, "vocab.src.txt")),
+            kiln.Vocabulary(os.path.join(NUMBERS, "vocab.tgt.txt")))
+
+
+def heldout(n):
+    with open(os.path.join(NUMBERS, "heldout.tsv"), encoding="utf-8") as f:
+        return [line.rstrip("\n").split("\t") for line in f][:n]
+
+
+def test_the_number_translator_from_python_equals_kiln_translate(numbers, tmp_path):
+    model, src_vocab, tgt_vocab = numbers
+    pairs = heldout(40)
+    pad = int(model.config("pad_id"))
+    ids = [src_vocab.encode(words) for words, _ in pairs]
+    src = np.full((len(ids), max(len(i) for i in ids)), pad, dtype=np.int64)
+    for row, i in zip(src, ids):
+        row[:len(i)] = i
+    got = []
+    for start in range(0, len(ids), 16):  # the model's max_batch
+        g = model.generate(src[start:start + 16], beam_size=4)
+        got += [tgt_vocab.decode(h[0]) for h in g["tokens"]]
+    assert got == [digits for _, digits in pairs]
+    cmd = [KILN_RUN, "translate", "--compiled", os.path.join(MODELS, "py_numbers"), "--weights",
+           os.path.join(NUMBERS, "numbers.weights.safetensors"), "--src-vocab",
+           os.path.join(NUMBERS, "vocab.src.txt"), "--tgt-vocab",
+           os.path.join(NUMBERS, "vocab.tgt.txt"), "--beam", "4"]
+    out = subprocess.run(cmd, input="\n".join(w for w, _ in pairs) + "\n", check=True,
+                         capture_output=True, text=True).stdout
+    assert [line.split(" -> ")[1] for line in out.splitlines()] == got
+    assert src_vocab.decode(src_vocab.encode("forty-two")) == "forty-two"
+    with pytest.raises(kiln.Error, match="not in the vocabulary|no token"):
+        src_vocab.encode("FORTY")
+    with pytest.raises(kiln.Error):
+        kiln.Vocabulary(os.path.join(str(tmp_path), "missing.txt"))
+
+
+def test_greedy_streaming_never_calls_back_a_token_after_the_end(numbers):
+    # Regression: when the end token was the best choice, greedy search used to call back
+    # the runner-up token too (runtime/generate.cpp), one token the output does not have.
+    model, src_vocab, tgt_vocab = numbers
+    for words, _ in heldout(30) + [["forty two", ""]]:
+        seen = []
+        g = model.generate(np.array([src_vocab.encode(words)]),
+                           on_token=lambda s, step, token: seen.append(token))
+        assert seen == g["tokens"][0][0], words
+
+
+def test_the_python_example_runs(tmp_path):
+    example = os.path.join(os.environ.get("KILN_EXAMPLES_DIR", ""), "translate_numbers.py")
+    env = dict(os.environ, PYTHONPATH=os.environ.get("KILN_PYTHON_DIR", ""))
+    out = subprocess.run([sys.executable, example, os.path.join(MODELS, "py_numbers"),
+                          "three hundred and twelve thousand and one"], check=True,
+                         capture_output=True, text=True, env=env).stdout
+    assert out.splitlines() == ["three hundred and twelve thousand and one -> 312001",
+                                "streamed: 312001"]
