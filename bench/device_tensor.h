@@ -1,10 +1,13 @@
 // A device tensor for the GPU benches (model_bench_cuda, gpu_kernel_bench; issue 30): a
 // row-major halide_buffer_t on a model's device (kiln_model_device_interface) with a host
-// copy of its values, uploaded once, as kiln_model_run_device takes it.
+// copy of its values, uploaded once, as kiln_model_run_device takes it; and a call of one
+// entry point on such tensors (DeviceCall).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -69,6 +72,45 @@ class DeviceTensor {
   std::vector<uint8_t> host_;
   halide_buffer_t buf_{};
   int status_ = -1;
+};
+
+// One entry point's call with device tensors: inputs added (allocated and uploaded), then its
+// one f32 output allocated at the shape the model gives; each step returns "" or why it failed.
+class DeviceCall {
+ public:
+  explicit DeviceCall(kiln_model* model, const char* function) : m_(model), function_(function) {}
+
+  std::string add_input(int32_t dtype, std::vector<int64_t> shape, const void* bytes) {
+    inputs_.push_back(std::make_unique<DeviceTensor>(m_, dtype, std::move(shape), bytes));
+    if (const int s = inputs_.back()->status(); s != 0)
+      return "cannot allocate or fill a device input (Halide status " + std::to_string(s) +
+             "; no CUDA driver or device?)";
+    in_.push_back(inputs_.back()->tensor());
+    return "";
+  }
+  std::string prepare_output() {
+    kiln_tensor shape{};
+    if (kiln_model_output_shapes_device(m_, function_, in_.data(), in_.size(), &shape, 1) != 0)
+      return kiln_model_error(m_);
+    output_ = std::make_unique<DeviceTensor>(
+        m_, KILN_F32, std::vector<int64_t>(shape.shape, shape.shape + shape.rank));
+    if (const int s = output_->status(); s != 0)
+      return "cannot allocate the device output (Halide status " + std::to_string(s) + ")";
+    out_ = output_->tensor();
+    return "";
+  }
+  // kiln_model_run_device's status (the kernels queued, not finished: see sync).
+  int run() { return kiln_model_run_device(m_, function_, in_.data(), in_.size(), &out_, 1); }
+  // Waits for the device to finish the output; 0 or Halide's error status.
+  int sync() { return output_->sync(); }
+
+ private:
+  kiln_model* m_;
+  const char* function_;
+  std::vector<std::unique_ptr<DeviceTensor>> inputs_;
+  std::unique_ptr<DeviceTensor> output_;
+  std::vector<kiln_tensor> in_;
+  kiln_tensor out_{};
 };
 
 }  // namespace kiln_bench

@@ -98,8 +98,7 @@ void run_bench(benchmark::State& state, Library& lib, const char* function,
     return;
   }
   kiln_model* m = lib.model;
-  std::vector<std::unique_ptr<DeviceTensor>> in;
-  std::vector<kiln_tensor> in_t;
+  DeviceCall call(m, function);
   std::mt19937 rng(30);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   for (const std::vector<int64_t>& shape : input_shapes) {
@@ -107,44 +106,28 @@ void run_bench(benchmark::State& state, Library& lib, const char* function,
     for (int64_t d : shape) n *= d;
     std::vector<float> values(static_cast<size_t>(n));
     for (float& v : values) v = u(rng);
-    in.push_back(std::make_unique<DeviceTensor>(m, KILN_F32, shape, values.data()));
-    if (in.back()->status() != 0) {
-      state.SkipWithError(("cannot allocate or fill a device input (Halide status " +
-                           std::to_string(in.back()->status()) + "; no CUDA driver or device?)")
-                              .c_str());
+    if (std::string e = call.add_input(KILN_F32, shape, values.data()); !e.empty()) {
+      state.SkipWithError(e.c_str());
       return;
     }
-    in_t.push_back(in.back()->tensor());
   }
-  kiln_tensor shape{};
-  if (kiln_model_output_shapes_device(m, function, in_t.data(), in_t.size(), &shape, 1) != 0) {
-    state.SkipWithError(kiln_model_error(m));
+  if (std::string e = call.prepare_output(); !e.empty()) {
+    state.SkipWithError(e.c_str());
     return;
   }
-  DeviceTensor out(m, KILN_F32, std::vector<int64_t>(shape.shape, shape.shape + shape.rank));
-  if (out.status() != 0) {
-    state.SkipWithError(
-        ("cannot allocate the device output (Halide status " + std::to_string(out.status()) + ")")
-            .c_str());
-    return;
-  }
-  kiln_tensor out_t = out.tensor();
-  auto call = [&] {
-    return kiln_model_run_device(m, function, in_t.data(), in_t.size(), &out_t, 1) == 0;
-  };
   for (int i = 0; i < 3; ++i)
-    if (!call()) {
+    if (call.run() != 0) {
       state.SkipWithError(kiln_model_error(m));
       return;
     }
-  out.sync();
+  call.sync();
   for (auto _ : state) {
     for (int i = 0; i < kCallsPerIteration; ++i)
-      if (!call()) {
+      if (call.run() != 0) {
         state.SkipWithError(kiln_model_error(m));
         return;
       }
-    if (out.sync() != 0) {
+    if (call.sync() != 0) {
       state.SkipWithError("device sync failed");
       return;
     }

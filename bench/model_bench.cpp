@@ -440,42 +440,19 @@ void BM_device_workload(benchmark::State& state, const Workload& w, Loaded<Model
   }
   kiln_model* m = l.model->get();
   std::mt19937_64 rng(w.seed);
-  std::vector<std::unique_ptr<DeviceTensor>> in;
+  DeviceCall device_call(m, w.function);
   const std::vector<int64_t> src = random_ids(rng, w.batch * w.src_len, kSrcVocab);
-  in.push_back(std::make_unique<DeviceTensor>(m, KILN_I64, std::vector<int64_t>{w.batch, w.src_len},
-                                              src.data()));
-  if (std::string(w.function) == "forward") {
+  std::string error = device_call.add_input(KILN_I64, {w.batch, w.src_len}, src.data());
+  if (error.empty() && std::string(w.function) == "forward") {
     const std::vector<int64_t> tgt = random_ids(rng, w.batch * w.tgt_len, kTgtVocabI);
-    in.push_back(std::make_unique<DeviceTensor>(
-        m, KILN_I64, std::vector<int64_t>{w.batch, w.tgt_len}, tgt.data()));
+    error = device_call.add_input(KILN_I64, {w.batch, w.tgt_len}, tgt.data());
   }
-  std::vector<kiln_tensor> in_t;
-  for (auto& t : in) {
-    if (t->status() != 0) {
-      state.SkipWithError(("cannot allocate or fill a device input (Halide status " +
-                           std::to_string(t->status()) + "; no CUDA driver or device?)")
-                              .c_str());
-      return;
-    }
-    in_t.push_back(t->tensor());
-  }
-  kiln_tensor shape{};
-  if (kiln_model_output_shapes_device(m, w.function, in_t.data(), in_t.size(), &shape, 1) != 0) {
-    state.SkipWithError(kiln_model_error(m));
+  if (error.empty()) error = device_call.prepare_output();
+  if (!error.empty()) {
+    state.SkipWithError(error.c_str());
     return;
   }
-  DeviceTensor out(m, KILN_F32, std::vector<int64_t>(shape.shape, shape.shape + shape.rank));
-  if (out.status() != 0) {
-    state.SkipWithError(
-        ("cannot allocate the device output (Halide status " + std::to_string(out.status()) + ")")
-            .c_str());
-    return;
-  }
-  kiln_tensor out_t = out.tensor();
-  auto call = [&] {
-    return kiln_model_run_device(m, w.function, in_t.data(), in_t.size(), &out_t, 1) == 0 &&
-           out.sync() == 0;
-  };
+  auto call = [&] { return device_call.run() == 0 && device_call.sync() == 0; };
   static std::set<std::string> warmed, profiled;
   if (warmed.insert(name).second && !call()) {
     state.SkipWithError(kiln_model_error(m));
@@ -528,19 +505,15 @@ const bool registered = [] {
 #ifdef KILN_BENCH_CUDA
   // Device tensors in and out (BM_device_workload): "device/W1_..." for kiln's GPU schedules,
   // "legacy/W1_..." for the same model with the GEMM schedule before issue 30.
+  auto device_bench = [](const Workload& w, const std::string& name, auto get) {
+    benchmark::RegisterBenchmark(
+        name.c_str(), [&w, name, get](benchmark::State& s) { BM_device_workload(s, w, get, name); })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  };
   for (const Workload& w : kWorkloads) {
-    const std::string device = std::string("device/") + w.name;
-    benchmark::RegisterBenchmark(
-        device.c_str(),
-        [&w, device](benchmark::State& s) { BM_device_workload(s, w, loaded_f32, device); })
-        ->UseRealTime()
-        ->Unit(benchmark::kMillisecond);
-    const std::string legacy = std::string("legacy/") + w.name;
-    benchmark::RegisterBenchmark(
-        legacy.c_str(),
-        [&w, legacy](benchmark::State& s) { BM_device_workload(s, w, loaded_legacy, legacy); })
-        ->UseRealTime()
-        ->Unit(benchmark::kMillisecond);
+    device_bench(w, std::string("device/") + w.name, loaded_f32);
+    device_bench(w, std::string("legacy/") + w.name, loaded_legacy);
   }
   benchmark::RegisterBenchmark("legacy/check_vs_pytorch",
                                [](benchmark::State& s) { BM_check(s, loaded_legacy); })
