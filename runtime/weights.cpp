@@ -2,13 +2,19 @@
 // weights and building its tables (model.h).
 #include "runtime/weights.h"
 
+#include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <span>
+#include <sstream>
 
 #include <fmt/format.h>
 
+#include "runtime/json.h"
 #include "runtime/model.h"
 #include "support/error.h"
 #include "support/sinusoid.h"
@@ -19,52 +25,199 @@ std::string shape_string(const std::vector<int64_t>& shape) {
   return fmt::format("[{}]", fmt::join(shape, ","));
 }
 
-std::vector<std::string> check_weights(const SafeTensors& file,
-                                       const std::vector<WeightSpec>& expected) {
+float f16_to_f32(uint16_t bits) {
+  const uint32_t sign = (bits >> 15) & 1, exp = (bits >> 10) & 0x1F, frac = bits & 0x3FF;
+  float v;
+  if (exp == 0)
+    v = std::ldexp(static_cast<float>(frac), -24);  // zero or subnormal: frac · 2^-24
+  else if (exp == 31)
+    v = frac ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
+  else
+    v = std::ldexp(static_cast<float>(frac | 0x400), static_cast<int>(exp) - 25);
+  return sign ? -v : v;
+}
+
+namespace {
+namespace fs = std::filesystem;
+
+std::string read_text(const fs::path& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot open {} '{}': {}", what, path.string(), std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) fail("cannot read {} '{}'", what, path.string());
+  return text.str();
+}
+}  // namespace
+
+Checkpoint Checkpoint::load(const std::string& path) {
+  Checkpoint c;
+  c.label_ = path;
+  std::error_code ec;
+  fs::path file = path;
+  if (fs::is_directory(file, ec)) {
+    if (fs::exists(file / "model.safetensors.index.json", ec)) {
+      file = file / "model.safetensors.index.json";
+    } else {
+      std::vector<fs::path> found;
+      for (const auto& e : fs::directory_iterator(file, ec))
+        if (e.path().extension() == ".safetensors") found.push_back(e.path());
+      if (found.size() != 1)
+        fail(
+            "checkpoint folder '{}' holds neither model.safetensors.index.json nor exactly one "
+            ".safetensors file ({} found)",
+            path, found.size());
+      file = found[0];
+    }
+    c.label_ = file.string();
+  }
+  const std::string name = file.filename().string();
+  if (name.size() < 11 || name.substr(name.size() - 11) != ".index.json") {
+    c.shards_.push_back(SafeTensors::load(file.string()));
+    for (const TensorInfo& t : c.shards_[0].tensors()) c.where_[t.name] = {0, &t};
+    return c;
+  }
+  // A sharded checkpoint.
+  json::Value index;
+  try {
+    index = json::parse(read_text(file, "checkpoint index"));
+  } catch (const Error& e) {
+    fail("checkpoint index '{}' is not valid JSON: {}", c.label_, e.what());
+  }
+  const json::Value* map = index.is_object() ? index.find("weight_map") : nullptr;
+  if (!map || !map->is_object())
+    fail("checkpoint index '{}' has no \"weight_map\" object (tensor name -> shard file)",
+         c.label_);
+  std::map<std::string, size_t> shard_of_file;
+  std::vector<std::vector<std::string>> listed;  // per shard, the tensors the index names
+  for (const auto& [tensor, shard] : map->as_object()) {
+    if (!shard.is_string())
+      fail("checkpoint index '{}': the shard of tensor '{}' is not a file name", c.label_, tensor);
+    const std::string& f = shard.as_string();
+    if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
+      fail(
+          "checkpoint index '{}': shard '{}' of tensor '{}' is not a plain file name beside the "
+          "index",
+          c.label_, f, tensor);
+    auto [it, fresh] = shard_of_file.try_emplace(f, c.shards_.size());
+    if (fresh) {
+      c.shards_.push_back(SafeTensors::load((file.parent_path() / f).string()));
+      listed.emplace_back();
+    }
+    listed[it->second].push_back(tensor);
+  }
+  for (size_t si = 0; si < c.shards_.size(); ++si) {
+    const SafeTensors& shard = c.shards_[si];
+    for (const std::string& tensor : listed[si]) {
+      const TensorInfo* t = shard.find(tensor);
+      if (!t)
+        fail("checkpoint index '{}' puts tensor '{}' in shard '{}', which does not have it",
+             c.label_, tensor, shard.label());
+      c.where_[tensor] = {si, t};
+    }
+    for (const TensorInfo& t : shard.tensors()) {
+      auto w = c.where_.find(t.name);
+      if (w == c.where_.end())
+        fail("shard '{}' has tensor '{}', which checkpoint index '{}' does not name", shard.label(),
+             t.name, c.label_);
+      if (w->second.first != si)
+        fail("tensor '{}' is in shard '{}' and in shard '{}' (checkpoint index '{}')", t.name,
+             c.shards_[w->second.first].label(), shard.label(), c.label_);
+    }
+  }
+  return c;
+}
+
+const TensorInfo* Checkpoint::find(std::string_view name) const {
+  auto it = where_.find(name);
+  return it == where_.end() ? nullptr : it->second.second;
+}
+
+std::span<const uint8_t> Checkpoint::bytes(const TensorInfo& tensor) const {
+  auto it = where_.find(tensor.name);
+  KILN_ASSERT(it != where_.end() && it->second.second == &tensor,
+              "Checkpoint::bytes: a tensor of another checkpoint");
+  return shards_[it->second.first].bytes(tensor);
+}
+
+std::vector<const TensorInfo*> Checkpoint::tensors() const {
+  std::vector<const TensorInfo*> out;
+  for (const SafeTensors& s : shards_)
+    for (const TensorInfo& t : s.tensors()) out.push_back(&t);
+  return out;
+}
+
+namespace {
+// check_weights over any file: its lookup and its tensors.
+template <typename Find>
+std::vector<std::string> weight_problems(const Find& find,
+                                         const std::vector<const TensorInfo*>& all,
+                                         const std::vector<WeightSpec>& expected) {
   std::vector<std::string> problems;
   std::set<std::string> wanted;
   for (const WeightSpec& w : expected) {
     wanted.insert(w.name);
-    const TensorInfo* t = file.find(w.name);
+    const TensorInfo* t = find(w.name);
     if (!t) {
       problems.push_back(fmt::format("missing tensor '{}' (expected {} {})", w.name,
                                      dtype_name(w.dtype), shape_string(w.shape)));
       continue;
     }
-    if (t->dtype != w.dtype && !(w.or_bf16 && t->dtype == DType::bf16))
+    if (t->dtype != w.dtype && !(w.or_half && (t->dtype == DType::bf16 || t->dtype == DType::f16)))
       problems.push_back(fmt::format("tensor '{}' has dtype {}, expected {}{}", w.name,
                                      dtype_name(t->dtype), dtype_name(w.dtype),
-                                     w.or_bf16 ? " or BF16" : ""));
+                                     w.or_half ? " (or BF16 or F16)" : ""));
     if (t->shape != w.shape)
       problems.push_back(fmt::format("tensor '{}' has shape {}, expected {}", w.name,
                                      shape_string(t->shape), shape_string(w.shape)));
   }
-  for (const TensorInfo& t : file.tensors())
-    if (!wanted.count(t.name))
-      problems.push_back(fmt::format("unexpected tensor '{}' {} {}", t.name, dtype_name(t.dtype),
-                                     shape_string(t.shape)));
+  for (const TensorInfo* t : all)
+    if (!wanted.count(t->name))
+      problems.push_back(fmt::format("unexpected tensor '{}' {} {}", t->name, dtype_name(t->dtype),
+                                     shape_string(t->shape)));
   return problems;
 }
 
-void check_weights_or_throw(const SafeTensors& file, const std::vector<WeightSpec>& expected) {
-  std::vector<std::string> problems = check_weights(file, expected);
+void throw_problems(const std::string& label, const std::vector<std::string>& problems) {
   if (problems.empty()) return;
-  std::string msg = fmt::format("weights '{}' do not match the model ({} problem{}):", file.label(),
+  std::string msg = fmt::format("weights '{}' do not match the model ({} problem{}):", label,
                                 problems.size(), problems.size() == 1 ? "" : "s");
   for (const std::string& p : problems) msg += "\n  " + p;
   throw Error(msg);
 }
+}  // namespace
+
+std::vector<std::string> check_weights(const Checkpoint& file,
+                                       const std::vector<WeightSpec>& expected) {
+  return weight_problems([&](std::string_view n) { return file.find(n); }, file.tensors(),
+                         expected);
+}
+
+std::vector<std::string> check_weights(const SafeTensors& file,
+                                       const std::vector<WeightSpec>& expected) {
+  std::vector<const TensorInfo*> all;
+  for (const TensorInfo& t : file.tensors()) all.push_back(&t);
+  return weight_problems([&](std::string_view n) { return file.find(n); }, all, expected);
+}
+
+void check_weights_or_throw(const Checkpoint& file, const std::vector<WeightSpec>& expected) {
+  throw_problems(file.label(), check_weights(file, expected));
+}
+
+void check_weights_or_throw(const SafeTensors& file, const std::vector<WeightSpec>& expected) {
+  throw_problems(file.label(), check_weights(file, expected));
+}
 
 std::vector<AlignedBytes> load_weights(const Plan& plan, const std::string& path) {
   std::vector<AlignedBytes> weights;
-  SafeTensors file = SafeTensors::load(path);
+  const Checkpoint file = Checkpoint::load(path);
   std::vector<WeightSpec> expected;
   std::map<std::string, bool> seen;
   for (const auto& w : plan.weights)
     for (size_t i = 0; i < w.sources.size(); ++i)
       if (!seen[w.sources[i]]) {
         seen[w.sources[i]] = true;
-        expected.push_back({w.sources[i], DType::f32, w.source_shapes[i], true});
+        expected.push_back({w.sources[i], DType::f32, w.source_shapes[i], true});  // or_half
       }
   check_weights_or_throw(file, expected);
   weights.resize(plan.weights.size());
@@ -77,9 +230,19 @@ std::vector<AlignedBytes> load_weights(const Plan& plan, const std::string& path
     for (int64_t d : w.shape) numel *= d;
     std::vector<std::span<const uint8_t>> parts;
     std::vector<bool> part_bf16;
+    std::vector<std::vector<float>> widened;  // F16 sources, converted to f32 (exact)
     for (const std::string& s : w.sources) {
-      const TensorInfo& info = file.at(s);
+      const TensorInfo& info = *file.find(s);  // checked above
       parts.push_back(file.bytes(info));
+      if (info.dtype == DType::f16) {
+        std::vector<float>& f = widened.emplace_back(parts.back().size() / 2);
+        for (size_t i = 0; i < f.size(); ++i) {
+          uint16_t h;
+          std::memcpy(&h, parts.back().data() + 2 * i, 2);
+          f[i] = f16_to_f32(h);
+        }
+        parts.back() = {reinterpret_cast<const uint8_t*>(f.data()), f.size() * 4};
+      }
       part_bf16.push_back(info.dtype == DType::bf16);
       source_numel += static_cast<int64_t>(parts.back().size() / (part_bf16.back() ? 2 : 4));
     }
