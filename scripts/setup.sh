@@ -2,14 +2,17 @@
 # Installs the Debian packages kiln needs to build and test, skipping those present.
 # OpenCL on pocl (ocl-icd-opencl-dev, pocl-opencl-icd, clinfo) runs the GPU kernels' tests on
 # the CPU: `clinfo -l` should list a pocl device. The Python module (python/) builds with
-# python3-dev and pybind11-dev; its tests run with python3-numpy and python3-pytest.
+# python3-dev and pybind11-dev; its tests run with python3-numpy and python3-pytest. kiln serve
+# builds with libcpp-httplib-dev and nlohmann-json3-dev; its tests use curl and
+# python3-requests, its bench wrk.
 set -euo pipefail
 
 packages=(cmake ninja-build g++ ccache pkg-config llvm-14 llvm-14-tools
           libfmt-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
           libhalide14-0-dev llvm-14-dev clang-format-14
           ocl-icd-opencl-dev pocl-opencl-icd clinfo
-          python3-dev pybind11-dev python3-numpy python3-pytest)
+          python3-dev pybind11-dev python3-numpy python3-pytest
+          libcpp-httplib-dev nlohmann-json3-dev curl python3-requests wrk)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

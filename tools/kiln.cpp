@@ -48,6 +48,7 @@ commands:
   compile FILE    compile a module to a static library and header (Halide, AOT)
   translate       generate with a compiled encoder–decoder: greedy, beam search or sampling
   generate        continue prompts with a compiled decoder-only model (token ids)
+  serve           serve a compiled model over HTTP (the Open Inference Protocol, KServe v2)
   models          list registered models and their configs
   --version       print kiln's version
 
@@ -461,6 +462,9 @@ int cmd_generate(const std::vector<std::string>& argv) {
   exec_runner("generate", argv);
 }
 
+// kiln serve: kiln-run declares, parses and answers all of it, --help included (tools/serve.cpp).
+[[noreturn]] void cmd_serve(const std::vector<std::string>& argv) { exec_runner("serve", argv); }
+
 int dispatch(const std::vector<std::string>& args) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
     if (args.size() >= 2 && args[0] == "help") return dispatch({args[1], "--help"});
@@ -476,6 +480,7 @@ int dispatch(const std::vector<std::string>& args) {
   if (cmd == "compile") return cmd_compile(rest);
   if (cmd == "translate") return cmd_translate(rest);
   if (cmd == "generate") return cmd_generate(rest);
+  if (cmd == "serve") cmd_serve(rest);
   if (cmd == "models") return cmd_models();
   if (cmd == "--version") return fmt::print("kiln {}\n", KILN_VERSION), 0;
   fail("unknown command '{}' (see 'kiln --help')", cmd);

@@ -24,6 +24,7 @@
 #include "support/error.h"
 #include "tools/cli.h"
 #include "tools/compiled.h"
+#include "tools/serve.h"
 
 namespace kiln::tools {
 namespace {
@@ -398,9 +399,10 @@ int dispatch(const std::vector<std::string>& args) {
   if (!args.empty() && args[0] == "run") return cmd_run({args.begin() + 1, args.end()});
   if (!args.empty() && args[0] == "translate") return cmd_translate({args.begin() + 1, args.end()});
   if (!args.empty() && args[0] == "generate") return cmd_generate({args.begin() + 1, args.end()});
+  if (!args.empty() && args[0] == "serve") return cmd_serve({args.begin() + 1, args.end()});
   fail(
       "kiln-run runs compiled models for 'kiln run --compiled DIR', 'kiln translate' and "
-      "'kiln generate'; "
+      "'kiln generate' and 'kiln serve'; "
       "use those (see 'kiln run --help')");
 }
 
