@@ -48,7 +48,7 @@ struct ServeArgs {
   std::string host = "127.0.0.1";      // --host
   int port = 8080;                     // --port
   int64_t max_batch = 0;               // --max-batch (0: the model's)
-  int max_queue_delay_ms = 2;          // --max-queue-delay-ms
+  int max_queue_delay_ms = 0;          // --max-queue-delay-ms
   bool no_batching = false;            // --no-batching
   int max_queue = 64;                  // --max-queue
   std::string max_body_bytes = "16M";  // --max-body-bytes
@@ -104,7 +104,7 @@ std::unique_ptr<CLI::App> serve_command(ServeArgs& a) {
       ->check(whole_number(0, INT32_MAX))
       ->capture_default_str();
   app->add_option("--max-queue-delay-ms", a.max_queue_delay_ms,
-                  "how long a batch waits for more requests")
+                  "how long a batch waits for more requests; 0: it takes those waiting")
       ->type_name("MS")
       ->check(whole_number(0, 60000))
       ->capture_default_str();
@@ -755,6 +755,7 @@ class Server {
       return new CountingPool(static_cast<size_t>(a_.http_threads), open_connections_);
     };
     svr.set_payload_max_length(static_cast<size_t>(*parse_byte_size(a_.max_body_bytes)));
+    svr.set_tcp_nodelay(true);  // else a reply's body waits for the ACK of its headers (40 ms)
     svr.set_keep_alive_max_count(1000);
     svr.set_keep_alive_timeout(2);
     svr.set_read_timeout(10);
