@@ -4,7 +4,9 @@
 #  - the block after "<!-- kiln usage -->" is every command's usage (`kiln CMD --help` up to
 #    its first empty line, "usage: " dropped), then `kiln models` and `kiln --version`;
 #  - the block after "<!-- kiln translate search options -->" is the "search options:" part
-#    of `kiln translate --help`, the defaults included (kiln_search_options_init's).
+#    of `kiln translate --help`, the defaults included (kiln_search_options_init's);
+#  - the block after "<!-- kiln serve options -->" is the "options:" part of `kiln serve --help`
+#    (kiln-run answers it: tools/serve.cpp).
 #   readme_cli.sh KILN SOURCE_DIR
 set -euo pipefail
 kiln="$1"
@@ -35,7 +37,7 @@ check() {  # NAME EXPECTED ACTUAL
 # Each --help is read whole before awk stops at its first empty line: awk leaving early would
 # break the pipe under a help longer than one write (4096 bytes) and fail the script.
 usage=""
-for cmd in emit inspect opt compile run translate generate; do
+for cmd in emit inspect opt compile run translate generate serve; do
   help=$("$kiln" "$cmd" --help)
   usage+=$(awk 'NF == 0 { exit } { print substr($0, 8) }' <<<"$help")$'\n'
 done
@@ -45,3 +47,7 @@ check "usage block" "$usage" "$(block '<!-- kiln usage -->')"
 help=$("$kiln" translate --help)
 search=$(awk '/^search options:$/ { on = 1 } on && NF == 0 { exit } on' <<<"$help")
 check "translate search options" "$search" "$(block '<!-- kiln translate search options -->')"
+
+help=$("$kiln" serve --help)
+serve=$(awk '/^options:$/ { on = 1 } on && NF == 0 { exit } on' <<<"$help")
+check "serve options" "$serve" "$(block '<!-- kiln serve options -->')"
