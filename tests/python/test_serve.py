@@ -1,9 +1,11 @@
 """kiln serve (issue 28, acceptance point 2) answered by real clients on loopback: curl, Python's
 requests, a concurrent client checking every batched answer against the same input alone, the
-documented errors (the server serving on after each), a full queue, SIGTERM under load and the
-metrics. Each test starts its own servers on 127.0.0.1 with --port 0 and stops them. Run by
+documented errors (the server serving on after each), a full queue, SIGTERM under load, the
+metrics, and two servers behind Debian's nginx with one SIGKILLed mid-run (acceptance point 3).
+Each test starts its own servers (and nginx, with its own configuration and pid file in a
+temporary folder) on 127.0.0.1 with free ports and stops them by PID. Run by
 ctest as serve_tests (Debian's /usr/bin/python3 -m pytest tests/python/test_serve.py), with the
-environment of python_tests (tests/test_kiln.py) and
+environment of python_tests (tests/python/test_kiln.py) and
 
   KILN_BIN          the kiln executable (kiln serve execs kiln-run serve)
 """
@@ -288,7 +290,12 @@ def test_a_request_past_the_time_limit_gets_504(server_factory, golden):
     r = s.infer(body)
     assert r.status_code == 504, r.text
     assert r.json()["error"] == "the request took longer than 100 ms (--request-timeout-ms)"
-    metrics = requests.get(s.url + "/metrics", timeout=10).text
+    # The count follows the answer (the server's logger runs after the write).
+    for _ in range(100):
+        metrics = requests.get(s.url + "/metrics", timeout=10).text
+        if 'kiln_requests_total{endpoint="infer",status="504"} 1' in metrics:
+            break
+        time.sleep(0.02)
     assert 'kiln_requests_total{endpoint="infer",status="504"} 1' in metrics
     assert s.stop() == 0
 
@@ -430,3 +437,127 @@ def test_help_lists_every_option_with_its_default():
         assert option in out
     r = subprocess.run([KILN, "serve", "--compiled", TINY], capture_output=True, text=True)
     assert r.returncode == 1 and "--weights" in r.stderr
+
+
+NGINX_CONF = """
+worker_processes 1;
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log warn;
+{user}
+events {{ worker_connections 256; }}
+http {{
+    log_format upstream '$status $upstream_addr $upstream_status';
+    access_log {tmp}/access.log upstream;
+    client_body_temp_path {tmp}/body;
+    proxy_temp_path {tmp}/proxy;
+    fastcgi_temp_path {tmp}/fastcgi;
+    uwsgi_temp_path {tmp}/uwsgi;
+    scgi_temp_path {tmp}/scgi;
+    client_max_body_size 16m;
+    upstream kiln {{
+        server 127.0.0.1:{port1} max_fails=1 fail_timeout=30s;
+        server 127.0.0.1:{port2} max_fails=1 fail_timeout=30s;
+        keepalive 16;
+    }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://kiln;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            # A POST is retried on the other server too (non_idempotent): an inference
+            # request has no side effect, and one whose server died must not be lost.
+            proxy_next_upstream error timeout http_502 http_503 http_504 non_idempotent;
+            proxy_next_upstream_tries 2;
+            proxy_buffering off;
+        }}
+    }}
+}}
+"""
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_servers_behind_nginx_lose_no_request_when_one_is_killed(server_factory, golden,
+                                                                      tmp_path):
+    import shutil
+    nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx")
+                                      else None)
+    if not nginx:
+        pytest.skip("Debian's nginx is not installed (scripts/setup.sh installs it)")
+    a, b = server_factory(), server_factory()
+    port = free_port()
+    conf = tmp_path / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(
+        tmp=tmp_path, port=port, port1=a.url.rsplit(":", 1)[1], port2=b.url.rsplit(":", 1)[1],
+        user="user root;" if os.geteuid() == 0 else ""))
+    proc = subprocess.Popen([nginx, "-p", str(tmp_path), "-e", str(tmp_path / "error.log"),
+                             "-c", str(conf), "-g", "daemon off;"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        url = "http://127.0.0.1:%d" % port
+        for _ in range(100):
+            try:
+                if requests.get(url + "/v2/health/ready", timeout=2).status_code == 200:
+                    break
+            except requests.exceptions.ConnectionError:
+                time.sleep(0.05)
+        else:
+            raise AssertionError("nginx did not come up: %s" % (tmp_path / "error.log").read_text())
+        inputs, want = golden
+        body = json.dumps(forward_body(inputs["src"], inputs["tgt"]))
+        outcomes, lock, stop = [], threading.Lock(), threading.Event()
+
+        def client():
+            session = requests.Session()
+            while not stop.is_set():
+                try:
+                    r = session.post(url + "/v2/models/py_tiny/infer", data=body, timeout=30)
+                    if r.status_code == 200 and \
+                            len(r.content) < int(r.headers["Content-Length"]):
+                        # Cut short: the killed server had sent the header, not all of the
+                        # body; nginx cannot retry an answer it has begun to forward. The
+                        # client sees it (fewer bytes than Content-Length) and sends again.
+                        kind = "cut short"
+                    else:
+                        ok = r.status_code == 200 and \
+                            float(np.abs(output(r) - want["logits"]).max()) <= TOLERANCE
+                        kind = "200" if ok else "%d %s" % (r.status_code, r.text[:100])
+                except requests.exceptions.RequestException as e:
+                    kind = "error: %s" % e
+                with lock:
+                    outcomes.append(kind)
+        threads = [threading.Thread(target=client) for _ in range(6)]
+        for t in threads:
+            t.start()
+        time.sleep(0.7)
+        a.proc.kill()  # SIGKILL, mid-run
+        a.proc.wait()
+        with lock:
+            at_kill = len(outcomes)
+        time.sleep(0.8)
+        stop.set()
+        for t in threads:
+            t.join()
+        failed = [k for k in outcomes if k not in ("200", "cut short")]
+        assert failed == [], failed[:5]
+        # Only what was on the wire at the kill can be cut short: at most a request per client.
+        assert outcomes.count("cut short") <= len(threads)
+        assert len(outcomes) > at_kill > 0
+        # The load was spread over both servers before the kill, and b took all of it after.
+        log = (tmp_path / "access.log").read_text().splitlines()
+        upstreams = {line.split()[1].split(",")[0] for line in log if line.startswith("200 ")}
+        assert {a.url[7:], b.url[7:]} <= upstreams, upstreams
+        print("[ serve ] nginx: %d requests, %d answered after SIGKILL of one server; %d retried "
+              "by nginx on the other; %d cut short (sent again by the client)" % (
+                  len(outcomes), len(outcomes) - at_kill, sum(1 for line in log if "," in line),
+                  outcomes.count("cut short")))
+        assert b.stop() == 0
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
