@@ -352,31 +352,40 @@ std::vector<Tensor> run_model(const Model& m, const EntryPoint& ep, std::vector<
   return results;
 }
 
+// A value as JSON for an error message, cut after 80 characters.
+std::string brief(const json& v) {
+  std::string text = v.dump();
+  if (text.size() > 80) text = text.substr(0, 77) + "...";
+  return text;
+}
+
 // Appends the values of `v` (a number, boolean or nested arrays of them) to `t` as its dtype;
 // `where` names the field in errors.
 void append_values(const json& v, Tensor& t, const std::string& where, int64_t& index,
-                   int64_t limit) {
+                   int64_t limit, size_t depth = 0) {
   if (v.is_array()) {
-    for (const json& e : v) append_values(e, t, where, index, limit);
+    if (depth == std::max<size_t>(t.shape.size(), 1))
+      bad("{}: the lists are nested deeper than the shape's {} dims", where, t.shape.size());
+    for (const json& e : v) append_values(e, t, where, index, limit, depth + 1);
     return;
   }
   if (index >= limit)
     bad("{}: shape [{}] holds {} values, got more", where, fmt::join(t.shape, ", "), limit);
   auto at = [&] { return fmt::format("{}[{}]", where, index); };
   if (t.dtype == KILN_F32) {
-    if (!v.is_number()) bad("{}: expected a number (FP32), got {}", at(), v.dump());
+    if (!v.is_number()) bad("{}: expected a number (FP32), got {}", at(), brief(v));
     const float f = static_cast<float>(v.get<double>());
     const auto* p = reinterpret_cast<const uint8_t*>(&f);
     t.bytes.insert(t.bytes.end(), p, p + sizeof f);
   } else if (t.dtype == KILN_I64) {
-    if (!v.is_number_integer()) bad("{}: expected an integer (INT64), got {}", at(), v.dump());
+    if (!v.is_number_integer()) bad("{}: expected an integer (INT64), got {}", at(), brief(v));
     if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
-      bad("{}: {} is out of INT64's range", at(), v.dump());
+      bad("{}: {} is out of INT64's range", at(), brief(v));
     const int64_t x = v.get<int64_t>();
     const auto* p = reinterpret_cast<const uint8_t*>(&x);
     t.bytes.insert(t.bytes.end(), p, p + sizeof x);
   } else {
-    if (!v.is_boolean()) bad("{}: expected true or false (BOOL), got {}", at(), v.dump());
+    if (!v.is_boolean()) bad("{}: expected true or false (BOOL), got {}", at(), brief(v));
     t.bytes.push_back(v.get<bool>() ? 1 : 0);
   }
   ++index;
@@ -974,7 +983,7 @@ class Server {
     if (auto p = j.find("parameters"); p != j.end()) {
       if (!p->is_object()) bad("parameters: expected an object, got {}", p->type_name());
       if (auto e = p->find("entry_point"); e != p->end()) {
-        if (!e->is_string()) bad("parameters.entry_point: expected a string, got {}", e->dump());
+        if (!e->is_string()) bad("parameters.entry_point: expected a string, got {}", brief(*e));
         fn = e->get<std::string>();
         if (!model_.find(fn))
           bad("parameters.entry_point: model '{}' has no entry point '{}' (its entry points: {})",
@@ -993,7 +1002,7 @@ class Server {
       const json& in = inputs[k];
       if (!in.is_object()) bad("{}: expected an object, got {}", where, in.type_name());
       const json& name = field(in, "name", where);
-      if (!name.is_string()) bad("{}.name: expected a string, got {}", where, name.dump());
+      if (!name.is_string()) bad("{}.name: expected a string, got {}", where, brief(name));
       size_t i = 0;
       while (i < ep.inputs.size() && ep.inputs[i].name != name.get<std::string>()) ++i;
       if (i == ep.inputs.size()) {
@@ -1006,7 +1015,7 @@ class Server {
       given[i] = true;
       const TensorSpec& spec = ep.inputs[i];
       const json& dt = field(in, "datatype", where);
-      if (!dt.is_string()) bad("{}.datatype: expected a string, got {}", where, dt.dump());
+      if (!dt.is_string()) bad("{}.datatype: expected a string, got {}", where, brief(dt));
       if (dt.get<std::string>() != dtype_name(spec.dtype))
         bad("{}.datatype: input '{}' of '{}' is {}, got '{}'", where, spec.name, fn,
             dtype_name(spec.dtype), dt.get<std::string>());
@@ -1018,26 +1027,26 @@ class Server {
       int64_t count = 1;
       for (const json& d : shape) {
         if (!d.is_number_integer() || d.get<int64_t>() < 0)
-          bad("{}.shape: expected non-negative integers, got {}", where, shape.dump());
+          bad("{}.shape: expected non-negative integers, got {}", where, brief(shape));
         t.shape.push_back(d.get<int64_t>());
         if (d.get<int64_t>() > (int64_t{1} << 40) ||
             (count *= d.get<int64_t>()) > (int64_t{1} << 40))
-          bad("{}.shape: {} is too large", where, shape.dump());
+          bad("{}.shape: {} is too large", where, brief(shape));
       }
       if (t.shape.size() != spec.extent.size())
         bad("{}.shape: input '{}' of '{}' has rank {} ([{}]), got {}", where, spec.name, fn,
-            spec.extent.size(), fmt::join(spec.dim, ", "), shape.dump());
+            spec.extent.size(), fmt::join(spec.dim, ", "), brief(shape));
       for (size_t d = 0; d < spec.extent.size(); ++d)
         if (spec.extent[d] >= 0 && t.shape[d] != spec.extent[d])
           bad("{}.shape: dim {} of input '{}' of '{}' is {} ([{}]), got {}", where, d, spec.name,
-              fn, spec.extent[d], fmt::join(spec.dim, ", "), shape.dump());
+              fn, spec.extent[d], fmt::join(spec.dim, ", "), brief(shape));
       const json& data = field(in, "data", where);
       if (!data.is_array()) bad("{}.data: expected an array, got {}", where, data.type_name());
       t.bytes.reserve(static_cast<size_t>(count) * kiln_dtype_size(t.dtype));
       int64_t index = 0;
       append_values(data, t, where + ".data", index, count);
       if (index != count)
-        bad("{}.data: shape {} holds {} values, got {}", where, shape.dump(), count, index);
+        bad("{}.data: shape {} holds {} values, got {}", where, brief(shape), count, index);
     }
     for (size_t i = 0; i < ep.inputs.size(); ++i)
       if (!given[i]) bad("inputs: entry point '{}' needs input '{}'", fn, ep.inputs[i].name);
@@ -1049,7 +1058,7 @@ class Server {
         const std::string where = fmt::format("outputs[{}]", k);
         if (!out.is_object()) bad("{}: expected an object, got {}", where, out.type_name());
         const json& name = field(out, "name", where);
-        if (!name.is_string()) bad("{}.name: expected a string, got {}", where, name.dump());
+        if (!name.is_string()) bad("{}.name: expected a string, got {}", where, brief(name));
         if (std::none_of(ep.outputs.begin(), ep.outputs.end(),
                          [&](const TensorSpec& s) { return s.name == name.get<std::string>(); }))
           bad("{}.name: entry point '{}' has no output '{}'", where, fn, name.get<std::string>());
@@ -1058,7 +1067,7 @@ class Server {
     }
     std::string id;
     if (auto i = j.find("id"); i != j.end()) {
-      if (!i->is_string()) bad("id: expected a string, got {}", i->dump());
+      if (!i->is_string()) bad("id: expected a string, got {}", brief(*i));
       id = i->get<std::string>();
     }
     // Batching key: every input's dim 0 equal (the rows), the rest of the shapes equal.
@@ -1113,13 +1122,13 @@ class Server {
     auto it = j.find(key);
     if (it == j.end()) return;
     if (!it->is_number_integer() || it->get<int64_t>() < lo || it->get<int64_t>() > hi)
-      bad("{}: expected an integer in [{}, {}], got {}", key, lo, hi, it->dump());
+      bad("{}: expected an integer in [{}, {}], got {}", key, lo, hi, brief(*it));
     out = static_cast<T>(it->get<int64_t>());
   }
   static void read_float(const json& j, const char* key, float& out) {
     auto it = j.find(key);
     if (it == j.end()) return;
-    if (!it->is_number()) bad("{}: expected a number, got {}", key, it->dump());
+    if (!it->is_number()) bad("{}: expected a number, got {}", key, brief(*it));
     out = static_cast<float>(it->get<double>());
   }
 
@@ -1163,19 +1172,19 @@ class Server {
     read_float(j, "sampling_temperature", g.search.sampling_temperature);
     read_float(j, "sampling_top_p", g.search.sampling_top_p);
     if (auto s = j.find("seed"); s != j.end()) {
-      if (!s->is_number_unsigned()) bad("seed: expected a non-negative integer, got {}", s->dump());
+      if (!s->is_number_unsigned()) bad("seed: expected a non-negative integer, got {}", brief(*s));
       g.search.seed = s->get<uint64_t>();
     }
     if (auto s = j.find("stop_ids"); s != j.end()) {
-      if (!s->is_array()) bad("stop_ids: expected an array of token ids, got {}", s->dump());
+      if (!s->is_array()) bad("stop_ids: expected an array of token ids, got {}", brief(*s));
       for (const json& v : *s) {
         if (!v.is_number_integer() || v.get<int64_t>() < 0)
-          bad("stop_ids: expected token ids, got {}", v.dump());
+          bad("stop_ids: expected token ids, got {}", brief(v));
         g.stop_ids.push_back(v.get<int64_t>());
       }
     }
     if (auto s = j.find("stream"); s != j.end()) {
-      if (!s->is_boolean()) bad("stream: expected true or false, got {}", s->dump());
+      if (!s->is_boolean()) bad("stream: expected true or false, got {}", brief(*s));
       g.stream = s->get<bool>();
     }
     const bool has_ids = j.contains("ids"), has_text = j.contains("text");
@@ -1187,15 +1196,15 @@ class Server {
     if (has_ids) {
       const json& ids = j["ids"];
       if (!ids.is_array() || ids.empty())
-        bad("ids: expected a non-empty array of token id lists, got {}", ids.dump());
+        bad("ids: expected a non-empty array of token id lists, got {}", brief(ids));
       for (size_t r = 0; r < ids.size(); ++r) {
         if (!ids[r].is_array() || ids[r].empty())
-          bad("ids[{}]: expected a non-empty array of token ids, got {}", r, ids[r].dump());
+          bad("ids[{}]: expected a non-empty array of token ids, got {}", r, brief(ids[r]));
         std::vector<int64_t> row;
         for (size_t c = 0; c < ids[r].size(); ++c) {
           const json& v = ids[r][c];
           if (!v.is_number_integer())
-            bad("ids[{}][{}]: expected a token id, got {}", r, c, v.dump());
+            bad("ids[{}][{}]: expected a token id, got {}", r, c, brief(v));
           const int64_t id = v.get<int64_t>();
           if (id < 0 || (vocab > 0 && id >= vocab))
             bad("ids[{}][{}]: token id {} is out of range [0, {}) (the model's {})", r, c, id,
@@ -1214,9 +1223,9 @@ class Server {
       else if (text.is_array() && !text.empty())
         items.assign(text.begin(), text.end());
       else
-        bad("text: expected a string or a non-empty array of strings, got {}", text.dump());
+        bad("text: expected a string or a non-empty array of strings, got {}", brief(text));
       for (size_t r = 0; r < items.size(); ++r) {
-        if (!items[r].is_string()) bad("text[{}]: expected a string, got {}", r, items[r].dump());
+        if (!items[r].is_string()) bad("text[{}]: expected a string, got {}", r, brief(items[r]));
         texts.push_back(items[r].get<std::string>());
         try {
           rows.push_back(src_vocab_->encode(texts.back()));
@@ -1245,7 +1254,7 @@ class Server {
       std::copy(rows[b].begin(), rows[b].end(), g.src.begin() + b * g.length);
     std::string id;
     if (auto i = j.find("id"); i != j.end()) {
-      if (!i->is_string()) bad("id: expected a string, got {}", i->dump());
+      if (!i->is_string()) bad("id: expected a string, got {}", brief(*i));
       id = i->get<std::string>();
     }
     if (!g.stream) {

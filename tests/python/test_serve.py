@@ -231,6 +231,16 @@ def test_bad_requests_get_the_documented_status_and_the_server_serves_on(server_
     floats = forward_body(src, tgt)
     floats["inputs"][0]["data"][2] = 1.5
     check(s.infer(floats), 400, "inputs[0].data[2]: expected an integer (INT64), got 1.5")
+    nested = forward_body(src, tgt)
+    nested["inputs"][0]["data"] = [[[[1]]]]
+    deeper = "inputs[0].data: the lists are nested deeper than the shape's 2 dims"
+    check(s.infer(nested), 400, deeper)
+    check(s.infer(json.dumps(nested).replace("[[[[1]]]]", "[" * 3000 + "1" + "]" * 3000)), 400,
+          deeper)
+    long = forward_body(src, tgt)
+    long["inputs"][0]["data"][0] = "x" * 3000
+    check(s.infer(long), 400, "inputs[0].data[0]: expected an integer (INT64), got \"%s..." % (
+        "x" * 76))
     rank = forward_body(src, tgt)
     rank["inputs"][0]["shape"] = [int(np.prod(src.shape))]
     check(s.infer(rank), 400, "inputs[0].shape: input 'src' of 'forward' has rank 2 ([B, S])")
