@@ -33,6 +33,7 @@
 #include "kiln/runtime.h"
 #include "kiln/vocab.h"
 #include "kiln_version.h"
+#include "runtime/batcher.h"
 #include "runtime/library_api.h"
 #include "support/error.h"
 #include "tools/cli.h"
@@ -48,6 +49,7 @@ struct ServeArgs {
   std::string host = "127.0.0.1";      // --host
   int port = 8080;                     // --port
   int64_t max_batch = 0;               // --max-batch (0: the model's)
+  int64_t max_batch_tokens = 1024;     // --max-batch-tokens (/generate)
   int max_queue_delay_ms = 0;          // --max-queue-delay-ms
   bool no_batching = false;            // --no-batching
   int max_queue = 64;                  // --max-queue
@@ -65,9 +67,9 @@ std::unique_ptr<CLI::App> serve_command(ServeArgs& a) {
   auto app = make_command(
       "serve",
       "--compiled DIR --weights W.safetensors [--host H] [--port N]\n"
-      "[--max-batch N] [--max-queue-delay-ms MS] [--no-batching] [--max-queue N]\n"
-      "[--max-body-bytes SIZE] [--request-timeout-ms MS] [--workers N] [--http-threads N]\n"
-      "[--threads N] [--shutdown-grace-ms MS] [--auth-token TOKEN]\n"
+      "[--max-batch N] [--max-batch-tokens N] [--max-queue-delay-ms MS] [--no-batching]\n"
+      "[--max-queue N] [--max-body-bytes SIZE] [--request-timeout-ms MS] [--workers N]\n"
+      "[--http-threads N] [--threads N] [--shutdown-grace-ms MS] [--auth-token TOKEN]\n"
       "[--src-vocab V --tgt-vocab V]",
       "Serves a compiled model (from 'kiln compile --emit=shared') over HTTP with the Open\n"
       "Inference Protocol's REST form (KServe v2): GET /v2/health/live, /v2/health/ready,\n"
@@ -102,6 +104,12 @@ std::unique_ptr<CLI::App> serve_command(ServeArgs& a) {
                   "symbol's maximum)")
       ->type_name("N")
       ->check(whole_number(0, INT32_MAX))
+      ->capture_default_str();
+  app->add_option("--max-batch-tokens", a.max_batch_tokens,
+                  "a batch of /generate sentences holds at most N tokens: rows times its "
+                  "longest (as kiln translate's)")
+      ->type_name("N")
+      ->check(whole_number(1, INT64_MAX))
       ->capture_default_str();
   app->add_option("--max-queue-delay-ms", a.max_queue_delay_ms,
                   "how long a batch waits for more requests; 0: it takes those waiting")
@@ -205,6 +213,8 @@ struct EntryPoint {
 struct Model {
   rt::Library lib;
   kiln_model* model = nullptr;
+  bool causal = false;  // a decoder-only model (prompts padded with -1), else encoder–decoder
+  int64_t pad = -1;     // what /generate pads sentences with
   std::vector<EntryPoint> entry_points;
   const EntryPoint* find(const std::string& name) const {
     for (const EntryPoint& e : entry_points)
@@ -250,6 +260,8 @@ Model open_model(const ServeArgs& a) {
     fail("serve: {}", msg);
   }
   if (a.threads > 0) m.lib.api.set_num_threads(m.model, a.threads);
+  m.causal = m.lib.api.symbol_max(m.model, "L") >= 0;
+  m.pad = m.causal ? -1 : m.config("pad_id");
   for (const char* const* f = m.lib.api.functions(m.model); f && *f; ++f) {
     EntryPoint e;
     e.name = *f;
@@ -408,7 +420,8 @@ json parse_body(const std::string& body) {
 // ---- Jobs, the queue and the workers ----------------------------------------------------------
 
 struct GenerateRequest {
-  std::vector<int64_t> src;  // [batch, length]
+  std::vector<std::vector<int64_t>> rows;  // each sentence's ids, unpadded
+  std::vector<int64_t> src;                // [batch, length], padded
   int64_t batch = 0, length = 0;
   kiln_search_options search{};
   std::vector<int64_t> stop_ids;
@@ -421,11 +434,16 @@ struct Job {
   const EntryPoint* ep = nullptr;
   std::vector<Tensor> inputs;
   int64_t rows = 0;
-  std::string key;  // batching: jobs of one key concatenate along dim 0
+  std::string key;       // batching: jobs of one key run as one batch ("": alone)
+  int64_t max_rows = 1;  // the rows of such a batch at most
   std::vector<Tensor> outputs;
-  // /generate
+  // /generate: per sentence, its hypotheses (ids, score), best first
   GenerateRequest gen;
-  kiln_generation result{};
+  struct Hypothesis {
+    std::vector<int64_t> ids;
+    float score = 0;
+  };
+  std::vector<std::vector<Hypothesis>> hypotheses;
   // Completion (and streamed tokens), under `m`.
   std::mutex m;
   std::condition_variable cv;
@@ -440,10 +458,6 @@ struct Job {
     }
     cv.notify_all();
   }
-  ~Job() {
-    if (free_result) free_result(&result);
-  }
-  void (*free_result)(kiln_generation*) = nullptr;
 };
 
 // Prometheus metrics.
@@ -462,13 +476,14 @@ class Metrics {
     for (size_t i = 0; i < std::size(kLatency); ++i)
       if (*seconds <= kLatency[i]) h.buckets[i]++;
   }
-  void batch(int64_t requests, int64_t rows) {
+  void batch(int64_t requests, int64_t rows, const std::string& endpoint = "infer") {
     std::lock_guard<std::mutex> l(m_);
-    batches_++;
-    batch_requests_ += requests;
-    batch_rows_ += rows;
+    Batches& b = batches_[endpoint];
+    b.count++;
+    b.requests += requests;
+    b.rows += rows;
     for (size_t i = 0; i < std::size(kBatch); ++i)
-      if (requests <= kBatch[i]) batch_hist_[i]++;
+      if (requests <= kBatch[i]) b.hist[i]++;
   }
   std::string text(int64_t queued, int64_t in_flight) {
     std::lock_guard<std::mutex> l(m_);
@@ -489,16 +504,22 @@ class Metrics {
       o += fmt::format("kiln_request_duration_seconds_sum{{endpoint=\"{}\"}} {}\n", e, h.sum);
       o += fmt::format("kiln_request_duration_seconds_count{{endpoint=\"{}\"}} {}\n", e, h.count);
     }
-    o += "# HELP kiln_batch_size Requests per model call of /infer.\n";
+    o += "# HELP kiln_batch_size Requests per model call of /infer (per batch of /generate).\n";
     o += "# TYPE kiln_batch_size histogram\n";
-    for (size_t i = 0; i < std::size(kBatch); ++i)
-      o += fmt::format("kiln_batch_size_bucket{{le=\"{}\"}} {}\n", kBatch[i], batch_hist_[i]);
-    o += fmt::format("kiln_batch_size_bucket{{le=\"+Inf\"}} {}\n", batches_);
-    o += fmt::format("kiln_batch_size_sum {}\nkiln_batch_size_count {}\n", batch_requests_,
-                     batches_);
-    o += "# HELP kiln_batch_rows_total Rows (dim 0) run by /infer model calls.\n";
+    for (const auto& [e, b] : batches_) {
+      const std::string label = e == "infer" ? "" : fmt::format("{{endpoint=\"{}\"}}", e);
+      const std::string le = e == "infer" ? "" : fmt::format("endpoint=\"{}\",", e);
+      for (size_t i = 0; i < std::size(kBatch); ++i)
+        o += fmt::format("kiln_batch_size_bucket{{{}le=\"{}\"}} {}\n", le, kBatch[i], b.hist[i]);
+      o += fmt::format("kiln_batch_size_bucket{{{}le=\"+Inf\"}} {}\n", le, b.count);
+      o += fmt::format("kiln_batch_size_sum{} {}\nkiln_batch_size_count{} {}\n", label, b.requests,
+                       label, b.count);
+    }
+    o += "# HELP kiln_batch_rows_total Rows (dim 0) run by /infer calls (sentences: /generate).\n";
     o += "# TYPE kiln_batch_rows_total counter\n";
-    o += fmt::format("kiln_batch_rows_total {}\n", batch_rows_);
+    for (const auto& [e, b] : batches_)
+      o += fmt::format("kiln_batch_rows_total{} {}\n",
+                       e == "infer" ? "" : fmt::format("{{endpoint=\"{}\"}}", e), b.rows);
     o += "# HELP kiln_queue_depth Requests waiting for a worker.\n";
     o += "# TYPE kiln_queue_depth gauge\n";
     o += fmt::format("kiln_queue_depth {}\n", queued);
@@ -517,14 +538,22 @@ class Metrics {
   std::mutex m_;
   std::map<std::pair<std::string, int>, int64_t> requests_;
   std::map<std::string, Hist> latency_;
-  int64_t batches_ = 0, batch_requests_ = 0, batch_rows_ = 0;
-  int64_t batch_hist_[std::size(kBatch)] = {};
+  struct Batches {
+    int64_t count = 0, requests = 0, rows = 0;
+    int64_t hist[std::size(kBatch)] = {};
+  };
+  std::map<std::string, Batches> batches_;
 };
 
 class Scheduler {
  public:
-  Scheduler(const Model& model, Metrics& metrics, int workers, int max_queue, int delay_ms)
-      : model_(model), metrics_(metrics), max_queue_(max_queue), delay_(delay_ms) {
+  Scheduler(const Model& model, Metrics& metrics, int workers, int max_queue, int delay_ms,
+            int64_t max_batch_tokens)
+      : model_(model),
+        metrics_(metrics),
+        max_queue_(max_queue),
+        delay_(delay_ms),
+        max_batch_tokens_(max_batch_tokens) {
     for (int i = 0; i < workers; ++i) workers_.emplace_back([this] { work(); });
   }
   ~Scheduler() { stop(); }
@@ -573,15 +602,13 @@ class Scheduler {
       std::vector<std::shared_ptr<Job>> batch{queue_.front()};
       queue_.pop_front();
       const Job& first = *batch[0];
-      if (first.kind == Job::kInfer && !first.key.empty() && first.ep->max_batch > 1 &&
-          !first.cancelled) {
+      if (!first.key.empty() && first.max_rows > 1 && !first.cancelled) {
         int64_t rows = first.rows;
         const auto deadline = Clock::now() + std::chrono::milliseconds(delay_);
         for (;;) {
-          for (auto it = queue_.begin(); it != queue_.end() && rows < first.ep->max_batch;) {
+          for (auto it = queue_.begin(); it != queue_.end() && rows < first.max_rows;) {
             Job& j = **it;
-            if (j.kind == Job::kInfer && j.key == first.key && !j.cancelled &&
-                rows + j.rows <= first.ep->max_batch) {
+            if (j.key == first.key && !j.cancelled && rows + j.rows <= first.max_rows) {
               rows += j.rows;
               batch.push_back(*it);
               it = queue_.erase(it);
@@ -589,14 +616,13 @@ class Scheduler {
               ++it;
             }
           }
-          if (rows >= first.ep->max_batch || stopping_) break;
+          if (rows >= first.max_rows || stopping_) break;
           if (cv_.wait_until(l, deadline) == std::cv_status::timeout) {
             if (Clock::now() >= deadline) {
               // One last look at what came in with the timeout.
               for (auto it = queue_.begin(); it != queue_.end();) {
                 Job& j = **it;
-                if (j.kind == Job::kInfer && j.key == first.key && !j.cancelled &&
-                    rows + j.rows <= first.ep->max_batch) {
+                if (j.key == first.key && !j.cancelled && rows + j.rows <= first.max_rows) {
                   rows += j.rows;
                   batch.push_back(*it);
                   it = queue_.erase(it);
@@ -625,7 +651,7 @@ class Scheduler {
     for (const auto& j : batch)
       if (!j->cancelled) live.push_back(j);
     if (live.empty()) return;
-    if (live[0]->kind == Job::kGenerate) return generate(*live[0]);
+    if (live[0]->kind == Job::kGenerate) return generate_batched(live);
     int64_t rows = 0;
     for (const auto& j : live) rows += j->rows;
     metrics_.batch(static_cast<int64_t>(live.size()), rows);
@@ -673,12 +699,16 @@ class Scheduler {
     }
   }
 
-  void generate(Job& j) {
+  // kiln_generate on `src` [n, length] with `search`: per sentence its hypotheses, or the
+  // runtime's error. With `stream`, each token is handed to that job as it is chosen.
+  std::optional<std::string> run_generate(std::vector<int64_t>& src, int64_t n, int64_t length,
+                                          const GenerateRequest& g, Job* stream,
+                                          std::vector<std::vector<Job::Hypothesis>>& out) {
     const rt::LibraryApi& api = model_.lib.api;
-    kiln_search_options o = j.gen.search;
-    o.stop_ids = j.gen.stop_ids.data();
-    o.num_stop_ids = static_cast<int32_t>(j.gen.stop_ids.size());
-    if (j.gen.stream) {
+    kiln_search_options o = g.search;
+    o.stop_ids = g.stop_ids.data();
+    o.num_stop_ids = static_cast<int32_t>(g.stop_ids.size());
+    if (stream) {
       o.on_token = [](void* user, int64_t, int64_t, int64_t token) {
         Job* job = static_cast<Job*>(user);
         {
@@ -687,25 +717,86 @@ class Scheduler {
         }
         job->cv.notify_all();
       };
-      o.user_data = &j;
+      o.user_data = stream;
     }
     kiln_tensor in;
     std::memset(&in, 0, sizeof in);
     in.name = "src";
     in.dtype = KILN_I64;
     in.rank = 2;
-    in.shape[0] = j.gen.batch;
-    in.shape[1] = j.gen.length;
-    in.data = j.gen.src.data();
-    in.capacity = j.gen.src.size() * sizeof(int64_t);
-    j.free_result = api.generation_free;
-    if (api.generate(model_.model, &in, &o, &j.result) != 0) j.error = api.error(model_.model);
+    in.shape[0] = n;
+    in.shape[1] = length;
+    in.data = src.data();
+    in.capacity = src.size() * sizeof(int64_t);
+    kiln_generation r;
+    if (api.generate(model_.model, &in, &o, &r) != 0) {
+      api.generation_free(&r);
+      return std::string(api.error(model_.model));
+    }
+    out.assign(static_cast<size_t>(r.batch), {});
+    for (int64_t b = 0; b < r.batch; ++b)
+      for (int64_t h = 0; h < r.hypotheses; ++h) {
+        const int64_t at = b * r.hypotheses + h;
+        const int64_t* ids = r.ids + at * r.max_length;
+        out[static_cast<size_t>(b)].push_back({{ids, ids + r.lengths[at]}, r.scores[at]});
+      }
+    api.generation_free(&r);
+    return std::nullopt;
+  }
+
+  void generate_alone(Job& j) {
+    metrics_.batch(1, j.gen.batch, "generate");
+    j.error = run_generate(j.gen.src, j.gen.batch, j.gen.length, j.gen, j.gen.stream ? &j : nullptr,
+                           j.hypotheses);
+  }
+
+  // Jobs of one search (their key): their sentences grouped by length (runtime/batcher.h:
+  // at most --max-batch-tokens tokens and the model's max batch rows a batch), each batch one
+  // kiln_generate; a batch that fails is run job by job, so that only the bad job fails.
+  void generate_batched(std::vector<std::shared_ptr<Job>>& jobs) {
+    if (jobs.size() == 1) return generate_alone(*jobs[0]);
+    struct Sentence {
+      Job* job;
+      size_t row;
+    };
+    std::vector<Sentence> sentences;
+    std::vector<int64_t> lengths;
+    for (const auto& j : jobs) {
+      j->hypotheses.assign(j->gen.rows.size(), {});
+      for (size_t r = 0; r < j->gen.rows.size(); ++r) {
+        sentences.push_back({j.get(), r});
+        lengths.push_back(static_cast<int64_t>(j->gen.rows[r].size()));
+      }
+    }
+    const rt::BatchLimits limits{max_batch_tokens_, jobs[0]->max_rows, 0};
+    for (const rt::Batch& b : rt::group_by_length(lengths, limits)) {
+      const int64_t n = static_cast<int64_t>(b.requests.size());
+      const int64_t length = std::max<int64_t>(b.length, 1);
+      std::vector<int64_t> src(static_cast<size_t>(n * length), model_.pad);
+      for (int64_t i = 0; i < n; ++i) {
+        const Sentence& st = sentences[b.requests[static_cast<size_t>(i)]];
+        const std::vector<int64_t>& ids = st.job->gen.rows[st.row];
+        std::copy(ids.begin(), ids.end(), src.begin() + i * length);
+      }
+      std::vector<std::vector<Job::Hypothesis>> out;
+      if (run_generate(src, n, length, jobs[0]->gen, nullptr, out)) {
+        for (const auto& j : jobs) generate_alone(*j);  // only the bad job fails
+        return;
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        const Sentence& st = sentences[b.requests[static_cast<size_t>(i)]];
+        st.job->hypotheses[st.row] = std::move(out[static_cast<size_t>(i)]);
+      }
+    }
+    metrics_.batch(static_cast<int64_t>(jobs.size()), static_cast<int64_t>(sentences.size()),
+                   "generate");
   }
 
   const Model& model_;
   Metrics& metrics_;
   const int64_t max_queue_;
   const int delay_;
+  const int64_t max_batch_tokens_;
   std::mutex m_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;
@@ -740,7 +831,8 @@ class Server {
   Server(const ServeArgs& a, const Model& model)
       : a_(a),
         model_(model),
-        scheduler_(model, metrics_, a.workers, a.max_queue, a.max_queue_delay_ms),
+        scheduler_(model, metrics_, a.workers, a.max_queue, a.max_queue_delay_ms,
+                   a.max_batch_tokens),
         timeout_(a.request_timeout_ms) {
     if (!a.src_vocab.empty()) {
       src_vocab_ = load_vocab(a.src_vocab, "source");
@@ -1073,7 +1165,8 @@ class Server {
     // Batching key: every input's dim 0 equal (the rows), the rest of the shapes equal.
     if (!ep.batch_symbol.empty() && ep.max_batch > 1) {
       job->rows = job->inputs[0].shape[0];
-      job->key = fn;
+      job->max_rows = ep.max_batch;
+      job->key = "infer " + fn;
       for (const Tensor& t : job->inputs) {
         if (t.shape[0] != job->rows || job->rows == 0) {
           job->key.clear();
@@ -1245,13 +1338,24 @@ class Server {
           max_batch);
     if (g.stream && (rows.size() != 1 || g.search.beam_size != 1))
       bad("stream: streaming needs one sentence and beam_size 1");
-    const int64_t pad = causal_ ? -1 : model_.config("pad_id");
     g.batch = static_cast<int64_t>(rows.size());
     for (const auto& r : rows)
       g.length = std::max<int64_t>(g.length, static_cast<int64_t>(r.size()));
-    g.src.assign(static_cast<size_t>(g.batch * g.length), pad);
+    g.src.assign(static_cast<size_t>(g.batch * g.length), model_.pad);
     for (int64_t b = 0; b < g.batch; ++b)
       std::copy(rows[b].begin(), rows[b].end(), g.src.begin() + b * g.length);
+    g.rows = std::move(rows);
+    // Concurrent requests of one search run as one batch where that gives each the answer it
+    // gets alone: not sampling (its draws depend on the batch), not streaming.
+    job->rows = g.batch;
+    job->max_rows = a_.no_batching ? 1 : std::max<int64_t>(max_batch, 1);
+    if (a_.max_batch > 0) job->max_rows = std::min(job->max_rows, a_.max_batch);
+    if (!g.stream && g.search.sampling_top_k == 1 && job->max_rows > 1) {
+      const kiln_search_options& o = g.search;
+      job->key = fmt::format("generate {} {} {} {} {} {} {} [{}]", o.beam_size, o.num_hypotheses,
+                             o.max_decoding_length, o.min_decoding_length, o.length_penalty,
+                             o.start_id, o.end_id, fmt::join(g.stop_ids, ","));
+    }
     std::string id;
     if (auto i = j.find("id"); i != j.end()) {
       if (!i->is_string()) bad("id: expected a string, got {}", brief(*i));
@@ -1311,15 +1415,12 @@ class Server {
   }
 
   json generation_json(const Job& job, const std::string& id) const {
-    const kiln_generation& g = job.result;
     json results = json::array();
-    for (int64_t b = 0; b < g.batch; ++b) {
+    for (const auto& sentence : job.hypotheses) {
       json hyps = json::array();
-      for (int64_t h = 0; h < g.hypotheses; ++h) {
-        const int64_t at = b * g.hypotheses + h;
-        std::vector<int64_t> ids(g.ids + at * g.max_length,
-                                 g.ids + at * g.max_length + g.lengths[at]);
-        json hyp{{"ids", ids}, {"score", g.scores[at]}};
+      for (const Job::Hypothesis& h : sentence) {
+        const std::vector<int64_t>& ids = h.ids;
+        json hyp{{"ids", ids}, {"score", h.score}};
         if (tgt_vocab_) {
           try {
             hyp["text"] = tgt_vocab_->decode(ids);

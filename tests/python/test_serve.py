@@ -368,6 +368,56 @@ def test_generate_text_and_streamed_tokens_equal_the_python_module(server_factor
     assert s.stop() == 0
 
 
+def test_concurrent_generation_is_batched_and_equals_each_request_alone(server_factory):
+    lib = os.path.join(MODELS, "py_numbers")
+    weights = os.path.join(NUMBERS, "numbers.weights.safetensors")
+    s = server_factory("--max-queue-delay-ms", "20", lib=lib, weights=weights)
+    model = kiln.Model(lib, weights, threads=1)
+    src_vocab = kiln.Vocabulary(os.path.join(NUMBERS, "vocab.src.txt"))
+    with open(os.path.join(NUMBERS, "heldout.tsv"), encoding="utf-8") as f:
+        words = [line.split("\t")[0] for line in f][:48]
+    requests_, at = [], 0
+    while at < len(words):  # 24 requests of 1 to 3 sentences
+        requests_.append(words[at:at + 1 + len(requests_) % 3])
+        at += len(requests_[-1])
+    want = []
+    for sentences in requests_:
+        ids = [src_vocab.encode(w) for w in sentences]
+        src = np.zeros((len(ids), max(len(i) for i in ids)), dtype=np.int64)  # pad_id 0
+        for row, i in zip(src, ids):
+            row[:len(i)] = i
+        want.append(model.generate(src, beam_size=2, num_hypotheses=2))
+    failures = []
+
+    def client(k):
+        for n in range(k, len(requests_), 8):
+            ids = [src_vocab.encode(w) for w in requests_[n]]
+            r = requests.post(s.url + "/v2/models/py_numbers/generate", timeout=30,
+                              json={"ids": ids, "beam_size": 2, "num_hypotheses": 2})
+            if r.status_code != 200:
+                failures.append(r.text)
+                continue
+            for b, result in enumerate(r.json()["results"]):
+                got = [h["ids"] for h in result["hypotheses"]]
+                scores = [h["score"] for h in result["hypotheses"]]
+                if got != want[n]["tokens"][b] or \
+                        not np.allclose(scores, want[n]["scores"][b], atol=1e-4):
+                    failures.append((n, b, got, want[n]["tokens"][b]))
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    metrics = requests.get(s.url + "/metrics", timeout=10).text
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in metrics.splitlines()
+              if line and not line.startswith("#")}
+    assert values['kiln_batch_size_sum{endpoint="generate"}'] == len(requests_)
+    assert values['kiln_batch_size_count{endpoint="generate"}'] < len(requests_)
+    assert values['kiln_batch_rows_total{endpoint="generate"}'] == len(words)
+    assert s.stop() == 0
+
+
 def test_sigterm_under_load_loses_no_accepted_request(server_factory, golden):
     s = server_factory("--shutdown-grace-ms", "300", "--max-queue-delay-ms", "5")
     inputs, want = golden
@@ -437,6 +487,7 @@ def test_help_lists_every_option_with_its_default():
     out = subprocess.run([KILN, "serve", "--help"], capture_output=True, text=True,
                          check=True).stdout
     for option, default in [("--host", "127.0.0.1"), ("--port", "8080"), ("--max-batch", "0"),
+                            ("--max-batch-tokens", "1024"),
                             ("--max-queue-delay-ms", "0"), ("--max-queue", "64"),
                             ("--max-body-bytes", "16M"), ("--request-timeout-ms", "30000"),
                             ("--workers", "2"), ("--http-threads", "16"),
