@@ -1,8 +1,8 @@
 // The `kiln` Python module (issue 28; pybind11): a compiled model's shared library (`kiln
 // compile --emit=shared`) loaded through its own C ABI (runtime/library_api.h: the module links
-// neither the runtime nor libHalide), its entry points run on NumPy arrays and its generation
-// (greedy, beam, sampling, streaming through a Python callback). See python/README section of
-// the project README ("Python").
+// no libHalide), its entry points run on NumPy arrays and its generation (greedy, beam,
+// sampling, streaming through a Python callback); tokenizers (tokenizers/tokenizer.h). See the
+// project README, "Python".
 //
 //   import kiln
 //   m = kiln.Model("build/numbers", "numbers.safetensors", threads=2)
@@ -27,9 +27,9 @@
 #include <vector>
 
 #include "kiln/runtime.h"
-#include "kiln/vocab.h"
 #include "runtime/library_api.h"
 #include "support/error.h"
+#include "tokenizers/tokenizer.h"
 
 namespace py = pybind11;
 
@@ -349,40 +349,33 @@ PYBIND11_MODULE(kiln, m) {
       PyErr_SetString(error.ptr(), e.what());
     }
   });
-  // The character-level vocabulary of kiln translate (kiln/vocab.h): text in and out.
-  py::class_<kiln::Vocabulary>(m, "Vocabulary",
-                               "A character-level vocabulary (kiln/vocab.h: one token per "
-                               "line, the line number its id), as kiln translate reads text.")
-      .def(py::init([](const std::string& path) {
-             try {
-               return kiln::Vocabulary::load(path);
-             } catch (const std::runtime_error& e) {
-               throw kiln::Error(e.what());
-             }
-           }),
+  // Tokenizers (tokenizers/tokenizer.h): text in and out.
+  using kiln::tok::StreamDecoder;
+  using kiln::tok::Tokenizer;
+  py::class_<Tokenizer>(
+      m, "Tokenizer",
+      "A tokenizer: a SentencePiece model (*.model), a byte-level BPE (vocab.json "
+      "with merges.txt beside it, or their folder), or kiln translate's "
+      "character vocabulary (one token per line).")
+      .def(py::init([](const std::string& path) { return kiln::tok::load_tokenizer(path); }),
            py::arg("path"))
-      .def_property_readonly("size", &kiln::Vocabulary::size)
+      .def_property_readonly(
+          "kind", [](const Tokenizer& t) { return std::string(t.kind()); },
+          "'sentencepiece', 'bpe' or 'chars'")
+      .def_property_readonly("path", &Tokenizer::path)
+      .def_property_readonly("size", &Tokenizer::size)
+      .def("encode", &Tokenizer::encode, py::arg("text"), "the ids of `text`")
+      .def("decode", &Tokenizer::decode, py::arg("ids"),
+           "the text of `ids` (special tokens left out)")
+      .def("id", &Tokenizer::id, py::arg("token"), "a token's id, -1 if absent")
       .def(
-          "encode",
-          [](const kiln::Vocabulary& v, const std::string& text) {
-            try {
-              return v.encode(text);
-            } catch (const std::runtime_error& e) {
-              throw kiln::Error(e.what());
-            }
-          },
-          py::arg("text"), "the ids of `text`, one per character")
-      .def(
-          "decode",
-          [](const kiln::Vocabulary& v, const std::vector<int64_t>& ids) {
-            try {
-              return v.decode(ids);
-            } catch (const std::runtime_error& e) {
-              throw kiln::Error(e.what());
-            }
-          },
-          py::arg("ids"), "the text of `ids` (special tokens left out)")
-      .def("id", &kiln::Vocabulary::id, py::arg("token"), "a token's id, -1 if absent");
+          "stream", [](const Tokenizer& t) { return std::make_unique<StreamDecoder>(t); },
+          py::keep_alive<0, 1>(),
+          "a streaming detokenizer: push(id) returns the text the id completes (whole UTF-8 "
+          "characters only), finish() the rest");
+  py::class_<StreamDecoder>(m, "StreamDecoder")
+      .def("push", &StreamDecoder::push, py::arg("id"))
+      .def("finish", &StreamDecoder::finish);
   py::class_<Model>(m, "Model",
                     "A compiled model: its library (the directory kiln compile --emit=shared "
                     "wrote, or its lib<name>.so) and weights (safetensors by state_dict name; None "

@@ -4,7 +4,9 @@
 # the CPU: `clinfo -l` should list a pocl device. The Python module (python/) builds with
 # python3-dev and pybind11-dev; its tests run with python3-numpy and python3-pytest. kiln serve
 # builds with libcpp-httplib-dev and nlohmann-json3-dev; its tests use curl, python3-requests
-# and nginx (started by the tests on their own configuration), its bench wrk.
+# and nginx (started by the tests on their own configuration), its bench wrk. The tokenizers (tokenizers/)
+# link libsentencepiece; python3-sentencepiece retrains the demo SentencePiece model
+# (examples/tokenizers/make_tokenizers.py).
 set -euo pipefail
 
 packages=(cmake ninja-build g++ ccache pkg-config llvm-14 llvm-14-tools
@@ -12,7 +14,8 @@ packages=(cmake ninja-build g++ ccache pkg-config llvm-14 llvm-14-tools
           libhalide14-0-dev llvm-14-dev clang-format-14
           ocl-icd-opencl-dev pocl-opencl-icd clinfo
           python3-dev pybind11-dev python3-numpy python3-pytest
-          libcpp-httplib-dev nlohmann-json3-dev curl python3-requests wrk nginx)
+          libcpp-httplib-dev nlohmann-json3-dev curl python3-requests wrk nginx
+          libsentencepiece-dev python3-sentencepiece)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

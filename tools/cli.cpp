@@ -389,10 +389,12 @@ std::unique_ptr<CLI::App> translate_command(TranslateArgs& a) {
       "Input: the source ids of --inputs (tensor 'src', [batch, length], padded with the model's\n"
       "pad_id), or text with --src-vocab and --tgt-vocab: each TEXT argument, or without any,\n"
       "each line of standard input, is a source sentence; one line 'SOURCE -> TRANSLATION' is\n"
-      "printed per sentence (and per hypothesis with --num-hypotheses). The vocabularies are\n"
-      "character-level files, one token per line (see examples/numbers/README.md), that fit\n"
-      "the model: as many tokens as its src_vocab and tgt_vocab, <pad> at its pad_id, <s> and\n"
-      "</s> at its bos_id and eos_id. Limits: a vocabulary line of 4096 bytes, 1048576 tokens;\n"
+      "printed per sentence (and per hypothesis with --num-hypotheses). A vocabulary is a\n"
+      "character-level file, one token per line (see examples/numbers/README.md), a\n"
+      "SentencePiece model (*.model), or a byte-level BPE (vocab.json, merges.txt beside it);\n"
+      "it must fit the model: as many tokens as its src_vocab and tgt_vocab, <pad> at its\n"
+      "pad_id, <s> and </s> at its bos_id and eos_id (where the vocabulary has them). Limits: a\n"
+      "character vocabulary line of 4096 bytes, 1048576 tokens;\n"
       "a sentence of 1048576 bytes, 100000 lines of standard input. Text that is not UTF-8 and\n"
       "a NaN or infinite logit are errors.\n"
       "\n"
@@ -416,9 +418,13 @@ std::unique_ptr<CLI::App> translate_command(TranslateArgs& a) {
                         "the number of CPUs)");
   app->add_option("--inputs", a.inputs, "source ids: tensor 'src' I64 or I32 [batch, length]")
       ->type_name("FILE");
-  app->add_option("--src-vocab", a.src_vocab, "source vocabulary, one token per line")
+  app->add_option("--src-vocab", a.src_vocab,
+                  "source vocabulary: characters (one per line), a SentencePiece .model or a BPE "
+                  "vocab.json")
       ->type_name("V");
-  app->add_option("--tgt-vocab", a.tgt_vocab, "target vocabulary, one token per line")
+  app->add_option("--tgt-vocab", a.tgt_vocab,
+                  "target vocabulary: characters (one per line), a SentencePiece .model or a BPE "
+                  "vocab.json")
       ->type_name("V");
   app->add_option("--max-batch-tokens", a.max_batch_tokens,
                   "a batch holds at most N tokens: its rows times its longest source (a longer "
@@ -444,22 +450,29 @@ std::unique_ptr<CLI::App> generate_command(GenerateArgs& a) {
       "--compiled DIR --weights W.safetensors [PROMPT...]\n"
       "[--beam N] [--num-hypotheses N] [--max-len N] [--min-len N] [--length-penalty X]\n"
       "[--end-id ID] [--stop-id ID]... [--sampling-topk K] [--top-p X] [--temperature X]\n"
-      "[--seed N] [--stream] [--threads N] [--scores] [-o OUT.safetensors]",
+      "[--seed N] [--stream] [--tokenizer FILE] [--threads N] [--scores] [-o OUT.safetensors]",
       "Continues prompts with a compiled decoder-only model (from 'kiln compile --emit=shared' of\n"
       "a model built with nn::add_causal_lm, over its prefill and decode_step entry points), or\n"
       "generates from sources with an encoder-decoder (nn::add_seq2seq: prepare and\n"
       "decode_step): greedy search, beam search or sampling (top-k, top-p, temperature).\n"
       "\n"
       "Input: token ids. Each PROMPT argument, or without any, each line of standard input, is\n"
-      "one prompt (or source): token ids separated by spaces (no tokenizer yet). Prompts of\n"
-      "different lengths run in one batch (up to the model's max_batch at a time).\n"
+      "one prompt (or source): token ids separated by spaces, or text with --tokenizer (a\n"
+      "SentencePiece .model, a byte-level BPE vocab.json with merges.txt beside it, or a\n"
+      "character vocabulary). Prompts of different lengths run in one batch (up to the model's\n"
+      "max_batch at a time).\n"
       "\n"
       "Output: one line per prompt (and per hypothesis with --num-hypotheses): the new token\n"
-      "ids, the end token left out; with --stream (greedy or sampling, one prompt) each id is\n"
-      "printed as soon as it is chosen. With -o, a safetensors file with 'ids' I64 [batch,\n"
+      "ids, the end token left out (text with --tokenizer); with --stream (greedy or sampling,\n"
+      "one prompt) each id (or its text, whole UTF-8 characters only) is printed as soon as it\n"
+      "is chosen. With -o, a safetensors file with 'ids' I64 [batch,\n"
       "hypotheses, max_len] (-1 after each hypothesis), 'lengths' and 'scores'.");
-  app->add_option("PROMPT", a.prompts, "prompts (or sources): token ids separated by spaces");
+  app->add_option("PROMPT", a.prompts,
+                  "prompts (or sources): token ids separated by spaces, or text with --tokenizer");
   add_generator_options(*app, a, "print each hypothesis's score too");
+  app->add_option("--tokenizer", a.tokenizer,
+                  "tokenizer for text prompts and output: a SentencePiece .model, a BPE "
+                  "vocab.json (merges.txt beside it) or a character vocabulary");
   app->add_flag("--stream", a.stream, "print each token as it is chosen (one prompt, beam 1)");
   add_search_options(*app, a.search, /*prompts=*/true, &a.stop_ids);
   return app;

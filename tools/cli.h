@@ -96,6 +96,7 @@ struct GenerateArgs : GeneratorArgs {
   std::vector<std::string> prompts;  // PROMPT...
   bool stream = false;               // --stream
   std::vector<int64_t> stop_ids;     // --stop-id
+  std::string tokenizer;             // --tokenizer: text prompts and output
 };
 std::unique_ptr<CLI::App> generate_command(GenerateArgs& args);
 

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -22,6 +23,7 @@
 #include "kiln/vocab.h"
 #include "runtime/batcher.h"
 #include "support/error.h"
+#include "tokenizers/tokenizer.h"
 #include "tools/cli.h"
 #include "tools/compiled.h"
 #include "tools/serve.h"
@@ -45,22 +47,24 @@ int cmd_run(const std::vector<std::string>& argv) {
 // in memory until all are done): an endless input (`yes |`) is refused, not read forever.
 constexpr size_t kMaxSentences = 100000;
 
-kiln::Vocabulary load_vocab(const std::string& path) {
+// The tokenizer in `path` (tokenizers/tokenizer.h: a character vocabulary, a SentencePiece
+// model, a byte-level BPE), errors prefixed with the command.
+std::unique_ptr<kiln::tok::Tokenizer> load_vocab(const std::string& path, const char* command) {
   try {
-    return kiln::Vocabulary::load(path);
-  } catch (const std::runtime_error& e) {
-    fail("translate: {}", e.what());
+    return kiln::tok::load_tokenizer(path);
+  } catch (const kiln::Error& e) {
+    fail("{}: {}", command, e.what());
   }
 }
 
-// Refuses a vocabulary that does not fit the model (kiln/vocab.h, Vocabulary::check_model).
-void check_vocab(const kiln::Vocabulary& v, const std::string& role,
-                 const CompiledGenerator& model) {
+// Refuses a tokenizer that does not fit the model (its size, its special tokens' ids).
+void check_vocab(const kiln::tok::Tokenizer& v, const std::string& role,
+                 const CompiledGenerator& model, const char* command) {
   try {
     v.check_model(role, model.config(role == "source" ? "src_vocab" : "tgt_vocab"),
                   model.config("pad_id"), model.config("bos_id"), model.config("eos_id"));
-  } catch (const std::runtime_error& e) {
-    fail("translate: {}", e.what());
+  } catch (const kiln::Error& e) {
+    fail("{}: {}", command, e.what());
   }
 }
 
@@ -215,21 +219,21 @@ int cmd_translate(const std::vector<std::string>& argv) {
   const int kernel_threads = a.threads > 0 || a.inter_threads > 1 ? total_threads : 0;
   const CompiledGenerator model(a.compiled, a.weights, kernel_threads);
   std::vector<std::string> lines;
-  std::optional<kiln::Vocabulary> src_vocab, tgt_vocab;
+  std::unique_ptr<kiln::tok::Tokenizer> src_vocab, tgt_vocab;
   std::vector<int64_t> src;
   std::vector<int64_t> lengths;  // of each sentence, without padding
   int64_t batch = 0, length = 0, pad = -1;
   if (text) {
-    src_vocab = load_vocab(a.src_vocab);
-    tgt_vocab = load_vocab(a.tgt_vocab);
+    src_vocab = load_vocab(a.src_vocab, "translate");
+    tgt_vocab = load_vocab(a.tgt_vocab, "translate");
     const int64_t src_size = model.config("src_vocab"), tgt_size = model.config("tgt_vocab");
     if (src_size != tgt_size && src_vocab->size() == tgt_size && tgt_vocab->size() == src_size)
       fail(
           "translate: the vocabularies are swapped: --src-vocab '{}' has {} tokens and "
           "--tgt-vocab '{}' has {}, the model's src_vocab is {} and its tgt_vocab {}",
           a.src_vocab, src_vocab->size(), a.tgt_vocab, tgt_vocab->size(), src_size, tgt_size);
-    check_vocab(*src_vocab, "source", model);
-    check_vocab(*tgt_vocab, "target", model);
+    check_vocab(*src_vocab, "source", model, "translate");
+    check_vocab(*tgt_vocab, "target", model, "translate");
     const int64_t max_length = model.symbol_max("S");
     pad = model.config("pad_id") >= 0 ? model.config("pad_id") : src_vocab->id("<pad>");
     if (pad < 0) fail("translate: the source vocabulary has no <pad> token");
@@ -238,7 +242,7 @@ int cmd_translate(const std::vector<std::string>& argv) {
       const size_t i = lines.size();
       try {
         sentences.push_back(src_vocab->encode(line));
-      } catch (const std::runtime_error& e) {
+      } catch (const kiln::Error& e) {
         fail("translate: sentence {}: {}", i + 1, e.what());
       }
       const int64_t n = static_cast<int64_t>(sentences.back().size());
@@ -329,9 +333,34 @@ int cmd_generate(const std::vector<std::string>& argv) {
   std::vector<std::string> lines;
   int64_t length = 0;
   const int64_t vocab = model.config(causal ? "vocab" : "src_vocab");
+  std::unique_ptr<kiln::tok::Tokenizer> tokenizer;
+  if (!a.tokenizer.empty() && !causal)
+    fail(
+        "generate: --tokenizer is for decoder-only models (one vocabulary for prompts and "
+        "output); '{}' is an encoder-decoder: use kiln translate with --src-vocab and "
+        "--tgt-vocab",
+        a.compiled);
+  if (!a.tokenizer.empty()) {
+    tokenizer = load_vocab(a.tokenizer, "generate");
+    if (vocab > 0 && tokenizer->size() > vocab)
+      fail("generate: tokenizer '{}' has {} tokens, more than the model's {} ({})", a.tokenizer,
+           tokenizer->size(), causal ? "vocab" : "src_vocab", vocab);
+  }
   read_sentences("generate", a.prompts, [&](const std::string& line) {
     const size_t i = prompts.size();
     std::vector<int64_t> ids;
+    if (tokenizer) {
+      try {
+        ids = tokenizer->encode(line);
+      } catch (const kiln::Error& e) {
+        fail("generate: prompt {}: {}", i + 1, e.what());
+      }
+      if (ids.empty()) fail("generate: prompt {} is empty", i + 1);
+      length = std::max<int64_t>(length, static_cast<int64_t>(ids.size()));
+      prompts.push_back(std::move(ids));
+      lines.push_back(line);
+      return;
+    }
     std::istringstream in(line);
     std::string word;
     while (in >> word) {
@@ -368,18 +397,26 @@ int cmd_generate(const std::vector<std::string>& argv) {
     return fmt::format("generate: prompt {} {}", i + 1, kiln::quote(lines[static_cast<size_t>(i)]));
   };
   std::function<void(int64_t, int64_t)> stream;
-  if (a.stream)
+  std::optional<kiln::tok::StreamDecoder> text_stream;
+  if (a.stream && tokenizer) {
+    text_stream.emplace(*tokenizer);
+    stream = [&](int64_t, int64_t token) {
+      fmt::print("{}", text_stream->push(token));
+      std::fflush(stdout);
+    };
+  } else if (a.stream) {
     stream = [](int64_t, int64_t token) {
       fmt::print("{} ", token);
       std::fflush(stdout);
     };
+  }
   Generated g = model.generate(src, batch, length, a.search, prompt, stream);
   if (!a.output.empty()) {
     write_generation(a.output, g);
     return 0;
   }
   if (a.stream) {
-    write_output("-", "\n");
+    write_output("-", (text_stream ? text_stream->finish() : "") + "\n");
     return 0;
   }
   std::string printed;
@@ -387,7 +424,10 @@ int cmd_generate(const std::vector<std::string>& argv) {
     for (int64_t h = 0; h < g.hypotheses; ++h) {
       const int64_t at = b * g.hypotheses + h;
       const std::vector<int64_t> ids = hypothesis_ids(g, at);
-      printed += fmt::format("{}{}", h ? "  " : "", fmt::join(ids, " "));
+      if (tokenizer)
+        printed += fmt::format("{}{}", h ? "  " : "", tokenizer->decode(ids));
+      else
+        printed += fmt::format("{}{}", h ? "  " : "", fmt::join(ids, " "));
       if (a.scores || g.hypotheses > 1) printed += fmt::format("  (score {:.4f})", g.scores[at]);
       printed += "\n";
     }

@@ -23,8 +23,8 @@ def main():
         print(__doc__.strip(), file=sys.stderr)
         return 2
     model = kiln.Model(sys.argv[1], os.path.join(NUMBERS, "numbers.weights.safetensors"))
-    src_vocab = kiln.Vocabulary(os.path.join(NUMBERS, "vocab.src.txt"))
-    tgt_vocab = kiln.Vocabulary(os.path.join(NUMBERS, "vocab.tgt.txt"))
+    src_vocab = kiln.Tokenizer(os.path.join(NUMBERS, "vocab.src.txt"))
+    tgt_vocab = kiln.Tokenizer(os.path.join(NUMBERS, "vocab.tgt.txt"))
     sentences = sys.argv[2:] or [line.strip() for line in sys.stdin if line.strip()]
     pad = int(model.config("pad_id"))
     ids = [src_vocab.encode(s) for s in sentences]

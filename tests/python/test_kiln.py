@@ -216,8 +216,8 @@ NUMBERS = os.environ.get("KILN_NUMBERS_DIR", "")
 def numbers():
     return (kiln.Model(os.path.join(MODELS, "py_numbers"),
                        os.path.join(NUMBERS, "numbers.weights.safetensors"), threads=2),
-            kiln.Vocabulary(os.path.join(NUMBERS, "vocab.src.txt")),
-            kiln.Vocabulary(os.path.join(NUMBERS, "vocab.tgt.txt")))
+            kiln.Tokenizer(os.path.join(NUMBERS, "vocab.src.txt")),
+            kiln.Tokenizer(os.path.join(NUMBERS, "vocab.tgt.txt")))
 
 
 def heldout(n):
@@ -249,7 +249,7 @@ def test_the_number_translator_from_python_equals_kiln_translate(numbers, tmp_pa
     with pytest.raises(kiln.Error, match="not in the vocabulary|no token"):
         src_vocab.encode("FORTY")
     with pytest.raises(kiln.Error):
-        kiln.Vocabulary(os.path.join(str(tmp_path), "missing.txt"))
+        kiln.Tokenizer(os.path.join(str(tmp_path), "missing.txt"))
 
 
 def test_greedy_streaming_never_calls_back_a_token_after_the_end(numbers):
@@ -271,3 +271,25 @@ def test_the_python_example_runs(tmp_path):
                          capture_output=True, text=True, env=env).stdout
     assert out.splitlines() == ["three hundred and twelve thousand and one -> 312001",
                                 "streamed: 312001"]
+
+
+EXAMPLES = os.path.join(NUMBERS, "..")
+
+
+@pytest.mark.parametrize("path,kind", [("tokenizers/numbers.spm.model", "sentencepiece"),
+                                       ("tokenizers/bpe/vocab.json", "bpe"),
+                                       ("numbers/vocab.src.txt", "chars")])
+def test_tokenizers_round_trip_and_stream_whole_characters(path, kind):
+    t = kiln.Tokenizer(os.path.join(EXAMPLES, path))
+    assert t.kind == kind
+    texts = [w for w, _ in heldout(20)]
+    if kind != "chars":
+        texts += ["héllo wörld", "数字 ✓ 🙂"]
+    for text in texts:
+        ids = t.encode(text)
+        assert t.decode(ids) == text
+        d = t.stream()
+        streamed = "".join(d.push(i) for i in ids) + d.finish()
+        assert streamed == text
+    with pytest.raises(kiln.Error, match="does not exist"):
+        kiln.Tokenizer(os.path.join(EXAMPLES, "no_such.model"))

@@ -1,0 +1,184 @@
+// Tokenizers (tokenizers/tokenizer.h, issue 28) on the demo tokenizers of examples/tokenizers
+// (a SentencePiece model and a GPT-2-format byte-level BPE, trained on the number translator's
+// English side) and the number translator's character vocabulary: round trips of the held-out
+// sentences and of UTF-8 text outside their training data, GPT-2's pre-tokenization, the
+// streaming detokenizer (never a partial UTF-8 character, the same text as a whole decode),
+// fitting a model, and every bad file refused naming the problem.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "support/error.h"
+#include "tokenizers/tokenizer.h"
+
+namespace kiln::tok {
+namespace {
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+std::string examples(const std::string& f) {
+  return std::string(KILN_TEST_DATA_DIR) + "/../examples/" + f;
+}
+
+std::vector<std::string> heldout() {
+  std::ifstream in(examples("numbers/heldout.tsv"));
+  std::vector<std::string> out;
+  std::string line;
+  while (std::getline(in, line)) out.push_back(line.substr(0, line.find('\t')));
+  return out;
+}
+
+const std::vector<std::string> kUtf8 = {"héllo wörld", "数字 ✓ 🙂",
+                                        "  two  spaces\tand\ttabs \n", "don't we'll they're",
+                                        "a1b22c333!!?"};
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Tokenizers, SentencePieceRoundTripsAnyText) {
+  auto t = load_tokenizer(examples("tokenizers/numbers.spm.model"));
+  EXPECT_STREQ(t->kind(), "sentencepiece");
+  EXPECT_EQ(t->size(), 320);
+  size_t tokens = 0, chars = 0;
+  for (const std::string& s : heldout()) {
+    const std::vector<int64_t> ids = t->encode(s);
+    EXPECT_EQ(t->decode(ids), s);
+    tokens += ids.size();
+    chars += s.size();
+  }
+  // Learned on these sentences: far fewer tokens than characters.
+  EXPECT_LT(tokens * 3, chars);
+  for (const std::string& s : kUtf8)
+    if (s.find_first_of(" \t\n") != 0)  // SentencePiece drops leading whitespace
+      EXPECT_EQ(t->decode(t->encode(s)), s) << s;
+  EXPECT_EQ(t->id("<pad>"), 0);
+  EXPECT_EQ(t->id("</s>"), 2);
+  EXPECT_EQ(t->id("no such piece"), -1);
+  // Special tokens are left out of text.
+  std::vector<int64_t> ids = t->encode("forty-two");
+  ids.insert(ids.begin(), 1);
+  ids.push_back(2);
+  EXPECT_EQ(t->decode(ids), "forty-two");
+  EXPECT_THAT(error_of([&] { t->decode({320}); }), HasSubstr("id 320 is not in SentencePiece"));
+}
+
+TEST(Tokenizers, ByteLevelBpeRoundTripsAnyText) {
+  auto t = load_tokenizer(examples("tokenizers/bpe/vocab.json"));
+  EXPECT_STREQ(t->kind(), "bpe");
+  EXPECT_EQ(t->size(), 321);
+  size_t tokens = 0, chars = 0;
+  for (const std::string& s : heldout()) {
+    const std::vector<int64_t> ids = t->encode(s);
+    EXPECT_EQ(t->decode(ids), s);
+    tokens += ids.size();
+    chars += s.size();
+  }
+  EXPECT_LT(tokens * 2, chars);  // the merges do work
+  for (const std::string& s : kUtf8) EXPECT_EQ(t->decode(t->encode(s)), s) << s;
+  // The folder is the same tokenizer.
+  auto same = load_tokenizer(examples("tokenizers/bpe"));
+  EXPECT_EQ(same->encode("one hundred and twelve"), t->encode("one hundred and twelve"));
+  // GPT-2's words: a space goes with the word after it, contractions apart, so " hundred"
+  // is one token where the merges made it one, and "don't" splits before "'t".
+  const std::vector<int64_t> h = t->encode(" hundred");
+  EXPECT_EQ(t->decode(h), " hundred");
+  EXPECT_EQ(t->encode("one hundred"), [&] {
+    std::vector<int64_t> v = t->encode("one");
+    v.insert(v.end(), h.begin(), h.end());
+    return v;
+  }());
+  // <|endoftext|> is special: left out of text.
+  EXPECT_EQ(t->decode({t->id("<|endoftext|>")}), "");
+}
+
+TEST(Tokenizers, StreamingGivesWholeCharactersAndTheSameText) {
+  for (const char* file :
+       {"tokenizers/bpe/vocab.json", "tokenizers/numbers.spm.model", "numbers/vocab.src.txt"}) {
+    auto t = load_tokenizer(examples(file));
+    std::vector<std::string> texts = {"three hundred and twelve thousand and one"};
+    if (std::string(t->kind()) != "chars")
+      texts.insert(texts.end(), kUtf8.begin() + 1, kUtf8.end());
+    for (const std::string& s : texts) {
+      if (std::string(t->kind()) == "sentencepiece" && s.find_first_of(" \t\n") == 0) continue;
+      StreamDecoder d(*t);
+      std::string streamed;
+      for (int64_t id : t->encode(s)) {
+        const std::string piece = d.push(id);
+        // Each piece is whole UTF-8: its first byte is no continuation byte.
+        if (!piece.empty()) EXPECT_NE(static_cast<unsigned char>(piece[0]) & 0xC0, 0x80) << s;
+        EXPECT_EQ(piece.find("\xEF\xBF\xBD"), std::string::npos) << s;
+        streamed += piece;
+      }
+      streamed += d.finish();
+      EXPECT_EQ(streamed, s) << file;
+    }
+  }
+  // A byte-level token cut inside a character: the bytes wait, and finish() gives U+FFFD.
+  auto bpe = load_tokenizer(examples("tokenizers/bpe/vocab.json"));
+  const std::vector<int64_t> ids = bpe->encode("✓");  // 3 byte tokens (no merges for it)
+  ASSERT_EQ(ids.size(), 3u);
+  StreamDecoder d(*bpe);
+  EXPECT_EQ(d.push(ids[0]), "");
+  EXPECT_EQ(d.push(ids[1]), "");
+  EXPECT_EQ(d.finish(), "\xEF\xBF\xBD\xEF\xBF\xBD");
+}
+
+TEST(Tokenizers, FittingAModel) {
+  auto spm = load_tokenizer(examples("tokenizers/numbers.spm.model"));
+  spm->check_model("source", 320, 0, 1, 2);
+  EXPECT_THAT(error_of([&] { spm->check_model("source", 32, 0, 1, 2); }),
+              HasSubstr("has 320 tokens, the model's src_vocab is 32"));
+  EXPECT_THAT(error_of([&] { spm->check_model("target", 320, 0, 1, 3); }),
+              HasSubstr("has its eos token at id 2, the model's eos_id is 3"));
+  auto chars = load_tokenizer(examples("numbers/vocab.src.txt"));
+  EXPECT_THAT(error_of([&] { chars->check_model("source", 1000, 0, 1, 2); }),
+              HasSubstr("the model's src_vocab is 1000"));
+}
+
+TEST(Tokenizers, BadFilesAreRefusedNamingTheProblem) {
+  const fs::path dir = fs::path(::testing::TempDir()) / "tokenizers_bad";
+  fs::remove_all(dir);
+  fs::create_directories(dir / "bpe");
+  auto write = [&](const fs::path& p, const std::string& text) { std::ofstream(p) << text; };
+  EXPECT_THAT(error_of([&] { load_tokenizer((dir / "nope.model").string()); }),
+              HasSubstr("does not exist"));
+  write(dir / "corrupt.model", "this is not a protobuf");
+  EXPECT_THAT(error_of([&] { load_tokenizer((dir / "corrupt.model").string()); }),
+              HasSubstr("cannot load SentencePiece model"));
+  write(dir / "bpe" / "vocab.json", "{\"a\": 0,");
+  write(dir / "bpe" / "merges.txt", "#version: 0.2\n");
+  EXPECT_THAT(error_of([&] { load_tokenizer((dir / "bpe" / "vocab.json").string()); }),
+              HasSubstr("is not valid JSON"));
+  write(dir / "bpe" / "vocab.json", "{\"a\": 0, \"b\": 0}");
+  EXPECT_THAT(error_of([&] { load_tokenizer((dir / "bpe").string()); }),
+              HasSubstr("id 0 is given to"));
+  write(dir / "bpe" / "vocab.json", "{\"a\": 0, \"b\": 2}");
+  EXPECT_THAT(error_of([&] { load_tokenizer((dir / "bpe").string()); }),
+              HasSubstr("has no token with id 1"));
+  write(dir / "bpe" / "vocab.json", "{\"a\": 0, \"b\": 1}");
+  write(dir / "bpe" / "merges.txt", "#version: 0.2\na b c\n");
+  EXPECT_THAT(error_of([&] { load_tokenizer((dir / "bpe").string()); }),
+              HasSubstr("merges.txt' line 2: expected two tokens"));
+  fs::remove(dir / "bpe" / "merges.txt");
+  EXPECT_THAT(error_of([&] { load_tokenizer((dir / "bpe" / "vocab.json").string()); }),
+              HasSubstr("has no merges.txt beside it"));
+  // Text a tokenizer cannot encode.
+  auto chars = load_tokenizer(examples("numbers/vocab.src.txt"));
+  EXPECT_THAT(error_of([&] { chars->encode("FORTY"); }), HasSubstr("is not in the vocabulary"));
+  auto bpe = load_tokenizer(examples("tokenizers/bpe/vocab.json"));
+  EXPECT_THAT(error_of([&] { bpe->encode("bad \xC3("); }), HasSubstr("is not valid UTF-8"));
+  EXPECT_THAT(error_of([&] { bpe->decode({-1}); }), HasSubstr("id -1 is not in BPE vocabulary"));
+}
+
+}  // namespace
+}  // namespace kiln::tok
