@@ -36,6 +36,7 @@
 #include "runtime/batcher.h"
 #include "runtime/library_api.h"
 #include "support/error.h"
+#include "tokenizers/tokenizer.h"
 #include "tools/cli.h"
 
 namespace kiln::tools {
@@ -448,6 +449,7 @@ struct Job {
   std::mutex m;
   std::condition_variable cv;
   std::deque<int64_t> tokens;
+  std::unique_ptr<kiln::tok::StreamDecoder> text;  // streamed text (with a target tokenizer)
   bool done = false;
   std::optional<std::string> error;  // the runtime's message
   std::atomic<bool> cancelled{false};
@@ -892,10 +894,11 @@ class Server {
   }
 
  private:
-  static kiln::Vocabulary load_vocab(const std::string& path, const char* role) {
+  static std::unique_ptr<kiln::tok::Tokenizer> load_vocab(const std::string& path,
+                                                          const char* role) {
     try {
-      return kiln::Vocabulary::load(path);
-    } catch (const std::runtime_error& e) {
+      return kiln::tok::load_tokenizer(path);
+    } catch (const kiln::Error& e) {
       fail("serve: {} vocabulary: {}", role, e.what());
     }
   }
@@ -1385,7 +1388,10 @@ class Server {
             const int64_t t = job->tokens.front();
             job->tokens.pop_front();
             json e{{"token", t}};
-            if (tgt_vocab_ && t >= 0 && t < tgt_vocab_->size()) e["text"] = tgt_vocab_->token(t);
+            if (tgt_vocab_ && t >= 0 && t < tgt_vocab_->size()) {
+              if (!job->text) job->text = std::make_unique<kiln::tok::StreamDecoder>(*tgt_vocab_);
+              e["text"] = job->text->push(t);  // whole UTF-8 characters only
+            }
             events += "data: " + e.dump() + "\n\n";
           }
           const bool done = job->done;
@@ -1442,7 +1448,7 @@ class Server {
   Metrics metrics_;
   Scheduler scheduler_;
   std::chrono::milliseconds timeout_;
-  std::optional<kiln::Vocabulary> src_vocab_, tgt_vocab_;
+  std::unique_ptr<kiln::tok::Tokenizer> src_vocab_, tgt_vocab_;  // tokenizers/tokenizer.h
   bool causal_ = false, generates_ = false;
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> open_connections_{0};

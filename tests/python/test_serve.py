@@ -331,8 +331,8 @@ def test_generate_text_and_streamed_tokens_equal_the_python_module(server_factor
     s = server_factory("--src-vocab", os.path.join(NUMBERS, "vocab.src.txt"), "--tgt-vocab",
                        os.path.join(NUMBERS, "vocab.tgt.txt"), lib=lib, weights=weights)
     model = kiln.Model(lib, weights, threads=1)
-    src_vocab = kiln.Vocabulary(os.path.join(NUMBERS, "vocab.src.txt"))
-    tgt_vocab = kiln.Vocabulary(os.path.join(NUMBERS, "vocab.tgt.txt"))
+    src_vocab = kiln.Tokenizer(os.path.join(NUMBERS, "vocab.src.txt"))
+    tgt_vocab = kiln.Tokenizer(os.path.join(NUMBERS, "vocab.tgt.txt"))
     words = ["forty-two", "three hundred and seven", "nine"]
     url = s.url + "/v2/models/py_numbers/generate"
     r = requests.post(url, json={"text": words, "beam_size": 4, "num_hypotheses": 2}, timeout=30)
@@ -353,6 +353,8 @@ def test_generate_text_and_streamed_tokens_equal_the_python_module(server_factor
     events = [e for e in r.text.split("\n\n") if e]
     tokens = [json.loads(e[len("data: "):])["token"] for e in events[:-1]]
     assert tokens == want
+    # The streamed text (whole characters, tokenizers/tokenizer.h's StreamDecoder) adds up.
+    assert "".join(json.loads(e[len("data: "):])["text"] for e in events[:-1]) == "105"
     assert events[-1].startswith("event: done\ndata: ")
     assert json.loads(events[-1].split("data: ", 1)[1])["results"][0]["hypotheses"][0]["text"] \
         == "105"
