@@ -4,9 +4,9 @@
 # the CPU: `clinfo -l` should list a pocl device. The Python module (python/) builds with
 # python3-dev and pybind11-dev; its tests run with python3-numpy and python3-pytest. kiln serve
 # builds with libcpp-httplib-dev and nlohmann-json3-dev; its tests use curl, python3-requests
-# and nginx (started by the tests on their own configuration), its bench wrk. The tokenizers (tokenizers/)
-# link libsentencepiece; python3-sentencepiece retrains the demo SentencePiece model
-# (examples/tokenizers/make_tokenizers.py).
+# and nginx (started by the tests on their own configuration), its bench wrk. The tokenizers
+# (tokenizers/) link libsentencepiece; python3-sentencepiece retrains the demo SentencePiece
+# model (examples/tokenizers/make_tokenizers.py).
 set -euo pipefail
 
 packages=(cmake ninja-build g++ ccache pkg-config llvm-14 llvm-14-tools
