@@ -375,7 +375,7 @@ def test_concurrent_generation_is_batched_and_equals_each_request_alone(server_f
     weights = os.path.join(NUMBERS, "numbers.weights.safetensors")
     s = server_factory("--max-queue-delay-ms", "20", lib=lib, weights=weights)
     model = kiln.Model(lib, weights, threads=1)
-    src_vocab = kiln.Vocabulary(os.path.join(NUMBERS, "vocab.src.txt"))
+    src_vocab = kiln.Tokenizer(os.path.join(NUMBERS, "vocab.src.txt"))
     with open(os.path.join(NUMBERS, "heldout.tsv"), encoding="utf-8") as f:
         words = [line.split("\t")[0] for line in f][:48]
     requests_, at = [], 0
