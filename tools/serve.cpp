@@ -811,9 +811,11 @@ class Scheduler {
 // waits for them).
 class CountingPool : public httplib::TaskQueue {
  public:
-  CountingPool(size_t n, std::atomic<int64_t>& open) : pool_(n), open_(open) {}
+  CountingPool(size_t n, std::atomic<int64_t>& open, std::atomic<int64_t>& last_accept)
+      : pool_(n), open_(open), last_accept_(last_accept) {}
   void enqueue(std::function<void()> fn) override {
     ++open_;
+    last_accept_ = Clock::now().time_since_epoch().count();
     pool_.enqueue([this, fn = std::move(fn)] {
       fn();
       --open_;
@@ -824,6 +826,7 @@ class CountingPool : public httplib::TaskQueue {
  private:
   httplib::ThreadPool pool_;
   std::atomic<int64_t>& open_;
+  std::atomic<int64_t>& last_accept_;  // Clock ticks
 };
 
 // ---- The server ------------------------------------------------------------------------------
@@ -855,7 +858,8 @@ class Server {
   int run() {
     httplib::Server svr;
     svr.new_task_queue = [this] {
-      return new CountingPool(static_cast<size_t>(a_.http_threads), open_connections_);
+      return new CountingPool(static_cast<size_t>(a_.http_threads), open_connections_,
+                              last_accept_);
     };
     svr.set_payload_max_length(static_cast<size_t>(*parse_byte_size(a_.max_body_bytes)));
     svr.set_tcp_nodelay(true);  // else a reply's body waits for the ACK of its headers (40 ms)
@@ -909,8 +913,13 @@ class Server {
     draining_ = true;
     std::this_thread::sleep_for(std::chrono::milliseconds(a_.shutdown_grace_ms));
     // Every accepted connection answered (each reply now closes its connection; an idle
-    // keep-alive connection ends within the keep-alive timeout), every queued request run.
-    while (open_connections_ > 0 || scheduler_.in_flight() > 0)
+    // keep-alive connection ends within the keep-alive timeout), every queued request run,
+    // and no connection for 100 ms (a client slow to see its 503 may still be coming).
+    const auto quiet = [&] {
+      return Clock::now().time_since_epoch().count() - last_accept_ >
+             std::chrono::duration_cast<Clock::duration>(std::chrono::milliseconds(100)).count();
+    };
+    while (open_connections_ > 0 || scheduler_.in_flight() > 0 || !quiet())
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     svr.stop();
   }
@@ -1452,6 +1461,7 @@ class Server {
   bool causal_ = false, generates_ = false;
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> open_connections_{0};
+  std::atomic<int64_t> last_accept_{0};  // when the last connection came (Clock ticks)
 };
 
 }  // namespace
