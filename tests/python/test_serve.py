@@ -93,6 +93,19 @@ def output(resp, name="logits"):
     raise AssertionError("no output %r in %s" % (name, resp.text[:200]))
 
 
+def metrics_when(server, name, value):
+    """/metrics as {series: value} once `name` reaches `value` (a request is counted just after
+    its answer is written, so a client can ask before its last answer is counted)."""
+    for _ in range(200):
+        text = requests.get(server.url + "/metrics", timeout=10).text
+        values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+                  if line and not line.startswith("#")}
+        if values.get(name) == value:
+            return values
+        time.sleep(0.01)
+    raise AssertionError("%s is %s, not %s" % (name, values.get(name), value))
+
+
 @pytest.fixture(scope="module")
 def golden():
     inputs, _ = read_safetensors(os.path.join(GOLDEN, "tiny_b2.inputs.safetensors"))
@@ -188,10 +201,7 @@ def test_concurrent_clients_get_their_own_unbatched_results(server_factory, tiny
     assert failures == []
     print("[ serve ] %d of %d batched answers differ from the unbatched call within 1e-5" % (
         len(inexact), len(cases)))
-    metrics = requests.get(s.url + "/metrics", timeout=10).text
-    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in metrics.splitlines()
-              if line and not line.startswith("#")}
-    assert values['kiln_requests_total{endpoint="infer",status="200"}'] == 64
+    values = metrics_when(s, 'kiln_requests_total{endpoint="infer",status="200"}', 64)
     assert values["kiln_batch_size_sum"] == 64
     assert values["kiln_batch_size_count"] < 64, "no two requests were batched"
     assert values['kiln_batch_size_bucket{le="1"}'] < values["kiln_batch_size_count"]
@@ -302,13 +312,7 @@ def test_a_request_past_the_time_limit_gets_504(server_factory, golden):
     r = s.infer(body)
     assert r.status_code == 504, r.text
     assert r.json()["error"] == "the request took longer than 100 ms (--request-timeout-ms)"
-    # The count follows the answer (the server's logger runs after the write).
-    for _ in range(100):
-        metrics = requests.get(s.url + "/metrics", timeout=10).text
-        if 'kiln_requests_total{endpoint="infer",status="504"} 1' in metrics:
-            break
-        time.sleep(0.02)
-    assert 'kiln_requests_total{endpoint="infer",status="504"} 1' in metrics
+    metrics_when(s, 'kiln_requests_total{endpoint="infer",status="504"}', 1)
     assert s.stop() == 0
 
 
@@ -413,9 +417,8 @@ def test_concurrent_generation_is_batched_and_equals_each_request_alone(server_f
     for t in threads:
         t.join()
     assert failures == []
-    metrics = requests.get(s.url + "/metrics", timeout=10).text
-    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in metrics.splitlines()
-              if line and not line.startswith("#")}
+    values = metrics_when(s, 'kiln_requests_total{endpoint="generate",status="200"}',
+                          len(requests_))
     assert values['kiln_batch_size_sum{endpoint="generate"}'] == len(requests_)
     assert values['kiln_batch_size_count{endpoint="generate"}'] < len(requests_)
     assert values['kiln_batch_rows_total{endpoint="generate"}'] == len(words)
