@@ -6,7 +6,8 @@
 # builds with libcpp-httplib-dev and nlohmann-json3-dev; its tests use curl, python3-requests
 # and nginx (started by the tests on their own configuration), its bench wrk. The tokenizers
 # (tokenizers/) link libsentencepiece; python3-sentencepiece retrains the demo SentencePiece
-# model (examples/tokenizers/make_tokenizers.py).
+# model (examples/tokenizers/make_tokenizers.py). The Dask example
+# (examples/python/dask_translate.py, run by the Python tests) needs python3-distributed.
 set -euo pipefail
 
 packages=(cmake ninja-build g++ ccache pkg-config llvm-14 llvm-14-tools
@@ -15,7 +16,7 @@ packages=(cmake ninja-build g++ ccache pkg-config llvm-14 llvm-14-tools
           ocl-icd-opencl-dev pocl-opencl-icd clinfo
           python3-dev pybind11-dev python3-numpy python3-pytest
           libcpp-httplib-dev nlohmann-json3-dev curl python3-requests wrk nginx
-          libsentencepiece-dev python3-sentencepiece)
+          libsentencepiece-dev python3-sentencepiece python3-distributed)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -293,3 +293,27 @@ def test_tokenizers_round_trip_and_stream_whole_characters(path, kind):
         assert streamed == text
     with pytest.raises(kiln.Error, match="does not exist"):
         kiln.Tokenizer(os.path.join(EXAMPLES, "no_such.model"))
+
+
+def test_the_dask_example_translates_the_heldout_file_as_the_cli(tmp_path):
+    # examples/python/dask_translate.py: a LocalCluster of 2 worker processes (dashboard off),
+    # each with the model loaded once through the module; the same lines as kiln translate.
+    src = os.path.join(str(tmp_path), "heldout.txt")
+    with open(src, "w", encoding="utf-8") as f:
+        f.write("".join(words + "\n" for words, _ in heldout(500)))
+    lib = os.path.join(MODELS, "py_numbers")
+    env = dict(os.environ, PYTHONPATH=os.environ.get("KILN_PYTHON_DIR", ""))
+    example = os.path.join(os.environ.get("KILN_EXAMPLES_DIR", ""), "dask_translate.py")
+    dask = subprocess.run([sys.executable, example, lib, src, "--workers", "2", "--chunk", "50"],
+                          check=True, capture_output=True, text=True, env=env, timeout=300).stdout
+    with open(src, encoding="utf-8") as f:
+        cli = subprocess.run([KILN_RUN, "translate", "--compiled", lib, "--weights",
+                              os.path.join(NUMBERS, "numbers.weights.safetensors"), "--src-vocab",
+                              os.path.join(NUMBERS, "vocab.src.txt"), "--tgt-vocab",
+                              os.path.join(NUMBERS, "vocab.tgt.txt")],
+                             stdin=f, check=True, capture_output=True, text=True).stdout
+    assert len(dask.splitlines()) == 500
+    assert dask.splitlines() == cli.splitlines()
+    right = sum(line.split(" -> ")[1] == digits
+                for line, (_, digits) in zip(dask.splitlines(), heldout(500)))
+    print("[ python ] Dask example: 500 held-out sentences, %d translated exactly" % right)
