@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "golden_tiny.h"
@@ -72,11 +73,12 @@ TEST(Checkpoints, F16ToF32IsExact) {
   }
 }
 
-TEST(Checkpoints, F16WeightsGiveTheLogitsOfTheirF32Values) {
-  const fs::path dir = folder("f16");
+// The tiny checkpoint's tensors in F16 (rounded to nearest), and in f32 holding the same
+// rounded values.
+std::pair<std::vector<rt::TensorData>, std::vector<rt::TensorData>> tiny_half_and_rounded() {
   std::vector<rt::TensorData> half, rounded;
   for (const rt::TensorData& t : tiny_tensors()) {
-    ASSERT_EQ(t.dtype, rt::DType::f32);
+    EXPECT_EQ(t.dtype, rt::DType::f32);
     rt::TensorData h{t.name, rt::DType::f16, t.shape, {}}, r{t.name, rt::DType::f32, t.shape, {}};
     for (size_t i = 0; i + 4 <= t.data.size(); i += 4) {
       float x;
@@ -93,6 +95,12 @@ TEST(Checkpoints, F16WeightsGiveTheLogitsOfTheirF32Values) {
     half.push_back(std::move(h));
     rounded.push_back(std::move(r));
   }
+  return {half, rounded};
+}
+
+TEST(Checkpoints, F16WeightsGiveTheLogitsOfTheirF32Values) {
+  const fs::path dir = folder("f16");
+  const auto [half, rounded] = tiny_half_and_rounded();
   rt::write_safetensors((dir / "half.safetensors").string(), half);
   rt::write_safetensors((dir / "rounded.safetensors").string(), rounded);
   const Tensor<float> from_half = tiny_logits((dir / "half.safetensors").string());
@@ -136,6 +144,16 @@ TEST(Checkpoints, ShardedCheckpointsGiveTheLogitsOfOneFile) {
   const fs::path single = folder("single");
   fs::copy_file(golden("tiny.weights.safetensors"), single / "weights.safetensors");
   EXPECT_EQ(tiny_logits(single.string()).data, one.data);
+}
+
+// Checkpoints as they are published for large models: sharded, in F16.
+TEST(Checkpoints, AnF16ShardedCheckpointGivesTheLogitsOfItsF32Values) {
+  const fs::path dir = folder("f16_sharded");
+  const auto [half, rounded] = tiny_half_and_rounded();
+  write_sharded(dir, half, 2);
+  rt::write_safetensors((dir.parent_path() / "checkpoint_rounded.safetensors").string(), rounded);
+  EXPECT_EQ(tiny_logits(dir.string()).data,
+            tiny_logits((dir.parent_path() / "checkpoint_rounded.safetensors").string()).data);
 }
 
 // The message model creation fails with for the index `json` (beside the shards of
