@@ -11,6 +11,7 @@
 //   (with temperature, top-k and top-p), top-p's cut, stop ids and streaming.
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <random>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -490,6 +492,41 @@ TEST(GenerateCli, PrintsTheTwinsIdsAndRefusesBadPrompts) {
   EXPECT_THAT(r.output,
               HasSubstr("kiln: error: generate: prompt 1: token id 999 is out of range [0, 61) "
                         "(the model's vocab): '3 4 999'"));
+}
+
+// `kiln generate --tokenizer`: text prompts and text output through a tokenizer
+// (tokenizers/tokenizer.h), here a character vocabulary of the llama example's 61 tokens
+// (token i is the character 33 + i): the same ids as the id prompts give, as text, streamed
+// or not.
+TEST(GenerateCli, TokenizerTakesTextPromptsAndPrintsText) {
+  const std::vector<std::vector<int64_t>> p = prompts("llama");
+  const ir::Tensor greedy = read("llama.generate.safetensors", "greedy");
+  const std::string w = golden("llama.weights.safetensors");
+  const std::string vocab = ::testing::TempDir() + "kiln_llama_chars.txt";
+  {
+    std::ofstream out(vocab);
+    for (int i = 0; i < 61; ++i) out << static_cast<char>(33 + i) << "\n";
+  }
+  auto text = [](const std::vector<int64_t>& ids) {
+    std::string t;
+    for (int64_t id : ids) t += static_cast<char>(33 + id);
+    return t;
+  };
+  const std::vector<int64_t> g0 = golden_row(greedy, 0);
+  testing::CliResult r =
+      testing::run_argv({"%kiln", "generate", "--compiled", KILN_GENERATE_MODEL_DIR, "--weights", w,
+                         "--max-len", "32", "--tokenizer", vocab, text(p[0])});
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output, text(g0) + "\n");
+  r = testing::run_argv({"%kiln", "generate", "--compiled", KILN_GENERATE_MODEL_DIR, "--weights", w,
+                         "--max-len", "32", "--tokenizer", vocab, "--stream", text(p[0])});
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output, text(g0) + "\n");
+  // Text the tokenizer cannot encode is an error naming the prompt.
+  r = testing::run_argv({"%kiln", "generate", "--compiled", KILN_GENERATE_MODEL_DIR, "--weights", w,
+                         "--tokenizer", vocab, "a b"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.output, HasSubstr("kiln: error: generate: prompt 1: character"));
 }
 
 // `kiln run --compiled` runs one decode_step (its caches updated in place: the runtime says
