@@ -88,6 +88,11 @@ class Lexer {
       while (is_name_char(peek(0))) bump();
       tok.kind = c == '@' ? Tok::kGlobal : Tok::kValue;
       tok.str = std::string(text_.substr(start + 1, pos_ - start - 1));
+    } else if (c == '@' && peek(1) == '"') {
+      // A quoted global name: a weight named by an importer (`@"onnx::MatMul_312"`).
+      bump();
+      lex_string(&tok);
+      tok.kind = Tok::kGlobal;
     } else if (c == '"') {
       lex_string(&tok);
     } else if (is_digit(c) || (c == '-' && is_digit(peek(1)))) {

@@ -1,6 +1,7 @@
 // Printer of the IR text form (grammar in printer.h).
 #include "ir/printer.h"
 
+#include <cctype>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -32,6 +33,15 @@ std::string quote(const std::string& s) {
     }
   }
   return out + "\"";
+}
+
+// `@name`, or `@"name"` when the name has characters outside [A-Za-z0-9_.] (a weight named
+// by an importer after its ONNX initializer, e.g. `@"onnx::MatMul_312"`).
+std::string global_name(const std::string& name) {
+  bool plain = !name.empty();
+  for (char c : name)
+    plain = plain && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.');
+  return "@" + (plain ? name : quote(name));
 }
 
 std::string print_attrs(const Attrs& attrs) {
@@ -136,11 +146,11 @@ std::string print_module(const Module& m) {
   }
   for (const Symbol& s : m.symbols) out += fmt::format("  symbol {} max {}\n", s.name, s.max);
   for (const Weight& w : m.weights) {
-    out += "  weight @" + w.name + " : " + to_string(w.type);
+    out += "  weight " + global_name(w.name) + " : " + to_string(w.type);
     if (w.derivation) {
       out += " = " + w.derivation->op + "(";
       for (size_t i = 0; i < w.derivation->inputs.size(); ++i)
-        out += (i ? ", @" : "@") + w.derivation->inputs[i];
+        out += (i ? ", " : "") + global_name(w.derivation->inputs[i]);
       out += ")" + print_attrs(w.derivation->attrs);
     }
     out += "\n";

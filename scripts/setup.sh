@@ -8,6 +8,7 @@
 # (tokenizers/) link libsentencepiece; python3-sentencepiece retrains the demo SentencePiece
 # model (examples/tokenizers/make_tokenizers.py). The Dask example
 # (examples/python/dask_translate.py, run by the Python tests) needs python3-distributed.
+# `kiln import` reads ONNX with libonnx-dev (the onnx.proto messages) and libprotobuf-dev.
 set -euo pipefail
 
 packages=(cmake ninja-build g++ ccache pkg-config llvm-14 llvm-14-tools
@@ -16,7 +17,8 @@ packages=(cmake ninja-build g++ ccache pkg-config llvm-14 llvm-14-tools
           ocl-icd-opencl-dev pocl-opencl-icd clinfo
           python3-dev pybind11-dev python3-numpy python3-pytest
           libcpp-httplib-dev nlohmann-json3-dev curl python3-requests wrk nginx
-          libsentencepiece-dev python3-sentencepiece python3-distributed)
+          libsentencepiece-dev python3-sentencepiece python3-distributed
+          libonnx-dev libprotobuf-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -32,6 +32,7 @@
 #include "tools/bridge.h"
 #include "tools/cli.h"
 #include "tools/dot.h"
+#include "tools/import_cmd.h"
 
 namespace kiln::tools {
 namespace {
@@ -42,6 +43,7 @@ usage: kiln <command> [options]
 
 commands:
   emit MODEL      write a registered model's IR text (.kir)
+  import MODEL    read an ONNX model into kiln IR (.kir) and a weights file
   inspect FILE    print entry points, weights and op histograms of a module
   opt FILE        run graph passes and print the resulting IR
   run FILE        run a function of a module with the reference interpreter
@@ -474,6 +476,7 @@ int dispatch(const std::vector<std::string>& args) {
   const std::string& cmd = args[0];
   std::vector<std::string> rest(args.begin() + 1, args.end());
   if (cmd == "emit") return cmd_emit(rest);
+  if (cmd == "import") return cmd_import(rest);
   if (cmd == "inspect") return cmd_inspect(rest);
   if (cmd == "run") return cmd_run(rest);
   if (cmd == "opt") return cmd_opt(rest);
