@@ -13,6 +13,8 @@
 #include "passes/fuse_add_layernorm.h"
 #include "passes/fuse_attention.h"
 #include "passes/fuse_elementwise.h"
+#include "passes/fuse_gelu.h"
+#include "passes/fuse_layernorm.h"
 #include "passes/fuse_linear.h"
 #include "passes/fuse_rmsnorm.h"
 #include "passes/merge_projections.h"
@@ -34,9 +36,14 @@ const std::vector<PassInfo>& all_passes() {
       {"fuse-attention", fuse_attention, "Q·Kᵀ, scale, mask, softmax, ·V -> attention"},
       // After canonicalize (one constant per eps, identity chains folded) and before
       // fuse-add-layernorm, which then absorbs a residual add into the RMSNorm it makes.
+      // Imported graphs (kiln import) and hand-written norms: LayerNorm written out. Before
+      // fuse-rmsnorm, which would take the centered x's RMS for an RMSNorm of its own.
+      {"fuse-layernorm", fuse_layernorm, "(x - mean) / sqrt(var + eps) * w + b -> layernorm"},
       {"fuse-rmsnorm", fuse_rmsnorm, "x * rsqrt(mean(x*x) + eps) * w -> layernorm {rms}"},
       {"fuse-add-layernorm", fuse_add_layernorm, "layernorm(x + y) -> add_layernorm"},
       // After fuse-attention: the residual adds it must not absorb are now unambiguous.
+      // GELU written out (erf or tanh) becomes one op, which fuse-linear absorbs.
+      {"fuse-gelu", fuse_gelu, "x * 0.5 * (1 + erf(x / sqrt 2)) -> gelu (and the tanh form)"},
       {"fuse-linear", fuse_linear, "matmul(x, Wᵀ) + b [relu] -> linear"},
       // Needs fuse-linear's linear ops to find projections sharing an input.
       {"merge-projections", merge_projections, "Q/K/V linears of one input -> one linear"},
