@@ -786,7 +786,7 @@ OnnxImport Importer::run() {
     vals_[in.name()] = tensor_val(id);
   }
   for (const auto& [name, sym] : options_.dim_max)
-    if (!module_.find_symbol(sanitize(name, "d")))
+    if (options_.refuse_unused_dims && !module_.find_symbol(sanitize(name, "d")))
       fail("{}: --dim {}: no graph input has a dynamic dim named '{}'", label_, name, name);
 
   for (const auto& [name, t] : initializers_) {
@@ -1449,11 +1449,15 @@ void Importer::trilu_node() {
     const ir::AttrValue& v = f.ops[def].attrs.at("value");
     double value = std::holds_alternative<double>(v) ? std::get<double>(v)
                                                      : static_cast<double>(std::get<int64_t>(v));
-    if (t.dtype == DType::boolean) {
-      if (value != 0) {
-        set_output(0, tensor_val(keep));
-        return;
-      }
+    if (t.dtype == DType::boolean && value != 0) {
+      set_output(0, tensor_val(keep));
+      return;
+    }
+    // A select between two scalars: the form fuse-attention reads as a mask.
+    if (t.dtype != DType::boolean) {
+      set_output(0, tensor_val(emit(OpKind::select,
+                                    {keep, constant(value, t.dtype), constant(0, t.dtype)})));
+      return;
     }
   }
   if (t.dtype == DType::boolean) {

@@ -35,6 +35,7 @@ struct OnnxImportOptions {
   std::map<std::string, int64_t> dim_max;  // --dim NAME=MAX: each symbolic dim's maximum
   std::string function = "forward";        // the entry point's name
   std::string module_name;                 // default: "imported"
+  bool refuse_unused_dims = true;          // a dim_max naming no input's dim is an error
 };
 
 struct OnnxImport {

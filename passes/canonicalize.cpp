@@ -289,6 +289,21 @@ class Canonicalizer {
         if (std::optional<bool> c = bool_constant(op.operands[0])) return same_type(*c ? a : b);
         return std::nullopt;
       }
+      case OpKind::cast: {
+        // cast(select(c, a, b)) to bool, a and b scalar constants with a != 0 and b == 0:
+        // c itself (PyTorch's `tril(ones(L, L)).bool()` as kiln import writes it).
+        const Op* sel = def(op.operands[0]);
+        if (t.dtype != ir::DType::boolean || !sel || sel->kind != OpKind::select) return {};
+        const Op* a = def(sel->operands[1]);
+        const Op* b = def(sel->operands[2]);
+        auto scalar = [&](const Op* c) {
+          return c && c->kind == OpKind::constant && type(c->result).rank() == 0;
+        };
+        if (!scalar(a) || !scalar(b)) return std::nullopt;
+        if (a->float_attr("value") != 0 && b->float_attr("value") == 0)
+          return same_type(sel->operands[0]);
+        return std::nullopt;
+      }
       case OpKind::logical_and:
       case OpKind::logical_or: {
         // x and true = x; x or false = x.

@@ -2,6 +2,7 @@
 """Small models exported to ONNX with Debian's PyTorch, for `kiln import`'s tests.
 
 Regenerate with:   /usr/bin/python3 tests/onnx/export_models.py [OUT_DIR]
+The fuzz seeds:     /usr/bin/python3 tests/onnx/export_models.py --fuzz-seeds fuzz/corpus/onnx
 (default OUT_DIR: tests/onnx/models, where the files are committed; each export is tens of
 KB). For each model NAME and opset N in (14, 17) it writes
 
@@ -117,9 +118,9 @@ class NNTransformer(nn.Module):
         return self.generator(h)
 
 
-def transformer():
+def transformer(**small):
     torch.manual_seed(0)
-    m = NNTransformer().eval()
+    m = NNTransformer(**small).eval()
     randomize(m, 2900)
     g = torch.Generator().manual_seed(2901)
     # Every row's last key is real: a row of all-padding keys is NaN in PyTorch.
@@ -200,9 +201,9 @@ class Bert(nn.Module):
         return x
 
 
-def bert():
+def bert(**small):
     torch.manual_seed(0)
-    m = Bert().eval()
+    m = Bert(**small).eval()
     randomize(m, 3100)
     g = torch.Generator().manual_seed(3101)
     input_ids = ids(g, [11, 8, 5], 41, 0)
@@ -275,9 +276,9 @@ class GPT2(nn.Module):
         return F.linear(self.ln_f(x), self.wte.weight)  # lm_head tied to wte
 
 
-def gpt2():
+def gpt2(**small):
     torch.manual_seed(0)
-    m = GPT2().eval()
+    m = GPT2(**small).eval()
     randomize(m, 3200)
     g = torch.Generator().manual_seed(3201)
     input_ids = torch.randint(0, 53, (2, 13), generator=g)
@@ -310,8 +311,29 @@ def export(name, out_dir):
         print("wrote", path, os.path.getsize(path), "bytes")
 
 
+# Seeds for the importer's fuzz target (fuzz/corpus/onnx): the same graphs at the smallest
+# sizes (one layer, width 8), a few KB each.
+FUZZ_SEEDS = {"transformer": dict(d=8, heads=2, d_ff=8, layers=1),
+              "bert": dict(d=8, heads=2, d_ff=8, layers=1),
+              "gpt2": dict(d=8, heads=2, layers=1)}
+
+
+def fuzz_seeds(out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    for name, small in FUZZ_SEEDS.items():
+        m, args, in_names, out_names, axes, _ = MODELS[name](**small)
+        for opset in OPSETS:
+            path = os.path.join(out_dir, "%s_opset%d.onnx" % (name, opset))
+            torch.onnx.export(m, args, path, opset_version=opset, input_names=in_names,
+                              output_names=out_names, dynamic_axes=axes)
+            print("wrote", path, os.path.getsize(path), "bytes")
+
+
 def main():
     torch.set_num_threads(1)
+    if len(sys.argv) > 2 and sys.argv[1] == "--fuzz-seeds":
+        fuzz_seeds(sys.argv[2])
+        return
     out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "models")
     names = sys.argv[2:] or list(MODELS)
     os.makedirs(out_dir, exist_ok=True)
