@@ -32,13 +32,18 @@ pages=("$src"/docs/*.md)
 ((${#pages[@]})) || fail "no pages in $src/docs"
 
 # --- 1. options ------------------------------------------------------------------------------
-commands="emit inspect opt compile run translate generate serve"
+# The commands `kiln --help` lists (a new one is checked without changing this script), each
+# with the options its own --help declares.
+commands=$(awk '/^commands:$/ { on = 1; next } on && NF == 0 { exit } on && $1 ~ /^[a-z]+$/ { print $1 }' \
+  <<<"$("$kiln" --help)")
+[ -n "$commands" ] || fail "kiln --help lists no commands"
+commands=$(echo $commands)
 declare -A known
 for cmd in $commands; do
-  help=$("$kiln" "$cmd" --help)
+  help=$("$kiln" "$cmd" --help 2>/dev/null) || help=""
   # Option lines: "  --name ARG  help", "  -o FILE  help"; every name they declare.
-  known[$cmd]=" --help $(grep -oE '^ +(-[A-Za-z]|--[a-z0-9][a-z0-9-]*)' <<<"$help" | tr -d ' ' |
-    tr '\n' ' ')"
+  known[$cmd]=" --help $({ grep -oE '^ +(-[A-Za-z]|--[a-z0-9][a-z0-9-]*)' <<<"$help" || true; } |
+    tr -d ' ' | tr '\n' ' ')"
 done
 
 # Prints "FILE:LINE CMD OPTION" for every option after `kiln CMD` (also `$kiln CMD`,
