@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <map>
 #include <optional>
 #include <string>
@@ -151,6 +152,7 @@ class Canonicalizer {
   // Folds constants and shortens chains by rewriting op i; returns whether it did.
   bool simplify_in_place(size_t i) {
     Op& op = f_.ops[i];
+    if (op.kind == OpKind::add && add_of_infinite_mask(i)) return true;
     if (ir::is_elementwise(op.kind)) return fold_constant(i);
     switch (op.kind) {
       case OpKind::slice:
@@ -162,6 +164,39 @@ class Canonicalizer {
       default:
         return false;
     }
+  }
+
+  // add(s, select(m, -inf, 0)) -> select(m, -inf, s), either operand order, the -inf and
+  // the 0 f32 constants (splats of any shape): an additive mask of -inf and 0 is exactly a
+  // masked select (s + -inf = -inf, s + 0 = s), the form fuse-attention reads (PyTorch's
+  // float masks, e.g. nn.Transformer.generate_square_subsequent_mask, as imported).
+  bool add_of_infinite_mask(size_t i) {
+    Op& op = f_.ops[i];
+    auto splat = [&](ValueId v, double* value) {
+      const Op* c = def(v);
+      if (!c || c->kind != OpKind::constant || type(v).dtype != ir::DType::f32) return false;
+      *value = c->float_attr("value");
+      return true;
+    };
+    for (int k = 0; k < 2; ++k) {
+      const Op* sel = def(op.operands[k]);
+      if (!sel || sel->kind != OpKind::select) continue;
+      double fill = 0, zero = 1;
+      if (!splat(sel->operands[1], &fill) || !splat(sel->operands[2], &zero)) continue;
+      if (!(std::isinf(fill) && fill < 0) || zero != 0) continue;
+      const ValueId s = op.operands[1 - k];
+      ir::TypeResult a =
+          ir::broadcast_types(type(sel->operands[0]), type(sel->operands[1]), ir::DType::f32);
+      if (!a.ok()) continue;
+      ir::TypeResult b = ir::broadcast_types(a.type, type(s), ir::DType::f32);
+      if (!b.ok() || !(b.type == type(op.result))) continue;
+      debug_log(kPass, "{}: the add of a -inf/0 mask {} is a select", where(i),
+                label(op.operands[k]));
+      op.kind = OpKind::select;
+      op.operands = {sel->operands[0], sel->operands[1], s};
+      return true;
+    }
+    return false;
   }
 
   // elementwise(constant[], ...) -> constant[]: evaluated by the reference interpreter,
@@ -287,6 +322,16 @@ class Canonicalizer {
         const ValueId a = op.operands[1], b = op.operands[2];
         if (a == b) return same_type(a);
         if (std::optional<bool> c = bool_constant(op.operands[0])) return same_type(*c ? a : b);
+        return std::nullopt;
+      }
+      case OpKind::mul: {
+        // x * 1 = x (exactly, NaN and -0 included) for a scalar f32 constant 1.
+        for (int k = 0; k < 2; ++k) {
+          const Op* c = def(op.operands[k]);
+          if (c && c->kind == OpKind::constant && type(c->result).rank() == 0 &&
+              type(c->result).dtype == ir::DType::f32 && c->float_attr("value") == 1.0)
+            return same_type(op.operands[1 - k]);
+        }
         return std::nullopt;
       }
       case OpKind::cast: {

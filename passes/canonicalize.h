@@ -15,9 +15,10 @@
 //  - transpose(transpose(x, p), q) -> transpose(x, r), r[i] = p[q[i]]; identity
 //    transposes -> x; a slice of a whole axis -> x;
 //  - select(c, a, a) -> a; select(true, a, b) -> a, select(false, a, b) -> b;
-//    x and true -> x; x or false -> x; cast(select(c, a, 0)) to bool -> c for scalar
+//    x and true -> x; x or false -> x; x * 1.0 -> x; cast(select(c, a, 0)) to bool -> c for scalar
 //    constants a != 0 (each only when no broadcast makes the result larger than the value
-//    it is replaced by).
+//    it is replaced by); add(s, select(m, -inf, 0)) -> select(m, -inf, s) (an additive mask of
+//    -inf and 0, as PyTorch's float masks are, is exactly a masked select).
 //
 //   %1 = reshape(%0) : f32[B,S,8,64]        %2 = reshape(%0) : f32[B,S,512]
 //   %2 = reshape(%1) : f32[B,S,512]    =>   (and %2 == %0's shape: uses of %2 use %0)

@@ -125,9 +125,11 @@ bool scalar_constant(const Graph& g, ValueId v, double* value) {
 }
 
 // Sets *value to the value of `v` if it is a rank-0 f32 constant; false otherwise.
+// An f32 `constant`: a splat, of rank 0 or of any shape it broadcasts in (an imported
+// ConstantOfShape), so one value.
 bool f32_scalar_constant(const Graph& g, ValueId v, double* value) {
   const Op* op = g.def(v, OpKind::constant);
-  if (!op || !(g.type(v) == TensorType{DType::f32, {}})) return false;
+  if (!op || g.type(v).dtype != DType::f32) return false;
   *value = op->float_attr("value");
   return true;
 }
@@ -396,6 +398,19 @@ bool collect_mask_terms(const Graph& g, ValueId m, bool polarity, const ScoreDim
       if (unit_reshape(g, m))
         return collect_mask_terms(g, op->operands[0], polarity, dims, terms, why);
       break;
+    case OpKind::expand: {
+      // A rank-4 mask expanded along the heads only (PyTorch's MultiheadAttention expands
+      // the key padding over the heads): the scores broadcast it there anyway, so it masks
+      // the same set.
+      const TensorType& x = g.type(op->operands[0]);
+      if (x.rank() == t.rank()) {
+        bool heads_only = true;
+        for (int64_t i = 0; i < t.rank(); ++i)
+          if (!(x.shape[i] == t.shape[i]) && !(t.rank() == 4 && i == 1)) heads_only = false;
+        if (heads_only) return collect_mask_terms(g, op->operands[0], polarity, dims, terms, why);
+      }
+      break;
+    }
     case OpKind::lt:
     case OpKind::le:
     case OpKind::gt:

@@ -21,6 +21,7 @@
 #include "passes/plan_memory.h"
 #include "passes/schedule.h"
 #include "passes/shape_inference.h"
+#include "passes/unmerge_heads.h"
 #include "support/error.h"
 
 namespace kiln::passes {
@@ -33,6 +34,9 @@ const std::vector<PassInfo>& all_passes() {
       {"canonicalize", canonicalize, "dead code, CSE, constant folding, reshape/transpose chains"},
       // Before fuse-linear: the attention pattern starts at the projections' outputs,
       // whatever form they take, and needs the head reshapes/transposes intact.
+      // Sequence-first attention over merged batch*heads (nn.MultiheadAttention) first.
+      {"unmerge-heads", unmerge_heads, "[L,H*B,d] attention (nn.MultiheadAttention) -> [B,H,L,d]"},
+      {"canonicalize", canonicalize, "dead code, CSE, constant folding, reshape/transpose chains"},
       {"fuse-attention", fuse_attention, "Q·Kᵀ, scale, mask, softmax, ·V -> attention"},
       // After canonicalize (one constant per eps, identity chains folded) and before
       // fuse-add-layernorm, which then absorbs a residual add into the RMSNorm it makes.
