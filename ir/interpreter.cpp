@@ -1672,6 +1672,12 @@ void materialize_weights(const Module& module, WeightMap& weights) {
     const int64_t* axis_attr =
         axis_it == d.attrs.end() ? nullptr : std::get_if<int64_t>(&axis_it->second);
     if (!axis_attr) fail("weight '{}': concat needs an integer attribute 'axis'", w.name);
+    // {transpose = 1}: each input [K, N_i] (an [in, out] weight) is transposed first.
+    auto tr_it = d.attrs.find("transpose");
+    const bool transposed = tr_it != d.attrs.end() && std::get_if<int64_t>(&tr_it->second) &&
+                            std::get<int64_t>(tr_it->second) == 1;
+    std::vector<Tensor> transposed_parts;
+    transposed_parts.reserve(d.inputs.size());
     std::vector<const Tensor*> parts;
     for (const std::string& in : d.inputs) {
       auto it = weights.find(in);
@@ -1685,6 +1691,18 @@ void materialize_weights(const Module& module, WeightMap& weights) {
         for (int64_t i = 0; same && i < want.rank(); ++i) same = want.shape[i].is_const(t.shape[i]);
         if (!same)
           fail("weight '{}' has type {}, expected {}", in, t.type_string(), to_string(want));
+      }
+      if (transposed) {
+        if (t.dtype != DType::f32 || rank_of(t) != 2)
+          fail("weight '{}': a transposed concat of {}, not f32 of rank 2", w.name,
+               t.type_string());
+        const int64_t K = t.shape[0], N = t.shape[1];
+        std::vector<float> data(static_cast<size_t>(K * N));
+        for (int64_t k = 0; k < K; ++k)
+          for (int64_t n = 0; n < N; ++n) data[n * K + k] = t.f[k * N + n];
+        transposed_parts.push_back(Tensor::from_f32({N, K}, std::move(data)));
+        parts.push_back(&transposed_parts.back());
+        continue;
       }
       parts.push_back(&t);
     }

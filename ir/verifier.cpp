@@ -96,6 +96,18 @@ class Verifier {
       module_error("[V9] weight '{}' has an unknown derivation '{}'", w.name, d.op);
       return;
     }
+    // {transpose = 1}: each input, an [in, out] weight [K, N_i], is transposed first.
+    ir::Attrs attrs = d.attrs;
+    bool transposed = false;
+    if (auto it = attrs.find("transpose"); it != attrs.end()) {
+      const int64_t* t = std::get_if<int64_t>(&it->second);
+      if (!t || (*t != 0 && *t != 1)) {
+        module_error("[V9] weight '{}': concat attribute 'transpose' must be 0 or 1", w.name);
+        return;
+      }
+      transposed = *t == 1;
+      attrs.erase(it);
+    }
     std::vector<TensorType> types;
     for (const std::string& in : d.inputs) {
       const Weight* src = m_.find_weight(in);
@@ -104,9 +116,16 @@ class Verifier {
                      w.name, in);
         return;
       }
-      types.push_back(src->type);
+      if (transposed && src->type.rank() != 2) {
+        module_error("[V9] weight '{}': a transposed concat of '{}', which is not rank 2", w.name,
+                     in);
+        return;
+      }
+      types.push_back(transposed
+                          ? TensorType{src->type.dtype, {src->type.shape[1], src->type.shape[0]}}
+                          : src->type);
     }
-    TypeResult r = infer_type(m_, OpKind::concat, types, d.attrs, nullptr);
+    TypeResult r = infer_type(m_, OpKind::concat, types, attrs, nullptr);
     if (!r.ok())
       module_error("[V9] weight '{}': concat {}", w.name, r.error);
     else if (!(r.type == w.type))

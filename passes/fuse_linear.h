@@ -10,7 +10,8 @@
 // A matmul by a plain rank-2 weight W [K, N] (stored [in, out], GPT-2's Conv1D:
 // matmul(x, W) + b) first reads it as transpose(@W.T), W.T = transpose(@W) {perm=[1,0]} a
 // module weight [N, K] derived at load time from the same checkpoint tensor, and fuses like
-// the others (lowering keeps W as stored, the linear kernel's unpanelled layout).
+// the others (the runtime transposes the stored [K, N] at load time into whatever layout the
+// linear kernel reads: panels, bf16, int8).
 //
 // The anchor is a matmul whose right operand is `transpose(%W) {perm=[1,0]}` of any f32
 // rank-2 value (usually a `weight`); a batched matmul such as attention's Q·Kᵀ

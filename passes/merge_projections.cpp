@@ -43,18 +43,21 @@ struct Projection {
   int pos = -1;  // op index
   ValueId x = -1;
   std::string act;
-  std::string prefix;     // P in `<P>.<c>.weight`
-  std::string component;  // c
-  std::string weight;     // W's module weight name
-  std::string bias;       // b's module weight name; empty without a bias
-  int64_t n = 0;          // W's rows
-  int64_t k = 0;          // W's columns
+  std::string prefix;       // P in `<P>.<c>.weight`
+  std::string component;    // c
+  std::string weight;       // W's module weight name (for an [in, out] W: the stored one)
+  bool transposed = false;  // W is transpose(@weight), an [in, out] weight stored [K, N]
+  std::string bias;         // b's module weight name; empty without a bias
+  int64_t n = 0;            // W's rows
+  int64_t k = 0;            // W's columns
 };
 
 // The name of the underived module weight that `v` is a `weight` op of, or empty (with
-// *why set).
+// *why set). With `transposed`, a weight derived as the transpose of an underived one (an
+// [in, out] weight: GPT-2's Conv1D, an ONNX MatMul by an initializer) is accepted too: the
+// stored weight's name is returned and *transposed set.
 std::string weight_name_of(const ir::Module& m, const Function& f, const std::vector<int>& defs,
-                           ValueId v, std::string* why) {
+                           ValueId v, std::string* why, bool* transposed = nullptr) {
   const Op* op = def_op(f, defs, v);
   if (!op || op->kind != OpKind::weight) {
     *why = fmt::format("{} is not a weight op", value_label(f, v));
@@ -63,6 +66,14 @@ std::string weight_name_of(const ir::Module& m, const Function& f, const std::ve
   const std::string& name = op->str_attr("name");
   const ir::Weight* w = m.find_weight(name);
   KILN_ASSERT(w, "merge-projections: weight op of an undeclared weight (module not verified)");
+  if (transposed && w->derivation && w->derivation->op == "transpose" &&
+      w->derivation->inputs.size() == 1) {
+    const ir::Weight* src = m.find_weight(w->derivation->inputs[0]);
+    if (src && !src->derivation) {
+      *transposed = true;
+      return src->name;
+    }
+  }
   if (w->derivation) {
     *why = fmt::format("weight '{}' is derived", name);
     return {};
@@ -76,7 +87,8 @@ bool as_projection(const ir::Module& m, const Function& f, const std::vector<int
   const Op& op = f.ops[pos];
   KILN_ASSERT(op.kind == OpKind::linear && op.operands.size() >= 2, "as_projection: not a linear");
   std::string why;
-  const std::string w = weight_name_of(m, f, defs, op.operands[1], &why);
+  bool transposed = false;
+  const std::string w = weight_name_of(m, f, defs, op.operands[1], &why, &transposed);
   if (w.empty()) {
     debug_log(kPass, "linear {}: W {}", value_label(f, op.result), why);
     return false;
@@ -89,15 +101,33 @@ bool as_projection(const ir::Module& m, const Function& f, const std::vector<int
       return false;
     }
   }
-  // `<P>.<c>.weight` (P may be empty: `<c>.weight`).
-  const std::string suffix = ".weight";
-  if (w.size() <= suffix.size() ||
-      w.compare(w.size() - suffix.size(), suffix.size(), suffix) != 0) {
+  // `<P>.<c>.weight` (P may be empty: `<c>.weight`); for an [in, out] weight whose name says
+  // nothing (ONNX's `onnx::MatMul_687`), the bias's `<P>.<c>.bias`.
+  auto ends_with = [](const std::string& s, const std::string& suffix) {
+    return s.size() > suffix.size() &&
+           s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  std::string stem;
+  if (ends_with(w, ".weight"))
+    stem = w.substr(0, w.size() - 7);
+  else if (transposed && ends_with(b, ".bias"))
+    stem = b.substr(0, b.size() - 5);
+  else if (transposed && op.src.scope >= 0 &&
+           static_cast<size_t>(op.src.scope) < m.sources.size()) {
+    // Neither names it (a linear without bias): an imported node's name path,
+    // `/encoder/layers.0/self_attn/w_q/MatMul` -> encoder.layers.0.self_attn.w_q.
+    const std::string& scope = m.sources[static_cast<size_t>(op.src.scope)];
+    const size_t last = scope.rfind('/');
+    if (scope.size() > 1 && scope[0] == '/' && last != std::string::npos && last > 1) {
+      stem = scope.substr(1, last - 1);
+      std::replace(stem.begin(), stem.end(), '/', '.');
+    }
+  }
+  if (stem.empty()) {
     debug_log(kPass, "linear {}: weight '{}' is not named <prefix>.<component>.weight",
               value_label(f, op.result), w);
     return false;
   }
-  const std::string stem = w.substr(0, w.size() - suffix.size());
   const size_t dot = stem.rfind('.');
   *p = Projection{};
   p->pos = pos;
@@ -106,6 +136,7 @@ bool as_projection(const ir::Module& m, const Function& f, const std::vector<int
   p->prefix = dot == std::string::npos ? std::string() : stem.substr(0, dot);
   p->component = dot == std::string::npos ? stem : stem.substr(dot + 1);
   p->weight = w;
+  p->transposed = transposed;
   p->bias = b;
   const TensorType& wt = f.type(op.operands[1]);
   p->n = wt.shape[0].value;
@@ -173,9 +204,11 @@ std::pair<std::string, std::string> declare_merged(ir::Module& m,
   }
   const bool has_bias = !group[0].bias.empty();
   const ir::Attrs axis0 = {{"axis", int64_t{0}}};
+  ir::Attrs w_attrs = axis0;
+  if (group[0].transposed) w_attrs["transpose"] = int64_t{1};  // [in, out] weights
   ir::Weight w{{},
                TensorType{DType::f32, {Dim::constant(rows), Dim::constant(group[0].k)}},
-               ir::WeightDerivation{"concat", ws, axis0}};
+               ir::WeightDerivation{"concat", ws, w_attrs}};
   ir::Weight b{
       {}, TensorType{DType::f32, {Dim::constant(rows)}}, ir::WeightDerivation{"concat", bs, axis0}};
   const std::string base =
@@ -243,13 +276,14 @@ void apply(Function& f, Insertions inserts) {
 
 bool merge_function(ir::Module& m, Function& f) {
   const std::vector<int> defs = def_index(f);
-  using Key = std::tuple<ValueId, std::string, bool, std::string>;  // x, act, bias, prefix
+  // x, act, bias, prefix, [in, out] weights
+  using Key = std::tuple<ValueId, std::string, bool, std::string, bool>;
   std::map<Key, std::vector<Projection>> groups;
   for (size_t i = 0; i < f.ops.size(); ++i) {
     Projection p;
     if (f.ops[i].kind != OpKind::linear || !as_projection(m, f, defs, static_cast<int>(i), &p))
       continue;
-    groups[Key{p.x, p.act, !p.bias.empty(), p.prefix}].push_back(std::move(p));
+    groups[Key{p.x, p.act, !p.bias.empty(), p.prefix, p.transposed}].push_back(std::move(p));
   }
   // Program order of first members: weights are declared in a reproducible order.
   std::vector<const std::vector<Projection>*> order;

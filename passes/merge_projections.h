@@ -14,8 +14,14 @@
 //   weight @P.w_qkv.bias : f32[3D] = concat(@P.w_q.bias, @P.w_k.bias, @P.w_v.bias) {axis = 0}
 //
 // Groups: a linear is a candidate when its W (and b, if any) are `weight` ops of
-// underived module weights and W is named `<P>.<c>.weight` (P may be empty). Candidates
-// merge when they share the input value, act, having a bias, and the prefix P, and have
+// underived module weights and W is named `<P>.<c>.weight` (P may be empty). An [in, out] W
+// (fuse-linear's transpose(@W): GPT-2's Conv1D, an ONNX MatMul by an initializer, whose name
+// like `onnx::MatMul_687` may say nothing) is a candidate too, named by W, else by its bias
+// `<P>.<c>.bias`, else by the imported node's name path (`/<P with / for .>/<c>/MatMul`, the
+// op's source scope); such linears merge only with each other, into
+//   weight @P.w_qkv.weight : f32[3D,D] = concat(@Wq, @Wk, @Wv) {axis = 0, transpose = 1}
+// (each [in, out] input transposed, then concatenated; the runtime does it at load time).
+// Candidates merge when they share the input value, act, having a bias, and the prefix P, and have
 // different components c; the group is in program order. The prefix keeps linears of one
 // input in different blocks apart: the encoder memory feeds the cross-attention K and V
 // of every decoder layer, and only each layer's pair merges. In the Transformer: the

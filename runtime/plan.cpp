@@ -85,7 +85,9 @@ namespace {
 // Version 11 ('B'): symbols derived from others (base, scale, offset: T+1).
 // Version 12 ('C'): int8 weights (a weight's storage f32 0, bf16 1, int8 2), and the element
 // types i8 and i32 (the int8 kernels' weights and row sums).
-constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', 'C'};
+// Version 13 ('D'): a linear weight's transpose 2: its one source is stored [K, N]
+// (WeightDesc::source_kn), transposed at load time into any layout.
+constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', 'D'};
 
 // A plan stores an element type as its index here: the codes of format 8 (f32 0, i64 1,
 // bool 2, bf16 3), kept when the runtime's element types became kiln_dtype, so a plan's
@@ -439,7 +441,7 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
       w.str(wd.sources[i]);
       w.ints(wd.source_shapes[i]);
     }
-    w.i64(wd.transpose);
+    w.i64(wd.transpose ? (wd.source_kn ? 2 : 1) : 0);
     w.i64(wd.panel);
     w.i64(wd.int8 ? 2 : wd.bf16 ? 1 : 0);  // how its elements are stored: f32, bf16 or int8
     w.ints(wd.shape);
@@ -530,7 +532,11 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
       wd.sources.push_back(r.str());
       wd.source_shapes.push_back(r.ints());
     }
-    wd.transpose = r.i64() != 0;
+    const int64_t transpose = r.i64();
+    if (transpose < 0 || transpose > 2)
+      fail("compiled plan: weight '{}' has an unknown transpose {}", wd.name, transpose);
+    wd.transpose = transpose != 0;
+    wd.source_kn = transpose == 2;
     wd.panel = r.i64();
     const int64_t stored = r.i64();
     if (stored < 0 || stored > 2)

@@ -126,6 +126,9 @@ struct WeightDesc {
   std::vector<int64_t> shape;
   bool bf16 = false;  // packed for the bf16 linear kernel (lay_out_linear_weight_bf16_rows)
   bool int8 = false;  // quantized for the int8 linear kernel (lay_out_linear_weight_int8_rows)
+  // Its sources are stored [K, N_i] (an [in, out] weight: GPT-2's Conv1D, an ONNX MatMul by
+  // an initializer), each transposed to rows of W[N, K] at load time before the layout.
+  bool source_kn = false;
 };
 
 // The bytes a weight takes as the runtime lays it out: its shape's elements (f32, bf16 or

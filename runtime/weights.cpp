@@ -246,11 +246,40 @@ std::vector<AlignedBytes> load_weights(const Plan& plan, const std::string& path
       part_bf16.push_back(info.dtype == DType::bf16);
       source_numel += static_cast<int64_t>(parts.back().size() / (part_bf16.back() ? 2 : 4));
     }
+    // [in, out] sources [K, N_i]: each transposed to rows of W[N, K] (f32) here, then laid
+    // out as any.
+    std::vector<std::vector<float>> transposed(w.source_kn ? parts.size() : 0);
+    for (size_t pi = 0; w.source_kn && pi < parts.size(); ++pi) {
+      const std::vector<int64_t>& kn = w.source_shapes.at(pi);
+      const int64_t part_numel = static_cast<int64_t>(parts[pi].size() / (part_bf16[pi] ? 2 : 4));
+      if (kn.size() != 2 || kn[0] * kn[1] != part_numel || kn[0] != w.source_shapes.at(0).at(0))
+        fail("weight '{}' (from '{}') has {} elements, the plan expects [{}]", w.name,
+             w.sources[pi], part_numel, fmt::join(kn, ", "));
+      const int64_t k_in = kn[0], n_out = kn[1];
+      std::vector<float>& t = transposed[pi];
+      t.resize(static_cast<size_t>(part_numel));
+      const uint8_t* src = parts[pi].data();
+      for (int64_t k = 0; k < k_in; ++k)
+        for (int64_t n = 0; n < n_out; ++n) {
+          const int64_t i = k * n_out + n;
+          float v;
+          if (part_bf16[pi]) {
+            uint16_t b;
+            std::memcpy(&b, src + 2 * i, 2);
+            v = bf16_to_f32(b);
+          } else {
+            std::memcpy(&v, src + 4 * i, 4);
+          }
+          t[static_cast<size_t>(n * k_in + k)] = v;
+        }
+      parts[pi] = {reinterpret_cast<const uint8_t*>(t.data()), t.size() * 4};
+      part_bf16[pi] = false;
+    }
     // A linear weight W[N, K] (its sources are blocks of rows of K; the bf16 layout pads
     // N to a multiple of 64 and K to even, the int8 one to a multiple of 4).
-    const int64_t K = w.transpose && !w.source_shapes.empty() && !w.source_shapes[0].empty()
-                          ? w.source_shapes[0].back()
-                          : 1;
+    const int64_t K = !w.transpose || w.source_shapes.empty() || w.source_shapes[0].empty() ? 1
+                      : w.source_kn ? w.source_shapes[0].front()
+                                    : w.source_shapes[0].back();
     const int64_t group = w.bf16 ? 2 : w.int8 ? 4 : 0;  // K adjacent in the packed layout
     if (group ? (K < 1 || source_numel % K != 0 || (source_numel / K + 63) / 64 != w.shape[0] ||
                  (K + group - 1) / group != w.shape[1])

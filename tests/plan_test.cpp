@@ -14,7 +14,9 @@
 #include <gtest/gtest.h>
 
 #include "error_of.h"
+#include "runtime/model.h"
 #include "runtime/plan.h"
+#include "runtime/safetensors.h"
 
 namespace kiln::rt {
 namespace {
@@ -82,6 +84,45 @@ TEST(PlanWeights, PackedLayoutRoundTrips) {
   EXPECT_TRUE(back.weights[0].transpose);
   EXPECT_EQ(back.weights[0].panel, 64);
   EXPECT_EQ(back.weights[0].shape, w.shape);
+}
+
+// An [in, out] source [K, N] (source_kn: GPT-2's Conv1D, an ONNX MatMul by an initializer) is
+// transposed at load time: every layout (unpanelled, panels, bf16, int8) of it equals that of
+// the same weight stored [N, K]; and source_kn survives serialization.
+TEST(PlanWeights, AnInOutSourceIsTransposedAtLoadIntoEveryLayout) {
+  const int64_t N = 128, K = 6;
+  std::vector<float> nk(static_cast<size_t>(N * K)), kn(nk.size());
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t k = 0; k < K; ++k) {
+      nk[n * K + k] = static_cast<float>((n * 7 + k * 3) % 11) - 5.25f + 0.01f * n;
+      kn[k * N + n] = nk[n * K + k];
+    }
+  const std::string path = ::testing::TempDir() + "plan_source_kn.safetensors";
+  write_safetensors(path, {make_f32("w_nk", {N, K}, nk), make_f32("w_kn", {K, N}, kn)});
+  struct Layout {
+    int64_t panel;
+    bool bf16, int8;
+    std::vector<int64_t> shape;
+  };
+  for (const Layout& l :
+       {Layout{0, false, false, {K, N}}, Layout{64, false, false, {N / 64, K, 64}},
+        Layout{64, true, false, {N / 64, (K + 1) / 2, 64, 2}},
+        Layout{64, false, true, {N / 64, (K + 3) / 4, 64, 4}}}) {
+    Plan p;
+    p.model = "m";
+    WeightDesc a{"a", {"w_nk"}, {{N, K}}, true, l.panel, l.shape, l.bf16, l.int8};
+    WeightDesc b{"b", {"w_kn"}, {{K, N}}, true, l.panel, l.shape, l.bf16, l.int8, true};
+    p.weights = {a, b};
+    std::vector<uint8_t> bytes = serialize_plan(p);
+    Plan back = deserialize_plan(bytes.data(), bytes.size());
+    ASSERT_EQ(back.weights.size(), 2u);
+    EXPECT_FALSE(back.weights[0].source_kn);
+    EXPECT_TRUE(back.weights[1].source_kn);
+    std::vector<AlignedBytes> w = load_weights(back, path);
+    ASSERT_EQ(w[0].size, w[1].size);
+    EXPECT_EQ(std::memcmp(w[0].data.get(), w[1].data.get(), static_cast<size_t>(w[0].size)), 0)
+        << "panel " << l.panel << " bf16 " << l.bf16 << " int8 " << l.int8;
+  }
 }
 
 // int8: each row quantized by its largest magnitude (support/int8.h), packed as [Np/64, Kp/4,

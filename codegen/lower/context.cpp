@@ -205,27 +205,31 @@ int32_t ModuleLowering::weight_index(const std::string& name, bool linear, int64
     return s;
   };
   if (w->derivation && w->derivation->op == "transpose") {
-    // transpose(@W) of an [in, out] weight W[K, N] (GPT-2's Conv1D), read only by linear
-    // kernels without panels or bf16 (lower_linear): their layout Wᵀ [K, N] is W as stored.
-    if (!linear || panel != 0 || bf16 || int8)
-      fail(
-          "weight '{}': a transposed [in, out] weight is supported only as an f32 linear "
-          "weight without panels",
-          name);
+    // transpose(@W) of an [in, out] weight W[K, N] (GPT-2's Conv1D, ONNX's MatMul by an
+    // initializer), read only by linear kernels (lower_linear): the runtime transposes the
+    // stored [K, N] at load time (WeightDesc::source_kn) into any linear layout.
+    if (!linear)
+      fail("weight '{}': a transposed [in, out] weight is supported only as a linear weight", name);
     const ir::Weight* src = m.find_weight(w->derivation->inputs.at(0));
     KILN_ASSERT(src, "weight_index: transpose of an undeclared weight");
     d.sources.push_back(src->name);
     d.source_shapes.push_back(shape_of(src->type));
-    d.shape = shape_of(src->type);
-    int32_t index = static_cast<int32_t>(out.plan.weights.size());
-    out.plan.weights.push_back(std::move(d));
-    weights_[key] = index;
-    return index;
-  }
-  if (w->derivation) {
+    d.source_kn = true;
+  } else if (w->derivation) {
     if (w->derivation->op != "concat" || (w->derivation->attrs.count("axis") &&
                                           std::get<int64_t>(w->derivation->attrs.at("axis")) != 0))
       fail("weight '{}': only concatenation along axis 0 is supported at load time", name);
+    // {transpose = 1}: [in, out] sources [K, N_i] (merge-projections of imported or Conv1D
+    // linears), each transposed at load time (WeightDesc::source_kn).
+    if (auto it = w->derivation->attrs.find("transpose");
+        it != w->derivation->attrs.end() && std::get<int64_t>(it->second) == 1) {
+      if (!linear)
+        fail(
+            "weight '{}': a concatenation of transposed weights is supported only as a linear "
+            "weight",
+            name);
+      d.source_kn = true;
+    }
     for (const std::string& in : w->derivation->inputs) {
       d.sources.push_back(in);
       d.source_shapes.push_back(shape_of(m.find_weight(in)->type));

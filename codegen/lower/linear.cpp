@@ -28,13 +28,9 @@ void lower_linear(FunctionLowering& L, const ir::Op& op) {
   const ir::TensorType& wt = f.type(op.operands[1]);
   const int64_t N = wt.shape[0].value, K = wt.shape[1].value;
   LinearKernel k{K, N, op.str_attr("act"), op.operands.size() == 3, linear_panel_for(N)};
-  const ir::Weight* mw = L.module.m.find_weight(w->str_attr("name"));
-  if (mw && mw->derivation && mw->derivation->op == "transpose") {
-    // An [in, out] weight (fuse-linear's transpose(@W)): loaded as stored, which is the
-    // unpanelled f32 layout Wᵀ [K, N]; packing it in panels or bf16 would need a transpose
-    // at load time that the runtime does not do yet.
-    k.panel = 0;
-  } else if (L.module.options.gpu) {
+  // An [in, out] weight (fuse-linear's transpose(@W)) is transposed at load time
+  // (WeightDesc::source_kn) and takes any layout, as a weight stored [out, in] does.
+  if (L.module.options.gpu) {
     k.panel = 0;  // Wᵀ [K, N] (LowerOptions::gpu)
   } else if (L.module.options.bf16_weights) {
     k.bf16 = true;

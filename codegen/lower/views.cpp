@@ -21,9 +21,15 @@ void lower_weight(FunctionLowering& L, const ir::Op& op) {
   const ir::Function& f = L.f;
   const ir::TensorType& type = f.type(op.result);
   const ir::Weight* w = L.module.m.find_weight(op.str_attr("name"));
-  if (w && w->derivation && w->derivation->op == "transpose") {
-    // An [in, out] weight read as W.T (fuse-linear): only linears read it, laying out the
-    // stored tensor themselves (lower_linear); the transposed tensor itself never exists.
+  auto transposed_concat = [](const ir::WeightDerivation& d) {
+    auto it = d.attrs.find("transpose");
+    return d.op == "concat" && it != d.attrs.end() && std::get<int64_t>(it->second) == 1;
+  };
+  if (w && w->derivation &&
+      (w->derivation->op == "transpose" || transposed_concat(*w->derivation))) {
+    // An [in, out] weight read as W.T (fuse-linear), or a concatenation of such
+    // (merge-projections): only linears read it, laying out the stored tensors themselves
+    // (lower_linear); the transposed tensor itself never exists.
     for (const ir::Op& user : f.ops)
       for (size_t i = 0; i < user.operands.size(); ++i)
         if (user.operands[i] == op.result && !(user.kind == OpKind::linear && i == 1))
