@@ -10,14 +10,14 @@ bash scripts/check_format.sh
 (cd build && ctest --output-on-failure -j 2)
 
 echo "== AddressSanitizer + UBSan: runtime_tests, ir_tests, abi_tests, decode_tests, process_tests,"
-echo "   translate_tests, fuzz corpora"
+echo "   translate_tests, fuzz corpora (ir, safetensors, abi, onnx)"
 # abi_tests links a model compiled by the kiln just built (KILN_TOOL); the runtime and the
 # test are instrumented.
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKILN_ASAN=ON \
   -DKILN_TOOL="$PWD/build/tools/kiln" >/dev/null
 cmake --build build-asan -j "${KILN_JOBS:-2}" --target runtime_tests ir_tests abi_tests \
   decode_tests process_tests translate_tests kiln-run fuzz_replay_ir fuzz_replay_safetensors \
-  fuzz_replay_abi
+  fuzz_replay_abi fuzz_replay_onnx
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 build-asan/tests/runtime_tests --gtest_brief=1
 build-asan/tests/ir_tests --gtest_brief=1
@@ -30,7 +30,7 @@ KILN_RUN="$PWD/build-asan/tools/kiln-run" \
   KILN_TRANSLATE_MODEL="$PWD/build/tests/translate_numbers.kiln" \
   build-asan/tests/translate_tests --gtest_brief=1
 # The fuzz targets' committed corpora (fuzz/README.md), every input once.
-for target in ir safetensors abi; do
+for target in ir safetensors abi onnx; do
   build-asan/fuzz/fuzz_replay_$target fuzz/corpus/$target
 done
 
