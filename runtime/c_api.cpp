@@ -190,6 +190,19 @@ int64_t kiln_model_symbol_max(const kiln_model* model, const char* symbol) {
   return -1;
 }
 
+int kiln_model_save_weights(kiln_model* model, const char* path) {
+  if (!model) return 1;
+  try {
+    if (!path) fail("no path given for the laid-out weights");
+    kiln::rt::write_laid_out_weights(model->plan, model->weights, path);
+    model->errors.set("");
+    return 0;
+  } catch (const std::exception& e) {
+    model->errors.set(e.what());
+    return 1;
+  }
+}
+
 void kiln_search_options_init(kiln_search_options* o) {
   if (!o) return;
   std::memset(o, 0, sizeof *o);

@@ -39,6 +39,8 @@ struct LibraryApi {
   void (*generation_free)(kiln_generation*) = nullptr;
   int64_t (*symbol_max)(const kiln_model*, const char*) = nullptr;
   const char* (*config)(const kiln_model*, const char*) = nullptr;
+  // Optional (nullptr in a library from a kiln before it): kiln_model_save_weights.
+  int (*save_weights)(kiln_model*, const char*) = nullptr;
 };
 
 // An opened library: its path, model name (lib<name>.so) and C ABI. The handle stays open
@@ -107,6 +109,8 @@ inline Library open_library(const std::string& path, const std::string& command)
   resolve("kiln_generation_free", &a.generation_free);
   resolve("kiln_model_symbol_max", &a.symbol_max);
   resolve("kiln_model_config", &a.config);
+  a.save_weights =
+      reinterpret_cast<decltype(a.save_weights)>(dlsym(handle, "kiln_model_save_weights"));
   return l;
 }
 

@@ -101,9 +101,11 @@ std::unique_ptr<kiln_model> kiln_model::create(const uint8_t* plan, size_t plan_
   // Halide prints kernel errors by default; kiln returns them instead.
   if (m->hooks.set_error_handler) m->hooks.set_error_handler(kiln::rt::record_kernel_error);
   if (m->hooks.set_custom_do_par_for) m->hooks.set_custom_do_par_for(kiln_do_par_for);
-  if (weights_path)
-    m->weights = kiln::rt::load_weights(m->plan, weights_path);
-  else if (!m->plan.weights.empty())
+  if (weights_path) {
+    kiln::rt::LoadedWeights w = kiln::rt::load_weights(m->plan, weights_path);
+    m->weight_files = std::move(w.files);
+    m->weights = std::move(w.buffers);
+  } else if (!m->plan.weights.empty())
     fail("no weights file given (model '{}' has {} weights)", m->plan.model,
          m->plan.weights.size());
   m->tables = kiln::rt::build_tables(m->plan);

@@ -13,6 +13,7 @@
 #include "kiln/runtime.h"
 #include "runtime/device.h"
 #include "runtime/errors.h"
+#include "runtime/mapped_file.h"
 #include "runtime/plan.h"
 #include "runtime/profile.h"
 
@@ -30,10 +31,38 @@ struct AlignedBytes {
   }
 };
 
-// The weights of `plan` built from the safetensors file at `path` (checked against the
-// plan's sources first, every problem reported at once): concatenated, laid out for their
-// kernels, bf16 sources converted (weights.cpp).
-std::vector<AlignedBytes> load_weights(const Plan& plan, const std::string& path);
+// A model's weights: the buffers its kernels read, and the mapped files that some of them
+// lie in (mapped_file.h), which stay mapped while the model lives.
+struct LoadedWeights {
+  std::vector<AlignedBytes> buffers;
+  std::vector<std::shared_ptr<const MappedFile>> files;
+};
+
+// The weights of `plan` from `path` (weights.cpp), one of:
+//  - a checkpoint (weights.h: a safetensors file, or shards and their index), checked against
+//    the plan's sources first, every problem reported at once. The files are mapped; a weight
+//    the kernels read as stored (one F32 source, not a linear weight: embeddings, norms,
+//    biases) is bound to the file's pages, shared with every process mapping the file; the
+//    others are concatenated, laid out for their kernels (linear weights transposed or packed,
+//    bf16 and int8 converted) and F16/BF16 sources widened, in this process's memory.
+//  - laid-out weights (write_laid_out_weights): every weight bound to the file's pages, so
+//    processes loading one such file share all of its weights.
+LoadedWeights load_weights(const Plan& plan, const std::string& path);
+
+// Writes `weights` (the plan's, as load_weights lays them out) to `path` as laid-out weights:
+//
+//   "KILNWGT\0", u64 format version (1), u64 layout hash (of the plan's weights: names,
+//   sources, shapes, layouts), u64 weight count, u64 file size, u64 model name length and the
+//   name, then per weight u64 offset and u64 bytes; each weight's bytes at its offset, a
+//   multiple of 4096 (all little-endian).
+//
+// load_weights refuses such a file, naming it, when its layout hash is not the plan's (written
+// for another model or another --weights layout), and when it is truncated or its offsets and
+// sizes do not match the plan. It holds the weights themselves: written again after the
+// checkpoint changes. Written to a new file renamed over `path`, so that a process mapping the
+// old file keeps reading it.
+void write_laid_out_weights(const Plan& plan, const std::vector<AlignedBytes>& weights,
+                            const std::string& path);
 // The precomputed tables of `plan` (weights.cpp).
 std::vector<AlignedBytes> build_tables(const Plan& plan);
 
@@ -76,6 +105,9 @@ struct kiln_model {
   kiln::rt::Plan plan;
   std::vector<kiln_kernel_fn> kernels;
   kiln_hooks hooks{};
+  // The mapped files that weights lie in (load_weights), declared before `weights`: unmapped
+  // after them.
+  std::vector<std::shared_ptr<const kiln::rt::MappedFile>> weight_files;
   std::vector<kiln::rt::AlignedBytes> weights;
   std::vector<kiln::rt::AlignedBytes> tables;
   int64_t arena_bytes = 0;  // the largest entry point's arena

@@ -172,8 +172,12 @@ float bf16_to_f32(uint16_t bits);
 // from 2 MiB on 2 MiB aligned with transparent huge pages asked for (fewer page faults
 // when it is first written, fewer TLB misses when the kernels stream it; where THP is off
 // the advice is ignored). At least 64 bytes; throws kiln::Error when memory runs out.
+// `owned` false: the bytes are another's (a weight bound to a mapped file's pages).
 struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
+  bool owned = true;
+  void operator()(void* p) const {
+    if (owned) std::free(p);
+  }
 };
 using AlignedStorage = std::unique_ptr<uint8_t, FreeDeleter>;
 AlignedStorage allocate_aligned(int64_t bytes);

@@ -315,15 +315,19 @@ class HeaderParser {
 SafeTensors SafeTensors::from_bytes(std::vector<uint8_t> bytes, std::string label) {
   SafeTensors st;
   st.label_ = std::move(label);
-  st.bytes_ = std::move(bytes);
+  st.owned_ = std::move(bytes);
+  return validate(std::move(st));
+}
+
+SafeTensors SafeTensors::validate(SafeTensors st) {
   const std::string& L = st.label_;
-  const uint64_t file_size = st.bytes_.size();
+  const uint64_t file_size = st.size();
 
   if (file_size < 8) {
     fail("safetensors '{}': file is {} bytes, too short for the 8-byte header length", L,
          file_size);
   }
-  const uint64_t header_len = read_u64_le(st.bytes_.data());
+  const uint64_t header_len = read_u64_le(st.data());
   if (header_len > kMaxHeaderBytes) {
     fail("safetensors '{}': header length {} exceeds the limit of {} bytes", L, header_len,
          kMaxHeaderBytes);
@@ -337,7 +341,7 @@ SafeTensors SafeTensors::from_bytes(std::vector<uint8_t> bytes, std::string labe
   st.data_start_ = static_cast<size_t>(8 + header_len);
   const uint64_t data_size = file_size - st.data_start_;
 
-  std::string_view header_text(reinterpret_cast<const char*>(st.bytes_.data() + 8),
+  std::string_view header_text(reinterpret_cast<const char*>(st.data() + 8),
                                static_cast<size_t>(header_len));
   json::Value header;
   try {
@@ -389,7 +393,13 @@ SafeTensors SafeTensors::load(const std::string& path) {
   // A directory, a device (/dev/zero never ends) or a file larger than memory is an error
   // naming the path.
   // "-" is a file of that name here, not standard input.
-  return from_bytes(read_input_file(path == "-" ? "./-" : path, "safetensors file"), path);
+  const std::string file = path == "-" ? "./-" : path;
+  // A regular file is mapped (its pages shared with every process mapping it); a pipe is read.
+  if (!is_regular_file(file)) return from_bytes(read_input_file(file, "safetensors file"), path);
+  SafeTensors st;
+  st.label_ = path;
+  st.mapped_ = MappedFile::map(file, "safetensors file");
+  return validate(std::move(st));
 }
 
 const TensorInfo* SafeTensors::find(std::string_view name) const {
@@ -404,14 +414,14 @@ const TensorInfo& SafeTensors::at(std::string_view name) const {
 }
 
 std::span<const uint8_t> SafeTensors::bytes(const TensorInfo& tensor) const {
-  const uint64_t data_size = bytes_.size() - data_start_;
+  const uint64_t data_size = size() - data_start_;
   if (tensor.begin > tensor.end || tensor.end > data_size) {
     fail(
         "safetensors '{}': tensor '{}' byte range [{}, {}) is outside the data section of {} "
         "bytes",
         label_, show(tensor.name), tensor.begin, tensor.end, data_size);
   }
-  return std::span<const uint8_t>(bytes_.data() + data_start_ + tensor.begin,
+  return std::span<const uint8_t>(data() + data_start_ + tensor.begin,
                                   static_cast<size_t>(tensor.end - tensor.begin));
 }
 

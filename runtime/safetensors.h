@@ -12,11 +12,14 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "runtime/mapped_file.h"
 
 namespace kiln::rt {
 
@@ -45,7 +48,8 @@ class SafeTensors {
   // Largest header accepted, in bytes (the reference implementation's limit).
   static constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
-  // Reads and validates a whole file; the path is the label. "-" is not special.
+  // Validates a whole file, mapped (mapped_file.h: read-only, shared with every process that
+  // maps it; a FIFO is read instead); the path is the label. "-" is not special.
   static SafeTensors load(const std::string& path);
   // Validates `bytes`, a whole safetensors file; `label` names it in messages.
   static SafeTensors from_bytes(std::vector<uint8_t> bytes, std::string label);
@@ -65,13 +69,23 @@ class SafeTensors {
 
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::string& label() const { return label_; }
+  // The file's mapping (nullptr for bytes read into memory): tensors bound to its pages keep
+  // it alive, and bytes only copied out of it can be released (MappedFile::release).
+  const std::shared_ptr<const MappedFile>& mapping() const { return mapped_; }
+  // The offset of `tensor`'s bytes in the file.
+  uint64_t file_offset(const TensorInfo& tensor) const { return data_start_ + tensor.begin; }
 
  private:
   SafeTensors() = default;
+  // Validates the file in data()/size() (from_bytes and load).
+  static SafeTensors validate(SafeTensors st);
+  const uint8_t* data() const { return mapped_ ? mapped_->data() : owned_.data(); }
+  size_t size() const { return mapped_ ? mapped_->size() : owned_.size(); }
 
   std::string label_;
-  std::vector<uint8_t> bytes_;  // the whole file
-  size_t data_start_ = 0;       // offset of the data section in bytes_
+  std::vector<uint8_t> owned_;                // the whole file, read into memory, or
+  std::shared_ptr<const MappedFile> mapped_;  // the whole file, mapped
+  size_t data_start_ = 0;                     // offset of the data section in the file
   std::vector<TensorInfo> tensors_;
   std::map<std::string, size_t, std::less<>> index_;  // name -> position in tensors_
   std::map<std::string, std::string> metadata_;

@@ -12,6 +12,8 @@
 #include <span>
 #include <sstream>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include "runtime/json.h"
@@ -134,10 +136,14 @@ const TensorInfo* Checkpoint::find(std::string_view name) const {
 }
 
 std::span<const uint8_t> Checkpoint::bytes(const TensorInfo& tensor) const {
+  return file_of(tensor).bytes(tensor);
+}
+
+const SafeTensors& Checkpoint::file_of(const TensorInfo& tensor) const {
   auto it = where_.find(tensor.name);
   KILN_ASSERT(it != where_.end() && it->second.second == &tensor,
-              "Checkpoint::bytes: a tensor of another checkpoint");
-  return shards_[it->second.first].bytes(tensor);
+              "Checkpoint::file_of: a tensor of another checkpoint");
+  return shards_[it->second.first];
 }
 
 std::vector<const TensorInfo*> Checkpoint::tensors() const {
@@ -208,8 +214,136 @@ void check_weights_or_throw(const SafeTensors& file, const std::vector<WeightSpe
   throw_problems(file.label(), check_weights(file, expected));
 }
 
-std::vector<AlignedBytes> load_weights(const Plan& plan, const std::string& path) {
-  std::vector<AlignedBytes> weights;
+namespace {
+
+constexpr char kLaidOutMagic[8] = {'K', 'I', 'L', 'N', 'W', 'G', 'T', '\0'};
+constexpr uint64_t kLaidOutVersion = 1;
+constexpr uint64_t kLaidOutAlign = 4096;  // each weight on a page of its own
+
+// FNV-1a (64 bits) of the plan's weights as they are laid out: names, sources, shapes and
+// layouts. Two plans with one hash lay out the same bytes from the same checkpoint.
+uint64_t layout_hash(const Plan& plan) {
+  std::string text;
+  for (const WeightDesc& w : plan.weights) {
+    text += fmt::format("{};{};", w.name, fmt::join(w.sources, ","));
+    for (const auto& s : w.source_shapes) text += shape_string(s);
+    text += fmt::format(";{};{};{};{};{};{}\n", w.transpose, w.panel, shape_string(w.shape), w.bf16,
+                        w.int8, weight_bytes(w));
+  }
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+uint64_t read_u64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);  // little-endian hosts only (safetensors.cpp asserts it)
+  return v;
+}
+
+bool is_laid_out(const std::string& path) {
+  if (!is_regular_file(path)) return false;
+  std::ifstream in(path, std::ios::binary);
+  char head[8] = {};
+  in.read(head, 8);
+  return in.gcount() == 8 && std::memcmp(head, kLaidOutMagic, 8) == 0;
+}
+
+// The laid-out weights file at `path` (write_laid_out_weights), every weight bound to its
+// pages.
+LoadedWeights map_laid_out(const Plan& plan, const std::string& path) {
+  std::shared_ptr<const MappedFile> file = MappedFile::map(path, "laid-out weights");
+  const uint8_t* d = file->data();
+  const uint64_t size = file->size();
+  auto bad = [&](const std::string& why) {
+    fail("laid-out weights '{}' {}: write them again with 'kiln pack-weights'", path, why);
+  };
+  if (size < 48) bad(fmt::format("are truncated ({} bytes, shorter than their header)", size));
+  if (const uint64_t v = read_u64(d + 8); v != kLaidOutVersion)
+    bad(fmt::format("have format version {}, this runtime reads version {}", v, kLaidOutVersion));
+  const uint64_t count = read_u64(d + 24), declared = read_u64(d + 32), name_len = read_u64(d + 40);
+  if (declared != size)
+    bad(fmt::format("are {} bytes, their header says {} (truncated or changed)", size, declared));
+  if (name_len > size - 48 || count > (size - 48 - name_len) / 16)
+    bad(fmt::format("have a header longer than the file ({} bytes)", size));
+  const std::string model(reinterpret_cast<const char*>(d + 48), name_len);
+  if (const uint64_t h = read_u64(d + 16); h != layout_hash(plan) || count != plan.weights.size())
+    bad(fmt::format(
+        "were written for another model or weight layout (model '{}', {} weights, layout hash "
+        "{:016x}; this library: model '{}', {} weights, layout hash {:016x})",
+        model, count, h, plan.model, plan.weights.size(), layout_hash(plan)));
+  LoadedWeights out;
+  out.buffers.resize(plan.weights.size());
+  uint64_t end = 48 + name_len + 16 * count;
+  for (size_t wi = 0; wi < plan.weights.size(); ++wi) {
+    const uint64_t offset = read_u64(d + 48 + name_len + 16 * wi);
+    const uint64_t bytes = read_u64(d + 56 + name_len + 16 * wi);
+    const WeightDesc& w = plan.weights[wi];
+    if (bytes != static_cast<uint64_t>(weight_bytes(w)) || offset % kLaidOutAlign != 0 ||
+        offset < end || offset > size || bytes > size - offset)
+      bad(fmt::format(
+          "put weight '{}' at bytes [{}, {}) of {}, expected {} bytes at a multiple of {} after "
+          "byte {}",
+          w.name, offset, offset + bytes, size, weight_bytes(w), kLaidOutAlign, end));
+    end = offset + bytes;
+    out.buffers[wi].data = AlignedStorage(const_cast<uint8_t*>(d + offset), FreeDeleter{false});
+    out.buffers[wi].size = static_cast<int64_t>(bytes);
+  }
+  out.files.push_back(std::move(file));
+  return out;
+}
+
+}  // namespace
+
+void write_laid_out_weights(const Plan& plan, const std::vector<AlignedBytes>& weights,
+                            const std::string& path) {
+  KILN_ASSERT(weights.size() == plan.weights.size(), "write_laid_out_weights: not the plan's");
+  std::vector<uint64_t> header(6 + 2 * weights.size());
+  std::memcpy(&header[0], kLaidOutMagic, 8);
+  header[1] = kLaidOutVersion;
+  header[2] = layout_hash(plan);
+  header[3] = weights.size();
+  header[5] = plan.model.size();
+  uint64_t at = 48 + plan.model.size() + 16 * weights.size();
+  for (size_t wi = 0; wi < weights.size(); ++wi) {
+    at = (at + kLaidOutAlign - 1) / kLaidOutAlign * kLaidOutAlign;
+    header[6 + 2 * wi] = at;
+    header[7 + 2 * wi] = static_cast<uint64_t>(weights[wi].size);
+    at += static_cast<uint64_t>(weights[wi].size);
+  }
+  header[4] = at;
+  const std::string tmp = fmt::format("{}.tmp{}", path, ::getpid());
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(tmp.c_str(), "wb"), std::fclose);
+  if (!f) fail("cannot write laid-out weights '{}': {}", tmp, std::strerror(errno));
+  bool ok = std::fwrite(header.data(), 8, 6, f.get()) == 6 &&
+            std::fwrite(plan.model.data(), 1, plan.model.size(), f.get()) == plan.model.size() &&
+            std::fwrite(header.data() + 6, 8, header.size() - 6, f.get()) == header.size() - 6;
+  uint64_t written = 48 + plan.model.size() + 16 * weights.size();
+  const std::vector<uint8_t> zeros(kLaidOutAlign, 0);
+  for (size_t wi = 0; ok && wi < weights.size(); ++wi) {
+    const uint64_t pad = header[6 + 2 * wi] - written;
+    const size_t n = static_cast<size_t>(weights[wi].size);
+    ok = std::fwrite(zeros.data(), 1, pad, f.get()) == pad &&
+         std::fwrite(weights[wi].data.get(), 1, n, f.get()) == n;
+    written += pad + n;
+  }
+  ok = ok && std::fflush(f.get()) == 0;
+  const int e = errno;
+  if (std::fclose(f.release()) != 0 || !ok) {
+    std::remove(tmp.c_str());
+    fail("cannot write laid-out weights '{}': {}", tmp, std::strerror(ok ? errno : e));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int r = errno;
+    std::remove(tmp.c_str());
+    fail("cannot write laid-out weights '{}': {}", path, std::strerror(r));
+  }
+}
+
+LoadedWeights load_weights(const Plan& plan, const std::string& path) {
+  if (is_laid_out(path)) return map_laid_out(plan, path);
+  LoadedWeights loaded;
+  std::vector<AlignedBytes>& weights = loaded.buffers;
   const Checkpoint file = Checkpoint::load(path);
   std::vector<WeightSpec> expected;
   std::map<std::string, bool> seen;
@@ -221,6 +355,7 @@ std::vector<AlignedBytes> load_weights(const Plan& plan, const std::string& path
       }
   check_weights_or_throw(file, expected);
   weights.resize(plan.weights.size());
+  std::set<std::string> bound;  // the sources that weights are bound to
   for (size_t wi = 0; wi < plan.weights.size(); ++wi) {
     const auto& w = plan.weights[wi];
     // Concatenation along axis 0, straight from the file's bytes into the laid-out weight
@@ -289,6 +424,16 @@ std::vector<AlignedBytes> load_weights(const Plan& plan, const std::string& path
                                w.shape[1])
                  : std::to_string(numel));
     const int64_t bytes = weight_bytes(w);
+    // Read as stored: bound to the mapped file's pages (f32 elements, aligned for them).
+    if (!w.transpose && parts.size() == 1 && !part_bf16[0] && widened.empty() &&
+        static_cast<int64_t>(parts[0].size()) == bytes &&
+        reinterpret_cast<uintptr_t>(parts[0].data()) % 4 == 0 &&
+        file.file_of(*file.find(w.sources[0])).mapping()) {
+      weights[wi].data = AlignedStorage(const_cast<uint8_t*>(parts[0].data()), FreeDeleter{false});
+      weights[wi].size = bytes;
+      bound.insert(w.sources[0]);
+      continue;
+    }
     weights[wi].allocate(bytes);
     if (group) std::memset(weights[wi].data.get(), 0, static_cast<size_t>(bytes));
     if (w.transpose) {
@@ -331,7 +476,18 @@ std::vector<AlignedBytes> load_weights(const Plan& plan, const std::string& path
       }
     }
   }
-  return weights;
+  // The files that weights are bound to stay mapped, less the pages only copied from.
+  for (const SafeTensors& shard : file.shards()) {
+    if (!shard.mapping()) continue;
+    bool keep = false;
+    for (const TensorInfo& t : shard.tensors()) keep = keep || bound.count(t.name);
+    if (!keep) continue;
+    for (const TensorInfo& t : shard.tensors())
+      if (!bound.count(t.name))
+        shard.mapping()->release(shard.file_offset(t), shard.file_offset(t) + t.nbytes());
+    loaded.files.push_back(shard.mapping());
+  }
+  return loaded;
 }
 
 std::vector<AlignedBytes> build_tables(const Plan& plan) {

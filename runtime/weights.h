@@ -36,6 +36,9 @@ class Checkpoint {
 
   const TensorInfo* find(std::string_view name) const;  // nullptr if absent
   std::span<const uint8_t> bytes(const TensorInfo& tensor) const;
+  // The file (the shard) that holds `tensor`, one of shards().
+  const SafeTensors& file_of(const TensorInfo& tensor) const;
+  const std::vector<SafeTensors>& shards() const { return shards_; }
   // Every tensor, shard by shard in the index's order (one file: header order).
   std::vector<const TensorInfo*> tensors() const;
   // The path given (the file, or the index).

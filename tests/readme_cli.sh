@@ -37,7 +37,7 @@ check() {  # NAME EXPECTED ACTUAL
 # Each --help is read whole before awk stops at its first empty line: awk leaving early would
 # break the pipe under a help longer than one write (4096 bytes) and fail the script.
 usage=""
-for cmd in emit import inspect opt compile run translate generate serve; do
+for cmd in emit import inspect opt compile run translate generate serve pack-weights; do
   help=$("$kiln" "$cmd" --help)
   usage+=$(awk 'NF == 0 { exit } { print substr($0, 8) }' <<<"$help")$'\n'
 done

@@ -135,6 +135,41 @@ TEST_F(TranslateTest, TranslatesWithTheShippedVocabularies) {
   EXPECT_EQ(r.output, "three hundred and twelve -> 312\nforty thousand and seventeen -> 40017\n");
 }
 
+// kiln pack-weights (issue 28, point 4): the laid-out weights translate the held-out
+// sentences as the checkpoint does, and a library of another layout, a truncated file and a
+// missing -o are refused with the reason.
+TEST_F(TranslateTest, PackedWeightsTranslateAsTheCheckpoint) {
+  const std::string packed = path("numbers.kiln-weights");
+  testing::CliResult r =
+      testing::run_argv({kRunner, "pack-weights", "--compiled", kModel, "--weights",
+                         kNumbers + "numbers.weights.safetensors", "-o", packed});
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output, "");
+  std::vector<std::string> sources;
+  for (const std::string& line : read_lines(kNumbers + "heldout.tsv"))
+    if (sources.size() < 100) sources.push_back(line.substr(0, line.find('\t')));
+  ASSERT_EQ(sources.size(), 100u);
+  const std::string src = kNumbers + "vocab.src.txt", tgt = kNumbers + "vocab.tgt.txt";
+  const testing::CliResult want = text(src, tgt, sources);
+  ASSERT_EQ(want.status, 0) << want.output;
+  const testing::CliResult got = text(src, tgt, sources, {}, packed);
+  EXPECT_EQ(got.status, 0) << got.output;
+  EXPECT_EQ(got.output, want.output);
+
+  std::ifstream in(packed, std::ios::binary);
+  const std::string bytes(std::istreambuf_iterator<char>(in), {});
+  std::ofstream(path("cut.kiln-weights"), std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+  r = text(src, tgt, {"one"}, {}, path("cut.kiln-weights"));
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.output, HasSubstr(fmt::format(
+                            "kiln: error: laid-out weights '{}' are {} bytes, their header says {} "
+                            "(truncated or changed): write them again with 'kiln pack-weights'",
+                            path("cut.kiln-weights"), bytes.size() / 2, bytes.size())));
+  r = testing::run_argv({kRunner, "pack-weights", "--compiled", kModel, "--weights", packed});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.output, HasSubstr("-o is required"));
+}
+
 TEST_F(TranslateTest, VocabulariesThatDoNotFitTheModelAreRefused) {
   const std::string src = kNumbers + "vocab.src.txt", tgt = kNumbers + "vocab.tgt.txt";
   const std::vector<std::string> words = {"two thousand and five"};

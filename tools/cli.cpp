@@ -478,6 +478,30 @@ std::unique_ptr<CLI::App> generate_command(GenerateArgs& a) {
   return app;
 }
 
+std::unique_ptr<CLI::App> pack_weights_command(PackWeightsArgs& a) {
+  auto app = make_command(
+      "pack-weights", "--compiled DIR --weights W.safetensors -o OUT.kiln-weights",
+      "Writes a compiled model's weights as its runtime lays them out (linear weights\n"
+      "transposed or packed, bf16 and int8 converted) into one file. Given as the weights of\n"
+      "the model (--weights, kiln.Model, kiln serve), it is mapped read-only, not copied: every\n"
+      "process that loads it on one machine shares one copy of the weights in memory. It fits\n"
+      "only the library it was written with (the same weights layout: refused otherwise), and\n"
+      "holds the weights themselves: write it again when the checkpoint changes. The file is\n"
+      "replaced, never rewritten in place (a process mapping the old one keeps reading it).");
+  app->add_option("--compiled", a.compiled,
+                  "directory from 'kiln compile --emit=shared' (or its lib*.so)")
+      ->type_name("DIR")
+      ->required();
+  app->add_option("--weights", a.weights,
+                  "the checkpoint: a safetensors file, or a sharded checkpoint's index or folder")
+      ->type_name("FILE")
+      ->required();
+  app->add_option("-o", a.output, "the laid-out weights file to write")
+      ->type_name("OUT")
+      ->required();
+  return app;
+}
+
 void write_output(const std::string& path, const std::string& text) {
   if (path.empty() || path == "-")
     write_stdout(text);

@@ -100,6 +100,13 @@ struct GenerateArgs : GeneratorArgs {
 };
 std::unique_ptr<CLI::App> generate_command(GenerateArgs& args);
 
+// kiln pack-weights's options (kiln-run runs it): a compiled model's weights, laid out as its
+// kernels read them, written to one file that processes map and share.
+struct PackWeightsArgs {
+  std::string compiled, weights, output;  // --compiled DIR, --weights, -o
+};
+std::unique_ptr<CLI::App> pack_weights_command(PackWeightsArgs& args);
+
 // ---- Files and output ----------------------------------------------------------------------
 
 // Standard output for "" or "-", else the file, written whole or not at all (file_io.h).

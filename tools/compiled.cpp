@@ -47,6 +47,18 @@ LoadedLibrary open_compiled(const std::string& dir, const std::string& weights_p
 }
 }  // namespace
 
+void pack_weights(const std::string& dir, const std::string& weights_path,
+                  const std::string& output) {
+  LoadedLibrary loaded = open_compiled(dir, weights_path, "pack-weights");
+  if (!loaded.api.save_weights)
+    fail(
+        "pack-weights: library '{}' was compiled by a kiln without kiln_model_save_weights: "
+        "compile it again",
+        loaded.name);
+  if (loaded.api.save_weights(loaded.model.get(), output.c_str()) != 0)
+    fail("pack-weights: {}", loaded.api.error(loaded.model.get()));
+}
+
 std::vector<rt::TensorData> run_compiled(const std::string& dir, const std::string& function,
                                          const std::string& weights_path,
                                          const rt::SafeTensors& inputs,

@@ -27,6 +27,11 @@ std::vector<rt::TensorData> run_compiled(const std::string& dir, const std::stri
                                          const rt::SafeTensors& inputs,
                                          const CompiledRunOptions& options);
 
+// Loads the shared library in `dir` with the checkpoint `weights_path` and writes its weights,
+// laid out, to `output` (kiln_model_save_weights: kiln pack-weights).
+void pack_weights(const std::string& dir, const std::string& weights_path,
+                  const std::string& output);
+
 struct Generated {
   int64_t batch = 0, hypotheses = 0, max_length = 0;
   std::vector<int64_t> ids;      // [batch, hypotheses, max_length], -1 padded

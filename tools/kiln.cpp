@@ -51,6 +51,7 @@ commands:
   translate       generate with a compiled encoder–decoder: greedy, beam search or sampling
   generate        continue prompts with a compiled decoder-only model (token ids)
   serve           serve a compiled model over HTTP (the Open Inference Protocol, KServe v2)
+  pack-weights    lay out a compiled model's weights in one file that processes map and share
   models          list registered models and their configs
   --version       print kiln's version
 
@@ -464,6 +465,15 @@ int cmd_generate(const std::vector<std::string>& argv) {
   exec_runner("generate", argv);
 }
 
+int cmd_pack_weights(const std::vector<std::string>& argv) {
+  PackWeightsArgs a;
+  try {
+    if (!parse_command(*pack_weights_command(a), argv)) return 0;
+  } catch (const Error&) {  // kiln-run reports it
+  }
+  exec_runner("pack-weights", argv);
+}
+
 // kiln serve: kiln-run declares, parses and answers all of it, --help included (tools/serve.cpp).
 [[noreturn]] void cmd_serve(const std::vector<std::string>& argv) { exec_runner("serve", argv); }
 
@@ -484,6 +494,7 @@ int dispatch(const std::vector<std::string>& args) {
   if (cmd == "translate") return cmd_translate(rest);
   if (cmd == "generate") return cmd_generate(rest);
   if (cmd == "serve") cmd_serve(rest);
+  if (cmd == "pack-weights") return cmd_pack_weights(rest);
   if (cmd == "models") return cmd_models();
   if (cmd == "--version") return fmt::print("kiln {}\n", KILN_VERSION), 0;
   fail("unknown command '{}' (see 'kiln --help')", cmd);

@@ -435,14 +435,24 @@ int cmd_generate(const std::vector<std::string>& argv) {
   return 0;
 }
 
+// kiln pack-weights (tools/cli.cpp declares its options).
+int cmd_pack_weights(const std::vector<std::string>& argv) {
+  PackWeightsArgs a;
+  if (!parse_command(*pack_weights_command(a), argv)) return 0;
+  pack_weights(a.compiled, a.weights, a.output);
+  return 0;
+}
+
 int dispatch(const std::vector<std::string>& args) {
   if (!args.empty() && args[0] == "run") return cmd_run({args.begin() + 1, args.end()});
+  if (!args.empty() && args[0] == "pack-weights")
+    return cmd_pack_weights({args.begin() + 1, args.end()});
   if (!args.empty() && args[0] == "translate") return cmd_translate({args.begin() + 1, args.end()});
   if (!args.empty() && args[0] == "generate") return cmd_generate({args.begin() + 1, args.end()});
   if (!args.empty() && args[0] == "serve") return cmd_serve({args.begin() + 1, args.end()});
   fail(
       "kiln-run runs compiled models for 'kiln run --compiled DIR', 'kiln translate' and "
-      "'kiln generate' and 'kiln serve'; "
+      "'kiln generate', 'kiln serve' and 'kiln pack-weights'; "
       "use those (see 'kiln run --help')");
 }
 

@@ -212,6 +212,14 @@ int kiln_model_set_profiling(kiln_model* model, int on);
  * was never on). Valid until this thread's next call of this function. */
 const char* kiln_model_profile(kiln_model* model);
 
+/* Writes the model's weights as the runtime lays them out for its kernels (linear weights
+ * transposed or packed, bf16 and int8 converted) to `path`, a file that kiln_model_create then
+ * takes in place of the checkpoint and maps (read-only, shared): processes that load one such
+ * file share one copy of the weights in memory. `kiln pack-weights` writes it. Refused (at
+ * load, naming the file) for another model or weight layout, and when truncated. Returns 0,
+ * or non-zero with kiln_model_error() set. */
+int kiln_model_save_weights(kiln_model* model, const char* path);
+
 /* The model's config value for `key` (e.g. "max_beam", "bos_id", "tgt_vocab"), or NULL. */
 const char* kiln_model_config(const kiln_model* model, const char* key);
 /* The declared maximum of a shape symbol (e.g. "B", "T"), or -1 if the model has none. */
@@ -477,6 +485,10 @@ class Model {
   /* See kiln_model_set_profiling and kiln_model_profile. */
   void set_profiling(bool on) { kiln_model_set_profiling(model_.get(), on ? 1 : 0); }
   std::string profile() { return kiln_model_profile(model_.get()); }
+  /* See kiln_model_save_weights. */
+  void save_weights(const std::string& path) {
+    check(kiln_model_save_weights(model_.get(), path.c_str()));
+  }
   kiln_model* get() const { return model_.get(); }
 
   /* Runs `function` on `inputs` (in parameter order) into `outputs` (one per output of
