@@ -41,6 +41,16 @@ std::string from_env(const char* name, const char* fallback) {
 const std::string kRunner = from_env("KILN_RUN", KILN_RUN_BINARY);
 const std::string kModel = from_env("KILN_TRANSLATE_MODEL", KILN_TRANSLATE_MODEL_DIR);
 const std::string kNumbers = std::string(KILN_TEST_DATA_DIR) + "/../examples/numbers/";
+// The SentencePiece variant's library: KILN_TRANSLATE_SPM_MODEL, else the one beside
+// KILN_TRANSLATE_MODEL (X.kiln: X_spm.kiln, the sanitizer stage's), else this build's.
+std::string spm_model() {
+  const std::string given = from_env("KILN_TRANSLATE_SPM_MODEL", "");
+  if (!given.empty()) return given;
+  const std::string model = from_env("KILN_TRANSLATE_MODEL", "");
+  if (model.size() > 5 && model.substr(model.size() - 5) == ".kiln")
+    return model.substr(0, model.size() - 5) + "_spm.kiln";
+  return KILN_TRANSLATE_SPM_MODEL_DIR;
+}
 
 std::vector<std::string> read_lines(const std::string& path) {
   std::ifstream in(path);
@@ -168,6 +178,51 @@ TEST_F(TranslateTest, PackedWeightsTranslateAsTheCheckpoint) {
   r = testing::run_argv({kRunner, "pack-weights", "--compiled", kModel, "--weights", packed});
   EXPECT_EQ(r.status, 1);
   EXPECT_THAT(r.output, HasSubstr("-o is required"));
+}
+
+// The SentencePiece variant of the number translator (examples/numbers/train.py
+// --sentencepiece, issue 28): its 500 held-out sentences through kiln translate with the two
+// .spm.model files, whole digit strings compared with the references; PyTorch's greedy search
+// got 100% (train.py's output, examples/numbers/README.md), and kiln must reach 99%. The
+// character vocabularies do not fit it (sizes named).
+TEST_F(TranslateTest, SentencePieceNumberTranslatorTranslatesTheHeldOutSentences) {
+  std::string input;
+  std::vector<std::string> sources, references;
+  for (const std::string& line : read_lines(kNumbers + "heldout.tsv")) {
+    sources.push_back(line.substr(0, line.find('\t')));
+    references.push_back(line.substr(line.find('\t') + 1));
+    input += sources.back() + "\n";
+  }
+  ASSERT_EQ(sources.size(), 500u);
+  const std::string weights = kNumbers + "numbers_spm.weights.safetensors";
+  const std::string src = kNumbers + "numbers.src.spm.model",
+                    tgt = kNumbers + "numbers.tgt.spm.model";
+  auto run = [&](const std::string& s, const std::string& t, const std::string& in) {
+    return testing::run_argv({kRunner, "translate", "--compiled", spm_model(), "--weights", weights,
+                              "--src-vocab", s, "--tgt-vocab", t},
+                             {.input = in});
+  };
+  const testing::CliResult r = run(src, tgt, input);
+  ASSERT_EQ(r.status, 0) << r.output.substr(0, 2000);
+  const std::vector<std::string> lines = split_lines(r.output);
+  ASSERT_EQ(lines.size(), sources.size());
+  int correct = 0;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    ASSERT_EQ(lines[i].substr(0, sources[i].size() + 4), sources[i] + " -> ") << lines[i];
+    const std::string got = lines[i].substr(sources[i].size() + 4);
+    if (got == references[i])
+      ++correct;
+    else
+      std::printf("[ spm ] wrong: %s -> %s (want %s)\n", sources[i].c_str(), got.c_str(),
+                  references[i].c_str());
+  }
+  std::printf("[ spm ] held-out exact match through kiln translate: %d/%zu (%.1f%%)\n", correct,
+              sources.size(), 100.0 * correct / static_cast<double>(sources.size()));
+  EXPECT_GE(correct, 495);
+
+  const testing::CliResult chars = run(kNumbers + "vocab.src.txt", tgt, "one\n");
+  EXPECT_EQ(chars.status, 1);
+  EXPECT_THAT(chars.output, HasSubstr("has 24 tokens, the model's src_vocab is 64"));
 }
 
 TEST_F(TranslateTest, VocabulariesThatDoNotFitTheModelAreRefused) {

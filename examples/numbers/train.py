@@ -24,8 +24,22 @@ Writes next to this script:
 Deterministic by construction: fixed seeds, one thread, deterministic
 algorithms, so a rerun on the same torch build and CPU should give the same
 weights. Training takes about 10 CPU-minutes (3000 steps of 64 sentences).
+
+The SentencePiece variant (Debian's python3-sentencepiece too):
+
+    /usr/bin/python3 examples/numbers/train.py --sentencepiece
+
+trains the same model and task over SentencePiece vocabularies learned first
+from training sentences only (never the held-out ones): the source a unigram
+model of 64 pieces (whole words and parts of them: about 8 tokens a sentence
+instead of 40 characters), the target a character model of the digits. It
+writes numbers_spm.weights.safetensors, numbers.src.spm.model and
+numbers.tgt.spm.model (and checks that its held-out numbers are heldout.tsv's);
+kiln translate --src-vocab numbers.src.spm.model --tgt-vocab
+numbers.tgt.spm.model translates with them. --steps N overrides the steps.
 """
 
+import argparse
 import collections
 import importlib.util
 import math
@@ -143,6 +157,63 @@ def encode_src(words):
 
 def encode_tgt(digits):
     return [TGT_ID[c] for c in digits]
+
+
+def decode_tgt(ids):
+    return "".join(TGT_VOCAB[t] if t >= len(SPECIALS) else "<%d>" % t for t in ids)
+
+
+# ----------------------------------------------------------------------------
+# The SentencePiece variant (--sentencepiece)
+# ----------------------------------------------------------------------------
+
+SPM_SEED = 11
+SPM_SENTENCES = 20000  # training sentences the source vocabulary is learned from
+SPM_SRC_PIECES = 64
+
+
+def use_sentencepiece(never_train):
+    """Learns the variant's vocabularies (from training numbers only) and makes
+    encode_src, encode_tgt, decode_tgt and CONFIG use them. Returns the paths of
+    the two .model files written beside this script."""
+    import sentencepiece as spm  # Debian's python3-sentencepiece
+
+    global encode_src, encode_tgt, decode_tgt
+    rng = random.Random(SPM_SEED)
+    numbers = []
+    while len(numbers) < SPM_SENTENCES:
+        n = draw_training_number(rng)
+        if n not in never_train:
+            numbers.append(n)
+    numbers += list(range(1000))  # every word and every number below 1000
+    common = dict(pad_id=PAD, bos_id=BOS, eos_id=EOS, unk_id=3, num_threads=1,
+                  minloglevel=2, normalization_rule_name="identity",
+                  character_coverage=1.0)
+    src_prefix = os.path.join(HERE, "numbers.src.spm")
+    tgt_prefix = os.path.join(HERE, "numbers.tgt.spm")
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter([number_to_words(n) for n in numbers]),
+        model_prefix=src_prefix, vocab_size=SPM_SRC_PIECES, model_type="unigram",
+        **common)
+    # The digits, one token each (no leading "▁": the target is one word).
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter([str(n) for n in numbers]), model_prefix=tgt_prefix,
+        vocab_size=len(SPECIALS) + 1 + len(TGT_CHARS), model_type="char",
+        add_dummy_prefix=False, **common)
+    for prefix in (src_prefix, tgt_prefix):
+        os.remove(prefix + ".vocab")
+    src = spm.SentencePieceProcessor(model_file=src_prefix + ".model")
+    tgt = spm.SentencePieceProcessor(model_file=tgt_prefix + ".model")
+    encode_src = lambda words: src.encode(words)
+    encode_tgt = lambda digits: tgt.encode(digits)
+    decode_tgt = lambda ids: tgt.decode(ids)
+    CONFIG["src_vocab"] = src.get_piece_size()
+    CONFIG["tgt_vocab"] = tgt.get_piece_size()
+    print("SentencePiece: source %d pieces (unigram), target %d (characters); "
+          "longest source %d tokens" % (
+              src.get_piece_size(), tgt.get_piece_size(),
+              max(len(src.encode(number_to_words(n))) for n in range(0, MAX_NUMBER + 1, 7))))
+    return src_prefix + ".model", tgt_prefix + ".model"
 
 
 def draw_sparse(rng):
@@ -300,8 +371,7 @@ def translate(model, sentences, batch=32):
         chunk = sentences[i:i + batch]
         src = pad_batch([encode_src(s) for s in chunk])
         for ids in greedy(model, src, CONFIG["max_len"] - 1):
-            res.append("".join(TGT_VOCAB[t] if t >= len(SPECIALS) else
-                               "<%d>" % t for t in ids))
+            res.append(decode_tgt(ids))
     return res
 
 
@@ -318,19 +388,33 @@ def accuracy(model, numbers):
 # ----------------------------------------------------------------------------
 
 def main():
+    global STEPS
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sentencepiece", action="store_true",
+                        help="the SentencePiece variant (see the module's help)")
+    parser.add_argument("--steps", type=int, default=STEPS, help="training steps")
+    args = parser.parse_args()
+    STEPS = args.steps
     torch.set_default_dtype(torch.float32)
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(TRAIN_SEED)
 
-    print("config:", dict(CONFIG))
-    print("longest source: %d characters; src vocab %d, tgt vocab %d"
-          % (LONGEST_SRC, len(SRC_VOCAB), len(TGT_VOCAB)))
-
     rng = random.Random(DATA_SEED)
     heldout = make_heldout(rng, N_HELDOUT, [])
     evalset = make_heldout(rng, N_EVAL, heldout)
     never_train = set(heldout) | set(evalset)
+    if args.sentencepiece:
+        spm_models = use_sentencepiece(never_train)
+        shipped = os.path.join(HERE, "heldout.tsv")
+        if os.path.exists(shipped):
+            with open(shipped, encoding="utf-8") as f:
+                assert [int(line.split("\t")[1]) for line in f] == heldout, \
+                    "the held-out numbers differ from heldout.tsv's"
+
+    print("config:", dict(CONFIG))
+    print("longest source: %d characters; src vocab %d, tgt vocab %d"
+          % (LONGEST_SRC, CONFIG["src_vocab"], CONFIG["tgt_vocab"]))
 
     model = ref.Transformer(CONFIG)
     init_weights(model)
@@ -425,6 +509,11 @@ def main():
     sd = model.state_dict()
     assert all(v.dtype == torch.float32 for v in sd.values())
     meta = collections.OrderedDict((k, str(CONFIG[k])) for k in ref.CONFIG_KEYS)
+    if args.sentencepiece:
+        wpath = os.path.join(HERE, "numbers_spm.weights.safetensors")
+        ref.write_and_check(wpath, list(sd.items()), meta)
+        print("wrote %s (%d bytes), %s, %s" % (wpath, os.path.getsize(wpath), *spm_models))
+        return 0
     wpath = os.path.join(HERE, "numbers.weights.safetensors")
     ref.write_and_check(wpath, list(sd.items()), meta)
     for name, vocab in (("vocab.src.txt", SRC_VOCAB), ("vocab.tgt.txt", TGT_VOCAB)):
