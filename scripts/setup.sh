@@ -5,7 +5,8 @@
 # python3-dev and pybind11-dev; its tests run with python3-numpy and python3-pytest. kiln serve
 # builds with libcpp-httplib-dev and nlohmann-json3-dev; its tests use curl, python3-requests
 # and nginx (started by the tests on their own configuration), its bench wrk. The tokenizers
-# (tokenizers/) link libsentencepiece; python3-sentencepiece retrains the demo SentencePiece
+# (tokenizers/) link libsentencepiece and libpcre2 (byte-level BPE's pre-tokenizer patterns);
+# python3-sentencepiece retrains the demo SentencePiece
 # model (examples/tokenizers/make_tokenizers.py). The Dask example
 # (examples/python/dask_translate.py, run by the Python tests) needs python3-distributed.
 # `kiln import` reads ONNX with libonnx-dev (the onnx.proto messages) and libprotobuf-dev.
@@ -17,7 +18,7 @@ packages=(cmake ninja-build g++ ccache pkg-config llvm-14 llvm-14-tools
           ocl-icd-opencl-dev pocl-opencl-icd clinfo
           python3-dev pybind11-dev python3-numpy python3-pytest
           libcpp-httplib-dev nlohmann-json3-dev curl python3-requests wrk nginx
-          libsentencepiece-dev python3-sentencepiece python3-distributed
+          libsentencepiece-dev libpcre2-dev python3-sentencepiece python3-distributed
           libonnx-dev libprotobuf-dev)
 missing=()
 for p in "${packages[@]}"; do

@@ -36,11 +36,40 @@ class Tokenizer {
                            int64_t eos_id) const;
 };
 
-// Loads the tokenizer in `path`: a SentencePiece model (*.model), a byte-level BPE vocabulary
-// (vocab.json with merges.txt beside it, or a folder holding both), or else a character
-// vocabulary (one token per line, kiln/vocab.h). Throws kiln::Error naming the file and what
-// is wrong with it.
+// Loads the tokenizer in `path`: a SentencePiece model (*.model), a byte-level BPE (vocab.json
+// with merges.txt beside it, split by GPT-2's pattern; a Hugging Face tokenizer.json, split by
+// the pattern its pre_tokenizer names, e.g. LLaMA 3's; or a folder holding either), or else a
+// character vocabulary (one token per line, kiln/vocab.h). Throws kiln::Error naming the file
+// and what is wrong with it.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
+
+// Byte-level BPE's pre-tokenizer patterns, exactly as the tokenizers define them (\p{L}
+// letters and \p{N} numbers of all of Unicode, \s Unicode whitespace):
+// GPT-2's (its encoder.py; tokenizer.json's ByteLevel with use_regex) ...
+inline constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+// ... and LLaMA 3's (its tokenizer.json's Split; tiktoken's cl100k_base): contractions in any
+// case, a letter run with one leading non-letter, numbers in groups of up to 3 digits.
+inline constexpr const char* kLlama3Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+// Splits text into the words a byte-level BPE merges within: each match of a pattern
+// (PCRE2, Debian's libpcre2, in UTF and Unicode-property mode), and any text between
+// matches as a word of its own (Hugging Face's Split "Isolated"). Safe to use from several
+// threads at once.
+class WordSplitter {
+ public:
+  // Throws kiln::Error "<where>: pre-tokenizer pattern ... does not compile: <why> at
+  // character N".
+  WordSplitter(const std::string& pattern, const std::string& where);
+  // `text` must be valid UTF-8 (checked by the caller).
+  std::vector<std::string> split(const std::string& text) const;
+  const std::string& pattern() const { return pattern_; }
+
+ private:
+  std::string pattern_;
+  std::shared_ptr<void> code_;  // pcre2_code
+};
 
 // Streaming detokenization: push() each generated id and print what it returns, the text the
 // ids so far add, never a partial UTF-8 character (a byte-level token may end inside one: the
