@@ -272,6 +272,13 @@ class Model {
   }
 
   int set_num_threads(int threads) { return lib_.api.set_num_threads(model_, threads); }
+  // kiln_model_save_weights: the weights as the runtime lays them out, one file to map.
+  void save_weights(const std::string& path) {
+    if (!lib_.api.save_weights)
+      throw Error("library '" + lib_.path +
+                  "' was compiled by a kiln without kiln_model_save_weights: compile it again");
+    if (lib_.api.save_weights(model_, path.c_str()) != 0) throw Error(lib_.api.error(model_));
+  }
   int64_t symbol_max(const std::string& symbol) const {
     return lib_.api.symbol_max(model_, symbol.c_str());
   }
@@ -410,6 +417,9 @@ PYBIND11_MODULE(kiln, m) {
            "greedy search, beam search or sampling (kiln_generate; defaults as "
            "kiln_search_options_init); returns {'ids', 'lengths', 'scores', 'tokens'}")
       .def("set_num_threads", &Model::set_num_threads, py::arg("threads"))
+      .def("save_weights", &Model::save_weights, py::arg("path"),
+           "write the weights as the runtime lays them out (what `kiln pack-weights` writes): "
+           "given as a Model's weights, the file is mapped, so processes share one copy")
       .def("symbol_max", &Model::symbol_max, py::arg("symbol"),
            "the declared maximum of a shape symbol ('B', 'T'), -1 if none")
       .def("config", &Model::config, py::arg("key"), "a model config value, None if absent");

@@ -209,6 +209,21 @@ def test_errors_are_kiln_errors_with_kiln_messages(tiny):
     assert tiny.forward(inputs["src"], inputs["tgt"]).shape == (3, 6, 41)
 
 
+def test_laid_out_weights_give_the_checkpoints_logits_and_stale_ones_are_refused(tiny, tmp_path):
+    """Model.save_weights (kiln pack-weights): the file, given as the weights, is mapped and
+    gives the checkpoint's logits bit for bit; another model's is refused with kiln's message."""
+    inputs, _ = read_safetensors(os.path.join(GOLDEN, "tiny_b1.inputs.safetensors"))
+    packed = str(tmp_path / "tiny.kiln-weights")
+    tiny.save_weights(packed)
+    mapped = kiln.Model(os.path.join(MODELS, "py_tiny"), packed, threads=2)
+    want = tiny.forward(inputs["src"], inputs["tgt"])
+    assert np.array_equal(mapped.forward(inputs["src"], inputs["tgt"]), want)
+    with pytest.raises(kiln.Error, match="were written for another model or weight layout"):
+        kiln.Model(os.path.join(MODELS, "py_small"), packed)
+    with pytest.raises(kiln.Error, match="cannot write laid-out weights"):
+        tiny.save_weights("/nonexistent/dir/w.kiln-weights")
+
+
 NUMBERS = os.environ.get("KILN_NUMBERS_DIR", "")
 
 
