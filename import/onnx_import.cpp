@@ -36,6 +36,9 @@ using ir::ValueId;
 constexpr int64_t kMinOpset = 13, kMaxOpset = 17;
 constexpr int64_t kMaxElements = int64_t{1} << 32;  // per tensor: larger is refused
 constexpr int64_t kMaxRank = 8;
+// Integer constants of rank <= 1 up to this many elements are lists of sizes (shape
+// arithmetic); larger ones stay tensors. Also the largest constant folded at import time.
+constexpr size_t kMaxSizesList = 4096;
 
 // ---------------------------------------------------------------------------------------
 // Sizes: coef * (product of symbols) + offset; the offset only with at most one symbol.
@@ -86,36 +89,61 @@ std::optional<Dim> to_dim(const SDim& d) {
   return Dim::affine(d.syms[0], d.coef, d.offset);
 }
 
+// Checked int64 arithmetic: sizes that overflow are no sizes (a hostile or broken file).
+std::optional<int64_t> add64(int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_add_overflow(a, b, &r)) return std::nullopt;
+  return r;
+}
+std::optional<int64_t> mul64(int64_t a, int64_t b) {
+  int64_t r;
+  if (__builtin_mul_overflow(a, b, &r)) return std::nullopt;
+  return r;
+}
+
+// Symbol products are capped: no model multiplies more than a few sizes.
+constexpr size_t kMaxSymbolsInSize = 4;
+
 std::optional<SDim> sdim_add(const SDim& a, const SDim& b) {
-  if (a.is_const() && b.is_const()) return SDim::constant(a.offset + b.offset);
-  if (b.is_const() && a.syms.size() == 1) return SDim{a.coef, a.syms, a.offset + b.offset};
-  if (a.is_const() && b.syms.size() == 1) return SDim{b.coef, b.syms, a.offset + b.offset};
-  if (a.syms == b.syms && a.offset == 0 && b.offset == 0) {
-    if (a.coef + b.coef == 0) return SDim::constant(0);
-    return SDim{a.coef + b.coef, a.syms, 0};
-  }
-  if (a.syms == b.syms && a.syms.size() == 1) {
-    if (a.coef + b.coef == 0) return SDim::constant(a.offset + b.offset);
-    return SDim{a.coef + b.coef, a.syms, a.offset + b.offset};
-  }
-  return std::nullopt;
+  const std::optional<int64_t> off = add64(a.offset, b.offset);
+  if (!off) return std::nullopt;
+  if (a.is_const() && b.is_const()) return SDim::constant(*off);
+  if (b.is_const() && a.syms.size() == 1) return SDim{a.coef, a.syms, *off};
+  if (a.is_const() && b.syms.size() == 1) return SDim{b.coef, b.syms, *off};
+  if (a.syms != b.syms || !(a.syms.size() == 1 || (a.offset == 0 && b.offset == 0)))
+    return std::nullopt;
+  const std::optional<int64_t> coef = add64(a.coef, b.coef);
+  if (!coef) return std::nullopt;
+  if (*coef == 0) return SDim::constant(*off);
+  return SDim{*coef, a.syms, *off};
 }
 
 std::optional<SDim> sdim_neg(const SDim& a) {
-  if (a.is_const()) return SDim::constant(-a.offset);
-  return SDim{-a.coef, a.syms, -a.offset};
+  const std::optional<int64_t> off = mul64(a.offset, -1), coef = mul64(a.coef, -1);
+  if (!off || !coef) return std::nullopt;
+  if (a.is_const()) return SDim::constant(*off);
+  return SDim{*coef, a.syms, *off};
 }
 
 std::optional<SDim> sdim_mul(const SDim& a, const SDim& b) {
-  if (a.is_const() && b.is_const()) return SDim::constant(a.offset * b.offset);
+  if (a.is_const() && b.is_const()) {
+    const std::optional<int64_t> v = mul64(a.offset, b.offset);
+    if (!v) return std::nullopt;
+    return SDim::constant(*v);
+  }
   if (a.is_const() || b.is_const()) {
     const SDim& c = a.is_const() ? a : b;
     const SDim& s = a.is_const() ? b : a;
     if (c.offset == 0) return SDim::constant(0);
-    return SDim{s.coef * c.offset, s.syms, s.offset * c.offset};
+    const std::optional<int64_t> coef = mul64(s.coef, c.offset), off = mul64(s.offset, c.offset);
+    if (!coef || !off) return std::nullopt;
+    return SDim{*coef, s.syms, *off};
   }
-  if (a.offset != 0 || b.offset != 0) return std::nullopt;
-  SDim r{a.coef * b.coef, a.syms, 0};
+  if (a.offset != 0 || b.offset != 0 || a.syms.size() + b.syms.size() > kMaxSymbolsInSize)
+    return std::nullopt;
+  const std::optional<int64_t> coef = mul64(a.coef, b.coef);
+  if (!coef) return std::nullopt;
+  SDim r{*coef, a.syms, 0};
   r.syms.insert(r.syms.end(), b.syms.begin(), b.syms.end());
   std::sort(r.syms.begin(), r.syms.end());
   return r;
@@ -124,24 +152,31 @@ std::optional<SDim> sdim_mul(const SDim& a, const SDim& b) {
 // Exact division (sizes divide exactly where a model is right); integer division of
 // constants truncates, as ONNX's integer Div does.
 std::optional<SDim> sdim_div(const SDim& a, const SDim& b) {
+  auto div = [](int64_t x, int64_t y) -> std::optional<int64_t> {
+    if (y == 0 || (x == std::numeric_limits<int64_t>::min() && y == -1)) return std::nullopt;
+    return x / y;
+  };
   if (a.is_const() && b.is_const()) {
-    if (b.offset == 0) return std::nullopt;
-    return SDim::constant(a.offset / b.offset);
+    const std::optional<int64_t> q = div(a.offset, b.offset);
+    if (!q) return std::nullopt;
+    return SDim::constant(*q);
   }
   if (b.is_const()) {
-    if (b.offset == 0 || a.coef % b.offset != 0 || a.offset % b.offset != 0) return std::nullopt;
-    return SDim{a.coef / b.offset, a.syms, a.offset / b.offset};
+    const std::optional<int64_t> c = div(a.coef, b.offset), o = div(a.offset, b.offset);
+    if (!c || !o || a.coef % b.offset != 0 || a.offset % b.offset != 0) return std::nullopt;
+    return SDim{*c, a.syms, *o};
   }
   // a / b with b symbolic: a monomial divided by a monomial.
-  if (a.offset != 0 || b.offset != 0 || b.coef == 0 || a.coef % b.coef != 0) return std::nullopt;
+  const std::optional<int64_t> c = div(a.coef, b.coef);
+  if (a.offset != 0 || b.offset != 0 || !c || a.coef % b.coef != 0) return std::nullopt;
   std::vector<std::string> rest = a.syms;
-  for (const std::string& s : b.syms) {
-    auto it = std::find(rest.begin(), rest.end(), s);
+  for (const std::string& sym : b.syms) {
+    auto it = std::find(rest.begin(), rest.end(), sym);
     if (it == rest.end()) return std::nullopt;
     rest.erase(it);
   }
-  if (rest.empty()) return SDim::constant(a.coef / b.coef);
-  return SDim{a.coef / b.coef, rest, 0};
+  if (rest.empty()) return SDim::constant(*c);
+  return SDim{*c, rest, 0};
 }
 
 // The number of elements of a shape as one SDim, when it is a monomial.
@@ -231,6 +266,13 @@ float half_to_float(uint16_t h) {
 // `length` bytes at `offset` of an external data file, refused when the file is shorter.
 std::string read_range(const std::string& path, int64_t offset, int64_t length,
                        const std::string& what) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) fail("{}: cannot open external data '{}': {}", what, path, ec.message());
+  if (offset < 0 || length < 0 || static_cast<uint64_t>(offset) > size ||
+      static_cast<uint64_t>(length) > size - static_cast<uint64_t>(offset))
+    fail("{}: external data '{}' has {} bytes, not {} at offset {}", what, path, size, length,
+         offset);
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) fail("{}: cannot open external data '{}': {}", what, path, std::strerror(errno));
   std::string out(static_cast<size_t>(length), '\0');
@@ -303,11 +345,21 @@ std::vector<double> tensor_values(const onnx::TensorProto& t, const std::string&
   } else if (t.has_raw_data()) {
     raw = &t.raw_data();
   }
+  if (raw && raw->size() != static_cast<size_t>(n) * esize)
+    fail("{}: raw data has {} bytes, shape [{}] of {} needs {}", what, raw->size(),
+         fmt::join(*dims, ","), onnx_dtype_name(type), static_cast<size_t>(n) * esize);
+  if (!raw) {
+    // The typed field's length, checked before anything of the shape's size is allocated.
+    const int64_t have = type == onnx::TensorProto::FLOAT    ? t.float_data_size()
+                         : type == onnx::TensorProto::DOUBLE ? t.double_data_size()
+                         : type == onnx::TensorProto::INT64  ? t.int64_data_size()
+                                                             : t.int32_data_size();
+    if (have != n)
+      fail("{}: the tensor holds {} values, shape [{}] needs {}", what, have, fmt::join(*dims, ","),
+           n);
+  }
   std::vector<double> v(static_cast<size_t>(n));
   if (raw) {
-    if (raw->size() != static_cast<size_t>(n) * esize)
-      fail("{}: raw data has {} bytes, shape [{}] of {} needs {}", what, raw->size(),
-           fmt::join(*dims, ","), onnx_dtype_name(type), static_cast<size_t>(n) * esize);
     const char* p = raw->data();
     for (int64_t i = 0; i < n; ++i, p += esize) {
       switch (type) {
@@ -581,6 +633,7 @@ const std::vector<int64_t>& Importer::need_ints(const Val& v, const char* what,
 std::vector<SDim> Importer::need_sizes(const Val& v, const char* what) {
   if (v.kind == Val::kSizes) return v.sizes;
   if (v.kind == Val::kConst && v.dtype != DType::f32 && v.cshape.size() <= 1) {
+    if (v.data.size() > kMaxSizesList) nfail("{} has {} entries", what, v.data.size());
     std::vector<SDim> s;
     for (double d : v.data) s.push_back(SDim::constant(to_i64(d)));
     return s;
@@ -800,7 +853,7 @@ OnnxImport Importer::run() {
     v.data =
         tensor_values(*t, fmt::format("{}: initializer '{}'", label_, name), base_dir_, &v.cshape);
     v.weight_name = name;
-    if (v.dtype != DType::f32 && v.cshape.size() <= 1) {
+    if (v.dtype != DType::f32 && v.cshape.size() <= 1 && v.data.size() <= kMaxSizesList) {
       Val s;
       s.kind = Val::kSizes;
       s.scalar = v.cshape.empty();
@@ -894,7 +947,8 @@ void Importer::import_node() {
           "a Constant needs one of the attributes value, value_float, value_int, value_ints, "
           "value_floats");
     }
-    if (v.dtype != DType::f32 && v.dtype != DType::boolean && v.cshape.size() <= 1) {
+    if (v.dtype != DType::f32 && v.dtype != DType::boolean && v.cshape.size() <= 1 &&
+        v.data.size() <= kMaxSizesList) {
       Val s;
       s.kind = Val::kSizes;
       s.scalar = v.cshape.empty();
@@ -982,7 +1036,7 @@ bool Importer::fold_node() {
     bool sa, sb;
     if (sizes_of(input(0), &a, &sa) && sizes_of(input(1), &b, &sb)) {
       size_t n = std::max(a.size(), b.size());
-      if (!(a.size() == b.size() || a.size() == 1 || b.size() == 1))
+      if (a.empty() || b.empty() || !(a.size() == b.size() || a.size() == 1 || b.size() == 1))
         nfail("size arithmetic on {} and {}: lengths do not broadcast", sdims_text(a),
               sdims_text(b));
       std::vector<SDim> r;
@@ -1114,6 +1168,8 @@ bool Importer::fold_node() {
     bool sa, sb;
     if (sizes_of(input(0), &a, &sb) && sizes_of(input(1), &b, &sa)) {
       size_t n = std::max(a.size(), b.size());
+      if (a.empty() || b.empty() || !(a.size() == b.size() || a.size() == 1 || b.size() == 1))
+        nfail("comparing sizes {} and {}: lengths do not broadcast", sdims_text(a), sdims_text(b));
       Val r;
       r.kind = Val::kConst;
       r.dtype = DType::boolean;
@@ -1144,6 +1200,11 @@ bool Importer::fold_node() {
     bool sa, sb;
     if (c.kind == Val::kConst && sizes_of(input(1), &a, &sa) && sizes_of(input(2), &b, &sb)) {
       size_t n = std::max({c.data.size(), a.size(), b.size()});
+      auto fits = [&](size_t m) { return m == n || m == 1; };
+      if (c.data.empty() || a.empty() || b.empty() || !fits(c.data.size()) || !fits(a.size()) ||
+          !fits(b.size()))
+        nfail("Where over sizes: lengths {}, {} and {} do not broadcast", c.data.size(), a.size(),
+              b.size());
       std::vector<SDim> r;
       for (size_t i = 0; i < n; ++i) {
         bool cond = c.data[c.data.size() == 1 ? 0 : i] != 0;
@@ -1245,6 +1306,8 @@ void Importer::gemm_node() {
 
 // Reshape (and Unsqueeze, Squeeze, Flatten) of input 0 to `target` (no 0 or -1 left).
 void Importer::reshape_node(const std::vector<SDim>& target) {
+  if (target.size() > static_cast<size_t>(kMaxRank))
+    nfail("the target shape has rank {}, more than kiln's {}", target.size(), kMaxRank);
   const Val x = input(0);
   if (x.kind != Val::kTensor) {
     if (x.kind == Val::kSizes) {
@@ -1358,6 +1421,8 @@ void Importer::slice_node() {
     else if (e.is_const() && e.offset > (int64_t{1} << 40))
       e = dim;
     if (dim.is_const()) s.offset = std::min(s.offset, dim.offset);
+    if (s.offset < 0)
+      nfail("start {} is out of range for dim {}", starts[k].offset, sdim_text(dim));
     auto len_opt = sdim_add(e, SDim::constant(-s.offset));
     if (!len_opt) nfail("cannot compute the length of slice [{}, {})", sdim_text(s), sdim_text(e));
     SDim len = *len_opt;
@@ -1683,6 +1748,8 @@ void Importer::tensor_node() {
       shape.push_back(SDim::constant(static_cast<int64_t>(x.sizes.size())));
     if (op == "Unsqueeze") {
       const int64_t out_rank = static_cast<int64_t>(shape.size() + axes.size());
+      if (out_rank > kMaxRank)
+        nfail("the result has rank {}, more than kiln's {}", out_rank, kMaxRank);
       std::vector<bool> is_new(static_cast<size_t>(out_rank), false);
       for (int64_t a : axes) {
         int64_t n = a < 0 ? a + out_rank : a;
@@ -1765,6 +1832,8 @@ void Importer::tensor_node() {
     if (merged(x)) nfail("expanding a value stored unflattened is not supported");
     ValueId v = as_tensor(x, node_->input(0));
     std::vector<SDim> shape = need_sizes(input(1), "the shape");
+    if (shape.size() > static_cast<size_t>(kMaxRank))
+      nfail("the shape has rank {}, more than kiln's {}", shape.size(), kMaxRank);
     std::vector<SDim> xs;
     for (const Dim& d : ir_type(v).shape) xs.push_back(from_dim(d));
     const size_t rank = std::max(shape.size(), xs.size());
@@ -1805,9 +1874,17 @@ void Importer::tensor_node() {
       dt = *d;
       value = v[0];
     }
+    if (shape.size() > static_cast<size_t>(kMaxRank))
+      nfail("the shape {} has rank {}, more than kiln's {}", sdims_text(shape), shape.size(),
+            kMaxRank);
     bool all_const =
         std::all_of(shape.begin(), shape.end(), [](const SDim& d) { return d.is_const(); });
     if (all_const) {
+      std::vector<int64_t> dims;
+      for (const SDim& d : shape) dims.push_back(d.offset);
+      all_const = checked_numel(dims, "ConstantOfShape") <= static_cast<int64_t>(kMaxSizesList);
+    }
+    if (all_const) {  // small: folded (a list of sizes, a constant operand)
       Val c;
       c.kind = Val::kConst;
       c.dtype = dt;
@@ -1832,9 +1909,11 @@ void Importer::tensor_node() {
     std::vector<SDim> lim = need_sizes(input(1), "limit");
     if (lim.size() != 1) nfail("limit must be a scalar");
     if (delta != 1) nfail("Range with a delta other than 1 is not supported");
-    auto n = sdim_add(lim[0], SDim::constant(-static_cast<int64_t>(start)));
+    const std::optional<SDim> neg_start = sdim_neg(SDim::constant(to_i64(start)));
+    std::optional<SDim> n = neg_start ? sdim_add(lim[0], *neg_start) : std::nullopt;
     if (!n) nfail("cannot compute the length of the range");
-    if (n->is_const()) {
+    if (n->is_const() && n->offset < 1) nfail("the range is empty (length {})", n->offset);
+    if (n->is_const() && n->offset <= static_cast<int64_t>(kMaxRank)) {
       Val s;
       s.kind = Val::kSizes;
       for (int64_t i = 0; i < n->offset; ++i)
@@ -1842,6 +1921,7 @@ void Importer::tensor_node() {
       set_output(0, s);
       return;
     }
+    if (n->is_const() && n->offset > kMaxElements) nfail("the range has {} elements", n->offset);
     TensorType t{DType::i64, dims_of({*n}, "the range's length")};
     ValueId r = emit(OpKind::iota, {}, {{"axis", int64_t{0}}}, &t);
     if (start != 0) r = emit(OpKind::add, {r, constant(start, DType::i64)});

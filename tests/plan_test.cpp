@@ -118,7 +118,8 @@ TEST(PlanWeights, AnInOutSourceIsTransposedAtLoadIntoEveryLayout) {
     ASSERT_EQ(back.weights.size(), 2u);
     EXPECT_FALSE(back.weights[0].source_kn);
     EXPECT_TRUE(back.weights[1].source_kn);
-    std::vector<AlignedBytes> w = load_weights(back, path);
+    const LoadedWeights loaded = load_weights(back, path);
+    const std::vector<AlignedBytes>& w = loaded.buffers;
     ASSERT_EQ(w[0].size, w[1].size);
     EXPECT_EQ(std::memcmp(w[0].data.get(), w[1].data.get(), static_cast<size_t>(w[0].size)), 0)
         << "panel " << l.panel << " bf16 " << l.bf16 << " int8 " << l.int8;
