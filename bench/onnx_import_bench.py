@@ -28,13 +28,15 @@ import os
 import platform
 import re
 import statistics
-import struct
 import subprocess
 import sys
 
 import numpy as np
+import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "golden"))
+import make_golden  # noqa: E402
 VOCAB = 32000
 
 
@@ -51,17 +53,10 @@ def cpu_name():
 
 
 def write_ids(path, tensors):
-    header, blobs, offset = {}, [], 0
-    for name in sorted(tensors):
-        data = np.ascontiguousarray(tensors[name], dtype="<i8").tobytes()
-        header[name] = {"dtype": "I64", "shape": list(tensors[name].shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    """I64 ids by name, with the golden data's writer (tests/golden/make_golden.py)."""
+    make_golden.write_safetensors(
+        path, [(name, torch.from_numpy(np.ascontiguousarray(tensors[name], dtype=np.int64)))
+               for name in sorted(tensors)])
 
 
 def run(argv, **kw):

@@ -864,13 +864,7 @@ bool fuse_function(const ir::Module& module, Function& f) {
 }  // namespace
 
 bool fuse_attention(ir::Module& module) {
-  bool changed = false;
-  for (Function& f : module.functions) {
-    if (!fuse_function(module, f)) continue;
-    changed = true;
-    drop_fused_marks(f);  // readers changed
-  }
-  return changed;
+  return rewrite_functions(module, [&](Function& f) { return fuse_function(module, f); });
 }
 
 }  // namespace kiln::passes

@@ -155,14 +155,6 @@ bool fuse_function(Function& f) {
 
 }  // namespace
 
-bool fuse_gelu(ir::Module& module) {
-  bool changed = false;
-  for (Function& f : module.functions) {
-    if (!fuse_function(f)) continue;
-    changed = true;
-    drop_fused_marks(f);
-  }
-  return changed;
-}
+bool fuse_gelu(ir::Module& module) { return rewrite_functions(module, fuse_function); }
 
 }  // namespace kiln::passes

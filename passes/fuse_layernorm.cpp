@@ -44,11 +44,7 @@ struct Match {
 
 class Matcher {
  public:
-  explicit Matcher(const Function& f) : f_(f), g_(f), users_(f.values.size()) {
-    for (size_t i = 0; i < f.ops.size(); ++i)
-      for (ValueId v : f.ops[i].operands) users_[v].insert(static_cast<int>(i));
-    for (ValueId r : f.results) users_[r].insert(-1);
-  }
+  explicit Matcher(const Function& f) : f_(f), g_(f), users_(readers_by_value(f)) {}
 
   const Op* def(ValueId v) const { return def_op(f_, g_.defs, v); }
 
@@ -310,14 +306,6 @@ bool fuse_function(Function& f) {
 
 }  // namespace
 
-bool fuse_layernorm(ir::Module& module) {
-  bool changed = false;
-  for (Function& f : module.functions) {
-    if (!fuse_function(f)) continue;
-    changed = true;
-    drop_fused_marks(f);
-  }
-  return changed;
-}
+bool fuse_layernorm(ir::Module& module) { return rewrite_functions(module, fuse_function); }
 
 }  // namespace kiln::passes

@@ -223,14 +223,10 @@ bool fuse_function(Function& f) {
 }  // namespace
 
 bool fuse_linear(ir::Module& module) {
-  bool changed = false;
-  for (Function& f : module.functions) {
+  return rewrite_functions(module, [&](Function& f) {
     const bool exposed = expose_in_out_weights(module, f);
-    if (!fuse_function(f) && !exposed) continue;
-    changed = true;
-    drop_fused_marks(f);  // readers changed
-  }
-  return changed;
+    return fuse_function(f) || exposed;
+  });
 }
 
 }  // namespace kiln::passes

@@ -302,13 +302,7 @@ bool merge_function(ir::Module& m, Function& f) {
 }  // namespace
 
 bool merge_projections(ir::Module& module) {
-  bool changed = false;
-  for (Function& f : module.functions) {
-    if (!merge_function(module, f)) continue;
-    changed = true;
-    drop_fused_marks(f);  // readers changed
-  }
-  return changed;
+  return rewrite_functions(module, [&](Function& f) { return merge_function(module, f); });
 }
 
 }  // namespace kiln::passes

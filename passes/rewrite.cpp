@@ -92,4 +92,12 @@ void drop_fused_marks(ir::Function& f) {
   for (ir::Op& op : f.ops) op.fused = false;
 }
 
+std::vector<std::set<int>> readers_by_value(const ir::Function& f) {
+  std::vector<std::set<int>> readers(f.values.size());
+  for (size_t i = 0; i < f.ops.size(); ++i)
+    for (ir::ValueId v : f.ops[i].operands) readers[v].insert(static_cast<int>(i));
+  for (ir::ValueId r : f.results) readers[r].insert(-1);
+  return readers;
+}
+
 }  // namespace kiln::passes

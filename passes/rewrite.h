@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -56,6 +57,24 @@ ir::ValueId insert_op(ir::Function& f, size_t pos, size_t origin, ir::OpKind kin
 // decided for the old readers and may break verifier V12 now (fuse-elementwise, later in the
 // default pipeline, marks the function again).
 void drop_fused_marks(ir::Function& f);
+
+// A fusion pass's driver: runs `rewrite(f)` (true when it changed f) on every function of the
+// module, dropping the fused marks of each it changed; whether any changed.
+template <typename Rewrite>
+bool rewrite_functions(ir::Module& module, Rewrite rewrite) {
+  bool changed = false;
+  for (ir::Function& f : module.functions) {
+    if (!rewrite(f)) continue;
+    changed = true;
+    drop_fused_marks(f);  // readers changed
+  }
+  return changed;
+}
+
+// The ops reading each value, each once (an op reading a value twice, like mul(%d, %d), is one
+// reader), and -1 for a function result: patterns whose intermediates may be read twice by
+// one op count readers with it.
+std::vector<std::set<int>> readers_by_value(const ir::Function& f);
 
 // Whether a debug log is enabled for `pass`: `pass` or "all" is in the comma list last
 // given to set_debug_passes, or else in the environment variable KILN_DEBUG_PASSES.

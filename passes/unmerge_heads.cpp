@@ -49,11 +49,7 @@ struct Match {
 
 class Matcher {
  public:
-  explicit Matcher(const Function& f) : f_(f), g_(f), users_(f.values.size()) {
-    for (size_t i = 0; i < f.ops.size(); ++i)
-      for (ValueId v : f.ops[i].operands) users_[v].insert(static_cast<int>(i));
-    for (ValueId r : f.results) users_[r].insert(-1);
-  }
+  explicit Matcher(const Function& f) : f_(f), g_(f), users_(readers_by_value(f)) {}
 
   const Op* def(ValueId v) const { return def_op(f_, g_.defs, v); }
   int sole_user(ValueId v) const {
@@ -277,8 +273,7 @@ void rewrite(Function& f, const Match& m) {
 }  // namespace
 
 bool unmerge_heads(ir::Module& module) {
-  bool changed = false;
-  for (Function& f : module.functions) {
+  return rewrite_functions(module, [](Function& f) {
     std::vector<Match> matches;
     {
       const Matcher mt(f);
@@ -294,14 +289,12 @@ bool unmerge_heads(ir::Module& module) {
         }
       }
     }
-    if (matches.empty()) continue;
+    if (matches.empty()) return false;
     // From the last match back: inserting before a later reshape leaves earlier ops in place.
     for (auto it = matches.rbegin(); it != matches.rend(); ++it) rewrite(f, *it);
     remove_dead_code(f);
-    drop_fused_marks(f);
-    changed = true;
-  }
-  return changed;
+    return true;
+  });
 }
 
 }  // namespace kiln::passes

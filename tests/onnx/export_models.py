@@ -27,6 +27,7 @@ The models, each written the way its kind is usually written in PyTorch:
                pre-norm, final ln_f, lm_head tied to the token embedding
 """
 
+import functools
 import importlib.util
 import json
 import math
@@ -44,19 +45,8 @@ OPSETS = (14, 17)
 
 
 def write_safetensors(path, tensors):
-    header, blobs, offset = {}, [], 0
-    for name in sorted(tensors):
-        t = tensors[name].contiguous()
-        dtype = {torch.float32: "F32", torch.int64: "I64"}[t.dtype]
-        data = t.numpy().tobytes()
-        header[name] = {"dtype": dtype, "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    """F32/I64 tensors by name: the seed twins' writer (examples/seeds/make_golden.py)."""
+    seeds_module().write_safetensors(path, tensors)
 
 
 def read_safetensors(path):
@@ -133,6 +123,7 @@ def transformer(**small):
 
 # --- the seed write-ups' twins --------------------------------------------------------------
 
+@functools.lru_cache(maxsize=None)
 def seeds_module():
     path = os.path.join(ROOT, "examples", "seeds", "make_golden.py")
     spec = importlib.util.spec_from_file_location("seeds_make_golden", path)
