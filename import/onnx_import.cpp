@@ -1153,7 +1153,8 @@ bool Importer::fold_node() {
       need_ints(input(2), "ends", &en);
       if (has_input(3)) need_ints(input(3), "axes", &ax);
       if (has_input(4)) need_ints(input(4), "steps", &sp);
-      if (st.size() != 1 || en.size() != 1 || (!sp.empty() && sp[0] != 1))
+      if (st.size() != 1 || en.size() != 1 || sp.size() > 1 || (!sp.empty() && sp[0] != 1) ||
+          ax.size() > 1 || (!ax.empty() && ax[0] != 0 && ax[0] != -1))
         nfail("slicing a list of sizes supports one axis with step 1");
       int64_t n = static_cast<int64_t>(a.size());
       int64_t s = st[0] < 0 ? st[0] + n : st[0], e = en[0] < 0 ? en[0] + n : en[0];
@@ -1394,10 +1395,15 @@ void Importer::slice_node() {
   ValueId id = as_tensor(x, node_->input(0));
   if (merged(x)) nfail("slicing a value stored unflattened is not supported");
   const int64_t rank = ir_type(id).rank();
+  if ((!axes.empty() && axes.size() != starts.size()) ||
+      (!steps.empty() && steps.size() != starts.size()))
+    nfail("starts, ends, axes and steps differ in length ({}, {}, {}, {})", starts.size(),
+          ends.size(), axes.size(), steps.size());
   for (size_t k = 0; k < starts.size(); ++k) {
-    int64_t axis = axes.empty() ? static_cast<int64_t>(k) : axes[k];
+    const int64_t given = axes.empty() ? static_cast<int64_t>(k) : axes[k];
+    int64_t axis = given;
     if (axis < 0) axis += rank;
-    if (axis < 0 || axis >= rank) nfail("axis {} is out of range for rank {}", axes[k], rank);
+    if (axis < 0 || axis >= rank) nfail("axis {} is out of range for rank {}", given, rank);
     if (!steps.empty() && steps[k] != 1)
       nfail("steps other than 1 are not supported (step {})", steps[k]);
     const SDim dim = from_dim(ir_type(id).shape[static_cast<size_t>(axis)]);
