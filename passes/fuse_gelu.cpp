@@ -36,17 +36,8 @@ class Matcher {
 
   const Op* def(ValueId v) const { return def_op(f_, g_.defs, v); }
 
-  std::optional<double> scalar(ValueId v) const {
-    const Op* d = def(v);
-    if (!d || d->kind != OpKind::constant || f_.type(v).rank() != 0 ||
-        f_.type(v).dtype != ir::DType::f32)
-      return std::nullopt;
-    return d->float_attr("value");
-  }
-
-  static ValueId other(const Op& op, ValueId v) {
-    return op.operands[0] == v ? op.operands[1] : op.operands[0];
-  }
+  std::optional<double> scalar(ValueId v) const { return f32_scalar(f_, g_.defs, v); }
+  static ValueId other(const Op& op, ValueId v) { return other_operand(op, v); }
 
   // `v` = x * c (either order) or x / (1/c): returns x.
   ValueId scaled(ValueId v, double c) const {

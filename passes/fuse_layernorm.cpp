@@ -53,17 +53,8 @@ class Matcher {
     return users_[v].size() == 1 && *users_[v].begin() >= 0 ? *users_[v].begin() : -1;
   }
 
-  std::optional<double> scalar(ValueId v) const {
-    const Op* d = def(v);
-    if (!d || d->kind != OpKind::constant || f_.type(v).rank() != 0 ||
-        f_.type(v).dtype != ir::DType::f32)
-      return std::nullopt;
-    return d->float_attr("value");
-  }
-
-  static ValueId other(const Op& op, ValueId v) {
-    return op.operands[0] == v ? op.operands[1] : op.operands[0];
-  }
+  std::optional<double> scalar(ValueId v) const { return f32_scalar(f_, g_.defs, v); }
+  static ValueId other(const Op& op, ValueId v) { return other_operand(op, v); }
 
   // A mean of `x` over its last axis with keepdims.
   bool is_last_axis_mean(const Op* op) const {

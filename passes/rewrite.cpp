@@ -92,6 +92,15 @@ void drop_fused_marks(ir::Function& f) {
   for (ir::Op& op : f.ops) op.fused = false;
 }
 
+std::optional<double> f32_scalar(const ir::Function& f, const std::vector<int>& defs,
+                                 ir::ValueId v) {
+  const ir::Op* d = def_op(f, defs, v);
+  if (!d || d->kind != ir::OpKind::constant || f.type(v).rank() != 0 ||
+      f.type(v).dtype != ir::DType::f32)
+    return std::nullopt;
+  return d->float_attr("value");
+}
+
 std::vector<std::set<int>> readers_by_value(const ir::Function& f) {
   std::vector<std::set<int>> readers(f.values.size());
   for (size_t i = 0; i < f.ops.size(); ++i)

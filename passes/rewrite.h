@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -57,6 +58,15 @@ ir::ValueId insert_op(ir::Function& f, size_t pos, size_t origin, ir::OpKind kin
 // decided for the old readers and may break verifier V12 now (fuse-elementwise, later in the
 // default pipeline, marks the function again).
 void drop_fused_marks(ir::Function& f);
+
+// The value of `v` when it is a rank-0 f32 `constant`, else nullopt.
+std::optional<double> f32_scalar(const ir::Function& f, const std::vector<int>& defs,
+                                 ir::ValueId v);
+
+// The operand of the binary `op` that is not `v`.
+inline ir::ValueId other_operand(const ir::Op& op, ir::ValueId v) {
+  return op.operands[0] == v ? op.operands[1] : op.operands[0];
+}
 
 // A fusion pass's driver: runs `rewrite(f)` (true when it changed f) on every function of the
 // module, dropping the fused marks of each it changed; whether any changed.
