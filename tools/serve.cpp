@@ -4,8 +4,12 @@
 // compatible /infer requests (same entry point, inputs equal but for dim 0) into one call.
 #include "tools/serve.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
@@ -16,6 +20,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -807,6 +812,78 @@ class Scheduler {
   std::vector<std::thread> workers_;
 };
 
+// ---- Whole replies -----------------------------------------------------------------------------
+//
+// Behind a proxy, a reply must reach it whole or not at all. nginx retries a request on another
+// server only while it holds no byte of the answer (proxy_next_upstream), and cpp-httplib 0.11
+// writes a reply's header and its body in two send()s: a server SIGKILLed between them would
+// leave nginx a header without its body, an answer cut short that it can no longer retry.
+// So while a reply is written its connection is corked (TCP_CORK: the header waits in the
+// kernel for the body) and set to reset on close (SO_LINGER 0: if the process dies now, the
+// kernel drops what it holds and resets the connection, so nginx has no answer and retries).
+// Once the body is written (the logger runs just after), the linger is restored and then the
+// cork removed: a process killed between the two still has its whole reply sent by the kernel.
+// A reply longer than a segment (64 KiB on loopback) leaves in full segments while the body is
+// written, so only up to that size is a reply whole-or-nothing. Streamed replies (server-sent
+// events) are not held: each event must leave as it is written.
+//
+// cpp-httplib 0.11 does not hand a handler its socket. Every connection is served whole by one
+// thread of CountingPool, so the socket is found once per connection, on that thread, among
+// the process's descriptors by the request's two addresses.
+
+thread_local int t_connection = -1;  // this thread's connection's socket, once found (-1: not)
+
+bool same_address(const sockaddr_storage& sa, const std::string& ip, int port) {
+  char text[INET6_ADDRSTRLEN] = {};
+  if (sa.ss_family == AF_INET) {
+    const auto& in = reinterpret_cast<const sockaddr_in&>(sa);
+    inet_ntop(AF_INET, &in.sin_addr, text, sizeof text);
+    return ntohs(in.sin_port) == port && ip == text;
+  }
+  if (sa.ss_family == AF_INET6) {
+    const auto& in = reinterpret_cast<const sockaddr_in6&>(sa);
+    inet_ntop(AF_INET6, &in.sin6_addr, text, sizeof text);
+    return ntohs(in.sin6_port) == port && ip == text;
+  }
+  return false;
+}
+
+bool is_connection(int fd, const httplib::Request& req) {
+  sockaddr_storage local{}, peer{};
+  socklen_t n1 = sizeof local, n2 = sizeof peer;
+  return getsockname(fd, reinterpret_cast<sockaddr*>(&local), &n1) == 0 &&
+         getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &n2) == 0 &&
+         same_address(local, req.local_addr, req.local_port) &&
+         same_address(peer, req.remote_addr, req.remote_port);
+}
+
+int connection_of(const httplib::Request& req) {
+  if (t_connection >= 0 && is_connection(t_connection, req)) return t_connection;
+  t_connection = -1;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    int fd = -1;
+    const std::string name = entry.path().filename().string();
+    auto [end, err] = std::from_chars(name.data(), name.data() + name.size(), fd);
+    if (err == std::errc() && end == name.data() + name.size() && is_connection(fd, req))
+      return t_connection = fd;
+  }
+  return -1;
+}
+
+void hold_reply(int fd, bool hold) {
+  if (fd < 0) return;
+  const int cork = hold ? 1 : 0;
+  const linger abort_on_close{hold ? 1 : 0, 0};
+  if (hold) {
+    setsockopt(fd, IPPROTO_TCP, TCP_CORK, &cork, sizeof cork);
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &abort_on_close, sizeof abort_on_close);
+  } else {  // this order: see above
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &abort_on_close, sizeof abort_on_close);
+    setsockopt(fd, IPPROTO_TCP, TCP_CORK, &cork, sizeof cork);
+  }
+}
+
 // httplib's connection pool, counting the connections accepted and not yet closed (the drain
 // waits for them).
 class CountingPool : public httplib::TaskQueue {
@@ -817,7 +894,9 @@ class CountingPool : public httplib::TaskQueue {
     ++open_;
     last_accept_ = Clock::now().time_since_epoch().count();
     pool_.enqueue([this, fn = std::move(fn)] {
+      t_connection = -1;  // fn serves one connection, on this thread
       fn();
+      t_connection = -1;
       --open_;
     });
   }
@@ -971,10 +1050,15 @@ class Server {
       }
       return httplib::Server::HandlerResponse::Unhandled;
     });
-    svr.set_post_routing_handler([this](const Request&, Response& res) {
+    static thread_local int held = -1;  // the connection whose reply is held (Whole replies)
+    svr.set_post_routing_handler([this](const Request& req, Response& res) {
       if (draining_) res.set_header("Connection", "close");
+      if (res.get_header_value("Content-Type") != "text/event-stream")
+        hold_reply(held = connection_of(req), true);
     });
     svr.set_logger([this](const Request& req, const Response& res) {
+      hold_reply(held, false);
+      held = -1;
       std::optional<double> seconds;
       if (routed) seconds = std::chrono::duration<double>(Clock::now() - started).count();
       routed = false;
