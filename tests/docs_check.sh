@@ -34,7 +34,7 @@ pages=("$src"/docs/*.md)
 # --- 1. options ------------------------------------------------------------------------------
 # The commands `kiln --help` lists (a new one is checked without changing this script), each
 # with the options its own --help declares.
-commands=$(awk '/^commands:$/ { on = 1; next } on && NF == 0 { exit } on && $1 ~ /^[a-z]+$/ { print $1 }' \
+commands=$(awk '/^commands:$/ { on = 1; next } on && NF == 0 { exit } on && $1 ~ /^[a-z][a-z-]*$/ { print $1 }' \
   <<<"$("$kiln" --help)")
 [ -n "$commands" ] || fail "kiln --help lists no commands"
 commands=$(echo $commands)
@@ -52,7 +52,7 @@ done
 mentions() {
   awk -v cmds="$commands" '
     function scan(text, where,    rest, cmd, opts, o) {
-      while (match(text, /(^|[^A-Za-z0-9_.\/-])(\$kiln|kiln|build\/tools\/kiln) +[a-z]+/)) {
+      while (match(text, /(^|[^A-Za-z0-9_.\/-])(\$kiln|kiln|build\/tools\/kiln) +[a-z][a-z-]*/)) {
         rest = substr(text, RSTART + RLENGTH)
         cmd = substr(text, RSTART, RLENGTH); sub(/.* /, "", cmd)
         text = rest
