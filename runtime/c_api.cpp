@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -219,31 +220,48 @@ void kiln_search_options_init(kiln_search_options* o) {
   o->sampling_top_p = 1;
 }
 
+namespace {
+
+// A generation in malloc'ed arrays, as kiln_generation_free frees them.
+kiln_generation to_c(const kiln::rt::Generation& g) {
+  auto copy = [](const auto& v) {
+    using T = typename std::decay_t<decltype(v)>::value_type;
+    T* p = static_cast<T*>(std::malloc(std::max<size_t>(1, v.size() * sizeof(T))));
+    if (!p) fail("out of memory returning a generation");
+    if (!v.empty()) std::memcpy(p, v.data(), v.size() * sizeof(T));
+    return p;
+  };
+  kiln_generation r{g.batch, g.hypotheses, g.max_length, nullptr, nullptr, nullptr};
+  try {
+    r.ids = copy(g.ids);
+    r.lengths = copy(g.lengths);
+    r.scores = copy(g.scores);
+  } catch (...) {
+    kiln_generation_free(&r);
+    throw;
+  }
+  return r;
+}
+
+void check_struct_size(const char* function, const kiln_search_options& options) {
+  if (options.struct_size != sizeof(kiln_search_options))
+    fail(
+        "{}: options.struct_size is {}, this runtime's kiln_search_options has {} bytes: "
+        "initialize the options with kiln_search_options_init (a caller built against another "
+        "kiln/runtime.h is refused)",
+        function, options.struct_size, sizeof(kiln_search_options));
+}
+
+}  // namespace
+
 int kiln_generate(kiln_model* model, const kiln_tensor* src, const kiln_search_options* options,
                   kiln_generation* out) {
   if (out) std::memset(out, 0, sizeof *out);  // a refused call leaves nothing to free
   if (!model) return 1;
   try {
     if (!src || !options || !out) fail("kiln_generate: src, options and out must not be null");
-    if (options->struct_size != sizeof(kiln_search_options))
-      fail(
-          "kiln_generate: options.struct_size is {}, this runtime's kiln_search_options has {} "
-          "bytes: initialize the options with kiln_search_options_init (a caller built against "
-          "another kiln/runtime.h is refused)",
-          options->struct_size, sizeof(kiln_search_options));
-    kiln::rt::Generation g = kiln::rt::generate(model, *src, *options);
-    auto copy = [](const auto& v) {
-      using T = typename std::decay_t<decltype(v)>::value_type;
-      T* p = static_cast<T*>(std::malloc(std::max<size_t>(1, v.size() * sizeof(T))));
-      if (!p) fail("out of memory returning a generation");
-      if (!v.empty()) std::memcpy(p, v.data(), v.size() * sizeof(T));
-      return p;
-    };
-    kiln_generation r{g.batch, g.hypotheses, g.max_length, nullptr, nullptr, nullptr};
-    r.ids = copy(g.ids);
-    r.lengths = copy(g.lengths);
-    r.scores = copy(g.scores);
-    *out = r;
+    check_struct_size("kiln_generate", *options);
+    *out = to_c(kiln::rt::generate(model, *src, *options));
     model->errors.set("");
     return 0;
   } catch (const std::exception& e) {
@@ -259,6 +277,82 @@ void kiln_generation_free(kiln_generation* g) {
   std::free(g->scores);
   std::memset(g, 0, sizeof *g);  // a second call frees nothing
 }
+
+// ---- kiln_generator_* (runtime/generate.h, Generator) ---------------------------------------
+
+struct kiln_generator {
+  kiln_model* model;
+  kiln::rt::Generator generator;
+  std::vector<int64_t> finished;  // finished, not yet listed by kiln_generator_finished
+};
+
+kiln_generator* kiln_generator_create(kiln_model* model, const kiln_search_options* options) {
+  if (!model) return nullptr;
+  try {
+    if (!options) fail("kiln_generator_create: options must not be null");
+    check_struct_size("kiln_generator_create", *options);
+    auto* g = new kiln_generator{model, kiln::rt::Generator(model, *options), {}};
+    model->errors.set("");
+    return g;
+  } catch (const std::exception& e) {
+    model->errors.set(e.what());
+    return nullptr;
+  }
+}
+
+int kiln_generator_add(kiln_generator* g, const kiln_tensor* src, int32_t max_decoding_length,
+                       int64_t* first_id) {
+  if (!g) return -1;
+  try {
+    if (!src || !first_id) fail("kiln_generator_add: src and first_id must not be null");
+    const std::optional<int64_t> first = g->generator.add(*src, max_decoding_length);
+    for (int64_t id : g->generator.take_finished()) g->finished.push_back(id);
+    g->model->errors.set("");
+    if (!first) return 1;
+    *first_id = *first;
+    return 0;
+  } catch (const std::exception& e) {
+    g->model->errors.set(e.what());
+    return -1;
+  }
+}
+
+int64_t kiln_generator_step(kiln_generator* g) {
+  if (!g) return -1;
+  try {
+    g->generator.step();
+    for (int64_t id : g->generator.take_finished()) g->finished.push_back(id);
+    g->model->errors.set("");
+    return g->generator.alive();
+  } catch (const std::exception& e) {
+    g->model->errors.set(e.what());
+    return -1;
+  }
+}
+
+int64_t kiln_generator_finished(kiln_generator* g, int64_t* ids, int64_t capacity) {
+  if (!g || !ids || capacity < 1) return 0;
+  const int64_t n = std::min<int64_t>(capacity, static_cast<int64_t>(g->finished.size()));
+  std::copy(g->finished.begin(), g->finished.begin() + n, ids);
+  g->finished.erase(g->finished.begin(), g->finished.begin() + n);
+  return n;
+}
+
+int kiln_generator_take(kiln_generator* g, int64_t id, kiln_generation* out) {
+  if (out) std::memset(out, 0, sizeof *out);
+  if (!g) return -1;
+  try {
+    if (!out) fail("kiln_generator_take: out must not be null");
+    *out = to_c(g->generator.result(id));
+    g->model->errors.set("");
+    return 0;
+  } catch (const std::exception& e) {
+    g->model->errors.set(e.what());
+    return -1;
+  }
+}
+
+void kiln_generator_free(kiln_generator* g) { delete g; }
 
 const char* kiln_model_error(const kiln_model* model) {
   return model ? model->errors.get() : "kiln: no model (NULL)";

@@ -1,26 +1,34 @@
-// Generation over a compiled model (see kiln/runtime.h, kiln_generate): greedy search, beam
-// search and sampling, as specified in tests/golden/make_decode_golden.py (the PyTorch
-// reference the tests compare with), for both protocols: an encoder–decoder's `prepare` and
-// `decode_step` (frontend/nn.h), and a decoder-only model's `prefill` and `decode_step`
-// (frontend/causal_lm.h). One search serves both; they differ only in how the first logits
-// come and what each step is given.
+// Generation over a compiled model (see kiln/runtime.h, kiln_generate and kiln_generator_*):
+// greedy search, beam search and sampling, as specified in tests/golden/make_decode_golden.py
+// (the PyTorch reference the tests compare with), for both protocols: an encoder–decoder's
+// `prepare` and `decode_step` (frontend/nn.h), and a decoder-only model's `prefill` and
+// `decode_step` (frontend/causal_lm.h). One search serves both; they differ only in how the
+// first logits come and what each step is given.
 //
-// State. Each layer's self-attention cache is one buffer [T, C, D] allocated once per call,
-// for T = the prompt length L (0 for an encoder–decoder) + max_decoding_length and C = batch
-// × beam slots, and written in place: the prompt pass writes prompt b's keys at [0..L-1, b];
-// decoding step s writes the keys of the token fed by the hypothesis in row n at [L + s, n].
-// A hypothesis's earlier keys stay where its ancestors wrote them; its row of the `rows`
-// table lists, for each position j, the slot holding them (FasterTransformer's beam
-// indirection), -1 for a left-padded prompt's padding, so reordering beams copies a few
-// integers per position, never the cache. Finished sentences leave the batch: later steps run
+// State. Each layer's self-attention cache is one buffer [T, C, D], allocated by the first
+// batch and written in place; its first axis is time. A decoding step feeds one token per
+// live hypothesis, all at the same time τ (decode_step's `pos`): the hypothesis in row n
+// writes its keys at [τ, n]. A hypothesis's earlier keys stay where they were written; its
+// row of the `rows` table lists, for each time j, the slot holding its keys of time j
+// (FasterTransformer's beam indirection), -1 where it has none, so reordering beams copies a
+// few integers per time, never the cache. Finished sentences leave the batch: later steps run
 // on the remaining hypotheses only.
 //
 // Encoder–decoder: `prepare` projects the encoder output into every decoder layer's
 // cross-attention keys and values once per batch; all hypotheses of a sentence read them
-// through their source row (never copied per beam); step t feeds the start token or the last
-// token and gives the logits of token t. Decoder-only: `prefill` runs the prompts (left-padded
-// to the longest, prompt b starting at start[b]) as GEMMs and gives the logits of token 0; step
-// t >= 1 feeds token t - 1.
+// through their source row (never copied per beam); a step feeds the start token or the last
+// token. Decoder-only: `prefill` runs the prompts (left-padded to the longest, prompt b
+// starting at time start[b]) as GEMMs and gives the logits of token 0; later steps feed the
+// last token, at position τ - start[b] of its sentence.
+//
+// Joining (kiln_generator_*, continuous batching). A decoder-only model's positions are per
+// row (τ - start), so sentences may join a running batch at a step boundary: the newcomers'
+// prompts are prefilled on their own, their keys copied into free slots of the times just
+// before τ (prompt b of length L_b at times τ - L_b .. τ - 1, start[b] = τ - L_b), and from
+// the next step on they are rows like any other. They fit while their prompts are no longer
+// than τ, their tokens within the cache's times (the model's max_len), and the rows within
+// max_batch sentences and max_batch × max_beam hypotheses. An encoder–decoder's decode_step
+// has one position for every row, so its sentences join only a batch with none running.
 #include "runtime/generate.h"
 
 #include <algorithm>
@@ -32,6 +40,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -47,13 +56,24 @@ constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 struct Hyp {
   int64_t sentence = 0;
   std::vector<int64_t> tokens;  // generated so far (no start token)
-  std::vector<int64_t> slots;   // slots[s]: the cache slot holding its keys of decoding step s
+  std::vector<int64_t> slots;   // slots[k]: the slot holding its keys of time first + k
   double cum = 0;               // sum of the generated tokens' log-probabilities
 };
 
 struct Finished {
   std::vector<int64_t> tokens;
   double score = 0;  // normalized
+};
+
+// One sentence (source or prompt) of the batch.
+struct Sentence {
+  int64_t start = 0;  // decoder-only: the time of its prompt's first token (its `start`)
+  int64_t first = 0;  // the time its first decoding step writes
+  std::vector<int64_t> prompt_slots;  // decoder-only: times [start, first): the slot of each
+  int64_t src_row = 0;                // encoder–decoder: its row of the memory
+  int32_t max_decoding_length = 0;
+  std::vector<Finished> finished;
+  bool done = false;
 };
 
 struct Buffer {
@@ -91,38 +111,88 @@ double normalized(double cum, int64_t length, double penalty) {
   return penalty == 0 ? cum : cum / std::pow(static_cast<double>(length), penalty);
 }
 
+}  // namespace
+
+// The search and its state (see the top of this file). Not thread-safe: one caller at a time.
 class Search {
  public:
-  Search(kiln_model* model, const kiln_tensor& src, const kiln_search_options& o)
-      : m_(model), o_(o) {
+  Search(kiln_model* model, const kiln_search_options& o, bool joinable)
+      : m_(model), o_(o), joinable_(joinable), rng_(o.seed) {
     check_model();
-    check_inputs(src);
+    check_options();
+    if (o_.num_stop_ids > 0) stop_ids_.assign(o_.stop_ids, o_.stop_ids + o_.num_stop_ids);
+    o_.stop_ids = nullptr;  // the caller's array need not outlive this call
   }
 
-  Generation run() {
+  // Adds the sentences `src`, at ids size() .., decoding at most `max_decoding_length` tokens
+  // (0: the options'); false (nothing changed) when they cannot join the running batch now.
+  // Throws for bad input.
+  bool add(const kiln_tensor& src, int32_t max_decoding_length = 0) {
+    if (max_decoding_length < 0)
+      fail("max_decoding_length is {}; it must be at least 1 (or 0: the generator's)",
+           max_decoding_length);
+    check_inputs(src, max_decoding_length > 0 ? max_decoding_length : o_.max_decoding_length);
+    if (alive_sentences_ == 0) reset();
+    const int64_t n = src.shape[0];
+    if (running() && !can_join(n)) return false;
     if (causal_)
-      prefill();
+      prefill(n);  // a sentence may end with its first token (select_all reports it)
     else
-      prepare();
-    std::vector<Hyp> alive(static_cast<size_t>(batch_));
-    for (int64_t b = 0; b < batch_; ++b) alive[b].sentence = b;
-    finished_.assign(static_cast<size_t>(batch_), {});
-    std::mt19937_64 rng(o_.seed);
-    for (int64_t t = 0; t < o_.max_decoding_length && !alive.empty(); ++t) {
-      if (!causal_ || t > 0) step(alive, t);  // a decoder-only model's token 0: the prefill's
-      std::vector<Hyp> next;
-      for (size_t i = 0; i < alive.size();) {
-        size_t end = i;
-        while (end < alive.size() && alive[end].sentence == alive[i].sentence) ++end;
-        if (sampling_)
-          sample(alive, i, t, rng, next);
-        else
-          select(alive, i, end, t, next);
-        i = end;
+      prepare(src, n);
+    return true;
+  }
+
+  // One step: every live hypothesis one token further.
+  void step() {
+    if (alive_.empty()) return;
+    decode();
+    std::vector<Hyp> next;
+    select_all(alive_, next);
+    alive_ = std::move(next);
+    ++time_;
+  }
+
+  int64_t size() const { return static_cast<int64_t>(sentences_.size()); }
+  bool done(int64_t id) const { return sentences_[static_cast<size_t>(id)].done; }
+  int64_t alive() const { return alive_sentences_; }
+  bool running() const { return !alive_.empty(); }
+  // The ids of the sentences finished since the last call.
+  std::vector<int64_t> take_finished() { return std::exchange(finished_ids_, {}); }
+
+  // The results of sentences [begin, end), as kiln_generate returns them.
+  Generation collect(int64_t begin, int64_t end) const {
+    Generation g;
+    g.batch = end - begin;
+    g.hypotheses = o_.num_hypotheses;
+    g.max_length = 0;
+    for (int64_t b = begin; b < end; ++b)
+      g.max_length = std::max<int64_t>(g.max_length, sentences_[b].max_decoding_length);
+    const size_t per = static_cast<size_t>(g.hypotheses);
+    g.ids.assign(static_cast<size_t>(g.batch) * per * static_cast<size_t>(g.max_length), -1);
+    g.lengths.assign(static_cast<size_t>(g.batch) * per, 0);
+    g.scores.assign(static_cast<size_t>(g.batch) * per, -std::numeric_limits<float>::infinity());
+    for (int64_t b = 0; b < g.batch; ++b) {
+      std::vector<Finished> fin = sentences_[static_cast<size_t>(begin + b)].finished;
+      std::stable_sort(fin.begin(), fin.end(),
+                       [](const Finished& x, const Finished& y) { return x.score > y.score; });
+      for (size_t h = 0; h < per && h < fin.size(); ++h) {
+        const size_t at = static_cast<size_t>(b) * per + h;
+        g.lengths[at] = static_cast<int64_t>(fin[h].tokens.size());
+        g.scores[at] = static_cast<float>(fin[h].score);
+        std::copy(fin[h].tokens.begin(), fin[h].tokens.end(),
+                  g.ids.begin() + static_cast<int64_t>(at) * g.max_length);
       }
-      alive = std::move(next);
     }
-    return collect();
+    return g;
+  }
+
+  // Frees what sentence `id` holds once its result is taken.
+  void forget(int64_t id) {
+    Sentence& s = sentences_.at(static_cast<size_t>(id));
+    s.finished.clear();
+    s.finished.shrink_to_fit();
+    s.prompt_slots.clear();
+    s.prompt_slots.shrink_to_fit();
   }
 
  private:
@@ -167,44 +237,19 @@ class Search {
     vocab_ = config_int(m_, causal_ ? "vocab" : "tgt_vocab", -1);
   }
 
-  void check_inputs(const kiln_tensor& src) {
+  // The options, checked once (kiln_generate and kiln_generator_create).
+  void check_options() {
     const kiln_search_options& o = o_;
-    const char* what = causal_ ? "prompts" : "source ids";
-    if (src.rank != 2) fail("{} must be a [batch, length] tensor, got rank {}", what, src.rank);
-    if (src.shape[0] < 1)
-      fail("empty batch: no {} to continue", causal_ ? "prompt" : "source sentence");
-    if (src.shape[1] < 1)
-      fail("{} have length {}", causal_ ? "prompts" : "source sentences", src.shape[1]);
-    if (causal_) read_prompts(src);
     if (o.beam_size < 1) fail("beam_size is {}; it must be at least 1", o.beam_size);
     if (o.beam_size > max_beam_)
       fail("beam_size {} is above the compiled maximum {} (max_beam)", o.beam_size, max_beam_);
     if (o.num_hypotheses < 1 || o.num_hypotheses > o.beam_size)
       fail("num_hypotheses is {}; it must be between 1 and beam_size {}", o.num_hypotheses,
            o.beam_size);
-    // Room for new tokens: max_len, less the longest prompt.
-    const int64_t room = max_len_ - prompt_len_;
-    if (causal_ && room < 1)
-      fail(
-          "the longest prompt has {} tokens, which leaves no room to generate within the "
-          "model's max_len {}",
-          prompt_len_, max_len_);
-    if (o_.max_decoding_length == 0)  // the default: as many as fit
-      o_.max_decoding_length =
-          static_cast<int32_t>(std::min<int64_t>(room, std::numeric_limits<int32_t>::max()));
-    if (o.max_decoding_length < 1)
+    if (o.max_decoding_length < 0)
       fail("max_decoding_length is {}; it must be at least 1 (or 0: {})", o.max_decoding_length,
            causal_ ? "as many as fit" : "the model's max_len");
-    if (o.max_decoding_length > room) {
-      if (causal_)
-        fail(
-            "max_decoding_length {} and the longest prompt's {} tokens exceed the model's "
-            "max_len {}",
-            o.max_decoding_length, prompt_len_, max_len_);
-      fail("max_decoding_length {} is above the model's max_len {}", o.max_decoding_length,
-           max_len_);
-    }
-    if (o.min_decoding_length < 0 || o.min_decoding_length > o.max_decoding_length)
+    if (o.min_decoding_length < 0)
       fail("min_decoding_length is {}; it must be between 0 and max_decoding_length {}",
            o.min_decoding_length, o.max_decoding_length);
     if (!std::isfinite(o.length_penalty))
@@ -240,12 +285,45 @@ class Search {
         fail("stop_ids[{}] is {}; it must be a token id in [0, {})", i, id, vocab_);
       if (std::find(ends_.begin(), ends_.end(), id) == ends_.end()) ends_.push_back(id);
     }
-    batch_ = src.shape[0];
-    if (batch_ > max_batch_)
-      fail("{} {} in one call; the model's maximum is {} (max_batch)", batch_,
+  }
+
+  // The sentences of one add(): their shape, prompts (decoder-only) and decoding length.
+  void check_inputs(const kiln_tensor& src, int32_t max_decoding_length) {
+    const char* what = causal_ ? "prompts" : "source ids";
+    if (src.rank != 2) fail("{} must be a [batch, length] tensor, got rank {}", what, src.rank);
+    if (src.shape[0] < 1)
+      fail("empty batch: no {} to continue", causal_ ? "prompt" : "source sentence");
+    if (src.shape[1] < 1)
+      fail("{} have length {}", causal_ ? "prompts" : "source sentences", src.shape[1]);
+    prompt_len_ = 0;
+    if (causal_) read_prompts(src);
+    // Room for new tokens: max_len, less the longest prompt.
+    const int64_t room = max_len_ - prompt_len_;
+    if (causal_ && room < 1)
+      fail(
+          "the longest prompt has {} tokens, which leaves no room to generate within the "
+          "model's max_len {}",
+          prompt_len_, max_len_);
+    // 0 (the default): as many as fit
+    max_decoding_length_ =
+        max_decoding_length > 0
+            ? max_decoding_length
+            : static_cast<int32_t>(std::min<int64_t>(room, std::numeric_limits<int32_t>::max()));
+    if (max_decoding_length_ > room) {
+      if (causal_)
+        fail(
+            "max_decoding_length {} and the longest prompt's {} tokens exceed the model's "
+            "max_len {}",
+            max_decoding_length_, prompt_len_, max_len_);
+      fail("max_decoding_length {} is above the model's max_len {}", max_decoding_length_,
+           max_len_);
+    }
+    if (o_.min_decoding_length > max_decoding_length_)
+      fail("min_decoding_length is {}; it must be between 0 and max_decoding_length {}",
+           o_.min_decoding_length, max_decoding_length_);
+    if (src.shape[0] > max_batch_)
+      fail("{} {} in one call; the model's maximum is {} (max_batch)", src.shape[0],
            causal_ ? "prompts" : "sentences", max_batch_);
-    src_ = src;
-    src_.name = "src";
   }
 
   bool is_end(int64_t token) const {
@@ -288,9 +366,6 @@ class Search {
     }
   }
 
-  // Allocates every layer's caches [L + max_decoding_length, batch × beam, width].
-  // Each cache's last dim, in decode_step's order, from the config key cache_widths (set by
-  // nn::add_causal_lm and nn::add_seq2seq); false when the model has none.
   bool read_cache_widths() {
     const char* widths = kiln_model_config(m_, "cache_widths");
     if (!widths) return false;
@@ -307,50 +382,129 @@ class Search {
     return true;
   }
 
-  void allocate_caches() {
-    slots_ = batch_ * o_.beam_size;
+  // Nothing alive: the next sentences start a new batch at time 0 (the caches are kept).
+  void reset() {
+    alive_.clear();
+    time_ = 0;
+  }
+
+  // Whether n sentences (checked by check_inputs) fit into the running batch now.
+  bool can_join(int64_t n) const {
+    if (!causal_) return false;  // one position for every row (see the top of this file)
+    return alive_sentences_ + n <= max_batch_ &&
+           static_cast<int64_t>(alive_.size()) + n * o_.beam_size <= slots_ &&
+           prompt_len_ <= time_ && time_ + max_decoding_length_ - 1 <= cache_[0].shape[0];
+  }
+
+  // Every layer's caches [times, slots, width]: for one batch (kiln_generate) its longest
+  // prompt and decoding length by batch × beam; for sentences that join (kiln_generator_*)
+  // the model's max_len by its max_batch × max_beam.
+  void allocate_caches(int64_t batch) {
+    if (!cache_.empty()) return;
+    const int64_t times = joinable_ ? max_len_ : prompt_len_ + max_decoding_length_;
+    slots_ = joinable_ ? max_rows_ : batch * o_.beam_size;
     for (int64_t l = 0; l < layers_; ++l) {  // decode_step's cache inputs, named once
       cache_names_.push_back(fmt::format("cache_k{}", l));
       cache_names_.push_back(fmt::format("cache_v{}", l));
     }
-    cache_.resize(static_cast<size_t>(2 * layers_));
-    for (size_t i = 0; i < cache_.size(); ++i) {
-      Buffer& c = cache_[i];
-      c.shape = {prompt_len_ + o_.max_decoding_length, slots_, cache_widths_.at(i)};
+    cache_ = make_caches(times, slots_);
+  }
+  std::vector<Buffer> make_caches(int64_t times, int64_t slots) const {
+    std::vector<Buffer> caches(static_cast<size_t>(2 * layers_));
+    for (size_t i = 0; i < caches.size(); ++i) {
+      Buffer& c = caches[i];
+      c.shape = {times, slots, cache_widths_.at(i)};
       c.data.reset(new float[static_cast<size_t>(c.numel())]);  // only written slots are read
     }
+    return caches;
   }
 
-  // The decoder-only prompt pass: prompts left-padded to the longest, the caches written, the
-  // logits of every prompt's next token in logits_.
-  void prefill() {
-    if (!read_cache_widths()) fail("decoder-only model has no 'cache_widths' in its config");
-    allocate_caches();
-    const int64_t L = prompt_len_;
-    std::vector<int64_t> ids(static_cast<size_t>(batch_ * L), 0);
-    start_rows_.assign(static_cast<size_t>(batch_), 0);
-    for (int64_t b = 0; b < batch_; ++b) {
+  Sentence& new_sentence() {
+    sentences_.emplace_back();
+    ++alive_sentences_;
+    Sentence& s = sentences_.back();
+    s.max_decoding_length = max_decoding_length_;
+    return s;
+  }
+
+  // The decoder-only prompt pass over the n prompts of prompts_, left-padded to the longest
+  // (L): into the caches directly for a new batch (prompt b at times L - L_b .. L - 1 of slot
+  // b), else into caches of their own, copied into free slots of the times before time_. Then
+  // each prompt's token 0 is chosen from the logits.
+  void prefill(int64_t n) {
+    if (cache_.empty() && !read_cache_widths())
+      fail("decoder-only model has no 'cache_widths' in its config");
+    allocate_caches(n);
+    const bool join = running();
+    const int64_t L = prompt_len_, first_id = size();
+    std::vector<int64_t> ids(static_cast<size_t>(n * L), 0), start(static_cast<size_t>(n));
+    for (int64_t b = 0; b < n; ++b) {
       const std::vector<int64_t>& p = prompts_[b];
-      start_rows_[b] = L - static_cast<int64_t>(p.size());
-      std::copy(p.begin(), p.end(), ids.begin() + b * L + start_rows_[b]);
+      start[b] = L - static_cast<int64_t>(p.size());
+      std::copy(p.begin(), p.end(), ids.begin() + b * L + start[b]);
     }
+    std::vector<Buffer> own;
+    if (join) own = make_caches(L, n);
+    std::vector<Buffer>& caches = join ? own : cache_;
     std::vector<kiln_tensor> in;
-    in.push_back(view("ids", KILN_I64, {batch_, L}, ids.data(), ids.size() * 8));
-    in.push_back(view("start", KILN_I64, {batch_}, start_rows_.data(), start_rows_.size() * 8));
-    add_caches(in);
-    run_for_logits("prefill", in, batch_, 0);
+    in.push_back(view("ids", KILN_I64, {n, L}, ids.data(), ids.size() * 8));
+    in.push_back(view("start", KILN_I64, {n}, start.data(), start.size() * 8));
+    add_caches(in, caches);
+    std::vector<Hyp> fresh(static_cast<size_t>(n));
+    for (int64_t b = 0; b < n; ++b) fresh[b].sentence = first_id + b;
+    step_rows_ = &fresh;
+    run_for_logits("prefill", in, n, caches);
+    step_rows_ = nullptr;
+    if (!join) time_ = L;
+    for (int64_t b = 0; b < n; ++b) {
+      Sentence& s = new_sentence();
+      const int64_t len = static_cast<int64_t>(prompts_[b].size());
+      s.start = time_ - len;
+      s.first = time_;
+      if (!join) s.prompt_slots.assign(static_cast<size_t>(len), b);
+    }
+    if (join) place_prompts(own, n, first_id);
+    select_all(fresh, alive_);
   }
 
-  void add_caches(std::vector<kiln_tensor>& in) {
-    for (size_t i = 0; i < cache_.size(); ++i)
-      in.push_back(view(cache_names_[i].c_str(), KILN_F32, cache_[i].shape, cache_[i].data.get(),
-                        static_cast<size_t>(cache_[i].numel()) * 4));
+  // Copies the joining prompts' keys (`own`, [L, n, width]) into slots of the times before
+  // time_ that no live hypothesis reads, recording them as each sentence's prompt_slots.
+  void place_prompts(const std::vector<Buffer>& own, int64_t n, int64_t first_id) {
+    const int64_t L = prompt_len_;
+    std::vector<char> used(static_cast<size_t>(slots_));
+    for (int64_t j = time_ - L; j < time_; ++j) {
+      std::fill(used.begin(), used.end(), 0);
+      for (const Hyp& h : alive_) {
+        const Sentence& s = sentences_[h.sentence];
+        if (j >= s.start)
+          used[j < s.first ? s.prompt_slots[j - s.start] : h.slots[j - s.first]] = 1;
+      }
+      for (int64_t b = 0; b < n; ++b) {
+        Sentence& s = sentences_[first_id + b];
+        if (j < s.start) continue;
+        const int64_t slot = std::find(used.begin(), used.end(), 0) - used.begin();
+        if (slot >= slots_) fail("no free cache slot for a joining prompt (internal error)");
+        used[slot] = 1;
+        s.prompt_slots.push_back(slot);
+        for (size_t c = 0; c < cache_.size(); ++c) {
+          const int64_t width = cache_[c].shape[2];
+          const float* from = own[c].data.get() + ((j - (time_ - L)) * n + b) * width;
+          std::copy(from, from + width, cache_[c].data.get() + (j * slots_ + slot) * width);
+        }
+      }
+    }
   }
 
-  // Runs `function` (logits [n, 1, V] and the caches in place) into logits_, checked.
+  void add_caches(std::vector<kiln_tensor>& in, std::vector<Buffer>& caches) {
+    for (size_t i = 0; i < caches.size(); ++i)
+      in.push_back(view(cache_names_[i].c_str(), KILN_F32, caches[i].shape, caches[i].data.get(),
+                        static_cast<size_t>(caches[i].numel()) * 4));
+  }
+
+  // Runs `function` (logits [n, 1, V] and `caches` in place) into logits_, checked.
   void run_for_logits(const char* function, const std::vector<kiln_tensor>& in, int64_t n,
-                      int64_t t) {
-    std::vector<kiln_tensor> out(1 + cache_.size());
+                      std::vector<Buffer>& caches) {
+    std::vector<kiln_tensor> out(1 + caches.size());
     if (kiln_model_output_shapes(m_, function, in.data(), in.size(), out.data(), out.size()))
       fail("{}", kiln_model_error(m_));
     if (out[0].rank != 3) fail("model's {} logits have rank {}, expected 3", function, out[0].rank);
@@ -361,19 +515,32 @@ class Search {
     logits_.resize(static_cast<size_t>(n * vocab_));
     out[0].data = logits_.data();
     out[0].capacity = logits_.size() * 4;
-    for (size_t i = 0; i < cache_.size(); ++i) {  // updated in place
-      out[1 + i].data = cache_[i].data.get();
-      out[1 + i].capacity = static_cast<size_t>(cache_[i].numel()) * 4;
+    for (size_t i = 0; i < caches.size(); ++i) {  // updated in place
+      out[1 + i].data = caches[i].data.get();
+      out[1 + i].capacity = static_cast<size_t>(caches[i].numel()) * 4;
     }
     if (kiln_model_run(m_, function, in.data(), in.size(), out.data(), out.size()))
       fail("{}", kiln_model_error(m_));
-    check_logits(n, t);
+    check_logits(n);
   }
 
-  void prepare() {
+  // The encoder–decoder's new batch: `prepare` over the sources, one empty hypothesis each.
+  void prepare(const kiln_tensor& src, int64_t n) {
     const int n_out = kiln_model_num_outputs(m_, "prepare");
     if (n_out != 2 * layers_)
       fail("model's prepare has {} outputs, expected {}", n_out, 2 * layers_);
+    // The sources, kept for decode_step (the caller's need not outlive add()).
+    const size_t bytes =
+        static_cast<size_t>(src.shape[0] * src.shape[1]) * (src.dtype == KILN_I32 ? 4 : 8);
+    if (!src.data || src.capacity < bytes)
+      fail("source ids [{}, {}] need {} bytes, the tensor holds {}", src.shape[0], src.shape[1],
+           bytes, src.data ? src.capacity : 0);
+    src_bytes_.assign(static_cast<const char*>(src.data),
+                      static_cast<const char*>(src.data) + bytes);
+    src_ = src;
+    src_.name = "src";
+    src_.data = src_bytes_.data();
+    src_.capacity = bytes;
     std::vector<kiln_tensor> out(static_cast<size_t>(n_out));
     if (kiln_model_output_shapes(m_, "prepare", &src_, 1, out.data(), out.size()))
       fail("{}", kiln_model_error(m_));
@@ -388,31 +555,35 @@ class Search {
       fail("{}", kiln_model_error(m_));
     mem_names_.clear();
     for (const kiln_tensor& t : out) mem_names_.push_back(t.name);
-    if (!read_cache_widths())  // a model without the key: every cache as wide as the memory
+    if (cache_.empty() && !read_cache_widths())  // without the key: as wide as the memory
       cache_widths_.assign(static_cast<size_t>(2 * layers_), mem_[0].shape[2]);
-    allocate_caches();
+    allocate_caches(n);
+    const int64_t first_id = size();
+    for (int64_t b = 0; b < n; ++b) {
+      new_sentence().src_row = b;
+      alive_.push_back(Hyp{first_id + b, {}, {}, 0});
+    }
   }
 
-  // Runs decode_step for every alive hypothesis, feeding the token that precedes token t;
-  // fills logits_ [N, V] with the logits of token t. Decoding step s (s = t, or t - 1 after a
-  // prefill) writes at cache position L + s.
-  void step(const std::vector<Hyp>& alive, int64_t t) {
-    const int64_t n = static_cast<int64_t>(alive.size());
-    const int64_t s = causal_ ? t - 1 : t, L = prompt_len_, width = L + s + 1;
+  // Runs decode_step for every live hypothesis, feeding its last token (or the start token)
+  // at time_; fills logits_ [N, V] with the logits of its next token.
+  void decode() {
+    const int64_t n = static_cast<int64_t>(alive_.size()), width = time_ + 1;
     std::vector<int64_t> tok(n), rows(static_cast<size_t>(n * width)), src_row(n), start(n);
     for (int64_t i = 0; i < n; ++i) {
-      const Hyp& h = alive[i];
+      const Hyp& h = alive_[i];
+      const Sentence& s = sentences_[h.sentence];
       tok[i] = h.tokens.empty() ? start_ : h.tokens.back();
       int64_t* row = &rows[static_cast<size_t>(i * width)];
-      // The prompt's keys: in its sentence's slot from the prefill, none in its padding.
-      if (causal_)
-        for (int64_t j = 0; j < L; ++j) row[j] = j < start_rows_[h.sentence] ? -1 : h.sentence;
-      for (int64_t j = 0; j < s; ++j) row[L + j] = h.slots[j];
-      row[L + s] = i;  // this step writes row i's keys to slot i
-      src_row[i] = h.sentence;
-      if (causal_) start[i] = start_rows_[h.sentence];
+      for (int64_t j = 0; j < time_; ++j)
+        row[j] = j < s.start   ? -1
+                 : j < s.first ? s.prompt_slots[j - s.start]
+                               : h.slots[j - s.first];
+      row[time_] = i;  // this step writes row i's keys to slot i
+      src_row[i] = s.src_row;
+      start[i] = s.start;
     }
-    int64_t pos = L + s;
+    int64_t pos = time_;
     std::vector<kiln_tensor> in;
     in.push_back(view("tok", KILN_I64, {n, 1}, tok.data(), tok.size() * 8));
     in.push_back(view("pos", KILN_I64, {1}, &pos, 8));
@@ -426,9 +597,9 @@ class Search {
         in.push_back(view(mem_names_[i].c_str(), KILN_F32, mem_[i].shape, mem_[i].data.get(),
                           static_cast<size_t>(mem_[i].numel()) * 4));
     }
-    add_caches(in);
-    step_rows_ = &alive;
-    run_for_logits("decode_step", in, n, t);
+    add_caches(in, cache_);
+    step_rows_ = &alive_;
+    run_for_logits("decode_step", in, n, cache_);
     step_rows_ = nullptr;
   }
 
@@ -438,11 +609,12 @@ class Search {
   // The first pass is branch-free, so it vectorizes (W5's 128 rows of 32000 logits: 0.6
   // ms a step, where a loop that stops at the first bad value took 3.4 ms); only a bad
   // row is searched again for the message.
-  void check_logits(int64_t n, int64_t t) {
+  void check_logits(int64_t n) {
     constexpr const char* kWhy = "the model's weights or its input hold NaN or infinity";
     constexpr float kInf = std::numeric_limits<float>::infinity();
     for (int64_t i = 0; i < n; ++i) {
-      const int64_t sentence = step_rows_ ? (*step_rows_)[i].sentence : i;
+      const int64_t sentence = (*step_rows_)[i].sentence;
+      const int64_t t = static_cast<int64_t>((*step_rows_)[i].tokens.size());
       const float* row = &logits_[static_cast<size_t>(i * vocab_)];
       int bad = 0, finite_or_plus = 0;
       for (int64_t v = 0; v < vocab_; ++v) {
@@ -460,6 +632,26 @@ class Search {
     }
   }
 
+  // Chooses the next token of every hypothesis of `in` (grouped by sentence) from logits_,
+  // appending those that go on to `out`; a sentence with none going on is done.
+  void select_all(const std::vector<Hyp>& in, std::vector<Hyp>& out) {
+    for (size_t i = 0; i < in.size();) {
+      size_t end = i;
+      while (end < in.size() && in[end].sentence == in[i].sentence) ++end;
+      const size_t before = out.size();
+      const int64_t t = static_cast<int64_t>(in[i].tokens.size());
+      if (sampling_)
+        sample(in, i, t, out);
+      else
+        select(in, i, end, t, out);
+      if (out.size() == before) {
+        sentences_[in[i].sentence].done = true;
+        --alive_sentences_;
+        finished_ids_.push_back(in[i].sentence);
+      }
+      i = end;
+    }
+  }
   // Beam search (greedy when beam_size is 1) for the hypotheses [begin, end) of one sentence.
   void select(const std::vector<Hyp>& alive, size_t begin, size_t end, int64_t t,
               std::vector<Hyp>& next) {
@@ -490,7 +682,8 @@ class Search {
       return a.token < b.token;
     });
     const int64_t sentence = alive[begin].sentence;
-    std::vector<Finished>& fin = finished_[sentence];
+    std::vector<Finished>& fin = sentences_[sentence].finished;
+    const int32_t max_length = sentences_[sentence].max_decoding_length;
     std::vector<Hyp> grown;
     for (const Cand& c : cands) {
       const Hyp& parent = alive[begin + c.beam];
@@ -513,9 +706,9 @@ class Search {
     // the runner-up that `grown` holds then is no part of the output).
     if (K == 1 && o_.on_token && !grown.empty() && !is_end(cands.front().token))
       o_.on_token(o_.user_data, sentence, t, grown[0].tokens.back());
-    if (t == o_.max_decoding_length - 1) {
+    if (t == max_length - 1) {
       for (Hyp& h : grown)
-        fin.push_back({h.tokens, normalized(h.cum, o_.max_decoding_length, o_.length_penalty)});
+        fin.push_back({h.tokens, normalized(h.cum, max_length, o_.length_penalty)});
       return;
     }
     if (static_cast<int64_t>(fin.size()) >= K) return;  // done
@@ -528,8 +721,7 @@ class Search {
 
   // Sampling (beam_size 1) for hypothesis i: from softmax(logits / temperature) over the
   // sampling_top_k most likely tokens, cut to the top-p nucleus.
-  void sample(const std::vector<Hyp>& alive, size_t i, int64_t t, std::mt19937_64& rng,
-              std::vector<Hyp>& next) {
+  void sample(const std::vector<Hyp>& alive, size_t i, int64_t t, std::vector<Hyp>& next) {
     const int64_t V = vocab_;
     const float* row = &logits_[i * V];
     const double lse = log_sum_exp(row, V);
@@ -557,7 +749,7 @@ class Search {
       total = kept;
     }
     // A uniform double in [0, total) from 53 random bits: the same on every platform.
-    const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53 * total;
+    const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53 * total;
     int64_t pick = ids[0];
     double acc = 0;
     for (int64_t r = 0; r < k_kept; ++r) {
@@ -569,7 +761,8 @@ class Search {
     }
     const Hyp& parent = alive[i];
     const double cum = parent.cum + lp[pick];
-    std::vector<Finished>& fin = finished_[parent.sentence];
+    std::vector<Finished>& fin = sentences_[parent.sentence].finished;
+    const int32_t max_length = sentences_[parent.sentence].max_decoding_length;
     if (is_end(pick)) {
       fin.push_back({parent.tokens, normalized(cum, t + 1, o_.length_penalty)});
       return;
@@ -578,60 +771,95 @@ class Search {
     h.tokens.push_back(pick);
     if (wrote(t)) h.slots.push_back(static_cast<int64_t>(i));
     if (o_.on_token) o_.on_token(o_.user_data, parent.sentence, t, pick);
-    if (t == o_.max_decoding_length - 1) {
-      fin.push_back({h.tokens, normalized(cum, o_.max_decoding_length, o_.length_penalty)});
+    if (t == max_length - 1) {
+      fin.push_back({h.tokens, normalized(cum, max_length, o_.length_penalty)});
       return;
     }
     next.push_back(std::move(h));
   }
 
-  Generation collect() {
-    Generation g;
-    g.batch = batch_;
-    g.hypotheses = o_.num_hypotheses;
-    g.max_length = o_.max_decoding_length;
-    const size_t per = static_cast<size_t>(g.hypotheses);
-    g.ids.assign(static_cast<size_t>(batch_) * per * static_cast<size_t>(g.max_length), -1);
-    g.lengths.assign(static_cast<size_t>(batch_) * per, 0);
-    g.scores.assign(static_cast<size_t>(batch_) * per, -std::numeric_limits<float>::infinity());
-    for (int64_t b = 0; b < batch_; ++b) {
-      std::vector<Finished>& fin = finished_[b];
-      std::stable_sort(fin.begin(), fin.end(),
-                       [](const Finished& x, const Finished& y) { return x.score > y.score; });
-      for (size_t h = 0; h < per && h < fin.size(); ++h) {
-        const size_t at = static_cast<size_t>(b) * per + h;
-        g.lengths[at] = static_cast<int64_t>(fin[h].tokens.size());
-        g.scores[at] = static_cast<float>(fin[h].score);
-        std::copy(fin[h].tokens.begin(), fin[h].tokens.end(),
-                  g.ids.begin() + static_cast<int64_t>(at) * g.max_length);
-      }
-    }
-    return g;
-  }
-
   kiln_model* m_;
-  kiln_search_options o_;  // max_decoding_length 0 resolved to max_len_
+  kiln_search_options o_;
+  const bool joinable_;
+  std::mt19937_64 rng_;
+  std::vector<int64_t> stop_ids_;  // the options' stop ids, kept
+  std::vector<char> src_bytes_;    // encoder–decoder: the batch's sources, kept
   kiln_tensor src_{};
   int64_t layers_ = 0, max_len_ = 0, max_rows_ = 0, max_batch_ = 0, max_beam_ = 0, vocab_ = -1;
-  int64_t start_ = -1, end_ = -1, batch_ = 0, slots_ = 0;
+  int64_t start_ = -1, end_ = -1, slots_ = 0;
   bool sampling_ = false;
-  bool causal_ = false;                        // decoder-only: prefill, prompts
-  std::vector<int64_t> ends_;                  // end_id (if any) and the stop ids
-  std::vector<std::vector<int64_t>> prompts_;  // decoder-only: each prompt's ids
-  int64_t prompt_len_ = 0;                     // the longest prompt (0: encoder–decoder)
-  std::vector<int64_t> start_rows_;            // per sentence: where its left-padded prompt starts
-  std::vector<int64_t> cache_widths_;          // each cache's last dim
-  const std::vector<Hyp>* step_rows_ = nullptr;  // the hypotheses of the step being checked
+  bool causal_ = false;        // decoder-only: prefill, prompts
+  std::vector<int64_t> ends_;  // end_id (if any) and the stop ids
+  // The sentences being added (check_inputs): decoder-only prompts and the longest (0 for an
+  // encoder–decoder), and their decoding length.
+  std::vector<std::vector<int64_t>> prompts_;
+  int64_t prompt_len_ = 0;
+  int32_t max_decoding_length_ = 0;
+  std::vector<int64_t> cache_widths_;            // each cache's last dim
+  const std::vector<Hyp>* step_rows_ = nullptr;  // the hypotheses of the logits being checked
   std::vector<Buffer> mem_, cache_;
   std::vector<std::string> mem_names_, cache_names_;
   std::vector<float> logits_;
-  std::vector<std::vector<Finished>> finished_;
+  std::vector<Sentence> sentences_;  // by id, in the order added
+  std::vector<Hyp> alive_;           // the live hypotheses, grouped by sentence
+  int64_t alive_sentences_ = 0;
+  int64_t time_ = 0;                   // the time the next decoding step writes
+  std::vector<int64_t> finished_ids_;  // finished since take_finished()
 };
 
-}  // namespace
-
 Generation generate(kiln_model* model, const kiln_tensor& src, const kiln_search_options& options) {
-  return Search(model, src, options).run();
+  Search search(model, options, /*joinable=*/false);
+  search.add(src);  // nothing is running: never refused for room
+  while (search.running()) search.step();
+  return search.collect(0, search.size());
+}
+
+// ---- Joining (kiln_generator_*) ----------------------------------------------------------------
+
+Generator::Generator(kiln_model* model, const kiln_search_options& options)
+    : search_(std::make_unique<Search>(model, options, /*joinable=*/true)) {}
+Generator::~Generator() = default;
+
+std::optional<int64_t> Generator::add(const kiln_tensor& src, int32_t max_decoding_length) {
+  check_usable();
+  const int64_t first = search_->size();
+  try {
+    if (!search_->add(src, max_decoding_length)) return std::nullopt;
+  } catch (...) {
+    if (search_->size() != first) broken_ = true;  // failed while running the model
+    throw;
+  }
+  return first;
+}
+
+void Generator::step() {
+  check_usable();
+  try {
+    search_->step();
+  } catch (...) {
+    broken_ = true;
+    throw;
+  }
+}
+
+int64_t Generator::alive() const { return search_->alive(); }
+
+std::vector<int64_t> Generator::take_finished() { return search_->take_finished(); }
+
+Generation Generator::result(int64_t id) {
+  if (id < 0 || id >= search_->size()) fail("no sentence {} in this generator", id);
+  if (!search_->done(id)) fail("sentence {} is not finished", id);
+  if (static_cast<int64_t>(taken_.size()) <= id) taken_.resize(static_cast<size_t>(id) + 1);
+  if (taken_[static_cast<size_t>(id)]) fail("sentence {} was taken already", id);
+  taken_[static_cast<size_t>(id)] = 1;
+  Generation g = search_->collect(id, id + 1);
+  search_->forget(id);
+  return g;
+}
+
+void Generator::check_usable() const {
+  if (broken_)
+    fail("this generator failed in an earlier call (its sentences are lost); create another");
 }
 
 }  // namespace kiln::rt

@@ -41,6 +41,13 @@ struct LibraryApi {
   const char* (*config)(const kiln_model*, const char*) = nullptr;
   // Optional (nullptr in a library from a kiln before it): kiln_model_save_weights.
   int (*save_weights)(kiln_model*, const char*) = nullptr;
+  // Optional, all or none (nullptr in a library from a kiln before them): kiln_generator_*.
+  kiln_generator* (*generator_create)(kiln_model*, const kiln_search_options*) = nullptr;
+  int (*generator_add)(kiln_generator*, const kiln_tensor*, int32_t, int64_t*) = nullptr;
+  int64_t (*generator_step)(kiln_generator*) = nullptr;
+  int64_t (*generator_finished)(kiln_generator*, int64_t*, int64_t) = nullptr;
+  int (*generator_take)(kiln_generator*, int64_t, kiln_generation*) = nullptr;
+  void (*generator_free)(kiln_generator*) = nullptr;
 };
 
 // An opened library: its path, model name (lib<name>.so) and C ABI. The handle stays open
@@ -111,6 +118,14 @@ inline Library open_library(const std::string& path, const std::string& command)
   resolve("kiln_model_config", &a.config);
   a.save_weights =
       reinterpret_cast<decltype(a.save_weights)>(dlsym(handle, "kiln_model_save_weights"));
+  if (dlsym(handle, "kiln_generator_create")) {
+    resolve("kiln_generator_create", &a.generator_create);
+    resolve("kiln_generator_add", &a.generator_add);
+    resolve("kiln_generator_step", &a.generator_step);
+    resolve("kiln_generator_finished", &a.generator_finished);
+    resolve("kiln_generator_take", &a.generator_take);
+    resolve("kiln_generator_free", &a.generator_free);
+  }
   return l;
 }
 

@@ -429,6 +429,221 @@ TEST_P(CausalLM, BadPromptsAndOptionsAreRefused) {
   EXPECT_EQ(model().generate(kiln::Tensor<int64_t>{{1, 1}, {5}}, ok).size(), 1u);
 }
 
+// Continuous batching (kiln_generator_*, runtime/generate.cpp "Joining"): a kiln_tensor of
+// prompts, -1 padded, over `t`'s data.
+kiln_tensor prompt_view(kiln::Tensor<int64_t>& t) {
+  kiln_tensor v{};
+  v.name = "src";
+  v.dtype = KILN_I64;
+  v.rank = 2;
+  v.shape[0] = t.shape[0];
+  v.shape[1] = t.shape[1];
+  v.data = t.data.data();
+  v.capacity = t.data.size() * sizeof(int64_t);
+  return v;
+}
+
+// The finished sentences of `g` taken into `out` (by id), as kiln::Hypothesis lists.
+void take_finished(kiln_model* m, kiln_generator* g,
+                   std::map<int64_t, std::vector<kiln::Hypothesis>>& out) {
+  int64_t ids[8];
+  for (int64_t n; (n = kiln_generator_finished(g, ids, 8)) > 0;)
+    for (int64_t k = 0; k < n; ++k) {
+      kiln_generation r;
+      ASSERT_EQ(kiln_generator_take(g, ids[k], &r), 0) << kiln_model_error(m);
+      ASSERT_EQ(r.batch, 1);
+      std::vector<kiln::Hypothesis>& hyps = out[ids[k]];
+      for (int64_t h = 0; h < r.hypotheses; ++h) {
+        const int64_t* t = r.ids + h * r.max_length;
+        hyps.push_back({{t, t + r.lengths[h]}, r.scores[h]});
+      }
+      kiln_generation_free(&r);
+    }
+}
+
+TEST_P(CausalLM, SentencesThatJoinARunningBatchGetWhatTheyGetAlone) {
+  std::vector<std::vector<int64_t>> rows = prompts(GetParam());
+  ASSERT_EQ(rows.size(), 3u);
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) {
+    return a.size() < b.size();  // a prompt joins once the batch's time reaches its length
+  });
+  for (int beam : {1, 3}) {
+    SCOPED_TRACE(fmt::format("beam {}", beam));
+    kiln::SearchOptions o;
+    o.max_decoding_length = 12;
+    o.min_decoding_length = 12;  // no end token before: the batch runs while the others join
+    o.beam_size = beam;
+    o.num_hypotheses = beam;
+    std::vector<std::vector<kiln::Hypothesis>> alone;
+    for (const auto& r : rows) alone.push_back(model().generate(prompt_tensor({r}), o).at(0));
+    // Streamed tokens, by sentence (greedy only).
+    std::map<int64_t, std::vector<int64_t>> streamed;
+    if (beam == 1) {
+      o.on_token = [](void* user, int64_t sentence, int64_t, int64_t token) {
+        (*static_cast<std::map<int64_t, std::vector<int64_t>>*>(user))[sentence].push_back(token);
+      };
+      o.user_data = &streamed;
+    }
+    kiln_model* m = model().get();
+    kiln_generator* g = kiln_generator_create(m, &o);
+    ASSERT_NE(g, nullptr) << kiln_model_error(m);
+    std::map<int64_t, std::vector<kiln::Hypothesis>> got;
+    // The shortest prompt starts alone (at time 1); each other joins once the batch's time
+    // reaches its length (5, then 9), while the batch runs.
+    int64_t id = -1, steps = 0, alive = 0;
+    std::vector<int64_t> joined_at;
+    for (size_t k = 0; k < rows.size(); ++k) {
+      kiln::Tensor<int64_t> t = prompt_tensor({rows[k]});
+      const kiln_tensor v = prompt_view(t);
+      for (int rc; (rc = kiln_generator_add(g, &v, 0, &id)) != 0; ++steps) {
+        ASSERT_EQ(rc, 1) << kiln_model_error(m);
+        alive = kiln_generator_step(g);
+        ASSERT_GT(alive, 0) << kiln_model_error(m);
+        take_finished(m, g, got);
+      }
+      EXPECT_EQ(id, static_cast<int64_t>(k));
+      EXPECT_EQ(alive, static_cast<int64_t>(k)) << "prompt " << k << " joined a running batch";
+      joined_at.push_back(steps);
+      ++alive;
+    }
+    EXPECT_EQ(joined_at, (std::vector<int64_t>{0, 4, 8}));
+    while (alive > 0) {
+      alive = kiln_generator_step(g);
+      ASSERT_GE(alive, 0) << kiln_model_error(m);
+      take_finished(m, g, got);
+    }
+    kiln_generator_free(g);
+    ASSERT_EQ(got.size(), rows.size());
+    for (size_t k = 0; k < rows.size(); ++k) {
+      ASSERT_EQ(got[k].size(), alone[k].size()) << "prompt " << k;
+      for (size_t h = 0; h < alone[k].size(); ++h) {
+        EXPECT_EQ(got[k][h].ids, alone[k][h].ids) << "prompt " << k << " hypothesis " << h;
+        EXPECT_NEAR(got[k][h].score, alone[k][h].score, 1e-4) << "prompt " << k;
+      }
+      if (beam == 1) EXPECT_EQ(streamed[k], alone[k][0].ids) << "prompt " << k;
+    }
+  }
+}
+
+// Random arrivals, as a server sees them: 0 to 3 prompts of 1 to 5 ids before each step, each
+// with its own max_decoding_length (4 to 24). The generator's count of live sentences is the
+// added less the finished, nothing running always takes a prompt, and every sentence finishes
+// with the ids it gets alone.
+TEST_P(CausalLM, AGeneratorUnderRandomArrivalsFinishesEverySentenceAsAlone) {
+  kiln_model* m = model().get();
+  kiln::SearchOptions o;
+  // Stop ids, so that sentences end at any step, their first token included.
+  std::vector<int64_t> stops;
+  for (int64_t id = 3; id < ex().vocab; id += 4) stops.push_back(id);
+  o.stop_ids = stops.data();
+  o.num_stop_ids = static_cast<int32_t>(stops.size());
+  kiln_generator* g = kiln_generator_create(m, &o);
+  ASSERT_NE(g, nullptr) << kiln_model_error(m);
+  std::mt19937 rng(3);
+  std::map<int64_t, std::pair<std::vector<int64_t>, int32_t>> added;  // id -> prompt, length
+  std::map<int64_t, std::vector<kiln::Hypothesis>> got;
+  int64_t live = 0, joined = 0, waited = 0;
+  for (int round = 0; round < 300 || live > 0; ++round) {
+    for (int k = round < 300 ? static_cast<int>(rng() % 4) : 0; k > 0; --k) {
+      std::vector<int64_t> prompt(1 + rng() % 5);
+      for (int64_t& id : prompt) id = 3 + static_cast<int64_t>(rng() % (ex().vocab - 3));
+      const int32_t length = static_cast<int32_t>(4 + rng() % 21);
+      kiln::Tensor<int64_t> t = prompt_tensor({prompt});
+      const kiln_tensor v = prompt_view(t);
+      int64_t id = -1;
+      const int rc = kiln_generator_add(g, &v, length, &id);
+      ASSERT_GE(rc, 0) << kiln_model_error(m);
+      ASSERT_TRUE(rc == 0 || live > 0) << "nothing runs, yet the prompt was refused";
+      if (rc == 0) {
+        joined += live > 0;
+        added[id] = {prompt, length};
+        ++live;
+      } else {
+        ++waited;
+      }
+      const size_t before = got.size();
+      take_finished(m, g, got);
+      live -= static_cast<int64_t>(got.size() - before);
+    }
+    const int64_t alive = kiln_generator_step(g);
+    ASSERT_GE(alive, 0) << kiln_model_error(m);
+    const size_t before = got.size();
+    take_finished(m, g, got);
+    live -= static_cast<int64_t>(got.size() - before);
+    ASSERT_EQ(alive, live) << "round " << round;
+  }
+  kiln_generator_free(g);
+  EXPECT_GT(joined, 20);
+  EXPECT_GT(waited, 0);
+  ASSERT_EQ(got.size(), added.size());
+  int64_t at_first = 0;  // sentences that ended with their first token
+  for (const auto& [id, hyps] : got) at_first += hyps.at(0).ids.empty();
+  EXPECT_GT(at_first, 0);
+  for (const auto& [id, job] : added) {
+    kiln::SearchOptions alone = o;
+    alone.max_decoding_length = job.second;
+    EXPECT_EQ(got[id].at(0).ids,
+              model().generate(prompt_tensor({job.first}), alone).at(0).at(0).ids)
+        << "sentence " << id;
+  }
+}
+
+TEST_P(CausalLM, AGeneratorRefusesWhatCannotJoinAndBadInput) {
+  kiln_model* m = model().get();
+  kiln::SearchOptions o;
+  o.max_decoding_length = 40;  // no end token before: every sentence runs 40 tokens
+  o.min_decoding_length = 40;
+  kiln_generator* g = kiln_generator_create(m, &o);
+  ASSERT_NE(g, nullptr) << kiln_model_error(m);
+  auto add = [&](std::vector<int64_t> prompt) {
+    kiln::Tensor<int64_t> t = prompt_tensor({std::move(prompt)});
+    const kiln_tensor v = prompt_view(t);
+    int64_t id = -1;
+    const int rc = kiln_generator_add(g, &v, 0, &id);
+    return rc == 0 ? id : rc == 1 ? -2 : -1;  // its id, -2: not now, -1: an error
+  };
+  ASSERT_EQ(add({5, 6}), 0);             // at times 0-1; the batch's time is 2
+  ASSERT_EQ(kiln_generator_step(g), 1);  // time 3
+  // Not yet: a prompt longer than the batch's time so far.
+  EXPECT_EQ(add({5, 6, 7, 8}), -2);
+  EXPECT_STREQ(kiln_model_error(m), "");
+  // Bad input is an error, not a wait, and the generator goes on: the next prompt joins.
+  EXPECT_EQ(add({5, ex().vocab}), -1);
+  EXPECT_THAT(kiln_model_error(m), HasSubstr("out of range"));
+  EXPECT_EQ(add({5, 6, 7}), 1);  // at times 0-2; its 39 steps end at time 41 of 48
+  // Unfinished or unknown sentences are not taken.
+  kiln_generation r;
+  EXPECT_EQ(kiln_generator_take(g, 0, &r), -1);
+  EXPECT_THAT(kiln_model_error(m), HasSubstr("sentence 0 is not finished"));
+  EXPECT_EQ(kiln_generator_take(g, 7, &r), -1);
+  EXPECT_THAT(kiln_model_error(m), HasSubstr("no sentence 7"));
+  // From time 10 on, 40 tokens would pass the cache's 48 times: a prompt waits.
+  for (int s = 0; s < 7; ++s) ASSERT_EQ(kiln_generator_step(g), 2);
+  EXPECT_EQ(add({5}), -2);
+  // Once no sentence runs, it starts a new batch.
+  int64_t steps = 8;
+  do {
+    ++steps;
+  } while (kiln_generator_step(g) > 0);
+  EXPECT_EQ(steps, 40);  // sentence 1 joined after one step; its tokens but the first: 39
+  EXPECT_EQ(add({5, 6, 7, 8}), 2);
+  int64_t ids[4];
+  ASSERT_EQ(kiln_generator_finished(g, ids, 4), 2);
+  EXPECT_EQ(ids[0], 0);
+  EXPECT_EQ(ids[1], 1);
+  ASSERT_EQ(kiln_generator_take(g, 1, &r), 0) << kiln_model_error(m);
+  EXPECT_EQ(r.lengths[0], 40);
+  kiln_generation_free(&r);
+  EXPECT_EQ(kiln_generator_take(g, 1, &r), -1);
+  EXPECT_THAT(kiln_model_error(m), HasSubstr("sentence 1 was taken already"));
+  kiln_generator_free(g);
+  // Bad options: no generator.
+  kiln::SearchOptions bad;
+  bad.beam_size = 9;
+  EXPECT_EQ(kiln_generator_create(m, &bad), nullptr);
+  EXPECT_THAT(kiln_model_error(m), HasSubstr("beam_size 9 is above the compiled maximum 4"));
+}
+
 // `kiln generate` on the llama example's shared library: greedy ids of prompts of different
 // lengths as the twin's (one line per prompt), beam hypotheses with scores, stop ids, sampling
 // by seed, streaming; and its errors.

@@ -223,6 +223,50 @@ TEST_F(T5, GreedyAndBeamMatchTheTwinsSearchWithAKVCache) {
   }
 }
 
+// kiln_generator_* on an encoder–decoder: decode_step has one position for every row, so a
+// source joins only once none is running (runtime/generate.cpp, "Joining"); the batches it
+// runs one after another give each source what kiln_generate gives the batch.
+TEST_F(T5, AGeneratorRunsSourcesOnlyWhenNoneIsRunning) {
+  const ir::Tensor src = read("t5.generate.safetensors", "prompts");
+  const ir::Tensor greedy = read("t5.generate.safetensors", "greedy");
+  kiln::SearchOptions o;
+  o.max_decoding_length = 32;
+  kiln_model* m = model_->get();
+  kiln_generator* g = kiln_generator_create(m, &o);
+  ASSERT_NE(g, nullptr) << kiln_model_error(m);
+  auto row = [&](int64_t b) {
+    kiln_tensor v{};
+    v.name = "src";
+    v.dtype = KILN_I64;
+    v.rank = 2;
+    v.shape[0] = 1;
+    v.shape[1] = src.shape[1];
+    v.data = const_cast<int64_t*>(src.ints.data() + b * src.shape[1]);
+    v.capacity = static_cast<size_t>(src.shape[1]) * sizeof(int64_t);
+    return v;
+  };
+  int64_t id = -1;
+  for (int64_t b = 0; b < 3; ++b) {
+    const kiln_tensor v = row(b);
+    ASSERT_EQ(kiln_generator_add(g, &v, 0, &id), 0) << kiln_model_error(m);
+    EXPECT_EQ(id, b);
+    ASSERT_EQ(kiln_generator_step(g), 1) << kiln_model_error(m);
+    const kiln_tensor next = row((b + 1) % 3);
+    EXPECT_EQ(kiln_generator_add(g, &next, 0, &id), 1);  // not while one runs
+    while (kiln_generator_step(g) > 0) {
+    }
+    int64_t done = -1;
+    ASSERT_EQ(kiln_generator_finished(g, &done, 1), 1);
+    EXPECT_EQ(done, b);
+    kiln_generation r;
+    ASSERT_EQ(kiln_generator_take(g, b, &r), 0) << kiln_model_error(m);
+    EXPECT_EQ(std::vector<int64_t>(r.ids, r.ids + r.lengths[0]), golden_row(greedy, b))
+        << "source " << b;
+    kiln_generation_free(&r);
+  }
+  kiln_generator_free(g);
+}
+
 // `kiln generate` from sources (token ids, padded with the model's pad id): the twin's greedy ids.
 TEST(GenerateCli, GeneratesFromSourcesWithAnEncoderDecoder) {
   const ir::Tensor src = read("t5.generate.safetensors", "prompts");

@@ -221,6 +221,9 @@ struct Model {
   kiln_model* model = nullptr;
   bool causal = false;  // a decoder-only model (prompts padded with -1), else encoder–decoder
   int64_t pad = -1;     // what /generate pads sentences with
+  // Generation requests join a running batch (kiln_generator_*): a decoder-only model, whose
+  // positions are per row, from a library that has them.
+  bool joins = false;
   std::vector<EntryPoint> entry_points;
   const EntryPoint* find(const std::string& name) const {
     for (const EntryPoint& e : entry_points)
@@ -268,6 +271,7 @@ Model open_model(const ServeArgs& a) {
   if (a.threads > 0) m.lib.api.set_num_threads(m.model, a.threads);
   m.causal = m.lib.api.symbol_max(m.model, "L") >= 0;
   m.pad = m.causal ? -1 : m.config("pad_id");
+  m.joins = m.causal && m.lib.api.generator_create && !a.no_batching;
   for (const char* const* f = m.lib.api.functions(m.model); f && *f; ++f) {
     EntryPoint e;
     e.name = *f;
@@ -492,6 +496,17 @@ class Metrics {
     for (size_t i = 0; i < std::size(kBatch); ++i)
       if (requests <= kBatch[i]) b.hist[i]++;
   }
+  // Rows (sentences) of a request answered by a running generation, counted before its
+  // answer (its batch is counted when the generation ends: batch(requests, 0, "generate")).
+  void rows(int64_t rows, const std::string& endpoint) {
+    std::lock_guard<std::mutex> l(m_);
+    batches_[endpoint].rows += rows;
+  }
+  // A /generate request that joined a running batch at a step boundary.
+  void joined() {
+    std::lock_guard<std::mutex> l(m_);
+    ++joined_;
+  }
   std::string text(int64_t queued, int64_t in_flight) {
     std::lock_guard<std::mutex> l(m_);
     std::string o;
@@ -527,6 +542,9 @@ class Metrics {
     for (const auto& [e, b] : batches_)
       o += fmt::format("kiln_batch_rows_total{} {}\n",
                        e == "infer" ? "" : fmt::format("{{endpoint=\"{}\"}}", e), b.rows);
+    o += "# HELP kiln_generate_joined_total /generate requests that joined a running batch.\n";
+    o += "# TYPE kiln_generate_joined_total counter\n";
+    o += fmt::format("kiln_generate_joined_total {}\n", joined_);
     o += "# HELP kiln_queue_depth Requests waiting for a worker.\n";
     o += "# TYPE kiln_queue_depth gauge\n";
     o += fmt::format("kiln_queue_depth {}\n", queued);
@@ -550,6 +568,7 @@ class Metrics {
     int64_t hist[std::size(kBatch)] = {};
   };
   std::map<std::string, Batches> batches_;
+  int64_t joined_ = 0;
 };
 
 class Scheduler {
@@ -564,12 +583,19 @@ class Scheduler {
     for (int i = 0; i < workers; ++i) workers_.emplace_back([this] { work(); });
   }
   ~Scheduler() { stop(); }
-  // Queues `job` unless --max-queue requests are waiting or running.
+  // Queues `job` unless --max-queue requests are waiting or running. A /generate request of
+  // a model whose requests join (Model::joins) goes to the running generation of its search
+  // options, if there is one, which adds it at its next step boundary.
   bool admit(const std::shared_ptr<Job>& job) {
     {
       std::lock_guard<std::mutex> l(m_);
       if (in_flight_ >= max_queue_) return false;
       ++in_flight_;
+      if (joins(*job))
+        if (auto it = sessions_.find(job->key); it != sessions_.end()) {
+          it->second->push_back(job);
+          return true;
+        }
       queue_.push_back(job);
     }
     cv_.notify_all();
@@ -609,6 +635,22 @@ class Scheduler {
       std::vector<std::shared_ptr<Job>> batch{queue_.front()};
       queue_.pop_front();
       const Job& first = *batch[0];
+      if (joins(first) && !first.cancelled) {
+        // A generation that requests join: this worker runs it until no sentence is left.
+        // Requests of its key queued meanwhile go to it too (admit() sends later ones).
+        std::deque<std::shared_ptr<Job>> inbox;
+        for (auto it = queue_.begin(); it != queue_.end();)
+          if ((*it)->key == first.key) {
+            inbox.push_back(*it);
+            it = queue_.erase(it);
+          } else {
+            ++it;
+          }
+        sessions_[first.key] = &inbox;
+        l.unlock();
+        run_session(batch[0], inbox);
+        continue;
+      }
       if (!first.key.empty() && first.max_rows > 1 && !first.cancelled) {
         int64_t rows = first.rows;
         const auto deadline = Clock::now() + std::chrono::milliseconds(delay_);
@@ -648,6 +690,153 @@ class Scheduler {
       for (const auto& j : batch) done(j);
     }
   }
+  bool joins(const Job& j) const {
+    return model_.joins && j.kind == Job::kGenerate && !j.key.empty();
+  }
+
+  // A generation that the requests of `first`'s key join at step boundaries
+  // (kiln_generator_*): each step, the requests in `inbox` (filled by admit() under m_) are
+  // added where they fit, and each request is answered as soon as its sentences finish. It
+  // ends when no sentence is left and no request waits. If the model fails (a NaN logit,
+  // say), every request not answered is run alone, so that only the bad one fails.
+  void run_session(std::shared_ptr<Job> first, std::deque<std::shared_ptr<Job>>& inbox) {
+    const rt::LibraryApi& api = model_.lib.api;
+    struct Member {
+      std::shared_ptr<Job> job;
+      int64_t first_id = 0, remaining = 0;
+    };
+    struct Run {
+      std::vector<Member> members;
+      std::map<int64_t, std::pair<size_t, size_t>> by_id;  // sentence -> (member, row)
+    } run;
+    kiln_search_options o = first->gen.search;
+    o.max_decoding_length = 0;  // each request's own, given as it is added
+    o.stop_ids = first->gen.stop_ids.data();
+    o.num_stop_ids = static_cast<int32_t>(first->gen.stop_ids.size());
+    o.on_token = [](void* user, int64_t sentence, int64_t, int64_t token) {
+      Run& r = *static_cast<Run*>(user);
+      const auto it = r.by_id.find(sentence);
+      if (it == r.by_id.end()) return;
+      Job& job = *r.members[it->second.first].job;
+      if (!job.gen.stream) return;
+      {
+        std::lock_guard<std::mutex> l(job.m);
+        job.tokens.push_back(token);
+      }
+      job.cv.notify_all();
+    };
+    o.user_data = &run;
+    kiln_generator* g = api.generator_create(model_.model, &o);
+    std::vector<std::shared_ptr<Job>> pending{first};  // to add
+    int64_t alive = 0, answered = 0;
+    bool failed = g == nullptr;
+    // Adds `j`; false when it cannot join now.
+    auto add = [&](const std::shared_ptr<Job>& j) {
+      if (j->cancelled) {
+        done(j);
+        return true;
+      }
+      kiln_tensor in;
+      std::memset(&in, 0, sizeof in);
+      in.name = "src";
+      in.dtype = KILN_I64;
+      in.rank = 2;
+      in.shape[0] = j->gen.batch;
+      in.shape[1] = j->gen.length;
+      in.data = j->gen.src.data();
+      in.capacity = j->gen.src.size() * sizeof(int64_t);
+      // by_id first: tokens chosen while it is added (its first) are streamed
+      const size_t member = run.members.size();
+      int64_t id = 0;
+      for (const Member& m : run.members) id = std::max(id, m.first_id + m.job->gen.batch);
+      run.members.push_back({j, id, j->gen.batch});
+      for (int64_t r = 0; r < j->gen.batch; ++r) run.by_id[id + r] = {member, size_t(r)};
+      j->hypotheses.assign(static_cast<size_t>(j->gen.batch), {});
+      const int rc = api.generator_add(g, &in, j->gen.search.max_decoding_length, &id);
+      if (rc != 0) {
+        for (int64_t r = 0; r < j->gen.batch; ++r) run.by_id.erase(run.members.back().first_id + r);
+        run.members.pop_back();
+        if (rc == 1) return false;
+        failed = true;  // bad input, or the model failed: see below
+        pending.push_back(j);
+        return true;
+      }
+      if (alive > 0) metrics_.joined();
+      alive += j->gen.batch;
+      return true;
+    };
+    auto collect = [&] {
+      int64_t ids[64];
+      for (int64_t n; (n = api.generator_finished(g, ids, 64)) > 0;)
+        for (int64_t k = 0; k < n; ++k) {
+          const auto it = run.by_id.find(ids[k]);
+          if (it == run.by_id.end()) continue;  // not ours: cannot happen
+          const auto [member, row] = it->second;
+          run.by_id.erase(it);
+          Member& m = run.members[member];
+          kiln_generation r;
+          if (api.generator_take(g, ids[k], &r) == 0)
+            for (int64_t h = 0; h < r.hypotheses; ++h) {
+              const int64_t* t = r.ids + h * r.max_length;
+              m.job->hypotheses[row].push_back({{t, t + r.lengths[h]}, r.scores[h]});
+            }
+          api.generation_free(&r);
+          --alive;
+          if (--m.remaining == 0) {
+            ++answered;
+            metrics_.rows(m.job->gen.batch, "generate");
+            done(m.job);
+          }
+        }
+    };
+    while (!failed) {
+      {
+        std::lock_guard<std::mutex> l(m_);
+        while (!inbox.empty()) {
+          pending.push_back(inbox.front());
+          inbox.pop_front();
+        }
+      }
+      std::vector<std::shared_ptr<Job>> waiting;
+      for (auto& j : std::exchange(pending, {}))
+        if (failed || !add(j)) waiting.push_back(j);
+      if (failed) {
+        pending.insert(pending.end(), waiting.begin(), waiting.end());
+        break;
+      }
+      pending = std::move(waiting);
+      collect();
+      if (alive == 0) {
+        std::lock_guard<std::mutex> l(m_);
+        if (pending.empty() && inbox.empty()) {
+          sessions_.erase(first->key);
+          break;
+        }
+        continue;  // nothing running: they fit now
+      }
+      if (api.generator_step(g) < 0) {
+        failed = true;
+        break;
+      }
+      collect();
+    }
+    if (failed) {
+      {
+        std::lock_guard<std::mutex> l(m_);
+        sessions_.erase(first->key);
+        pending.insert(pending.end(), inbox.begin(), inbox.end());
+      }
+      for (const Member& m : run.members)
+        if (m.remaining > 0) pending.push_back(m.job);
+      for (const auto& j : pending) {
+        generate_alone(*j);
+        done(j);
+      }
+    }
+    if (g) api.generator_free(g);
+    if (answered > 0) metrics_.batch(answered, 0, "generate");
+  }
+
   bool queue_empty_hint() {
     std::lock_guard<std::mutex> l(m_);
     return queue_.empty();
@@ -807,6 +996,8 @@ class Scheduler {
   std::mutex m_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> queue_;
+  // The running generations that requests join, by key: each one's inbox.
+  std::map<std::string, std::deque<std::shared_ptr<Job>>*> sessions_;
   int64_t in_flight_ = 0;
   bool stopping_ = false;
   std::vector<std::thread> workers_;
@@ -947,6 +1138,16 @@ class Server {
     svr.set_read_timeout(10);
     svr.set_write_timeout(10);
     routes(svr);
+    // cpp-httplib 0.11 listens with a backlog of 5: in a burst of new connections the SYNs
+    // beyond it are dropped, and their clients wait a second to send them again. So the
+    // listening socket (which set_socket_options is given, before it binds) listens again
+    // with the system's maximum: Linux takes a second listen() as a new backlog.
+    int listener = -1;
+    svr.set_socket_options([&listener](int sock) {
+      int yes = 1;  // what cpp-httplib's default options set
+      setsockopt(sock, SOL_SOCKET, SO_REUSEPORT, &yes, sizeof yes);
+      listener = sock;
+    });
     int port = a_.port;
     if (port == 0) {
       port = svr.bind_to_any_port(a_.host);
@@ -954,6 +1155,8 @@ class Server {
     } else if (!svr.bind_to_port(a_.host, port)) {
       fail("serve: cannot listen on {}:{}: {}", a_.host, port, std::strerror(errno));
     }
+    if (listener >= 0 && ::listen(listener, SOMAXCONN) != 0)
+      fail("serve: cannot listen on {}:{}: {}", a_.host, port, std::strerror(errno));
     fmt::print("{}\n", port);
     std::fflush(stdout);
     fmt::print(stderr, "kiln serve: '{}' on http://{}:{} (entry points: {})\n", model_.lib.name,
@@ -1446,11 +1649,14 @@ class Server {
     job->rows = g.batch;
     job->max_rows = a_.no_batching ? 1 : std::max<int64_t>(max_batch, 1);
     if (a_.max_batch > 0) job->max_rows = std::min(job->max_rows, a_.max_batch);
-    if (!g.stream && g.search.sampling_top_k == 1 && job->max_rows > 1) {
+    // A model whose requests join a running generation (Model::joins) streams them there.
+    if ((!g.stream || model_.joins) && g.search.sampling_top_k == 1 && job->max_rows > 1) {
       const kiln_search_options& o = g.search;
+      // (Requests that join a running generation each give it their max_decoding_length.)
       job->key = fmt::format("generate {} {} {} {} {} {} {} [{}]", o.beam_size, o.num_hypotheses,
-                             o.max_decoding_length, o.min_decoding_length, o.length_penalty,
-                             o.start_id, o.end_id, fmt::join(g.stop_ids, ","));
+                             model_.joins ? "*" : std::to_string(o.max_decoding_length),
+                             o.min_decoding_length, o.length_penalty, o.start_id, o.end_id,
+                             fmt::join(g.stop_ids, ","));
     }
     std::string id;
     if (auto i = j.find("id"); i != j.end()) {

@@ -27,6 +27,9 @@ from test_kiln import GOLDEN, MODELS, NUMBERS, TOLERANCE, kiln, read_safetensors
 KILN = os.environ.get("KILN_BIN", "")
 TINY = os.path.join(MODELS, "py_tiny")
 TINY_WEIGHTS = os.path.join(GOLDEN, "tiny.weights.safetensors")
+# A decoder-only model (examples/models/llama.cpp, the small config) as a shared library.
+LLAMA = os.environ.get("KILN_LLAMA_LIB", "")
+LLAMA_WEIGHTS = os.environ.get("KILN_LLAMA_WEIGHTS", "")
 
 
 class Server:
@@ -422,6 +425,69 @@ def test_concurrent_generation_is_batched_and_equals_each_request_alone(server_f
     assert values['kiln_batch_size_sum{endpoint="generate"}'] == len(requests_)
     assert values['kiln_batch_size_count{endpoint="generate"}'] < len(requests_)
     assert values['kiln_batch_rows_total{endpoint="generate"}'] == len(words)
+    assert s.stop() == 0
+
+
+def test_generation_requests_join_a_running_batch(server_factory):
+    """A decoder-only model's /generate requests join the running generation at a step
+    boundary (kiln_generator_*) instead of waiting for it to finish: with one worker, 6 clients
+    whose requests of different lengths overlap, some join a running batch, and each gets the
+    tokens and scores it gets alone, a streamed one its tokens as they come."""
+    s = server_factory("--workers", "1", lib=LLAMA, weights=LLAMA_WEIGHTS)
+    model = kiln.Model(LLAMA, LLAMA_WEIGHTS, threads=1)
+    rng = np.random.default_rng(7)
+    jobs = []  # (prompts, max_decoding_length, beam_size)
+    for n in range(36):
+        prompts = [rng.integers(3, 61, size=int(rng.integers(1, 6))).tolist()
+                   for _ in range(1 + n % 2)]
+        jobs.append((prompts, int(rng.integers(4, 13)), 1 + (n % 3 == 0)))
+    want = []
+    for prompts, length, beam in jobs:
+        src = np.full((len(prompts), max(len(p) for p in prompts)), -1, dtype=np.int64)
+        for row, p in zip(src, prompts):
+            row[:len(p)] = p
+        want.append(model.generate(src, beam_size=beam, num_hypotheses=beam,
+                                   max_decoding_length=length))
+    url = s.url + "/v2/models/llama/generate"
+    failures = []
+
+    def client(k):
+        for n in range(k, len(jobs), 6):
+            prompts, length, beam = jobs[n]
+            body = {"ids": prompts, "max_decoding_length": length, "beam_size": beam,
+                    "num_hypotheses": beam}
+            if len(prompts) == 1 and beam == 1 and n % 4 == 1:
+                r = requests.post(url, json=dict(body, stream=True), timeout=60, stream=True)
+                events = [e for e in r.text.split("\n\n") if e]
+                tokens = [json.loads(e[len("data: "):])["token"] for e in events[:-1]]
+                if tokens != want[n]["tokens"][0][0]:
+                    failures.append(("streamed", n, tokens, want[n]["tokens"][0][0]))
+                result = json.loads(events[-1].split("data: ", 1)[1])["results"]
+            else:
+                r = requests.post(url, json=body, timeout=60)
+                if r.status_code != 200:
+                    failures.append((n, r.text))
+                    continue
+                result = r.json()["results"]
+            for b, sentence in enumerate(result):
+                got = [h["ids"] for h in sentence["hypotheses"]]
+                scores = [h["score"] for h in sentence["hypotheses"]]
+                if got != want[n]["tokens"][b] or \
+                        not np.allclose(scores, want[n]["scores"][b], atol=1e-4):
+                    failures.append((n, b, got, want[n]["tokens"][b]))
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    values = metrics_when(s, 'kiln_requests_total{endpoint="generate",status="200"}', len(jobs))
+    joined = values["kiln_generate_joined_total"]
+    print("[ serve ] llama: %d of %d /generate requests joined a running batch" % (joined,
+                                                                                  len(jobs)))
+    assert joined > 0
+    assert values['kiln_batch_rows_total{endpoint="generate"}'] == \
+        sum(len(p) for p, _, _ in jobs)
     assert s.stop() == 0
 
 

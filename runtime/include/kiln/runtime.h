@@ -320,6 +320,40 @@ int kiln_generate(kiln_model* model, const kiln_tensor* src, const kiln_search_o
  * second call are no-ops. */
 void kiln_generation_free(kiln_generation* generation);
 
+/* Continuous batching: a generation that sentences join at step boundaries, instead of
+ * waiting for the running batch to finish (a model server's generation requests). The
+ * options (on_token and user_data included; stop_ids are copied) hold for every sentence;
+ * on_token's `sentence` is the sentence's id. A decoder-only model's sentences join a running
+ * batch while they fit: prompts no longer than the batch's time so far (its longest prompt
+ * plus the steps run), max_decoding_length within the model's max_len from there, at most
+ * max_batch sentences and max_batch x max_beam hypotheses live. An encoder–decoder's
+ * decode_step has one position for every row, so its sentences join only once none is
+ * running. A generator keeps caches for the model's max_len and max_batch x max_beam
+ * hypotheses. One thread at a time per generator; several generators may share a model.
+ * NULL for bad options or a NULL model or options (message in kiln_model_error()). */
+typedef struct kiln_generator kiln_generator;
+kiln_generator* kiln_generator_create(kiln_model* model, const kiln_search_options* options);
+/* Adds the sentences `src`, as kiln_generate takes them, each decoding at most
+ * max_decoding_length tokens (0: the options' max_decoding_length). Returns 0 with the first
+ * one's id in *first_id (the others follow; ids count from 0 over the generator's life); 1
+ * when they cannot join now (nothing changed: add them again after a step has finished
+ * sentences, or to another generator); -1 for bad input or a failure (kiln_model_error()). */
+int kiln_generator_add(kiln_generator* generator, const kiln_tensor* src,
+                       int32_t max_decoding_length, int64_t* first_id);
+/* Every live hypothesis one token further. Returns the sentences not yet finished (0: none
+ * left; more may be added), or -1 with kiln_model_error() set, after which the generator
+ * refuses every call but kiln_generator_free. */
+int64_t kiln_generator_step(kiln_generator* generator);
+/* Moves up to `capacity` ids of finished sentences (not yet listed) to `ids`; returns how
+ * many it moved (0: none finished since). */
+int64_t kiln_generator_finished(kiln_generator* generator, int64_t* ids, int64_t capacity);
+/* A finished sentence's hypotheses, as kiln_generate gives them for a batch of 1 (free with
+ * kiln_generation_free); the generator then forgets the sentence. Returns 0, or -1 (an id
+ * unknown or not finished, or taken already) with kiln_model_error() set. */
+int kiln_generator_take(kiln_generator* generator, int64_t id, kiln_generation* out);
+/* Frees the generator (NULL: a no-op); its unfinished sentences are dropped. */
+void kiln_generator_free(kiln_generator* generator);
+
 /* Reads tensor `name` of a safetensors file into `out` (dtype F32 -> KILN_F32; I64 or
  * I32 -> KILN_I64; BOOL or U8 -> KILN_BOOL); out->data is malloc'ed (release with
  * kiln_tensor_free) and out->capacity is its size. Returns 0, or
