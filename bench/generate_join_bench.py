@@ -21,17 +21,7 @@ import threading
 import time
 import urllib.request
 
-
-def cpu_name():
-    """`model name` of /proc/cpuinfo, with the family and model numbers."""
-    info = {}
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            info.setdefault(key.strip(), value.strip())
-    return "%s (family %s, model %s, %d CPUs)" % (info.get("model name", "unknown CPU"),
-                                                  info.get("cpu family", "?"),
-                                                  info.get("model", "?"), os.cpu_count())
+from serve_bench import cpu_name, metric  # the same CPU line and /metrics reading
 
 
 def post(url, body):
@@ -39,14 +29,6 @@ def post(url, body):
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as r:
         return json.loads(r.read())
-
-
-def metric(url, name):
-    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return 0.0
 
 
 def run(args, name, extra, jobs):
