@@ -379,6 +379,18 @@ def test_generate_text_and_streamed_tokens_equal_the_python_module(server_factor
     assert s.stop() == 0
 
 
+def differences(n, results, want):
+    """Request n's /generate results against the Python module's generation `want`: for each
+    sentence whose ids or scores (within 1e-4) differ, (n, sentence, got, wanted)."""
+    out = []
+    for b, result in enumerate(results):
+        got = [h["ids"] for h in result["hypotheses"]]
+        scores = [h["score"] for h in result["hypotheses"]]
+        if got != want["tokens"][b] or not np.allclose(scores, want["scores"][b], atol=1e-4):
+            out.append((n, b, got, want["tokens"][b]))
+    return out
+
+
 def test_concurrent_generation_is_batched_and_equals_each_request_alone(server_factory):
     lib = os.path.join(MODELS, "py_numbers")
     weights = os.path.join(NUMBERS, "numbers.weights.safetensors")
@@ -408,12 +420,7 @@ def test_concurrent_generation_is_batched_and_equals_each_request_alone(server_f
             if r.status_code != 200:
                 failures.append(r.text)
                 continue
-            for b, result in enumerate(r.json()["results"]):
-                got = [h["ids"] for h in result["hypotheses"]]
-                scores = [h["score"] for h in result["hypotheses"]]
-                if got != want[n]["tokens"][b] or \
-                        not np.allclose(scores, want[n]["scores"][b], atol=1e-4):
-                    failures.append((n, b, got, want[n]["tokens"][b]))
+            failures.extend(differences(n, r.json()["results"], want[n]))
     threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
     for t in threads:
         t.start()
@@ -469,12 +476,7 @@ def test_generation_requests_join_a_running_batch(server_factory):
                     failures.append((n, r.text))
                     continue
                 result = r.json()["results"]
-            for b, sentence in enumerate(result):
-                got = [h["ids"] for h in sentence["hypotheses"]]
-                scores = [h["score"] for h in sentence["hypotheses"]]
-                if got != want[n]["tokens"][b] or \
-                        not np.allclose(scores, want[n]["scores"][b], atol=1e-4):
-                    failures.append((n, b, got, want[n]["tokens"][b]))
+            failures.extend(differences(n, result, want[n]))
     threads = [threading.Thread(target=client, args=(k,)) for k in range(6)]
     for t in threads:
         t.start()
