@@ -745,7 +745,8 @@ class Scheduler {
       in.shape[1] = j->gen.length;
       in.data = j->gen.src.data();
       in.capacity = j->gen.src.size() * sizeof(int64_t);
-      // by_id first: tokens chosen while it is added (its first) are streamed
+      // by_id first: tokens chosen while it is added (its first) are streamed. Ids count the
+      // generator's sentences from 0.
       const size_t member = run.members.size();
       int64_t id = 0;
       for (const Member& m : run.members) id = std::max(id, m.first_id + m.job->gen.batch);
@@ -807,12 +808,24 @@ class Scheduler {
       pending = std::move(waiting);
       collect();
       if (alive == 0) {
-        std::lock_guard<std::mutex> l(m_);
-        if (pending.empty() && inbox.empty()) {
-          sessions_.erase(first->key);
+        {
+          std::lock_guard<std::mutex> l(m_);
+          if (pending.empty() && inbox.empty()) {
+            sessions_.erase(first->key);
+            break;
+          }
+        }
+        // A batch ended and requests wait: they start the next one, in a fresh generator, so
+        // that a generation under steady load holds nothing of its finished requests.
+        api.generator_free(g);
+        run.members.clear();
+        run.by_id.clear();
+        g = api.generator_create(model_.model, &o);
+        if (!g) {
+          failed = true;
           break;
         }
-        continue;  // nothing running: they fit now
+        continue;
       }
       if (api.generator_step(g) < 0) {
         failed = true;
