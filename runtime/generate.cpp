@@ -120,8 +120,8 @@ class Search {
       : m_(model), o_(o), joinable_(joinable), rng_(o.seed) {
     check_model();
     check_options();
-    if (o_.num_stop_ids > 0) stop_ids_.assign(o_.stop_ids, o_.stop_ids + o_.num_stop_ids);
-    o_.stop_ids = nullptr;  // the caller's array need not outlive this call
+    o_.stop_ids = nullptr;  // ends_ holds them: the caller's array need not outlive this call
+    o_.num_stop_ids = 0;
   }
 
   // Adds the sentences `src`, at ids size() .., decoding at most `max_decoding_length` tokens
@@ -782,8 +782,7 @@ class Search {
   kiln_search_options o_;
   const bool joinable_;
   std::mt19937_64 rng_;
-  std::vector<int64_t> stop_ids_;  // the options' stop ids, kept
-  std::vector<char> src_bytes_;    // encoder–decoder: the batch's sources, kept
+  std::vector<char> src_bytes_;  // encoder–decoder: the batch's sources, kept
   kiln_tensor src_{};
   int64_t layers_ = 0, max_len_ = 0, max_rows_ = 0, max_batch_ = 0, max_beam_ = 0, vocab_ = -1;
   int64_t start_ = -1, end_ = -1, slots_ = 0;

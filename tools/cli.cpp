@@ -472,7 +472,8 @@ std::unique_ptr<CLI::App> generate_command(GenerateArgs& a) {
   add_generator_options(*app, a, "print each hypothesis's score too");
   app->add_option("--tokenizer", a.tokenizer,
                   "tokenizer for text prompts and output: a SentencePiece .model, a BPE "
-                  "vocab.json (merges.txt beside it) or a character vocabulary");
+                  "vocab.json (merges.txt beside it) or a character vocabulary")
+      ->type_name("FILE");
   app->add_flag("--stream", a.stream, "print each token as it is chosen (one prompt, beam 1)");
   add_search_options(*app, a.search, /*prompts=*/true, &a.stop_ids);
   return app;
