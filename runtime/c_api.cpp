@@ -330,6 +330,19 @@ int64_t kiln_generator_step(kiln_generator* g) {
   }
 }
 
+int kiln_generator_cancel(kiln_generator* g, int64_t id) {
+  if (!g) return -1;
+  try {
+    g->generator.cancel(id);
+    for (int64_t done : g->generator.take_finished()) g->finished.push_back(done);
+    g->model->errors.set("");
+    return 0;
+  } catch (const std::exception& e) {
+    g->model->errors.set(e.what());
+    return -1;
+  }
+}
+
 int64_t kiln_generator_finished(kiln_generator* g, int64_t* ids, int64_t capacity) {
   if (!g || !ids || capacity < 1) return 0;
   const int64_t n = std::min<int64_t>(capacity, static_cast<int64_t>(g->finished.size()));

@@ -186,6 +186,17 @@ class Search {
     return g;
   }
 
+  // Ends sentence `id` now (a request its client gave up): its hypotheses leave the batch, and
+  // it is finished with the hypotheses finished so far (none, or fewer than asked).
+  void cancel(int64_t id) {
+    Sentence& s = sentences_.at(static_cast<size_t>(id));
+    if (s.done) return;
+    std::erase_if(alive_, [&](const Hyp& h) { return h.sentence == id; });
+    s.done = true;
+    --alive_sentences_;
+    finished_ids_.push_back(id);
+  }
+
   // Frees what sentence `id` holds once its result is taken.
   void forget(int64_t id) {
     Sentence& s = sentences_.at(static_cast<size_t>(id));
@@ -839,6 +850,12 @@ void Generator::step() {
     broken_ = true;
     throw;
   }
+}
+
+void Generator::cancel(int64_t id) {
+  check_usable();
+  if (id < 0 || id >= search_->size()) fail("no sentence {} in this generator", id);
+  search_->cancel(id);
 }
 
 int64_t Generator::alive() const { return search_->alive(); }

@@ -36,6 +36,8 @@ class Generator {
   std::optional<int64_t> add(const kiln_tensor& src, int32_t max_decoding_length = 0);
   // Every live hypothesis one token further (on_token reports the tokens by sentence id).
   void step();
+  // Ends sentence `id` now: it leaves the batch, finished with what it has finished.
+  void cancel(int64_t id);
   int64_t alive() const;  // sentences not finished
   // The sentences finished since the last call, by id.
   std::vector<int64_t> take_finished();

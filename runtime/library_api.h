@@ -45,6 +45,7 @@ struct LibraryApi {
   kiln_generator* (*generator_create)(kiln_model*, const kiln_search_options*) = nullptr;
   int (*generator_add)(kiln_generator*, const kiln_tensor*, int32_t, int64_t*) = nullptr;
   int64_t (*generator_step)(kiln_generator*) = nullptr;
+  int (*generator_cancel)(kiln_generator*, int64_t) = nullptr;
   int64_t (*generator_finished)(kiln_generator*, int64_t*, int64_t) = nullptr;
   int (*generator_take)(kiln_generator*, int64_t, kiln_generation*) = nullptr;
   void (*generator_free)(kiln_generator*) = nullptr;
@@ -122,6 +123,7 @@ inline Library open_library(const std::string& path, const std::string& command)
     resolve("kiln_generator_create", &a.generator_create);
     resolve("kiln_generator_add", &a.generator_add);
     resolve("kiln_generator_step", &a.generator_step);
+    resolve("kiln_generator_cancel", &a.generator_cancel);
     resolve("kiln_generator_finished", &a.generator_finished);
     resolve("kiln_generator_take", &a.generator_take);
     resolve("kiln_generator_free", &a.generator_free);

@@ -588,6 +588,48 @@ TEST_P(CausalLM, AGeneratorUnderRandomArrivalsFinishesEverySentenceAsAlone) {
   }
 }
 
+// kiln_generator_cancel: a sentence whose client is gone leaves the batch at once, finished
+// with what it had (nothing); the others go on as alone.
+TEST_P(CausalLM, ACancelledSentenceLeavesTheBatch) {
+  kiln_model* m = model().get();
+  kiln::SearchOptions o;
+  o.max_decoding_length = 20;
+  o.min_decoding_length = 20;
+  kiln_generator* g = kiln_generator_create(m, &o);
+  ASSERT_NE(g, nullptr) << kiln_model_error(m);
+  int64_t id = -1;
+  for (std::vector<int64_t> prompt : {std::vector<int64_t>{5, 6}, std::vector<int64_t>{7}}) {
+    kiln::Tensor<int64_t> t = prompt_tensor({prompt});
+    const kiln_tensor v = prompt_view(t);
+    ASSERT_EQ(kiln_generator_add(g, &v, 0, &id), 0) << kiln_model_error(m);
+  }
+  ASSERT_EQ(kiln_generator_step(g), 2);
+  EXPECT_EQ(kiln_generator_cancel(g, 1), 0) << kiln_model_error(m);
+  EXPECT_EQ(kiln_generator_cancel(g, 1), 0);  // finished: left as it is
+  int64_t ids[2];
+  ASSERT_EQ(kiln_generator_finished(g, ids, 2), 1);
+  EXPECT_EQ(ids[0], 1);
+  kiln_generation r;
+  ASSERT_EQ(kiln_generator_take(g, 1, &r), 0) << kiln_model_error(m);
+  EXPECT_EQ(r.lengths[0], 0);  // no hypothesis finished
+  kiln_generation_free(&r);
+  EXPECT_EQ(kiln_generator_cancel(g, 7), -1);
+  EXPECT_THAT(kiln_model_error(m), HasSubstr("no sentence 7"));
+  int64_t steps = 1, alive = 0;
+  do {
+    alive = kiln_generator_step(g);
+    ++steps;
+  } while (alive == 1);
+  EXPECT_EQ(alive, 0) << kiln_model_error(m);
+  EXPECT_EQ(steps, 19);  // sentence 0's tokens but the prefill's
+  ASSERT_EQ(kiln_generator_finished(g, ids, 2), 1);
+  ASSERT_EQ(kiln_generator_take(g, 0, &r), 0) << kiln_model_error(m);
+  const std::vector<int64_t> got(r.ids, r.ids + r.lengths[0]);
+  kiln_generation_free(&r);
+  EXPECT_EQ(got, model().generate(prompt_tensor({{5, 6}}), o).at(0).at(0).ids);
+  kiln_generator_free(g);
+}
+
 TEST_P(CausalLM, AGeneratorRefusesWhatCannotJoinAndBadInput) {
   kiln_model* m = model().get();
   kiln::SearchOptions o;

@@ -784,8 +784,10 @@ class Scheduler {
           api.generation_free(&r);
           --alive;
           if (--m.remaining == 0) {
-            ++answered;
-            metrics_.rows(m.job->gen.batch, "generate");
+            if (!m.job->cancelled) {
+              ++answered;
+              metrics_.rows(m.job->gen.batch, "generate");
+            }
             done(m.job);
           }
         }
@@ -798,6 +800,10 @@ class Scheduler {
           inbox.pop_front();
         }
       }
+      // Requests their clients gave up (504, a closed stream) leave the batch.
+      for (const Member& m : run.members)
+        if (m.remaining > 0 && m.job->cancelled)
+          for (int64_t r = 0; r < m.job->gen.batch; ++r) api.generator_cancel(g, m.first_id + r);
       std::vector<std::shared_ptr<Job>> waiting;
       for (auto& j : std::exchange(pending, {}))
         if (failed || !add(j)) waiting.push_back(j);
@@ -1708,7 +1714,10 @@ class Server {
           }
           const bool done = job->done;
           l.unlock();
-          if (!events.empty() && !sink.write(events.data(), events.size())) return false;
+          if (!events.empty() && !sink.write(events.data(), events.size())) {
+            job->cancelled = true;  // the client is gone
+            return false;
+          }
           if (!ready) {
             job->cancelled = true;
             const std::string e = "event: error\ndata: " +

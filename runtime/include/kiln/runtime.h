@@ -344,6 +344,10 @@ int kiln_generator_add(kiln_generator* generator, const kiln_tensor* src,
  * left; more may be added), or -1 with kiln_model_error() set, after which the generator
  * refuses every call but kiln_generator_free. */
 int64_t kiln_generator_step(kiln_generator* generator);
+/* Ends sentence `id` now (say, its client is gone): its hypotheses leave the batch before the
+ * next step, and it is listed as finished, with the hypotheses it had finished (perhaps none).
+ * A finished sentence is left as it is. Returns 0, or -1 for an unknown id (kiln_model_error()). */
+int kiln_generator_cancel(kiln_generator* generator, int64_t id);
 /* Moves up to `capacity` ids of finished sentences (not yet listed) to `ids`; returns how
  * many it moved (0: none finished since). */
 int64_t kiln_generator_finished(kiln_generator* generator, int64_t* ids, int64_t capacity);
