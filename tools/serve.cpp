@@ -690,6 +690,20 @@ class Scheduler {
       for (const auto& j : batch) done(j);
     }
   }
+  // The sources (or prompts) `src` [n, length] as generation's input tensor.
+  static kiln_tensor src_tensor(std::vector<int64_t>& src, int64_t n, int64_t length) {
+    kiln_tensor in;
+    std::memset(&in, 0, sizeof in);
+    in.name = "src";
+    in.dtype = KILN_I64;
+    in.rank = 2;
+    in.shape[0] = n;
+    in.shape[1] = length;
+    in.data = src.data();
+    in.capacity = src.size() * sizeof(int64_t);
+    return in;
+  }
+
   bool joins(const Job& j) const {
     return model_.joins && j.kind == Job::kGenerate && !j.key.empty();
   }
@@ -736,15 +750,7 @@ class Scheduler {
         done(j);
         return true;
       }
-      kiln_tensor in;
-      std::memset(&in, 0, sizeof in);
-      in.name = "src";
-      in.dtype = KILN_I64;
-      in.rank = 2;
-      in.shape[0] = j->gen.batch;
-      in.shape[1] = j->gen.length;
-      in.data = j->gen.src.data();
-      in.capacity = j->gen.src.size() * sizeof(int64_t);
+      const kiln_tensor in = src_tensor(j->gen.src, j->gen.batch, j->gen.length);
       // by_id first: tokens chosen while it is added (its first) are streamed. Ids count the
       // generator's sentences from 0.
       const size_t member = run.members.size();
@@ -934,15 +940,7 @@ class Scheduler {
       };
       o.user_data = stream;
     }
-    kiln_tensor in;
-    std::memset(&in, 0, sizeof in);
-    in.name = "src";
-    in.dtype = KILN_I64;
-    in.rank = 2;
-    in.shape[0] = n;
-    in.shape[1] = length;
-    in.data = src.data();
-    in.capacity = src.size() * sizeof(int64_t);
+    const kiln_tensor in = src_tensor(src, n, length);
     kiln_generation r;
     if (api.generate(model_.model, &in, &o, &r) != 0) {
       api.generation_free(&r);
