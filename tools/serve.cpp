@@ -722,6 +722,7 @@ class Scheduler {
     struct Run {
       std::vector<Member> members;
       std::map<int64_t, std::pair<size_t, size_t>> by_id;  // sentence -> (member, row)
+      int64_t next_id = 0;  // the generator's next sentence id (it counts them from 0)
     } run;
     kiln_search_options o = first->gen.search;
     o.max_decoding_length = 0;  // each request's own, given as it is added
@@ -751,11 +752,9 @@ class Scheduler {
         return true;
       }
       const kiln_tensor in = src_tensor(j->gen.src, j->gen.batch, j->gen.length);
-      // by_id first: tokens chosen while it is added (its first) are streamed. Ids count the
-      // generator's sentences from 0.
+      // by_id first: tokens chosen while it is added (its first) are streamed.
       const size_t member = run.members.size();
-      int64_t id = 0;
-      for (const Member& m : run.members) id = std::max(id, m.first_id + m.job->gen.batch);
+      int64_t id = run.next_id;
       run.members.push_back({j, id, j->gen.batch});
       for (int64_t r = 0; r < j->gen.batch; ++r) run.by_id[id + r] = {member, size_t(r)};
       j->hypotheses.assign(static_cast<size_t>(j->gen.batch), {});
@@ -770,6 +769,7 @@ class Scheduler {
       }
       if (alive > 0) metrics_.joined();
       alive += j->gen.batch;
+      run.next_id += j->gen.batch;
       return true;
     };
     auto collect = [&] {
@@ -832,6 +832,7 @@ class Scheduler {
         api.generator_free(g);
         run.members.clear();
         run.by_id.clear();
+        run.next_id = 0;
         g = api.generator_create(model_.model, &o);
         if (!g) {
           failed = true;
