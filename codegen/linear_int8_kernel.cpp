@@ -11,7 +11,8 @@
 // Halide 14 matches the atomically vectorized sum over a group of 4 of i32(u8) · i32(i8) to
 // vpdpbusd (measured: it needs avx512_sapphirerapids in the Halide target, so these kernels
 // are compiled as the bf16 ones, LLVM IR through llc for cooperlake; see kernels.cpp). The
-// input's row ranges and its quantized copy are computed once per chunk of rows.
+// input's row ranges and its quantized copy are computed once per chunk of rows, each in a
+// parallel loop over blocks of rows.
 #include "codegen/halide_kernels.h"
 #include "support/error.h"
 #include "support/int8.h"
@@ -43,10 +44,24 @@ KernelPipeline build_linear_int8(const LinearKernel& spec, const Halide::Target&
   Var n("n"), m("m"), k("k"), j("j"), p("p");
 
   // The input's rows quantized as support/int8.h does it (asymmetric, u8).
-  RDom rk(0, K, "rk");
+  // The range in 16 lanes first (lane l: the columns l, l + 16, …; past K the last column
+  // again), then across the lanes: one vector min and max per 16 values, no horizontal
+  // reduction in the loop.
+  constexpr int L = 16;
+  Var l("l");
+  RDom rk(0, (K + L - 1) / L, "rk");
+  Func lane_range("lane_range");
+  lane_range(l, m) = {0.0f, 0.0f};
+  {
+    Expr col = K % L == 0 ? L * rk + l : Halide::min(L * rk + l, K - 1);
+    lane_range(l, m) = {Halide::min(lane_range(l, m)[0], x(col, m)),
+                        Halide::max(lane_range(l, m)[1], x(col, m))};
+  }
+  RDom rl(0, L, "rl");
   Func range("range");  // (lo, hi): min(row, 0), max(row, 0)
   range(m) = {0.0f, 0.0f};
-  range(m) = {Halide::min(range(m)[0], x(rk, m)), Halide::max(range(m)[1], x(rk, m))};
+  range(m) = {Halide::min(range(m)[0], lane_range(rl, m)[0]),
+              Halide::max(range(m)[1], lane_range(rl, m)[1])};
   Func quant("quant");  // (inverse, zero, step)
   {
     Expr width = range(m)[1] - range(m)[0];
@@ -90,11 +105,16 @@ KernelPipeline build_linear_int8(const LinearKernel& spec, const Halide::Target&
 
   // A panel of 128 KB from K = 2048 on, as for bf16 (K = 1024).
   const Var c = schedule_packed_linear(out, acc, r, n, m, j, N, Np, Kg, Kp >= 2048);
-  // The input is quantized once per chunk of rows, in parallel over blocks of 16 rows.
-  Var xo("xo");
-  range.compute_at(out, c);
-  range.update().atomic().vectorize(rk, 16);
-  quant.compute_at(out, c);
+  // The input is quantized once per chunk of rows, in two parallel loops over blocks of 16
+  // rows: each row's range and quantization parameters (the epilogue reads them too), then the
+  // u8 copy (the chunk's x read again, from cache). Before, the ranges were one serial loop
+  // with a horizontal min and max per 16 values: M2048 K512 N512 took 1466 µs, now 1345 µs;
+  // M32 K512 N512 23.8, now 21.7 µs (fastest of 16 runs, 2 threads, AMD EPYC Zen 4).
+  Var qo("qo"), xo("xo");
+  quant.compute_at(out, c).split(m, qo, m, 16, TailStrategy::GuardWithIf).parallel(qo);
+  range.compute_at(quant, qo);
+  lane_range.compute_at(quant, qo).vectorize(l);
+  lane_range.update().reorder(l, rk, m).vectorize(l);
   xq.compute_at(out, c).split(m, xo, m, 16, TailStrategy::GuardWithIf).parallel(xo);
   if (Kp >= 64) xq.vectorize(k, 64, TailStrategy::ShiftInwards);
 
