@@ -96,12 +96,34 @@ struct GemmShape {
 
 // The model's linear layers: M = batch·length rows (2048 for training-size batches, 32
 // for small ones), (K, N) per projection.
+// The rows of each shape: 2048 (W2's and W4's projections) and 32 (W1's), or the list in
+// KILN_BENCH_GEMM_M (e.g. "128" for W5's decoder steps: 32 sentences × beam 4).
+std::vector<int64_t> model_rows() {
+  const char* env = std::getenv("KILN_BENCH_GEMM_M");
+  if (env == nullptr || *env == '\0') return {2048, 32};
+  std::vector<int64_t> rows;
+  for (const char* at = env; *at != '\0';) {
+    char* end = nullptr;
+    const long long m = std::strtoll(at, &end, 10);
+    if (end == at || m < 1 || m > 2048 || (*end != ',' && *end != '\0')) {
+      std::fprintf(
+          stderr,
+          "gemm_bench: KILN_BENCH_GEMM_M must be rows in [1, 2048] separated by commas, got '%s'\n",
+          env);
+      std::exit(2);
+    }
+    rows.push_back(m);
+    at = *end == ',' ? end + 1 : end;
+  }
+  return rows;
+}
+
 std::vector<GemmShape> model_shapes() {
   const std::vector<std::tuple<int64_t, int64_t, bool>> kn = {
       {512, 1536, false}, {512, 512, false},  {512, 1024, false},
       {512, 2048, true},  {2048, 512, false}, {512, 32000, false}};
   std::vector<GemmShape> shapes;
-  for (int64_t M : {2048, 32})
+  for (int64_t M : model_rows())
     for (const auto& [K, N, relu] : kn) shapes.push_back({M, K, N, relu});
   return shapes;
 }
