@@ -396,7 +396,7 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
   };
 
   Var jj("jj"), d("d"), jb("jb"), ii("ii"), io("io"), h("h"), b("b");
-  Var e("e"), c("c"), i("i");
+  Var e("e"), c("c"), i("i"), jp("jp");
 
   // K transposed per (batch, head) into key blocks: kt(jj, d, jb) = k[jb·KB + jj][d].
   Func kt("attention_kt");
@@ -407,10 +407,31 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
   Func qb("attention_q");
   qb(d, ii, io, h, b) = q(h * dk + d, Halide::min(row, lq - 1), b);
 
+  const bool bf = spec.bf16;
+  KILN_ASSERT(!bf || (dk % 2 == 0 && lanes == 16 &&
+                      target.has_feature(Halide::Target::AVX512_SapphireRapids)),
+              "bf16 attention kernel needs an even dk and a target with AVX512-BF16");
+  auto bf16_of = [](const Expr& f) {
+    return Halide::reinterpret(Halide::BFloat(16), round_to_bf16_bits(f));
+  };
+  // bf16: q and K rounded, K's pairs of channels adjacent (kt2(pair, jj, dp, jb) = k[jb·KB +
+  // jj][2·dp + pair]), as vdpbf16ps reads them.
+  Func qb2("attention_q_bf16"), kt2("attention_kt_bf16");
+  Var pr("pr"), dp("dp");
+  if (bf) {
+    qb2(d, ii, io, h, b) = bf16_of(qb(d, ii, io, h, b));
+    kt2(pr, jj, dp, jb, h, b) =
+        bf16_of(k(h / group * dk + 2 * dp + pr, Halide::min(jb * kb + jj, lk - 1), b));
+  }
   RDom rd(0, dk, "rd");
+  RDom rd2(0, 2, 0, dk / 2, "rd2");
   Func dot("attention_dot");
   dot(jj, ii, jb, io, h, b) = 0.0f;
-  dot(jj, ii, jb, io, h, b) += qb(rd, ii, io, h, b) * kt(jj, rd, jb, h, b);
+  if (bf)
+    dot(jj, ii, jb, io, h, b) += Halide::cast<float>(qb2(2 * rd2.y + rd2.x, ii, io, h, b)) *
+                                 Halide::cast<float>(kt2(rd2.x, jj, rd2.y, jb, h, b));
+  else
+    dot(jj, ii, jb, io, h, b) += qb(rd, ii, io, h, b) * kt(jj, rd, jb, h, b);
 
   Expr is_masked;
   if (causal) is_masked = key > row;
@@ -454,10 +475,15 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
   prob(jj, ii, jb, io, h, b) =
       exp2_nonpositive(score(jj, ii, jb, io, h, b) - row_max(ii, io, h, b));
 
+  // bf16: the probabilities as the V product reads them (rounded), pairs of keys adjacent;
+  // the row sums add the rounded values, so that the weights still sum to 1.
+  Func prob2("attention_prob_bf16");
+  if (bf) prob2(pr, jp, ii, jb, io, h, b) = bf16_of(prob(2 * jp + pr, ii, jb, io, h, b));
   auto [rs, sb] = block_domain("rs");
   Func sum_lanes("attention_sum_lanes");
   sum_lanes(jj, ii, io, h, b) = 0.0f;
-  sum_lanes(jj, ii, io, h, b) += prob(jj, ii, sb, io, h, b);
+  sum_lanes(jj, ii, io, h, b) += bf ? Halide::cast<float>(prob2(jj % 2, jj / 2, ii, sb, io, h, b))
+                                    : prob(jj, ii, sb, io, h, b);
   RDom rsl(0, kb, "rsl");
   Func row_sum("attention_row_sum");
   row_sum(ii, io, h, b) = 0.0f;
@@ -466,14 +492,26 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
   // V per (batch, head), copied contiguous: rows of v are 3·D apart in a merged QKV tensor,
   // and such power-of-two-ish strides make every row of one head compete for a few cache sets.
   Func vc("attention_v");
-  vc(e, jj, jb, h, b) = v(h / group * dv + e, Halide::min(jb * kb + jj, lk - 1), b);
+  // bf16: vc2(pair, e, jp, jb) = v[jb·KB + 2·jp + pair][e], rounded.
+  if (bf)
+    vc(pr, e, jp, jb, h, b) =
+        bf16_of(v(h / group * dv + e, Halide::min(jb * kb + 2 * jp + pr, lk - 1), b));
+  else
+    vc(e, jj, jb, h, b) = v(h / group * dv + e, Halide::min(jb * kb + jj, lk - 1), b);
   // The V product of a row block, over the key blocks it needs.
   RDom rv(0, kb, 0, key_blocks, "rv");
+  RDom rv2(0, 2, 0, kb / 2, 0, key_blocks, "rv2");
   if (causal) rv.where(rv.y < blocks_io);
+  if (causal) rv2.where(rv2.z < blocks_io);
   const Expr vb = causal ? Halide::min(rv.y, blocks_io - 1) : Expr(rv.y);
+  const Expr vb2 = causal ? Halide::min(rv2.z, blocks_io - 1) : Expr(rv2.z);
   Func pv("attention_pv");
   pv(e, ii, io, h, b) = 0.0f;
-  pv(e, ii, io, h, b) += prob(rv.x, ii, vb, io, h, b) * vc(e, rv.x, vb, h, b);
+  if (bf)
+    pv(e, ii, io, h, b) += Halide::cast<float>(prob2(rv2.x, rv2.y, ii, vb2, io, h, b)) *
+                           Halide::cast<float>(vc(rv2.x, e, rv2.y, vb2, h, b));
+  else
+    pv(e, ii, io, h, b) += prob(rv.x, ii, vb, io, h, b) * vc(e, rv.x, vb, h, b);
 
   const Expr out_h = c / dv, out_e = c % dv;
   const Expr out_ii = i % kRowBlock, out_io = i / kRowBlock;
@@ -520,8 +558,13 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
       .fuse(ch, b, hb)
       .parallel(hb);
 
-  kt.compute_at(out, hb).vectorize(jj, lanes);
-  vc.compute_at(out, hb).vectorize(e, ve);
+  if (bf) {
+    kt2.compute_at(out, hb).reorder(pr, jj, dp, jb).vectorize(pr).vectorize(jj, lanes);
+    vc.compute_at(out, hb).reorder(pr, e, jp, jb).vectorize(pr).vectorize(e, ve);
+  } else {
+    kt.compute_at(out, hb).vectorize(jj, lanes);
+    vc.compute_at(out, hb).vectorize(e, ve);
+  }
   if (mean_v.defined()) {
     mean_v.compute_at(out, hb).vectorize(e, ve);
     mean_v.update().vectorize(e, ve);
@@ -536,6 +579,11 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
   for (Func f : {qb, max_lanes, row_max, sum_lanes, row_sum, pv}) f.bound_extent(io, 1);
 
   qb.vectorize(d, lanes_dividing(dk, lanes));
+  if (bf) {
+    qb2.compute_at(out, io).bound_extent(io, 1).vectorize(d, lanes_dividing(dk, lanes));
+    prob2.store_at(out, hb).fold_storage(io, 1).compute_at(out, io);
+    prob2.reorder(pr, jp, ii, jb).vectorize(pr).vectorize(jp, lanes / 2);
+  }
   // Scores: 6 × KB register tiles, the dk reduction innermost.
   Var ito("ito"), iti("iti");
   score.split(ii, ito, iti, kRowTile)
@@ -545,7 +593,16 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
       .unroll(iti);
   // bound: the masks' selects would otherwise trim the tile at Lk to a non-constant size.
   dot.compute_at(score, ito).bound(jj, 0, kb).vectorize(jj, lanes).unroll(jj).unroll(ii);
-  dot.update().reorder(jj, ii, rd).vectorize(jj, lanes).unroll(jj).unroll(ii);
+  if (bf)  // vdpbf16ps: the pair of channels vectorized atomically
+    dot.update()
+        .reorder(rd2.x, jj, ii, rd2.y)
+        .atomic()
+        .vectorize(rd2.x)
+        .vectorize(jj, lanes)
+        .unroll(jj)
+        .unroll(ii);
+  else
+    dot.update().reorder(jj, ii, rd).vectorize(jj, lanes).unroll(jj).unroll(ii);
 
   // Maxima and sums: across key blocks in vectors, then across the lanes.
   max_lanes.vectorize(jj, lanes).unroll(jj);
@@ -560,12 +617,22 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
   // unrolled too (constant accumulator addresses stay in registers) unless there are many.
   Var eo("eo"), ei("ei");
   pv.vectorize(e, ve);
-  pv.update()
-      .split(e, eo, ei, eb)
-      .reorder(ei, ii, rv.x, rv.y, eo)
-      .vectorize(ei, ve)
-      .unroll(ei)
-      .unroll(ii);
+  if (bf)
+    pv.update()
+        .split(e, eo, ei, eb)
+        .reorder(rv2.x, ei, ii, rv2.y, rv2.z, eo)
+        .atomic()
+        .vectorize(rv2.x)
+        .vectorize(ei, ve)
+        .unroll(ei)
+        .unroll(ii);
+  else
+    pv.update()
+        .split(e, eo, ei, eb)
+        .reorder(ei, ii, rv.x, rv.y, eo)
+        .vectorize(ei, ve)
+        .unroll(ei)
+        .unroll(ii);
   if (dv / eb <= 16) pv.update().unroll(eo);
 
   std::vector<Halide::Argument> args = {q, k, v};

@@ -81,4 +81,8 @@ Halide::Expr relu_keeping_nan(const Halide::Expr& x);
 // interpreter's double evaluation where the function is well conditioned (see kernels.cpp).
 Halide::Expr float_function(const std::string& op, const Halide::Expr& x);
 
+// The bits (u16) of f32 `f` rounded to bf16 as rt::f32_to_bf16 rounds: to nearest, ties to
+// even, zero and subnormals to a zero of their sign, NaN a quiet NaN (linear_bf16_kernel.cpp).
+Halide::Expr round_to_bf16_bits(const Halide::Expr& f);
+
 }  // namespace kiln::codegen

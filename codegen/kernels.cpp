@@ -140,12 +140,13 @@ std::string kernel_name(const KernelSpec& spec) {
                                  : "");
   if (const auto* k = std::get_if<AttentionKernel>(&spec))
     return fmt::format(
-        "kiln_attention_h{}_dk{}_dv{}{}{}{}{}{}{}{}{}_s{}", k->heads, k->dk, k->dv,
+        "kiln_attention_h{}_dk{}_dv{}{}{}{}{}{}{}{}{}_s{}{}", k->heads, k->dk, k->dv,
         k->causal ? "_causal" : "", k->key_padding ? "_kpad" : "", k->query_padding ? "_qpad" : "",
         k->fill_inf ? "_inf" : "",
         k->kv_heads && k->kv_heads != k->heads ? fmt::format("_kv{}", k->kv_heads) : "",
         k->bias ? "_bias" : "", k->window ? fmt::format("_w{}", k->window) : "",
-        k->softcap ? "_cap" + scale_tag(k->softcap) : "", scale_tag(k->scale));
+        k->softcap ? "_cap" + scale_tag(k->softcap) : "", scale_tag(k->scale),
+        k->bf16 ? "_bf16" : "");
   if (const auto* k = std::get_if<StepAttentionKernel>(&spec))
     return fmt::format("kiln_{}_attention_h{}{}_dk{}_dv{}{}{}_s{}", k->memory ? "memory" : "cache",
                        k->heads, k->kv_heads ? fmt::format("_g{}", k->kv_heads) : "", k->dk, k->dv,
@@ -246,7 +247,9 @@ std::string kind_without_gpu_schedule(const KernelSpec& spec) {
     std::string operator()(const LinearKernel& k) const {
       return k.bf16 ? "bf16 linear" : k.int8 ? "int8 linear" : "";
     }
-    std::string operator()(const AttentionKernel&) const { return ""; }
+    std::string operator()(const AttentionKernel& k) const {
+      return k.bf16 ? "bf16 attention" : "";
+    }
     std::string operator()(const StepAttentionKernel&) const { return ""; }
     std::string operator()(const LayerNormKernel&) const { return ""; }
     std::string operator()(const ElementwiseKernel&) const { return ""; }
@@ -309,9 +312,10 @@ KernelOutput compile_kernel(const KernelSpec& spec, const std::string& target,
   Halide::Target t = parse_target(target).with_feature(Halide::Target::NoRuntime);
   try {
     const auto* linear = std::get_if<LinearKernel>(&spec);
-    if (linear && (linear->bf16 || linear->int8)) {
+    const auto* attention = std::get_if<AttentionKernel>(&spec);
+    if ((linear && (linear->bf16 || linear->int8)) || (attention && attention->bf16)) {
       const std::string problem =
-          linear->bf16 ? bf16_target_problem(target) : int8_target_problem(target);
+          linear && linear->int8 ? int8_target_problem(target) : bf16_target_problem(target);
       if (!problem.empty()) fail("{}", problem);
       // LLVM IR for avx512_sapphirerapids (it names no CPU), compiled by llc for cooperlake:
       // AVX-512 with BF16 and VNNI, no FP16, no AMX (see KernelOutput). Halide 14 emits

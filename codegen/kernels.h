@@ -89,6 +89,10 @@ struct AttentionKernel {
   int64_t window = 0;
   // Logit soft-capping: scaled scores s become tanh(s / softcap) · softcap (0: none).
   double softcap = 0;
+  // Both products in bf16 (a model compiled with bf16 weights, CPU, dk even): q and k rounded
+  // to bf16 (to nearest, ties to even) before QKᵀ, the unnormalized probabilities and v before
+  // the V product; sums, maxima, exponentials and the normalization in f32.
+  bool bf16 = false;
 };
 
 // Single-query attention of incremental decoding (the IR's cache_attention and

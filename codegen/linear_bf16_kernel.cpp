@@ -23,7 +23,6 @@ using Halide::RDom;
 using Halide::TailStrategy;
 using Halide::Var;
 
-namespace {
 Expr round_to_bf16_bits(const Expr& f) {
   // Round to nearest, ties to even, on the bits, as vcvtne2ps2bf16 does (and the runtime
   // rounds weights, rt::f32_to_bf16): zero and subnormals become a zero of their sign (an f32
@@ -36,8 +35,6 @@ Expr round_to_bf16_bits(const Expr& f) {
   return Halide::cast(Halide::UInt(16), Halide::select(nan, (bits >> 16) | 0x40, tiny,
                                                        (bits >> 16) & 0x8000, rounded));
 }
-
-}  // namespace
 
 Var schedule_packed_linear(Func out, Func acc, const RDom& r, const Var& n, const Var& m,
                            const Var& j, int N, int Np, int k_groups, bool long_k) {

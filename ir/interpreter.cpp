@@ -954,9 +954,12 @@ Tensor eval_linear(const Op& op, const Tensor& x, const Tensor& w, const Tensor*
 // (-1e9, or -inf with fill_inf) where masked (causal and j > i, or window and i - j >= window,
 // or key_pad[b,j], or query_pad[b,i]); p = softmax(s) (NaN for a row of -inf);
 // out[b,i,h*Dv+e] = float(sum_j p_j v[b,j,g*Dv+e] in double), g the kv head.
+// With `bf16` (InterpretOptions::bf16_attention), as the bf16 kernel computes it: q and k
+// rounded to bf16 before the dot products; a row whose largest score is finite weighs key j
+// by u_j = bf16(exp(s_j - max)) (in float) and divides by Σ u_j, v rounded to bf16.
 Tensor eval_attention(const Op& op, const Tensor& q, const Tensor& k, const Tensor& v,
                       const Tensor* key_pad, const Tensor* query_pad, const Tensor* bias,
-                      const Shape& shape) {
+                      const Shape& shape, bool bf16) {
   const int64_t heads = op.int_attr("heads");
   const int64_t kv_heads = op.has_attr("kv_heads") ? op.int_attr("kv_heads") : heads;
   const float scale = static_cast<float>(op.float_attr("scale"));
@@ -980,6 +983,7 @@ Tensor eval_attention(const Op& op, const Tensor& q, const Tensor& k, const Tens
   KILN_ASSERT(!bias || rank_of(*bias) == 4, "attention bias rank");
   const int64_t dk = q.shape[2] / heads, dv = v.shape[2] / kv_heads;
   KILN_ASSERT(shape == (Shape{batch, lq, heads * dv}), "attention result shape");
+  bf16 = bf16 && dk % 2 == 0;  // the bf16 kernel's condition (an odd dk stays f32)
   // The bias element of (b, h, i, j), broadcast over its dims of extent 1.
   auto bias_at = [&](int64_t b, int64_t h, int64_t i, int64_t j) {
     const Shape& bs = bias->shape;
@@ -996,9 +1000,12 @@ Tensor eval_attention(const Op& op, const Tensor& q, const Tensor& k, const Tens
         const bool row_masked = query_pad && query_pad->ints[b * lq + i] != 0;
         for (int64_t j = 0; j < lk; ++j) {
           double dot = 0;
-          for (int64_t d = 0; d < dk; ++d)
-            dot += static_cast<double>(q.f[(b * lq + i) * heads * dk + h * dk + d]) *
-                   static_cast<double>(k.f[(b * lk + j) * kv_heads * dk + g * dk + d]);
+          for (int64_t d = 0; d < dk; ++d) {
+            float qd = q.f[(b * lq + i) * heads * dk + h * dk + d];
+            float kd = k.f[(b * lk + j) * kv_heads * dk + g * dk + d];
+            if (bf16) qd = round_to_bf16(qd), kd = round_to_bf16(kd);
+            dot += static_cast<double>(qd) * static_cast<double>(kd);
+          }
           const bool masked = row_masked || (causal && j > i) || (window > 0 && i - j >= window) ||
                               (key_pad && key_pad->ints[b * lk + j] != 0);
           float s = static_cast<float>(dot) * scale;
@@ -1006,13 +1013,26 @@ Tensor eval_attention(const Op& op, const Tensor& q, const Tensor& k, const Tens
           if (bias) s += bias_at(b, h, i, j);
           scores[j] = masked ? fill : s;
         }
-        const std::vector<float> p = softmax_of(scores);
+        std::vector<float> p = softmax_of(scores);
+        float row_max = -std::numeric_limits<float>::infinity();
+        for (float x : scores) row_max = max_f32(row_max, x);
+        const bool rounded = bf16 && std::isfinite(row_max);
+        double total = 1;
+        if (rounded) {  // unnormalized weights, rounded, and their sum
+          total = 0;
+          for (int64_t j = 0; j < lk; ++j) {
+            p[j] = round_to_bf16(std::exp(scores[j] - row_max));
+            total += p[j];
+          }
+        }
         for (int64_t e = 0; e < dv; ++e) {
           double sum = 0;
-          for (int64_t j = 0; j < lk; ++j)
-            sum += static_cast<double>(p[j]) *
-                   static_cast<double>(v.f[(b * lk + j) * kv_heads * dv + g * dv + e]);
-          r.f[(b * lq + i) * heads * dv + h * dv + e] = static_cast<float>(sum);
+          for (int64_t j = 0; j < lk; ++j) {
+            const float ve = v.f[(b * lk + j) * kv_heads * dv + g * dv + e];
+            sum +=
+                static_cast<double>(p[j]) * static_cast<double>(rounded ? round_to_bf16(ve) : ve);
+          }
+          r.f[(b * lq + i) * heads * dv + h * dv + e] = static_cast<float>(sum / total);
         }
       }
     }
@@ -1544,7 +1564,7 @@ class Interpreter {
           return index >= 0 ? &operand(op, static_cast<size_t>(index)) : nullptr;
         };
         r = eval_attention(op, operand(op, 0), operand(op, 1), operand(op, 2), opt(at.key_pad),
-                           opt(at.query_pad), opt(at.bias), shape);
+                           opt(at.query_pad), opt(at.bias), shape, options_.bf16_attention);
         break;
       }
       case OpKind::take_along_axis:

@@ -72,6 +72,10 @@ struct InterpretOptions {
   // subnormals to a zero of their sign, NaN kept) before the products, as the kernels of
   // `kiln compile --weights bf16` do (AVX512-BF16 flushes subnormals): the reference for them.
   bool bf16_linear = false;
+  // `attention` rounds q and k to bf16 before QKᵀ, and its unnormalized probabilities and v
+  // before the V product (normalizing by the sum of the rounded ones), as the attention kernels
+  // of `kiln compile --weights bf16` do (AttentionKernel::bf16: dk even).
+  bool bf16_attention = false;
   // `linear` quantizes its weight (symmetric s8 per output row) and each row of its input
   // (asymmetric u8 with a zero point) as the kernels of `kiln compile --weights int8` do
   // (support/int8.h), sums the products exactly and scales the sum back in f32 in the

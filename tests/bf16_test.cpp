@@ -56,22 +56,27 @@
 namespace kiln {
 namespace {
 
-constexpr double kBf16PerGemm = 0x1p-6;  // 4 × 2^-8: a GEMM output moves by up to 2^-8 of Σ|x·w|
+// 4 × 2^-8: a GEMM output moves by up to 2^-8 of Σ|x·w|. Each attention with an even head
+// size counts as two such products (QKᵀ, and the V product of the rounded probabilities).
+constexpr double kBf16PerGemm = 0x1p-6;
 
-int linear_ops(const ir::Module& m, const std::string& entry) {
+// The bf16 products of `entry`: its linears, and two per attention computed in bf16.
+int bf16_products(const ir::Module& m, const std::string& entry) {
   int n = 0;
   for (const ir::Op& op : m.find_function(entry)->ops) n += op.kind == ir::OpKind::linear;
-  return n;
+  return n + 2 * testing::bf16_attention_ops(m, entry);
 }
 
 using testing::golden_file;
 using testing::max_abs_diff;
 using testing::optimized_transformer;
 
-// The interpreter with every linear's inputs rounded to bf16, as the library rounds them.
+// The interpreter with every linear's and attention's inputs rounded to bf16, as the library
+// rounds them.
 ir::InterpretOptions bf16_rounding() {
   ir::InterpretOptions options;
   options.bf16_linear = true;
+  options.bf16_attention = true;
   return options;
 }
 
@@ -88,11 +93,11 @@ void expect_golden(Model& model, const std::string& config, const std::string& b
   const ir::InterpretOptions options = bf16_rounding();
   const testing::GoldenForward g = testing::golden_forward(model, config, batch, options);
   ASSERT_EQ(g.got.shape, g.pytorch.shape);
-  const int gemms = g.linears;
+  const int gemms = g.linears + 2 * g.attentions_bf16;
   const double tolerance = gemms * kBf16PerGemm * max_abs(g.pytorch.data);
   const double vs_f32 = max_abs_diff(g.got.data, g.pytorch.data);
   std::printf(
-      "[ bf16 ] %s: vs PyTorch f32 %.3g (tolerance %d GEMMs x 2^-6 x %.3g = %.3g); the "
+      "[ bf16 ] %s: vs PyTorch f32 %.3g (tolerance %d bf16 products x 2^-6 x %.3g = %.3g); the "
       "bf16-rounding interpreter vs f32 %.3g, vs the library %.3g\n",
       batch.c_str(), vs_f32, gemms, max_abs(g.pytorch.data), tolerance,
       max_abs_diff(g.interpreted, g.pytorch.data), max_abs_diff(g.got.data, g.interpreted));
@@ -482,10 +487,11 @@ void expect_random(const std::string& label, const std::vector<std::string>& set
               max_abs_diff(got.data,
                            testing::interpret_entry(m, entry, wm, inputs, bf16_rounding())[0].f));
       }
-    const int gemms = linear_ops(m, entry);
+    const int gemms = bf16_products(m, entry);
     const double tolerance = gemms * kBf16PerGemm * largest;
     std::printf(
-        "[ bf16 ] %s %s (%s checkpoint): vs f32 interpreter %.3g (tolerance %d GEMMs x 2^-6 x "
+        "[ bf16 ] %s %s (%s checkpoint): vs f32 interpreter %.3g (tolerance %d bf16 products x "
+        "2^-6 x "
         "%.3g = %.3g)",
         label.c_str(), entry, bf16_file ? "bf16" : "f32", worst, gemms, largest, tolerance);
     if (!skip_rounded) std::printf("; vs the bf16-rounding interpreter %.3g", rounded_worst);

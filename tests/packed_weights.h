@@ -96,8 +96,20 @@ inline std::string write_random_weights(const ir::Module& m, ir::WeightMap& wm,
 struct GoldenForward {
   Tensor<float> got, pytorch;
   std::vector<float> interpreted;
-  int linears = 0;  // linear ops in forward
+  int linears = 0;          // linear ops in forward
+  int attentions_bf16 = 0;  // attention ops in forward that a bf16 library computes in bf16
 };
+
+// The attention ops of `entry` with an even head size (AttentionKernel::bf16 with bf16 weights:
+// two more bf16 products each).
+inline int bf16_attention_ops(const ir::Module& m, const std::string& entry) {
+  const ir::Function& f = *m.find_function(entry);
+  int n = 0;
+  for (const ir::Op& op : f.ops)
+    n += op.kind == ir::OpKind::attention &&
+         f.type(op.operands[0]).shape[2].value / op.int_attr("heads") % 2 == 0;
+  return n;
+}
 template <typename Model>
 GoldenForward golden_forward(Model& model, const std::string& config, const std::string& batch,
                              const ir::InterpretOptions& options) {
@@ -117,6 +129,7 @@ GoldenForward golden_forward(Model& model, const std::string& config, const std:
   r.got = model.forward(src, tgt);
   for (const ir::Op& op : m.find_function("forward")->ops)
     r.linears += op.kind == ir::OpKind::linear;
+  r.attentions_bf16 = bf16_attention_ops(m, "forward");
   return r;
 }
 

@@ -269,8 +269,9 @@ std::unique_ptr<CLI::App> run_command(RunArgs& a) {
       ->check(byte_size())
       ->capture_default_str();
   app->add_flag("--bf16-linear", a.bf16_linear,
-                "interpreter only: every linear op rounds its input and weight to bf16 first, as "
-                "a library compiled with '--weights bf16' does (run it on that library's "
+                "interpreter only: every linear op rounds its input and weight to bf16 first, "
+                "and every attention op (even head size) its q, k, probabilities and v, as a "
+                "library compiled with '--weights bf16' does (run it on that library's "
                 "optimized IR, 'kiln compile --emit=ir')");
   app->add_flag("--int8-linear", a.int8_linear,
                 "interpreter only: every linear op quantizes its weight and each row of its "

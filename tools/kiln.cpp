@@ -348,6 +348,7 @@ int cmd_run(const std::vector<std::string>& argv) {
   if (!a.compiled.empty()) exec_runner("run", argv);
   ir::InterpretOptions interpret_options;
   interpret_options.bf16_linear = a.bf16_linear;
+  interpret_options.bf16_attention = a.bf16_linear;
   interpret_options.int8_linear = a.int8_linear;
   interpret_options.max_bytes = parse_byte_size(a.max_memory).value();  // checked by CLI11
   if (a.file.empty()) fail("run: FILE is required (see 'kiln run --help')");
