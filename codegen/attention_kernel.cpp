@@ -478,7 +478,9 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
   // bf16: the probabilities as the V product reads them (rounded), pairs of keys adjacent;
   // the row sums add the rounded values, so that the weights still sum to 1.
   Func prob2("attention_prob_bf16");
-  if (bf) prob2(pr, jp, ii, jb, io, h, b) = bf16_of(prob(2 * jp + pr, ii, jb, io, h, b));
+  if (bf)  // vcvtne2ps2bf16 (32 at a time, below): round_to_bf16_bits' rounding
+    prob2(pr, jp, ii, jb, io, h, b) =
+        Halide::cast(Halide::BFloat(16), prob(2 * jp + pr, ii, jb, io, h, b));
   auto [rs, sb] = block_domain("rs");
   Func sum_lanes("attention_sum_lanes");
   sum_lanes(jj, ii, io, h, b) = 0.0f;
@@ -575,14 +577,16 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
   // small buffers have constant sizes (on the stack, in registers after unrolling); the score
   // and probability scratch are allocated once per (batch, head) and reused by every block.
   for (Func f : {qb, max_lanes, row_max, sum_lanes, row_sum, pv}) f.compute_at(out, io);
-  for (Func f : {score, prob}) f.store_at(out, hb).fold_storage(io, 1).compute_at(out, io);
+  // bf16: the probabilities are computed straight into their rounded copy (prob inlined).
+  score.store_at(out, hb).fold_storage(io, 1).compute_at(out, io);
+  if (!bf) prob.store_at(out, hb).fold_storage(io, 1).compute_at(out, io);
   for (Func f : {qb, max_lanes, row_max, sum_lanes, row_sum, pv}) f.bound_extent(io, 1);
 
   qb.vectorize(d, lanes_dividing(dk, lanes));
   if (bf) {
     qb2.compute_at(out, io).bound_extent(io, 1).vectorize(d, lanes_dividing(dk, lanes));
     prob2.store_at(out, hb).fold_storage(io, 1).compute_at(out, io);
-    prob2.reorder(pr, jp, ii, jb).vectorize(pr).vectorize(jp, lanes / 2);
+    prob2.reorder(pr, jp, ii, jb).vectorize(pr).vectorize(jp, lanes);
   }
   // Scores: 6 × KB register tiles, the dk reduction innermost.
   Var ito("ito"), iti("iti");
@@ -611,7 +615,7 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
   sum_lanes.update().reorder(jj, rs.x, ii).vectorize(jj, lanes).unroll(jj);
   row_max.update().atomic().vectorize(rml);  // across lanes: vector reductions (shuffles)
   row_sum.update().atomic().vectorize(rsl);
-  prob.reorder(jj, ii, jb).vectorize(jj, lanes).unroll(jj);
+  if (!bf) prob.reorder(jj, ii, jb).vectorize(jj, lanes).unroll(jj);
 
   // The V product: 12 rows × eb channels of accumulators per pass over the keys. The passes are
   // unrolled too (constant accumulator addresses stay in registers) unless there are many.

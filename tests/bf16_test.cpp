@@ -28,11 +28,13 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
 #include <immintrin.h>
 
+#include "bf16_attentions.h"
 #include "bf16_base.h"
 #include "bf16_linears.h"
 #include "bf16_numbers.h"
@@ -154,6 +156,103 @@ TEST(Bf16Kernels, MatchADoubleSumOfRoundedInputs) {
     }
   }
   std::printf("[ bf16 ] %d kernel outputs within the f32 summation bound\n", checked);
+}
+
+// The fused attention alone (tests/abi/attentions.kir, compiled with bf16 weights): with an
+// even head size both products run in bf16 (AttentionKernel::bf16), with an odd one in f32.
+// The library gets the same q, k and v as the interpreter, so against the interpreter that
+// rounds as it does (bf16_attention) only the f32 sums' order differs, and a rare probability
+// whose f32 exponential lies within a few ulp of a bf16 rounding boundary may round the other
+// way there (its weight moves by 2^-8 of itself). Asserted, over all outputs of each entry:
+// the mean |library - rounding interpreter| below 1e-5 of the largest |v|, the largest below
+// 2^-8 of it, and (even head size) the mean |library - f32 interpreter| at least 10 times the
+// first: the rounding happened. An odd head size is f32 on both sides.
+TEST(Bf16Attention, BothProductsRoundAsTheInterpreterSays) {
+  std::ifstream kir(std::string(KILN_TEST_DATA_DIR) + "/abi/attentions.kir");
+  std::stringstream text;
+  text << kir.rdbuf();
+  const ir::Module m = ir::parse_and_verify(text.str(), "attentions.kir");
+  const std::string empty = ::testing::TempDir() + "bf16_attentions.safetensors";
+  rt::write_safetensors(empty, {});
+  char* error = nullptr;
+  std::unique_ptr<kiln_model, void (*)(kiln_model*)> model(
+      bf16_attentions_create(empty.c_str(), &error), kiln_model_destroy);
+  ASSERT_TRUE(model) << error;
+  uint32_t seed = 11;
+  for (const auto& [entry, width, even] :
+       {std::tuple<std::string, int64_t, bool>{"h4_d16", 64, true},
+        {"h4_d16_causal_pad", 64, true},
+        {"h3_d7", 21, false}}) {
+    const bool padded = entry.find("pad") != std::string::npos;
+    double worst = 0, sum_rounded = 0, sum_f32 = 0, largest_v = 0;
+    size_t count = 0;
+    for (int64_t batch : {1, 3})
+      for (int64_t len : {1, 5, 32, 33, 70}) {
+        SCOPED_TRACE(entry + " B=" + std::to_string(batch) + " L=" + std::to_string(len));
+        const std::vector<int64_t> shape = {batch, len, width};
+        const size_t n = static_cast<size_t>(batch * len * width);
+        std::vector<float> q = testing::noise(n, seed++), k = testing::noise(n, seed++),
+                           v = testing::noise(n, seed++);
+        for (float& x : q) x *= 4;  // scores of a few units: peaked and flat rows
+        std::vector<int64_t> pad(static_cast<size_t>(batch * len), 0);
+        for (int64_t b = 0; b < batch; ++b)  // b's last b·len/4 keys padded (key 0 never)
+          for (int64_t j = len - b * len / 4; j < len; ++j)
+            if (j > 0) pad[static_cast<size_t>(b * len + j)] = 1;
+        std::vector<ir::Tensor> inputs = {ir::Tensor::from_f32(shape, q),
+                                          ir::Tensor::from_f32(shape, k),
+                                          ir::Tensor::from_f32(shape, v)};
+        if (padded) inputs.push_back(ir::Tensor::from_ints(ir::DType::boolean, {batch, len}, pad));
+        const std::vector<float> f32 = testing::interpret_entry(m, entry, {}, inputs, {})[0].f;
+        const std::vector<float> rounded =
+            testing::interpret_entry(m, entry, {}, inputs, bf16_rounding())[0].f;
+        std::vector<kiln_tensor> in(inputs.size());
+        std::vector<std::vector<uint8_t>> pad_bytes(1);
+        for (size_t i = 0; i < in.size(); ++i) {
+          in[i].rank = 3;
+          for (int d = 0; d < 3; ++d) in[i].shape[d] = shape[static_cast<size_t>(d)];
+          in[i].dtype = KILN_F32;
+        }
+        in[0].data = q.data(), in[1].data = k.data(), in[2].data = v.data();
+        for (int i = 0; i < 3; ++i) in[static_cast<size_t>(i)].capacity = n * 4;
+        if (padded) {
+          pad_bytes[0].assign(pad.begin(), pad.end());
+          in[3].rank = 2;
+          in[3].dtype = KILN_BOOL;
+          in[3].data = pad_bytes[0].data();
+          in[3].capacity = pad_bytes[0].size();
+        }
+        std::vector<float> got(n, NAN);
+        kiln_tensor out{};
+        out.dtype = KILN_F32;
+        out.rank = 3;
+        for (int d = 0; d < 3; ++d) out.shape[d] = shape[static_cast<size_t>(d)];
+        out.data = got.data();
+        out.capacity = n * 4;
+        ASSERT_EQ(kiln_model_run(model.get(), entry.c_str(), in.data(), in.size(), &out, 1), 0)
+            << kiln_model_error(model.get());
+        for (size_t i = 0; i < n; ++i) {
+          const double d = std::abs(static_cast<double>(got[i]) - rounded[i]);
+          worst = std::max(worst, d);
+          sum_rounded += d;
+          sum_f32 += std::abs(static_cast<double>(got[i]) - f32[i]);
+        }
+        count += n;
+        largest_v = std::max(largest_v, max_abs(v));
+      }
+    const double mean_rounded = sum_rounded / static_cast<double>(count),
+                 mean_f32 = sum_f32 / static_cast<double>(count);
+    std::printf(
+        "[ bf16 ] attention %s: vs the bf16-rounding interpreter mean %.3g, largest %.3g; vs the "
+        "f32 interpreter mean %.3g (largest |v| %.3g)\n",
+        entry.c_str(), mean_rounded, worst, mean_f32, largest_v);
+    EXPECT_LE(mean_rounded, 1e-5 * largest_v) << entry;
+    EXPECT_LE(worst, 0x1p-8 * largest_v) << entry;
+    if (even) {
+      EXPECT_GE(mean_f32, 10 * mean_rounded) << entry << ": the products were not rounded";
+    } else {
+      EXPECT_LE(mean_f32, 1e-5 * largest_v) << entry << ": an odd head size stays f32";
+    }
+  }
 }
 
 // Subnormals. AVX512-BF16 reads a bf16 subnormal as zero (vdpbf16ps) and converts an f32
