@@ -194,10 +194,12 @@ TEST(Bf16Attention, BothProductsRoundAsTheInterpreterSays) {
         std::vector<float> q = testing::noise(n, seed++), k = testing::noise(n, seed++),
                            v = testing::noise(n, seed++);
         for (float& x : q) x *= 4;  // scores of a few units: peaked and flat rows
+        // Row 1 of the batch: its last len/4 keys padded; row 2: its first len/2, so that with
+        // causal its first rows have every key masked (the average of v).
         std::vector<int64_t> pad(static_cast<size_t>(batch * len), 0);
-        for (int64_t b = 0; b < batch; ++b)  // b's last b·len/4 keys padded (key 0 never)
-          for (int64_t j = len - b * len / 4; j < len; ++j)
-            if (j > 0) pad[static_cast<size_t>(b * len + j)] = 1;
+        for (int64_t b = 1; b < batch; ++b)
+          for (int64_t j = 0; j < len; ++j)
+            pad[static_cast<size_t>(b * len + j)] = b == 1 ? j >= len - len / 4 : j < len / 2;
         std::vector<ir::Tensor> inputs = {ir::Tensor::from_f32(shape, q),
                                           ir::Tensor::from_f32(shape, k),
                                           ir::Tensor::from_f32(shape, v)};
