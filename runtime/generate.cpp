@@ -675,14 +675,20 @@ class Search {
     }
   }
   // Runs row(i) for every i in [0, n) on the runtime's thread pool (thread_pool.h: on the
-  // calling thread alone while the pool is busy). row must not throw.
+  // calling thread alone while the pool is busy). An exception of row (out of memory) stops
+  // the rows not started and becomes kiln::Error here, on the calling thread.
   template <typename Row>
   static void for_rows(int64_t n, Row&& row) {
     auto task = [](void*, int i, uint8_t* closure) -> int {
-      (*reinterpret_cast<std::remove_reference_t<Row>*>(closure))(static_cast<int64_t>(i));
-      return 0;
+      try {
+        (*reinterpret_cast<std::remove_reference_t<Row>*>(closure))(static_cast<int64_t>(i));
+        return 0;
+      } catch (...) {
+        return 1;
+      }
     };
-    pool_par_for(nullptr, task, 0, static_cast<int>(n), reinterpret_cast<uint8_t*>(&row));
+    if (pool_par_for(nullptr, task, 0, static_cast<int>(n), reinterpret_cast<uint8_t*>(&row)))
+      fail("the search's work on the rows of logits failed (out of memory)");
   }
 
   // Each row's log-sum-exp and best tokens (what select needs of it) into scans_, the rows
