@@ -15,6 +15,20 @@
 
 namespace kiln::rt {
 
+// Sentences' ids [n, length] (row-major; borrowed, not copied) as the `src` tensor that
+// kiln_generate and kiln_generator_add take.
+inline kiln_tensor generation_src(int64_t* ids, int64_t n, int64_t length) {
+  kiln_tensor in{};
+  in.name = "src";
+  in.dtype = KILN_I64;
+  in.rank = 2;
+  in.shape[0] = n;
+  in.shape[1] = length;
+  in.data = ids;
+  in.capacity = static_cast<size_t>(n * length) * sizeof(int64_t);
+  return in;
+}
+
 // The C ABI (kiln/runtime.h) of one library, and the create function of its model.
 struct LibraryApi {
   kiln_model* (*create)(const char*, char**) = nullptr;  // <name>_create

@@ -196,15 +196,8 @@ Generated CompiledGenerator::generate(const std::vector<int64_t>& src, int64_t b
   for (int64_t first = 0; first < std::max<int64_t>(batch, 1); first += chunk) {
     const int64_t n = std::min(chunk, batch - first);
     stream.first = first;
-    kiln_tensor in;
-    std::memset(&in, 0, sizeof in);
-    in.name = "src";
-    in.dtype = KILN_I64;
-    in.rank = 2;
-    in.shape[0] = n;
-    in.shape[1] = length;
-    in.data = const_cast<int64_t*>(src.data() + first * length);
-    in.capacity = static_cast<size_t>(n * length) * sizeof(int64_t);
+    const kiln_tensor in =
+        rt::generation_src(const_cast<int64_t*>(src.data() + first * length), n, length);
     kiln_generation g;
     if (loaded_->api.generate(model, &in, &o, &g) != 0) {
       // "... batch row R ...": row R of this chunk is the input's sentence first + R.

@@ -690,19 +690,6 @@ class Scheduler {
       for (const auto& j : batch) done(j);
     }
   }
-  // The sources (or prompts) `src` [n, length] as generation's input tensor.
-  static kiln_tensor src_tensor(std::vector<int64_t>& src, int64_t n, int64_t length) {
-    kiln_tensor in;
-    std::memset(&in, 0, sizeof in);
-    in.name = "src";
-    in.dtype = KILN_I64;
-    in.rank = 2;
-    in.shape[0] = n;
-    in.shape[1] = length;
-    in.data = src.data();
-    in.capacity = src.size() * sizeof(int64_t);
-    return in;
-  }
 
   bool joins(const Job& j) const {
     return model_.joins && j.kind == Job::kGenerate && !j.key.empty();
@@ -751,7 +738,7 @@ class Scheduler {
         done(j);
         return true;
       }
-      const kiln_tensor in = src_tensor(j->gen.src, j->gen.batch, j->gen.length);
+      const kiln_tensor in = rt::generation_src(j->gen.src.data(), j->gen.batch, j->gen.length);
       // by_id first: tokens chosen while it is added (its first) are streamed.
       const size_t member = run.members.size();
       int64_t id = run.next_id;
@@ -941,7 +928,7 @@ class Scheduler {
       };
       o.user_data = stream;
     }
-    const kiln_tensor in = src_tensor(src, n, length);
+    const kiln_tensor in = rt::generation_src(src.data(), n, length);
     kiln_generation r;
     if (api.generate(model_.model, &in, &o, &r) != 0) {
       api.generation_free(&r);
