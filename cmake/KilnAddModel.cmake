@@ -1,6 +1,6 @@
 # kiln_add_model(<target> (MODEL <model> | SOURCES <file.cpp>... | KIR <file.kir>)
 #                [CONFIG <config>] [SET key=value...] [TARGET <halide-target>]
-#                [WEIGHTS f32|bf16|int8]
+#                [WEIGHTS f32|bf16|int8] [BF16_PRODUCTS auto|dot|fma]
 #                [NAME <library-name>] [JOBS <n>] [ENV var=value...])
 #
 # Gets a model's IR, compiles it with `kiln compile`, and defines <target>: a library to
@@ -24,7 +24,7 @@
 #   kiln_add_model(gpt SOURCES gpt.cpp CONFIG small SET max_len=256)
 #   target_link_libraries(app PRIVATE translator gpt)   # then: #include "gpt.h"
 function(kiln_add_model target)
-  cmake_parse_arguments(ARG "" "MODEL;CONFIG;KIR;TARGET;NAME;WEIGHTS;JOBS" "SET;SOURCES;ENV"
+  cmake_parse_arguments(ARG "" "MODEL;CONFIG;KIR;TARGET;NAME;WEIGHTS;BF16_PRODUCTS;JOBS" "SET;SOURCES;ENV"
                         ${ARGN})
   if(ARG_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "kiln_add_model: unknown arguments: ${ARG_UNPARSED_ARGUMENTS}")
@@ -47,6 +47,9 @@ function(kiln_add_model target)
   endif()
   if(NOT ARG_WEIGHTS)
     set(ARG_WEIGHTS f32)
+  endif()
+  if(NOT ARG_BF16_PRODUCTS)
+    set(ARG_BF16_PRODUCTS auto)
   endif()
   if(NOT ARG_NAME)
     set(ARG_NAME ${target})
@@ -111,7 +114,7 @@ function(kiln_add_model target)
     OUTPUT ${lib} ${header}
     COMMAND ${CMAKE_COMMAND} -E make_directory ${out}
     COMMAND ${kiln_command} compile ${kir} --target ${ARG_TARGET} --weights ${ARG_WEIGHTS}
-            --name ${ARG_NAME} ${jobs_option} -o ${out}
+            --bf16-products ${ARG_BF16_PRODUCTS} --name ${ARG_NAME} ${jobs_option} -o ${out}
     DEPENDS kiln::kiln ${kir}
     COMMENT "kiln: compiling model ${target}"
     VERBATIM)

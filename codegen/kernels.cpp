@@ -135,9 +135,10 @@ std::string kernel_name(const KernelSpec& spec) {
     return fmt::format("kiln_linear_k{}_n{}{}{}{}{}", k->K, k->N, k->has_bias ? "" : "_nobias",
                        k->act == "none" ? "" : "_" + k->act,
                        k->panel ? fmt::format("_p{}", k->panel) : "",
-                       k->bf16   ? "_bf16"
-                       : k->int8 ? "_int8"
-                                 : "");
+                       k->bf16_fma ? "_bf16fma"
+                       : k->bf16   ? "_bf16"
+                       : k->int8   ? "_int8"
+                                   : "");
   if (const auto* k = std::get_if<AttentionKernel>(&spec))
     return fmt::format(
         "kiln_attention_h{}_dk{}_dv{}{}{}{}{}{}{}{}{}_s{}{}", k->heads, k->dk, k->dv,

@@ -48,6 +48,11 @@ struct LinearKernel {
   bool has_bias = true;
   int64_t panel = 0;
   bool bf16 = false;
+  // bf16 only: the products on f32 FMAs instead of vdpbf16ps (LowerOptions::bf16_fma): the
+  // same exact products of bf16 values summed in f32, the weight read as int32 pairs,
+  // wt i32 (j, kp, p) [Np/64, Kp/2, 64] over the same bytes, each pair widened by a shift
+  // and a mask.
+  bool bf16_fma = false;
   bool int8 = false;
 };
 

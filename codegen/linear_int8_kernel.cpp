@@ -104,7 +104,7 @@ KernelPipeline build_linear_int8(const LinearKernel& spec, const Halide::Target&
   out.set_estimates({{0, N}, {0, 2048}});
 
   // A panel of 128 KB from K = 2048 on, as for bf16 (K = 1024).
-  const Var c = schedule_packed_linear(out, acc, r, n, m, j, N, Np, Kg, Kp >= 2048);
+  const Var c = schedule_packed_linear(out, acc, r, n, m, j, N, Np, Kg, Kp >= 2048, true);
   // The input is quantized once per chunk of rows, in two parallel loops over blocks of 16
   // rows: each row's range and quantization parameters (the epilogue reads them too), then the
   // u8 copy (the chunk's x read again, from cache). Before, the ranges were one serial loop

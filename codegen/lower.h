@@ -45,6 +45,9 @@ struct LowerOptions {
   // The kernels run on a GPU: linear weights are stored unpanelled, as Wᵀ [K, N] (a warp's
   // threads read consecutive n of one k row: coalesced, 16-byte loads; kernels.h).
   bool gpu = false;
+  // bf16 weights whose products run on f32 FMAs (LinearKernel::bf16_fma), attention in f32:
+  // for CPUs where vdpbf16ps is slower than two FMAs (driver: CompileOptions::bf16_products).
+  bool bf16_fma = false;
 };
 
 LoweredModel lower_module(const ir::Module& module, const LowerOptions& options = {});

@@ -13,6 +13,7 @@
 
 #include "codegen/kernels.h"
 #include "codegen/lower.h"
+#include "driver/bf16_products.h"
 #include "driver/generated_code.h"
 #include "driver/jobs.h"
 #include "ir/printer.h"
@@ -87,6 +88,16 @@ CompileResult compile(ir::Module module, const CompileOptions& options, JobRunne
     if (std::string problem = codegen::int8_target_problem(options.target); !problem.empty())
       fail("{}", problem);
 
+  bool bf16_fma = false;
+  if (bf16) {
+    std::string why;
+    bf16_fma = resolve_bf16_products(options.bf16_products, options.target, &why) == "fma";
+    if (options.bf16_products == "auto") progress(why);
+  } else if (options.bf16_products != "auto" && options.bf16_products != "dot" &&
+             options.bf16_products != "fma") {
+    resolve_bf16_products(options.bf16_products, options.target, nullptr);  // the error
+  }
+
   const std::string gpu = codegen::gpu_api(options.target);
   if ((bf16 || int8) && !gpu.empty())
     fail("{} weights are for the CPU ({}); target '{}' runs kernels on the GPU", options.weights,
@@ -102,7 +113,7 @@ CompileResult compile(ir::Module module, const CompileOptions& options, JobRunne
   progress(fmt::format("optimized the graph ({:.2f} s)", since(t)));
   runner.check_interrupt();
   codegen::LoweredModel lowered =
-      codegen::lower_module(module, codegen::LowerOptions{bf16, int8, !gpu.empty()});
+      codegen::lower_module(module, codegen::LowerOptions{bf16, int8, !gpu.empty(), bf16_fma});
   runner.check_interrupt();
   if (!gpu.empty()) {
     // Before the slow part: every kernel needs a GPU schedule (kernels.h).

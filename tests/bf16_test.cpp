@@ -42,6 +42,9 @@
 #include "bf16_small.h"
 #include "bf16_tiny.h"
 #include "bf16_wide.h"
+#include "bf16fma_attentions.h"
+#include "bf16fma_linears.h"
+#include "bf16fma_small.h"
 #include "f32_numbers.h"
 #include "frontend/models.h"
 #include "ir/interpreter.h"
@@ -90,12 +93,15 @@ double max_abs(const std::vector<float>& v) {
 
 // A golden batch through the bf16 library against PyTorch's f32 logits, within G·2^-6 of
 // the largest |logit|; the distance to the bf16-rounding interpreter is printed.
+// fma: a library compiled with --bf16-products fma, whose attention stays f32.
 template <typename Model>
-void expect_golden(Model& model, const std::string& config, const std::string& batch) {
-  const ir::InterpretOptions options = bf16_rounding();
+void expect_golden(Model& model, const std::string& config, const std::string& batch,
+                   bool fma = false) {
+  ir::InterpretOptions options = bf16_rounding();
+  options.bf16_attention = !fma;
   const testing::GoldenForward g = testing::golden_forward(model, config, batch, options);
   ASSERT_EQ(g.got.shape, g.pytorch.shape);
-  const int gemms = g.linears + 2 * g.attentions_bf16;
+  const int gemms = g.linears + (fma ? 0 : 2 * g.attentions_bf16);
   const double tolerance = gemms * kBf16PerGemm * max_abs(g.pytorch.data);
   const double vs_f32 = max_abs_diff(g.got.data, g.pytorch.data);
   std::printf(
@@ -111,13 +117,15 @@ void expect_golden(Model& model, const std::string& config, const std::string& b
 // even K, ReLU, no bias) against a double-precision sum over the bf16-rounded x and W: the
 // inputs are the same on both sides, so only the f32 summation differs, by at most
 // (K + 4)·2^-24·(Σ_k |x̂_k·ŵ_k| + |b|) (the f32 kernels' bound, linear_kernel_test.cpp).
-TEST(Bf16Kernels, MatchADoubleSumOfRoundedInputs) {
+// Both forms of the products: vdpbf16ps (bf16_linears) and FMAs (bf16fma_linears).
+using CreateFn = kiln_model* (*)(const char*, char**);
+void expect_linears_match_double_sums(CreateFn create, const char* label) {
   uint32_t seed = 1;
   const testing::LinearsCheckpoint ck =
-      testing::write_linears_noise("bf16_linears.safetensors", seed);
+      testing::write_linears_noise(std::string(label) + ".safetensors", seed);
   char* error = nullptr;
-  std::unique_ptr<kiln_model, void (*)(kiln_model*)> model(
-      bf16_linears_create(ck.path.c_str(), &error), kiln_model_destroy);
+  std::unique_ptr<kiln_model, void (*)(kiln_model*)> model(create(ck.path.c_str(), &error),
+                                                           kiln_model_destroy);
   ASSERT_TRUE(model) << error;
   auto round = [](float v) { return rt::bf16_to_f32(rt::f32_to_bf16(v)); };
   int checked = 0;
@@ -155,7 +163,17 @@ TEST(Bf16Kernels, MatchADoubleSumOfRoundedInputs) {
       ASSERT_EQ(failures, 0);
     }
   }
-  std::printf("[ bf16 ] %d kernel outputs within the f32 summation bound\n", checked);
+  std::printf("[ bf16 ] %s: %d kernel outputs within the f32 summation bound\n", label, checked);
+}
+
+TEST(Bf16Kernels, MatchADoubleSumOfRoundedInputs) {
+  expect_linears_match_double_sums(bf16_linears_create, "bf16_linears");
+}
+
+// The same kernels compiled with --bf16-products fma: the weights' pairs widened to f32, the
+// products on FMAs (LinearKernel::bf16_fma), the same bound.
+TEST(Bf16FmaKernels, MatchADoubleSumOfRoundedInputs) {
+  expect_linears_match_double_sums(bf16fma_linears_create, "bf16fma_linears");
 }
 
 // The fused attention alone (tests/abi/attentions.kir, compiled with bf16 weights): with an
@@ -167,7 +185,8 @@ TEST(Bf16Kernels, MatchADoubleSumOfRoundedInputs) {
 // the mean |library - rounding interpreter| below 1e-5 of the largest |v|, the largest below
 // 2^-8 of it, and (even head size) the mean |library - f32 interpreter| at least 10 times the
 // first: the rounding happened. An odd head size is f32 on both sides.
-TEST(Bf16Attention, BothProductsRoundAsTheInterpreterSays) {
+// fma: the library compiled with --bf16-products fma, whose attention is f32 at every head size.
+void expect_attention(CreateFn create, bool fma) {
   std::ifstream kir(std::string(KILN_TEST_DATA_DIR) + "/abi/attentions.kir");
   std::stringstream text;
   text << kir.rdbuf();
@@ -175,10 +194,12 @@ TEST(Bf16Attention, BothProductsRoundAsTheInterpreterSays) {
   const std::string empty = ::testing::TempDir() + "bf16_attentions.safetensors";
   rt::write_safetensors(empty, {});
   char* error = nullptr;
-  std::unique_ptr<kiln_model, void (*)(kiln_model*)> model(
-      bf16_attentions_create(empty.c_str(), &error), kiln_model_destroy);
+  std::unique_ptr<kiln_model, void (*)(kiln_model*)> model(create(empty.c_str(), &error),
+                                                           kiln_model_destroy);
   ASSERT_TRUE(model) << error;
   uint32_t seed = 11;
+  ir::InterpretOptions rounding = bf16_rounding();
+  rounding.bf16_attention = !fma;
   for (const auto& [entry, width, even] :
        {std::tuple<std::string, int64_t, bool>{"h4_d16", 64, true},
         {"h4_d16_causal_pad", 64, true},
@@ -206,7 +227,7 @@ TEST(Bf16Attention, BothProductsRoundAsTheInterpreterSays) {
         if (padded) inputs.push_back(ir::Tensor::from_ints(ir::DType::boolean, {batch, len}, pad));
         const std::vector<float> f32 = testing::interpret_entry(m, entry, {}, inputs, {})[0].f;
         const std::vector<float> rounded =
-            testing::interpret_entry(m, entry, {}, inputs, bf16_rounding())[0].f;
+            testing::interpret_entry(m, entry, {}, inputs, rounding)[0].f;
         std::vector<kiln_tensor> in(inputs.size());
         std::vector<std::vector<uint8_t>> pad_bytes(1);
         for (size_t i = 0; i < in.size(); ++i) {
@@ -244,18 +265,28 @@ TEST(Bf16Attention, BothProductsRoundAsTheInterpreterSays) {
     const double mean_rounded = sum_rounded / static_cast<double>(count),
                  mean_f32 = sum_f32 / static_cast<double>(count);
     std::printf(
-        "[ bf16 ] attention %s: vs the bf16-rounding interpreter mean %.3g, largest %.3g; vs the "
-        "f32 interpreter mean %.3g (largest |v| %.3g)\n",
-        entry.c_str(), mean_rounded, worst, mean_f32, largest_v);
+        "[ bf16 ] attention %s%s: vs the bf16-rounding interpreter mean %.3g, largest %.3g; vs "
+        "the f32 interpreter mean %.3g (largest |v| %.3g)\n",
+        entry.c_str(), fma ? " (fma: f32)" : "", mean_rounded, worst, mean_f32, largest_v);
     EXPECT_LE(mean_rounded, 1e-5 * largest_v) << entry;
     EXPECT_LE(worst, 0x1p-8 * largest_v) << entry;
-    if (even) {
+    if (fma) {
+      EXPECT_LE(mean_f32, 1e-5 * largest_v) << entry << ": attention stays f32 with fma";
+      EXPECT_LE(worst, 1e-4 * largest_v) << entry << ": attention stays f32 with fma";
+    } else if (even) {
       EXPECT_GE(mean_f32, 10 * mean_rounded) << entry << ": the products were not rounded";
     } else {
       EXPECT_LE(mean_f32, 1e-5 * largest_v) << entry << ": an odd head size stays f32";
     }
   }
 }
+
+TEST(Bf16Attention, BothProductsRoundAsTheInterpreterSays) {
+  expect_attention(bf16_attentions_create, /*fma=*/false);
+}
+
+// --bf16-products fma: attention in f32, as the f32 interpreter computes it.
+TEST(Bf16FmaAttention, StaysF32) { expect_attention(bf16fma_attentions_create, /*fma=*/true); }
 
 // Subnormals. AVX512-BF16 reads a bf16 subnormal as zero (vdpbf16ps) and converts an f32
 // subnormal to a zero of its sign (vcvtne2ps2bf16); kiln rounds to bf16 as that conversion does
@@ -550,6 +581,12 @@ TEST(Bf16Golden, TinyMatchesTheBf16Reference) {
 TEST(Bf16Golden, SmallMatchesTheBf16Reference) {
   kiln_models::bf16_small model(golden_file("small.weights.safetensors").c_str());
   expect_golden(model, "small", "small_b1");
+}
+
+// --bf16-products fma: the same linears' rounding, attention in f32.
+TEST(Bf16FmaGolden, SmallMatchesTheBf16Reference) {
+  kiln_models::bf16fma_small model(golden_file("small.weights.safetensors").c_str());
+  expect_golden(model, "small", "small_b1", /*fma=*/true);
 }
 
 // Forward and encode against the f32 interpreter on random ids, lengths `lengths`, batches

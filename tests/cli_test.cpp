@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <regex>
 #include <set>
 #include <string>
 
@@ -518,6 +519,31 @@ TEST_F(CliTest, Bf16WeightsNeedAnAvx512Target) {
   Result fp8 = run("compile " + path("tiny16.kir") + " --weights fp8 -o " + path("o16"));
   EXPECT_EQ(fp8.status, 1);
   EXPECT_THAT(fp8.output, HasSubstr("unknown weight type 'fp8' (use f32, bf16 or int8)"));
+  Result products = run("compile " + path("tiny16.kir") +
+                        " --weights bf16 --bf16-products amx -o " + path("o16"));
+  EXPECT_NE(products.status, 0);
+  EXPECT_THAT(products.output, HasSubstr("--bf16-products amx not in {auto,dot,fma}"));
+}
+
+// --bf16-products auto (the default) measures this CPU, says what it chose and why, and the
+// library's linear kernels are the chosen form (the _bf16fma kernels: FMAs, else _bf16).
+TEST_F(CliTest, Bf16ProductsAutoSaysWhatItChose) {
+  ASSERT_EQ(run("emit transformer --config tiny -o " + path("tinyp.kir")).status, 0);
+  Result r = run("compile " + path("tinyp.kir") + " --weights bf16 --name p -o " + path("op"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::regex line(
+      R"(bf16 products: (vdpbf16ps|f32 FMAs, attention in f32) \(auto: this CPU does ([0-9.]+) )"
+      R"(bf16 products per ns with vdpbf16ps, ([0-9.]+) with FMAs)");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, line)) << r.output;
+  const bool fma = m[1].str() != "vdpbf16ps";
+  EXPECT_EQ(fma, std::stod(m[3].str()) > 1.1 * std::stod(m[2].str())) << m[0].str();
+  // The archive's symbol table names every kernel.
+  std::ifstream archive(path("op") + "/libp.a", std::ios::binary);
+  const std::string bytes{std::istreambuf_iterator<char>(archive), {}};
+  ASSERT_FALSE(bytes.empty());
+  EXPECT_EQ(bytes.find("_bf16fma_argv") != std::string::npos, fma) << m[0].str();
+  EXPECT_EQ(bytes.find("_bf16_argv") != std::string::npos, !fma) << m[0].str();
 }
 
 // --weights int8 needs an AVX-512 target too (its kernels use AVX512-VNNI), a CPU with VNNI
@@ -568,7 +594,10 @@ TEST_F(CliTest, Int8WeightsNeedAnAvx512Target) {
   EXPECT_EQ(loads.status, 0) << loads.output;
   Result refused = run(run_lib, {.env = no_vnni});
   EXPECT_EQ(refused.status, 1);
-  EXPECT_THAT(refused.output, HasSubstr("but this CPU lacks avx512_vnni (AVX512-VNNI)"));
+  // On Intel Sapphire/Emerald Rapids the host target also has avx512_sapphirerapids, which
+  // needs VNNI too: the list names it first.
+  EXPECT_THAT(refused.output, HasSubstr("but this CPU lacks "));
+  EXPECT_THAT(refused.output, HasSubstr("avx512_vnni (AVX512-VNNI); compile it again"));
 }
 
 // Inputs and outputs named like C++ keywords still give a header that compiles (kiln

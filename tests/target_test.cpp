@@ -108,8 +108,9 @@ TEST(Target, Bf16AndInt8LibrariesUseOnlyCooperlakeInstructions) {
   for (const char* fine : {"vcvtps2ph", "vcvtph2ps", "vdpbf16ps", "vfmadd231ps", "vpunpckhwd"})
     EXPECT_FALSE(fp16_or_amx(fine)) << fine;
   const std::string dir = std::string(KILN_BINARY_DIR) + "/tests/";
-  for (const std::string lib : {"bf16_tiny.kiln/libbf16_tiny.a", "int8_tiny.kiln/libint8_tiny.a",
-                                "golden_tiny.kiln/libgolden_tiny.a"}) {
+  for (const std::string lib :
+       {"bf16_tiny.kiln/libbf16_tiny.a", "bf16fma_small.kiln/libbf16fma_small.a",
+        "int8_tiny.kiln/libint8_tiny.a", "golden_tiny.kiln/libgolden_tiny.a"}) {
     const std::map<std::string, int> count = mnemonics(dir + lib);
     int total = 0;
     for (const auto& [name, n] : count) {
@@ -117,8 +118,10 @@ TEST(Target, Bf16AndInt8LibrariesUseOnlyCooperlakeInstructions) {
       EXPECT_FALSE(fp16_or_amx(name)) << lib << ": " << n << " x " << name;
     }
     ASSERT_GT(total, 1000) << "could not disassemble " << lib;
-    const bool bf16 = lib.rfind("bf16", 0) == 0, int8 = lib.rfind("int8", 0) == 0;
+    // bf16fma_: the products on FMAs (--bf16-products fma), no vdpbf16ps.
+    const bool bf16 = lib.rfind("bf16_", 0) == 0, int8 = lib.rfind("int8", 0) == 0;
     EXPECT_EQ(count.count("vdpbf16ps") > 0, bf16) << lib;
+    EXPECT_GT(count.count("vfmadd231ps") ? count.at("vfmadd231ps") : 0, 0) << lib;
     // int8: the products are vpdpbusd (AVX512-VNNI), never widened to f32.
     EXPECT_EQ(count.count("vpdpbusd") > 0, int8) << lib;
     std::printf(

@@ -348,7 +348,7 @@ int cmd_run(const std::vector<std::string>& argv) {
   if (!a.compiled.empty()) exec_runner("run", argv);
   ir::InterpretOptions interpret_options;
   interpret_options.bf16_linear = a.bf16_linear;
-  interpret_options.bf16_attention = a.bf16_linear;
+  interpret_options.bf16_attention = a.bf16_linear && a.bf16_products == "dot";
   interpret_options.int8_linear = a.int8_linear;
   interpret_options.max_bytes = parse_byte_size(a.max_memory).value();  // checked by CLI11
   if (a.file.empty()) fail("run: FILE is required (see 'kiln run --help')");
@@ -378,8 +378,8 @@ int cmd_compile(const std::vector<std::string>& argv) {
   driver::CompileOptions options;
   auto app = make_command(
       "compile",
-      "FILE.kir [--target T] [--weights f32|bf16|int8] [-o DIR] [--name NAME]\n"
-      "[--emit=static,shared,ir] [-j N]",
+      "FILE.kir [--target T] [--weights f32|bf16|int8 [--bf16-products auto|dot|fma]]\n"
+      "[-o DIR] [--name NAME] [--emit=static,shared,ir] [-j N]",
       "Runs the default pipeline, generates and compiles every kernel with Halide, and writes\n"
       "into DIR a static library libNAME.a and a header NAME.h (C++ class kiln_models::NAME "
       "with\ntyped entry points, over a plain C ABI). Link them with kiln's runtime library "
@@ -392,14 +392,26 @@ int cmd_compile(const std::vector<std::string>& argv) {
       ->capture_default_str();
   app->add_option("--weights", options.weights,
                   "f32, bf16 or int8. bf16: linear weights converted to bf16 at load time (f32 or "
-                  "bf16 safetensors), products summed in f32 with AVX512-BF16's vdpbf16ps. int8: "
+                  "bf16 safetensors), each linear's input rounded to bf16, products summed in f32 "
+                  "(see --bf16-products). int8: "
                   "linear weights quantized per output row at load time (symmetric, scale "
                   "max|row|/127), each row of a linear's input quantized the same way as it runs, "
                   "products summed exactly in int32 with AVX512-VNNI's vpdpbusd, scaled back in "
-                  "f32. Attention, norms and the rest stay f32. Both need an AVX-512 target, and "
+                  "f32. Norms and the rest stay f32. Both need an AVX-512 target, and "
                   "with 'host' a CPU with AVX512-BF16 (bf16) or AVX512-VNNI (int8); the library "
                   "refuses to load on a CPU without it")
       ->type_name("W")
+      ->capture_default_str();
+  app->add_option("--bf16-products", options.bf16_products,
+                  "with --weights bf16, what the products run on: 'dot', AVX512-BF16's vdpbf16ps "
+                  "(32 products an instruction), and attention's two products in bf16 too; "
+                  "'fma', f32 FMAs on the widened weights (16), attention in f32; 'auto', the one "
+                  "that does more products per ns on this CPU when the target is 'host' (measured "
+                  "as kiln compile starts: fma on Intel Sapphire/Emerald Rapids, dot on AMD Zen "
+                  "4), else dot. The same numbers either way but for the order of the sums, and "
+                  "attention's rounding")
+      ->type_name("P")
+      ->check(CLI::IsMember({"auto", "dot", "fma"}))
       ->capture_default_str();
   app->add_option("-o", options.out_dir, "output directory")
       ->type_name("DIR")

@@ -38,8 +38,9 @@ void lower_attention(FunctionLowering& L, const ir::Op& op) {
   k.bias = at.bias >= 0;
   k.window = op.has_attr("window") ? op.int_attr("window") : 0;
   k.softcap = op.has_attr("softcap") ? op.float_attr("softcap") : 0;
-  // With bf16 weights both products in bf16 (AttentionKernel::bf16), where dk is even.
-  k.bf16 = L.module.options.bf16_weights && k.dk % 2 == 0;
+  // With bf16 weights both products in bf16 (AttentionKernel::bf16), where dk is even, unless
+  // the products run on FMAs (LowerOptions::bf16_fma: attention stays f32).
+  k.bf16 = L.module.options.bf16_weights && !L.module.options.bf16_fma && k.dk % 2 == 0;
   View out = L.output_view(op);
   rt::StepDesc s{L.kernel_index(k), fmt::format("attention %{}", op.result), {}};
   for (ir::ValueId operand : op.operands) s.args.push_back(L.view_of(operand, op).halide());

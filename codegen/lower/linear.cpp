@@ -34,6 +34,7 @@ void lower_linear(FunctionLowering& L, const ir::Op& op) {
     k.panel = 0;  // Wᵀ [K, N] (LowerOptions::gpu)
   } else if (L.module.options.bf16_weights) {
     k.bf16 = true;
+    k.bf16_fma = L.module.options.bf16_fma;
     k.panel = 64;
   } else if (L.module.options.int8_weights) {
     if (K > int8::kMaxK)
@@ -55,7 +56,13 @@ void lower_linear(FunctionLowering& L, const ir::Op& op) {
     stored_numel *= d;
   }
   View wv = L.dense_view(ir::TensorType{ir::DType::f32, stored}, Storage::weight, wi, 0);
-  if (k.bf16) wv.type = KILN_BF16;
+  if (k.bf16_fma) {  // the pairs of bf16 as int32: [N/64, K/2, 64]
+    stored.pop_back();
+    wv = L.dense_view(ir::TensorType{ir::DType::f32, stored}, Storage::weight, wi, 0);
+    wv.type = KILN_I32;
+  } else if (k.bf16) {
+    wv.type = KILN_BF16;
+  }
   if (k.int8) wv.type = KILN_I8;
   s.args.push_back(wv.halide());
   if (k.int8) {
