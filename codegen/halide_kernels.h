@@ -53,7 +53,8 @@ int one_row_panels_per_tile(int64_t panels);
 // with groups of K adjacent: acc(j, p, m) over RDom r (group member r.x, group r.y of
 // `k_groups`), out(n, m) reading acc(n % 64, n / 64, m)): parallel tiles, register blocks
 // of 4 vectors × up to 6 rows over the whole reduction, the group vectorized atomically (a
-// dot-product instruction); specialized for few rows; `long_k` (a panel of 128 KB or more)
+// dot-product instruction) where `group_atomic`, else unrolled (one FMA per member: bf16 on
+// FMAs, LinearKernel::bf16_fma); specialized for few rows; `long_k` (a panel of 128 KB or more)
 // chunks the rows. Returns the chunk loop of out, where the caller computes its converted
 // input (bf16 or quantized x) once per chunk.
 Halide::Var schedule_packed_linear(Halide::Func out, Halide::Func acc, const Halide::RDom& r,
