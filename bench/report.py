@@ -1127,12 +1127,13 @@ def int8_section(p, rounds, workloads, int8_gemm, res):
     p("| workload | kiln f32 ms | kiln bf16 ms | kiln int8 ms | f32 / bf16 | f32 / int8 | bf16 / int8 | "
       "target tok/s f32 / bf16 / int8 | GFLOP | f32 / floor | bf16 / bf16 floor | int8 / int8 floor |")
     p("|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|")
-    floors = {}
+    floors, f32_floor_ms = {}, {}
     for key, is_gen, n, name, _ in rows:
         t = table[key]
         f, b, i = (t[dt][0] for dt, _, _ in DTYPES)
         gflop = next((t[dt][1] for dt, _, _ in DTYPES if t[dt][1]), None)
         floors[key] = {}
+        f32_floor_ms[key] = gflop / peak * 1e3 if gflop and peak else None
         for dt, _, mult in DTYPES:
             floor_ms = gflop / (peak * mult) * 1e3 if gflop and peak else None
             floors[key][dt] = ratio(t[dt][0], floor_ms)
@@ -1163,8 +1164,7 @@ def int8_section(p, rounds, workloads, int8_gemm, res):
         p("This run's bf16 builds ran their products on f32 FMAs (kernels `*_bf16fma`: `kiln compile "
           "--bf16-products auto` measured vdpbf16ps doing fewer products per ns than FMAs on this CPU; "
           "attention f32): their floor at the FMA rate is the f32 floor, and against it bf16 is at " +
-          ", ".join("%s %s" % (key, x(ratio(table[key]["bf16"][0], table[key]["f32"][0] / floors[key]["f32"])
-                                      if floors[key]["f32"] else None))
+          ", ".join("%s %s" % (key, x(ratio(table[key]["bf16"][0], f32_floor_ms[key])))
                     for key, _, _, _, _ in rows) + ".")
         p("")
     p("Every round (median ms f32 / bf16 / int8): " + "; ".join(

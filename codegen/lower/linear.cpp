@@ -55,14 +55,9 @@ void lower_linear(FunctionLowering& L, const ir::Op& op) {
     stored.push_back(ir::Dim::constant(d));
     stored_numel *= d;
   }
+  if (k.bf16_fma) stored.pop_back();  // the pairs of bf16 as int32: [N/64, K/2, 64]
   View wv = L.dense_view(ir::TensorType{ir::DType::f32, stored}, Storage::weight, wi, 0);
-  if (k.bf16_fma) {  // the pairs of bf16 as int32: [N/64, K/2, 64]
-    stored.pop_back();
-    wv = L.dense_view(ir::TensorType{ir::DType::f32, stored}, Storage::weight, wi, 0);
-    wv.type = KILN_I32;
-  } else if (k.bf16) {
-    wv.type = KILN_BF16;
-  }
+  if (k.bf16) wv.type = k.bf16_fma ? KILN_I32 : KILN_BF16;
   if (k.int8) wv.type = KILN_I8;
   s.args.push_back(wv.halide());
   if (k.int8) {
