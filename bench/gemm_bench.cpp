@@ -54,6 +54,12 @@
 // layout kiln's runtime loads (packed in 64-column panels for these N); dnnl_sgemm computes
 // x·wt with wt = Wᵀ (K × N), row-major, no bias: the epilogue is kiln's extra work. Both
 // layouts are prepared once, outside the timing, as both runtimes do at load time.
+//
+// Cold weights (f32 only): with KILN_BENCH_GEMM_COLD_MB=N each library gets copies of its
+// weight, together at least N MB (e.g. 600, beyond the L3), and each call reads the next copy,
+// so that the weight comes from memory as in a model whose layers each read their own (W1:
+// 242 MB of weights per call). The operands in cache (the default) time the kernel's compute;
+// cold weights time it with the stream of its weight, which at M = 32 is most of the cost.
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -226,6 +232,10 @@ class JitLinear {
 struct Problem {
   GemmShape shape;
   Floats x, wt, wt_packed, bias, out_kiln, out_dnnl;
+  // Cold weights (KILN_BENCH_GEMM_COLD_MB): further copies of wt and wt_packed, each call
+  // reading the next, so that the copies together exceed the caches.
+  std::vector<Floats> cold_wt, cold_packed;
+  size_t next_cold = 0;
   halide_buffer_t x_buf{}, wt_buf{}, bias_buf{}, out_buf{};
   halide_dimension_t x_dims[2], wt_dims[3], bias_dims[1], out_dims[2];
   std::shared_ptr<JitLinear> kernel;
@@ -285,18 +295,35 @@ Problem& problem_for(const GemmShape& s) {
     k = std::make_shared<JitLinear>(
         kiln::codegen::LinearKernel{s.K, s.N, s.relu ? "relu" : "none", true, P});
   p->kernel = k;
+  if (const char* cold = std::getenv("KILN_BENCH_GEMM_COLD_MB"); cold && *cold) {
+    const double bytes = static_cast<double>(s.K * s.N * sizeof(float));
+    const int copies = std::max(1, static_cast<int>(std::atof(cold) * 1e6 / bytes));
+    for (int c = 0; c < copies; ++c) {
+      p->cold_wt.push_back(aligned_floats(s.K * s.N, 0));
+      std::copy(p->wt.get(), p->wt.get() + s.K * s.N, p->cold_wt.back().get());
+      if (P) {
+        p->cold_packed.push_back(aligned_floats(s.K * s.N, 0));
+        std::copy(p->wt_packed.get(), p->wt_packed.get() + s.K * s.N, p->cold_packed.back().get());
+      }
+    }
+  }
   return *p;
 }
 
 int run_kiln(Problem& p) {
+  if (!p.cold_packed.empty())
+    p.wt_buf.host =
+        reinterpret_cast<uint8_t*>(p.cold_packed[p.next_cold++ % p.cold_packed.size()].get());
   const void* argv[] = {&p.x_buf, &p.wt_buf, &p.bias_buf, &p.out_buf};
   return (*p.kernel)(argv);
 }
 
 dnnl_status_t run_dnnl(Problem& p) {
   const GemmShape& s = p.shape;
-  return dnnl_sgemm('N', 'N', s.M, s.N, s.K, 1.0f, p.x.get(), s.K, p.wt.get(), s.N, 0.0f,
-                    p.out_dnnl.get(), s.N);
+  const float* wt =
+      p.cold_wt.empty() ? p.wt.get() : p.cold_wt[p.next_cold++ % p.cold_wt.size()].get();
+  return dnnl_sgemm('N', 'N', s.M, s.N, s.K, 1.0f, p.x.get(), s.K, wt, s.N, 0.0f, p.out_dnnl.get(),
+                    s.N);
 }
 
 #if defined(KILN_BENCH_BF16) || defined(KILN_BENCH_INT8)

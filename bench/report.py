@@ -1152,8 +1152,8 @@ def int8_section(p, rounds, workloads, int8_gemm, res):
       "attention products; everything else a call does (norms, softmax, the search, quantizing "
       "activations) is above them." % fmt(peak))
     p("")
-    # `kiln compile --bf16-products auto` chooses FMAs where vdpbf16ps does fewer products per
-    # cycle (Intel Sapphire/Emerald Rapids without AMX); the profile's kernel names say which.
+    # A library built with `--bf16-products auto` runs FMAs where vdpbf16ps does fewer products
+    # per cycle (Intel Sapphire/Emerald Rapids without AMX); the profile's kernel names say which.
     fma = False
     for rd in rounds:
         prof = os.path.join(rd["dir"], "kiln-gen-profile.txt")
@@ -1161,9 +1161,9 @@ def int8_section(p, rounds, workloads, int8_gemm, res):
             with open(prof) as f:
                 fma = fma or "_bf16fma" in f.read()
     if fma:
-        p("This run's bf16 builds ran their products on f32 FMAs (kernels `*_bf16fma`: `kiln compile "
-          "--bf16-products auto` measured vdpbf16ps doing fewer products per ns than FMAs on this CPU; "
-          "attention f32): their floor at the FMA rate is the f32 floor, and against it bf16 is at " +
+        p("This run's bf16 builds ran their products on f32 FMAs (kernels `*_bf16fma`: the library, "
+          "built with `--bf16-products auto`, measured vdpbf16ps doing fewer products per ns than FMAs "
+          "on this CPU when it loaded; attention f32): their floor at the FMA rate is the f32 floor, and against it bf16 is at " +
           ", ".join("%s %s" % (key, x(ratio(table[key]["bf16"][0], f32_floor_ms[key])))
                     for key, _, _, _, _ in rows) + ".")
         p("")

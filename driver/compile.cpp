@@ -8,16 +8,17 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 
 #include <fmt/format.h>
 
 #include "codegen/kernels.h"
 #include "codegen/lower.h"
-#include "driver/bf16_products.h"
 #include "driver/generated_code.h"
 #include "driver/jobs.h"
 #include "ir/printer.h"
 #include "passes/pipeline.h"
+#include "runtime/bf16_products.h"
 #include "runtime/plan.h"
 #include "support/error.h"
 #include "support/file_io.h"
@@ -68,6 +69,57 @@ void check_name_is_no_macro(const std::string& name) {
   }
 }
 
+// The progress line of a bf16 compile: the form of the products, and for auto what this CPU
+// would run.
+std::string bf16_products_line(const std::string& choice) {
+  if (choice == "dot") return "bf16 products: vdpbf16ps (--bf16-products dot)";
+  if (choice == "fma") return "bf16 products: f32 FMAs, attention in f32 (--bf16-products fma)";
+  const rt::Bf16ProductRates r = rt::measure_bf16_product_rates();
+  const std::string here =
+      r.dot == 0 ? "this CPU has no AVX512-BF16"
+                 : fmt::format(
+                       "this CPU does {:.1f} bf16 products per ns with vdpbf16ps, {:.1f} "
+                       "with FMAs: it would run {}",
+                       r.dot, r.fma, rt::fma_products_faster(r) ? "the FMA form" : "vdpbf16ps");
+  return fmt::format(
+      "bf16 products: both forms, vdpbf16ps and f32 FMAs (attention in f32), the library "
+      "runs the faster one on the CPU it loads on (auto; {}; --bf16-products dot|fma builds "
+      "one)",
+      here);
+}
+
+// Adds `fma`'s entry points to `dot` as their FMA form (rt::Plan::fma_functions) and the kernels
+// only that form calls; the kernels of both (the same spec, so the same name) are shared. The
+// two lowerings of one module differ in their kernels and steps only.
+void add_fma_form(codegen::LoweredModel& dot, codegen::LoweredModel fma) {
+  rt::Plan a = dot.plan, b = fma.plan;
+  a.functions.clear();
+  b.functions.clear();
+  a.kernel_names.clear();
+  b.kernel_names.clear();
+  KILN_ASSERT(rt::serialize_plan(a) == rt::serialize_plan(b),
+              "the two forms of a bf16 model's products lowered to different weights or tables");
+  std::map<std::string, int32_t> index;
+  for (size_t i = 0; i < dot.plan.kernel_names.size(); ++i)
+    index.emplace(dot.plan.kernel_names[i], static_cast<int32_t>(i));
+  std::vector<int32_t> remap(fma.kernels.size());
+  for (size_t i = 0; i < fma.kernels.size(); ++i) {
+    const auto [at, added] =
+        index.emplace(fma.plan.kernel_names[i], static_cast<int32_t>(dot.kernels.size()));
+    if (added) {
+      dot.kernels.push_back(fma.kernels[i]);
+      dot.plan.kernel_names.push_back(fma.plan.kernel_names[i]);
+    }
+    remap[i] = at->second;
+  }
+  for (rt::FunctionDesc& f : fma.plan.functions)
+    for (rt::StepDesc& st : f.steps) {
+      if (st.kernel >= 0) st.kernel = remap[static_cast<size_t>(st.kernel)];
+      for (int32_t& k : st.calls) k = remap[static_cast<size_t>(k)];
+    }
+  dot.plan.fma_functions = std::move(fma.plan.functions);
+}
+
 CompileResult compile(ir::Module module, const CompileOptions& options, JobRunner& runner) {
   const auto start = Clock::now();
   auto progress = [&](const std::string& line) {
@@ -88,13 +140,14 @@ CompileResult compile(ir::Module module, const CompileOptions& options, JobRunne
     if (std::string problem = codegen::int8_target_problem(options.target); !problem.empty())
       fail("{}", problem);
 
-  // Checked whatever the weights; auto measures the CPU only for bf16 weights.
-  bool bf16_fma = false;
-  if (bf16 || options.bf16_products != "auto") {
-    std::string why;
-    bf16_fma = resolve_bf16_products(options.bf16_products, options.target, &why) == "fma" && bf16;
-    if (bf16 && options.bf16_products == "auto") progress(why);
-  }
+  // Checked whatever the weights. With bf16 weights: one form of the products, or with auto
+  // both, the runtime running the one for the CPU it loads on (runtime/bf16_products.h).
+  if (options.bf16_products != "auto" && options.bf16_products != "dot" &&
+      options.bf16_products != "fma")
+    fail("unknown bf16 products '{}' (use auto, dot or fma)", options.bf16_products);
+  const bool bf16_fma = bf16 && options.bf16_products == "fma";
+  const bool both_forms = bf16 && options.bf16_products == "auto";
+  if (bf16) progress(bf16_products_line(options.bf16_products));
 
   const std::string gpu = codegen::gpu_api(options.target);
   if ((bf16 || int8) && !gpu.empty())
@@ -112,6 +165,12 @@ CompileResult compile(ir::Module module, const CompileOptions& options, JobRunne
   runner.check_interrupt();
   codegen::LoweredModel lowered =
       codegen::lower_module(module, codegen::LowerOptions{bf16, int8, !gpu.empty(), bf16_fma});
+  if (both_forms)
+    add_fma_form(lowered,
+                 codegen::lower_module(module, codegen::LowerOptions{true, false, false, true}));
+  // What the products run on, for kiln_model_config(model, "bf16_products"): with both forms
+  // the runtime puts the one it chose in place of "auto".
+  if (bf16) lowered.plan.config.emplace_back("bf16_products", options.bf16_products);
   runner.check_interrupt();
   if (!gpu.empty()) {
     // Before the slow part: every kernel needs a GPU schedule (kernels.h).
@@ -146,8 +205,9 @@ CompileResult compile(ir::Module module, const CompileOptions& options, JobRunne
   for (std::string& k : lowered.plan.kernel_names) k = name + "_" + k;
   size_t steps = 0;
   for (const auto& f : lowered.plan.functions) steps += f.steps.size();
-  progress(fmt::format("lowered {} entry point(s) to {} kernel calls of {} kernels",
-                       lowered.plan.functions.size(), steps, lowered.kernels.size()));
+  progress(fmt::format("lowered {} entry point(s) to {} kernel calls of {} kernels{}",
+                       lowered.plan.functions.size(), steps, lowered.kernels.size(),
+                       both_forms ? " (both forms of the bf16 products)" : ""));
 
   // Everything is built in a staging directory inside the output directory and moved into
   // place file by file only once all of it exists: a failed compile leaves the output

@@ -20,9 +20,9 @@ namespace kiln::driver {
 struct CompileOptions {
   std::string target = "host";  // a Halide target string
   std::string weights = "f32";  // "f32", or "bf16": linear weights in bf16 (AVX512-BF16)
-  // With bf16 weights, what the products run on (driver/bf16_products.h): "dot" (vdpbf16ps;
+  // With bf16 weights, what the products run on (runtime/bf16_products.h): "dot" (vdpbf16ps;
   // attention in bf16 too), "fma" (f32 FMAs on the widened weights; attention in f32) or
-  // "auto" (the faster on this machine when the target is the host, else dot).
+  // "auto" (both forms in the library; the runtime runs the faster on the CPU it loads on).
   std::string bf16_products = "auto";
   std::string out_dir = ".";
   std::string name;  // library name; default: the module's name

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "runtime/bf16_products.h"
 #include "runtime/binding.h"
 #include "runtime/builtins.h"
 #include "runtime/cpu_features.h"
@@ -93,6 +94,16 @@ std::unique_ptr<kiln_model> kiln_model::create(const uint8_t* plan, size_t plan_
         "model '{}' was compiled for target {}, but this CPU lacks {}; compile it again "
         "with --target host on this machine (or a target without those features)",
         m->plan.model, m->plan.target, fmt::join(missing, ", "));
+  // A bf16 library with both forms of its products: the one for this CPU (bf16_products.h),
+  // named in the config (kiln_model_config(model, "bf16_products")) as a library with one
+  // form names its own.
+  if (!m->plan.fma_functions.empty()) {
+    const std::string form = kiln::rt::bf16_products_for_this_cpu();
+    if (form == "fma") m->plan.functions = std::move(m->plan.fma_functions);
+    m->plan.fma_functions.clear();
+    for (auto& [key, value] : m->plan.config)
+      if (key == "bf16_products") value = form;
+  }
   if (num_kernels != m->plan.kernel_names.size())
     fail("model library has {} kernels, its plan needs {}", num_kernels,
          m->plan.kernel_names.size());

@@ -87,7 +87,7 @@ namespace {
 // types i8 and i32 (the int8 kernels' weights and row sums).
 // Version 13 ('D'): a linear weight's transpose 2: its one source is stored [K, N]
 // (WeightDesc::source_kn), transposed at load time into any layout.
-constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', 'D'};
+constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', 'E'};
 
 // A plan stores an element type as its index here: the codes of format 8 (f32 0, i64 1,
 // bool 2, bf16 3), kept when the runtime's element types became kiln_dtype, so a plan's
@@ -230,81 +230,100 @@ void validate(const Plan& p) {
     for (int8_t pw : d.pows)
       if (pw < 0 || pw > 4) fail("compiled plan: bad symbol power {}", pw);
   };
-  for (const FunctionDesc& f : p.functions) {
-    for (const auto* list : {&f.params, &f.results})
-      for (const TensorDesc& t : *list) {
-        if (t.type == KILN_BF16 || t.type == KILN_I8 || t.type == KILN_I32)
-          fail("compiled plan: tensor '{}' of '{}' is {} (only weights are)", t.name, f.name,
-               ::kiln::dtype_name(t.type));
-        for (const DimExpr& d : t.shape) check_dim(d);
-        for (const auto& l : t.id_limits) check_dim(l.limit);
-      }
-    for (const TensorDesc& t : f.results) {
-      if (t.updates_param < -1 || t.updates_param >= static_cast<int32_t>(f.params.size()))
-        fail("compiled plan: result '{}' updates missing parameter {}", t.name, t.updates_param);
-      if (t.updates_param >= 0 && (f.params[t.updates_param].type != t.type ||
-                                   f.params[t.updates_param].shape.size() != t.shape.size()))
-        fail("compiled plan: result '{}' does not match the parameter it updates", t.name);
+  if (!p.fma_functions.empty()) {
+    bool same = p.fma_functions.size() == p.functions.size();
+    for (size_t i = 0; same && i < p.functions.size(); ++i) {
+      const FunctionDesc &a = p.functions[i], &b = p.fma_functions[i];
+      auto same_tensors = [](const std::vector<TensorDesc>& x, const std::vector<TensorDesc>& y) {
+        if (x.size() != y.size()) return false;
+        for (size_t t = 0; t < x.size(); ++t)
+          if (x[t].name != y[t].name || x[t].type != y[t].type ||
+              x[t].shape.size() != y[t].shape.size() || x[t].updates_param != y[t].updates_param)
+            return false;
+        return true;
+      };
+      same = a.name == b.name && same_tensors(a.params, b.params) &&
+             same_tensors(a.results, b.results);
     }
-    for (const DimCheck& c : f.checks) {
-      check_dim(c.lhs);
-      check_dim(c.rhs);
-    }
-    for (const StepDesc& s : f.steps) {
-      if (s.builtin != Builtin::moe_ffn && !s.calls.empty())
-        fail("compiled plan: step '{}' lists kernels it does not call", s.op);
-      if (s.builtin == Builtin::cache_write) {
-        const size_t n = s.args.size();
-        if (s.kernel != -1 || (n != 2 && n != 3) || s.args[0].extents.size() != 3 ||
-            (n == 3 && (s.args[1].extents.size() != 1 || s.args[1].type != KILN_I64)) ||
-            s.args[n - 1].extents.size() != 3 || s.args[0].type != KILN_F32 ||
-            s.args[n - 1].type != KILN_F32)
-          fail("compiled plan: cache_write step '{}' has bad arguments", s.op);
-      } else if (s.builtin == Builtin::moe_ffn) {
-        const size_t n = s.args.size();
-        bool ok = s.kernel == -1 && n >= 7 && (n - 4) % 3 == 0 && s.calls.size() == 3;
-        for (size_t a = 0; ok && a < n; ++a) {
-          const bool weight = a >= 3 && a + 1 < n;
-          ok = (weight || s.args[a].extents.size() == 2) &&
-               s.args[a].type == (a == 1 ? KILN_I64 : KILN_F32);
-        }
-        for (int32_t k : s.calls)
-          ok = ok && k >= 0 && k < static_cast<int32_t>(p.kernel_names.size());
-        if (!ok) fail("compiled plan: moe_ffn step '{}' has bad arguments", s.op);
-      } else if (s.kernel < 0 || s.kernel >= static_cast<int32_t>(p.kernel_names.size())) {
-        fail("compiled plan: step '{}' calls missing kernel {}", s.op, s.kernel);
-      }
-      for (const BufferDesc& b : s.args) {
-        if (b.extents.size() != b.strides.size() || b.extents.empty() && !b.strides.empty())
-          fail("compiled plan: step '{}' has a buffer with mismatched rank", s.op);
-        int64_t limit = 0;
-        switch (b.storage) {
-          case Storage::param:
-            limit = static_cast<int64_t>(f.params.size());
-            break;
-          case Storage::result:
-            limit = static_cast<int64_t>(f.results.size());
-            break;
-          case Storage::arena:
-            limit = 1;
-            break;
-          case Storage::weight:
-            limit = static_cast<int64_t>(p.weights.size());
-            break;
-          case Storage::table:
-            limit = static_cast<int64_t>(p.tables.size());
-            break;
-        }
-        if (b.index < 0 || b.index >= limit)
-          fail("compiled plan: step '{}' refers to missing storage {}", s.op, b.index);
-        if (b.byte_offset < 0 || (b.storage == Storage::arena && b.byte_offset > f.arena_bytes))
-          fail("compiled plan: step '{}' has a bad byte offset {}", s.op, b.byte_offset);
-        check_dim(b.elem_offset);
-        for (const DimExpr& d : b.extents) check_dim(d);
-        for (const DimExpr& d : b.strides) check_dim(d);
-      }
-    }
+    if (!same)
+      fail("compiled plan: its FMA form of the bf16 entry points does not match the entry points");
   }
+  for (const auto* functions : {&p.functions, &p.fma_functions})
+    for (const FunctionDesc& f : *functions) {
+      for (const auto* list : {&f.params, &f.results})
+        for (const TensorDesc& t : *list) {
+          if (t.type == KILN_BF16 || t.type == KILN_I8 || t.type == KILN_I32)
+            fail("compiled plan: tensor '{}' of '{}' is {} (only weights are)", t.name, f.name,
+                 ::kiln::dtype_name(t.type));
+          for (const DimExpr& d : t.shape) check_dim(d);
+          for (const auto& l : t.id_limits) check_dim(l.limit);
+        }
+      for (const TensorDesc& t : f.results) {
+        if (t.updates_param < -1 || t.updates_param >= static_cast<int32_t>(f.params.size()))
+          fail("compiled plan: result '{}' updates missing parameter {}", t.name, t.updates_param);
+        if (t.updates_param >= 0 && (f.params[t.updates_param].type != t.type ||
+                                     f.params[t.updates_param].shape.size() != t.shape.size()))
+          fail("compiled plan: result '{}' does not match the parameter it updates", t.name);
+      }
+      for (const DimCheck& c : f.checks) {
+        check_dim(c.lhs);
+        check_dim(c.rhs);
+      }
+      for (const StepDesc& s : f.steps) {
+        if (s.builtin != Builtin::moe_ffn && !s.calls.empty())
+          fail("compiled plan: step '{}' lists kernels it does not call", s.op);
+        if (s.builtin == Builtin::cache_write) {
+          const size_t n = s.args.size();
+          if (s.kernel != -1 || (n != 2 && n != 3) || s.args[0].extents.size() != 3 ||
+              (n == 3 && (s.args[1].extents.size() != 1 || s.args[1].type != KILN_I64)) ||
+              s.args[n - 1].extents.size() != 3 || s.args[0].type != KILN_F32 ||
+              s.args[n - 1].type != KILN_F32)
+            fail("compiled plan: cache_write step '{}' has bad arguments", s.op);
+        } else if (s.builtin == Builtin::moe_ffn) {
+          const size_t n = s.args.size();
+          bool ok = s.kernel == -1 && n >= 7 && (n - 4) % 3 == 0 && s.calls.size() == 3;
+          for (size_t a = 0; ok && a < n; ++a) {
+            const bool weight = a >= 3 && a + 1 < n;
+            ok = (weight || s.args[a].extents.size() == 2) &&
+                 s.args[a].type == (a == 1 ? KILN_I64 : KILN_F32);
+          }
+          for (int32_t k : s.calls)
+            ok = ok && k >= 0 && k < static_cast<int32_t>(p.kernel_names.size());
+          if (!ok) fail("compiled plan: moe_ffn step '{}' has bad arguments", s.op);
+        } else if (s.kernel < 0 || s.kernel >= static_cast<int32_t>(p.kernel_names.size())) {
+          fail("compiled plan: step '{}' calls missing kernel {}", s.op, s.kernel);
+        }
+        for (const BufferDesc& b : s.args) {
+          if (b.extents.size() != b.strides.size() || b.extents.empty() && !b.strides.empty())
+            fail("compiled plan: step '{}' has a buffer with mismatched rank", s.op);
+          int64_t limit = 0;
+          switch (b.storage) {
+            case Storage::param:
+              limit = static_cast<int64_t>(f.params.size());
+              break;
+            case Storage::result:
+              limit = static_cast<int64_t>(f.results.size());
+              break;
+            case Storage::arena:
+              limit = 1;
+              break;
+            case Storage::weight:
+              limit = static_cast<int64_t>(p.weights.size());
+              break;
+            case Storage::table:
+              limit = static_cast<int64_t>(p.tables.size());
+              break;
+          }
+          if (b.index < 0 || b.index >= limit)
+            fail("compiled plan: step '{}' refers to missing storage {}", s.op, b.index);
+          if (b.byte_offset < 0 || (b.storage == Storage::arena && b.byte_offset > f.arena_bytes))
+            fail("compiled plan: step '{}' has a bad byte offset {}", s.op, b.byte_offset);
+          check_dim(b.elem_offset);
+          for (const DimExpr& d : b.extents) check_dim(d);
+          for (const DimExpr& d : b.strides) check_dim(d);
+        }
+      }
+    }
 }
 
 }  // namespace
@@ -413,6 +432,46 @@ void lay_out_linear_weight(const float* w, int64_t N, int64_t K, int64_t panel, 
   lay_out_linear_weight_rows(reinterpret_cast<const uint8_t*>(w), 0, N, N, K, panel, wt);
 }
 
+namespace {
+
+void write_functions(Writer& w, const std::vector<FunctionDesc>& functions) {
+  w.i64(static_cast<int64_t>(functions.size()));
+  for (const FunctionDesc& f : functions) {
+    w.str(f.name);
+    w.i64(f.arena_bytes);
+    w.i64(static_cast<int64_t>(f.params.size()));
+    for (const TensorDesc& t : f.params) w.tensor(t);
+    w.i64(static_cast<int64_t>(f.results.size()));
+    for (const TensorDesc& t : f.results) w.tensor(t);
+    w.i64(static_cast<int64_t>(f.checks.size()));
+    for (const DimCheck& c : f.checks) {
+      w.dim(c.lhs);
+      w.dim(c.rhs);
+      w.str(c.what);
+    }
+    w.i64(static_cast<int64_t>(f.steps.size()));
+    for (const StepDesc& s : f.steps) {
+      w.i64(s.kernel);
+      w.i64(static_cast<int64_t>(s.builtin));
+      w.i64(static_cast<int64_t>(s.calls.size()));
+      for (int32_t k : s.calls) w.i64(k);
+      w.str(s.op);
+      w.i64(static_cast<int64_t>(s.args.size()));
+      for (const BufferDesc& b : s.args) {
+        w.i64(static_cast<int64_t>(b.storage));
+        w.i64(b.index);
+        w.i64(b.byte_offset);
+        w.dim(b.elem_offset);
+        w.i64(type_code(b.type));
+        w.dims(b.extents);
+        w.dims(b.strides);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 std::vector<uint8_t> serialize_plan(const Plan& p) {
   Writer w;
   w.out.insert(w.out.end(), kMagic, kMagic + 8);
@@ -452,41 +511,55 @@ std::vector<uint8_t> serialize_plan(const Plan& p) {
     w.i64(t.rows);
     w.i64(t.dim);
   }
-  w.i64(static_cast<int64_t>(p.functions.size()));
-  for (const FunctionDesc& f : p.functions) {
-    w.str(f.name);
-    w.i64(f.arena_bytes);
-    w.i64(static_cast<int64_t>(f.params.size()));
-    for (const TensorDesc& t : f.params) w.tensor(t);
-    w.i64(static_cast<int64_t>(f.results.size()));
-    for (const TensorDesc& t : f.results) w.tensor(t);
-    w.i64(static_cast<int64_t>(f.checks.size()));
-    for (const DimCheck& c : f.checks) {
-      w.dim(c.lhs);
-      w.dim(c.rhs);
-      w.str(c.what);
+  write_functions(w, p.functions);
+  write_functions(w, p.fma_functions);
+  return w.out;
+}
+
+namespace {
+
+std::vector<FunctionDesc> read_functions(Reader& r) {
+  std::vector<FunctionDesc> functions(r.count());
+  for (FunctionDesc& f : functions) {
+    f.name = r.str();
+    f.arena_bytes = r.i64();
+    f.params.resize(r.count());
+    for (TensorDesc& t : f.params) t = r.tensor();
+    f.results.resize(r.count());
+    for (TensorDesc& t : f.results) t = r.tensor();
+    f.checks.resize(r.count());
+    for (DimCheck& c : f.checks) {
+      c.lhs = r.dim();
+      c.rhs = r.dim();
+      c.what = r.str();
     }
-    w.i64(static_cast<int64_t>(f.steps.size()));
-    for (const StepDesc& s : f.steps) {
-      w.i64(s.kernel);
-      w.i64(static_cast<int64_t>(s.builtin));
-      w.i64(static_cast<int64_t>(s.calls.size()));
-      for (int32_t k : s.calls) w.i64(k);
-      w.str(s.op);
-      w.i64(static_cast<int64_t>(s.args.size()));
-      for (const BufferDesc& b : s.args) {
-        w.i64(static_cast<int64_t>(b.storage));
-        w.i64(b.index);
-        w.i64(b.byte_offset);
-        w.dim(b.elem_offset);
-        w.i64(type_code(b.type));
-        w.dims(b.extents);
-        w.dims(b.strides);
+    f.steps.resize(r.count());
+    for (StepDesc& s : f.steps) {
+      s.kernel = static_cast<int32_t>(r.i64());
+      const int64_t builtin = r.i64();
+      if (builtin < 0 || builtin > 2) fail("compiled plan: unknown builtin step {}", builtin);
+      s.builtin = static_cast<Builtin>(builtin);
+      s.calls.resize(r.count());
+      for (int32_t& k : s.calls) k = static_cast<int32_t>(r.i64());
+      s.op = r.str();
+      s.args.resize(r.count());
+      for (BufferDesc& b : s.args) {
+        int64_t st = r.i64();
+        if (st < 0 || st > 4) fail("compiled plan: unknown storage {}", st);
+        b.storage = static_cast<Storage>(st);
+        b.index = static_cast<int32_t>(r.i64());
+        b.byte_offset = r.i64();
+        b.elem_offset = r.dim();
+        b.type = r.elem(r.i64());
+        b.extents = r.dims();
+        b.strides = r.dims();
       }
     }
   }
-  return w.out;
+  return functions;
 }
+
+}  // namespace
 
 Plan deserialize_plan(const uint8_t* data, size_t size) {
   Reader r(data, size);
@@ -551,43 +624,8 @@ Plan deserialize_plan(const uint8_t* data, size_t size) {
     t.rows = r.i64();
     t.dim = r.i64();
   }
-  p.functions.resize(r.count());
-  for (FunctionDesc& f : p.functions) {
-    f.name = r.str();
-    f.arena_bytes = r.i64();
-    f.params.resize(r.count());
-    for (TensorDesc& t : f.params) t = r.tensor();
-    f.results.resize(r.count());
-    for (TensorDesc& t : f.results) t = r.tensor();
-    f.checks.resize(r.count());
-    for (DimCheck& c : f.checks) {
-      c.lhs = r.dim();
-      c.rhs = r.dim();
-      c.what = r.str();
-    }
-    f.steps.resize(r.count());
-    for (StepDesc& s : f.steps) {
-      s.kernel = static_cast<int32_t>(r.i64());
-      const int64_t builtin = r.i64();
-      if (builtin < 0 || builtin > 2) fail("compiled plan: unknown builtin step {}", builtin);
-      s.builtin = static_cast<Builtin>(builtin);
-      s.calls.resize(r.count());
-      for (int32_t& k : s.calls) k = static_cast<int32_t>(r.i64());
-      s.op = r.str();
-      s.args.resize(r.count());
-      for (BufferDesc& b : s.args) {
-        int64_t st = r.i64();
-        if (st < 0 || st > 4) fail("compiled plan: unknown storage {}", st);
-        b.storage = static_cast<Storage>(st);
-        b.index = static_cast<int32_t>(r.i64());
-        b.byte_offset = r.i64();
-        b.elem_offset = r.dim();
-        b.type = r.elem(r.i64());
-        b.extents = r.dims();
-        b.strides = r.dims();
-      }
-    }
-  }
+  p.functions = read_functions(r);
+  p.fma_functions = read_functions(r);
   if (!r.done()) fail("compiled plan has trailing bytes");
   validate(p);
   return p;

@@ -209,6 +209,12 @@ struct Plan {
   std::vector<WeightDesc> weights;
   std::vector<TableDesc> tables;
   std::vector<FunctionDesc> functions;
+  // A bf16 library compiled with `--bf16-products auto`: the same entry points (same names,
+  // parameters and results, in the same order) with their linear products on f32 FMAs and
+  // attention in f32 (LowerOptions::bf16_fma), where `functions` has them on vdpbf16ps. The
+  // runtime runs one of the two, chosen when the model is created (bf16_products.h); empty
+  // for every other library.
+  std::vector<FunctionDesc> fma_functions;
 };
 
 // A dim's size as the IR writes it, in the plan's symbols: "32", "B", "T+1", "2*T", "2*(T+1)".

@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -31,6 +32,7 @@
 #include <tuple>
 #include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <immintrin.h>
 
@@ -42,6 +44,7 @@
 #include "bf16_small.h"
 #include "bf16_tiny.h"
 #include "bf16_wide.h"
+#include "bf16auto_small.h"
 #include "bf16fma_attentions.h"
 #include "bf16fma_linears.h"
 #include "bf16fma_small.h"
@@ -54,6 +57,7 @@
 #include "packed_weights.h"
 #include "pass_harness.h"
 #include "passes/pipeline.h"
+#include "runtime/bf16_products.h"
 #include "runtime/plan.h"
 #include "runtime/safetensors.h"
 #include "tools/bridge.h"
@@ -587,6 +591,60 @@ TEST(Bf16Golden, SmallMatchesTheBf16Reference) {
 TEST(Bf16FmaGolden, SmallMatchesTheBf16Reference) {
   kiln_models::bf16fma_small model(golden_file("small.weights.safetensors").c_str());
   expect_golden(model, "small", "small_b1", /*fma=*/true);
+}
+
+// --bf16-products auto (bf16auto_small): the library holds both forms of the products and runs
+// the one chosen when the model is created: KILN_BF16_PRODUCTS where set, else the faster on
+// this CPU (runtime/bf16_products.h). Each form's logits are exactly those of the library built
+// with that form alone (the same kernels: bf16_small, bf16fma_small), the config names the
+// form, and the profile its kernels; another value of the variable is refused at create.
+TEST(Bf16Auto, RunsTheFormChosenAtLoad) {
+  const std::string weights = golden_file("small.weights.safetensors");
+  kiln_models::bf16_small dot_only(weights.c_str());
+  kiln_models::bf16fma_small fma_only(weights.c_str());
+  const int64_t vocab = std::min(std::stoll(kiln_model_config(dot_only.get(), "src_vocab")),
+                                 std::stoll(kiln_model_config(dot_only.get(), "tgt_vocab")));
+  std::vector<int64_t> ids(2 * 9);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = 3 + static_cast<int64_t>(i * 7) % (vocab - 3);
+  const Tensor<int64_t> src{{2, 9}, ids},
+      tgt{{2, 9}, std::vector<int64_t>(ids.rbegin(), ids.rend())};
+  const Tensor<float> want_dot = dot_only.forward(src, tgt), want_fma = fma_only.forward(src, tgt);
+  ASSERT_NE(want_dot.data, want_fma.data) << "the two forms should round attention differently";
+  const char* before = std::getenv("KILN_BF16_PRODUCTS");
+  const std::string saved = before ? before : "";
+  for (const std::string form : {"dot", "fma", ""}) {
+    SCOPED_TRACE("KILN_BF16_PRODUCTS=" + form);
+    if (form.empty())
+      unsetenv("KILN_BF16_PRODUCTS");
+    else
+      setenv("KILN_BF16_PRODUCTS", form.c_str(), 1);
+    const std::string expected = form.empty() ? rt::bf16_products_for_this_cpu() : form;
+    kiln_models::bf16auto_small model(weights.c_str());
+    EXPECT_EQ(std::string(kiln_model_config(model.get(), "bf16_products")), expected);
+    model.set_profiling(true);
+    const Tensor<float> got = model.forward(src, tgt);
+    EXPECT_EQ(got.shape, want_dot.shape);
+    EXPECT_TRUE(got.data == (expected == "fma" ? want_fma.data : want_dot.data));
+    const std::string profile = model.profile();
+    EXPECT_EQ(profile.find("_bf16fma ") != std::string::npos, expected == "fma") << profile;
+    EXPECT_EQ(profile.find("_bf16 ") != std::string::npos, expected == "dot") << profile;
+  }
+  setenv("KILN_BF16_PRODUCTS", "amx", 1);
+  char* error = nullptr;
+  kiln_model* refused = bf16auto_small_create(weights.c_str(), &error);
+  EXPECT_EQ(refused, nullptr);
+  ASSERT_NE(error, nullptr);
+  EXPECT_THAT(std::string(error),
+              ::testing::HasSubstr("KILN_BF16_PRODUCTS is 'amx': use dot or fma (or leave it "
+                                   "unset to measure the CPU)"));
+  kiln_free_error(error);
+  if (before)
+    setenv("KILN_BF16_PRODUCTS", saved.c_str(), 1);
+  else
+    unsetenv("KILN_BF16_PRODUCTS");
+  // The single-form libraries name their form too.
+  EXPECT_STREQ(kiln_model_config(dot_only.get(), "bf16_products"), "dot");
+  EXPECT_STREQ(kiln_model_config(fma_only.get(), "bf16_products"), "fma");
 }
 
 // Forward and encode against the f32 interpreter on random ids, lengths `lengths`, batches

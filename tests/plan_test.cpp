@@ -294,5 +294,55 @@ TEST(PlanSymbols, DerivedSymbolsRoundTripAndAreChecked) {
   EXPECT_THAT(error_for({"U", 9, -1, 2, 0}), HasSubstr("symbol 'U' has a bad derivation"));
 }
 
+// A bf16 library compiled with --bf16-products auto carries its entry points twice (plan format
+// 14: Plan::fma_functions): the FMA form round-trips with its own steps, and one whose entry
+// points differ from the others' (a name, a parameter) is refused, as a step calling a kernel
+// the library lacks is.
+TEST(PlanFmaForm, RoundTripsAndMustMatchTheEntryPoints) {
+  Plan p;
+  p.model = "m";
+  p.kernel_names = {"k_bf16", "k_bf16fma"};
+  FunctionDesc f;
+  f.name = "forward";
+  TensorDesc x;
+  x.name = "x";
+  f.params.push_back(x);
+  f.steps.push_back({0, "linear %1", {}});
+  p.functions.push_back(f);
+  f.steps[0].kernel = 1;
+  p.fma_functions.push_back(f);
+  std::vector<uint8_t> bytes = serialize_plan(p);
+  Plan back = deserialize_plan(bytes.data(), bytes.size());
+  ASSERT_EQ(back.functions.size(), 1u);
+  ASSERT_EQ(back.fma_functions.size(), 1u);
+  EXPECT_EQ(back.functions[0].steps[0].kernel, 0);
+  EXPECT_EQ(back.fma_functions[0].steps[0].kernel, 1);
+  EXPECT_EQ(back.fma_functions[0].name, "forward");
+  // A plan without the FMA form reads back without one.
+  Plan one = p;
+  one.fma_functions.clear();
+  bytes = serialize_plan(one);
+  EXPECT_TRUE(deserialize_plan(bytes.data(), bytes.size()).fma_functions.empty());
+
+  auto error_for = [](const Plan& q) {
+    std::vector<uint8_t> b = serialize_plan(q);
+    return error_of([&] { deserialize_plan(b.data(), b.size()); });
+  };
+  const std::string mismatch = "its FMA form of the bf16 entry points does not match";
+  Plan renamed = p;
+  renamed.fma_functions[0].name = "encode";
+  EXPECT_THAT(error_for(renamed), HasSubstr(mismatch));
+  Plan extra_param = p;
+  extra_param.fma_functions[0].params.push_back(x);
+  EXPECT_THAT(error_for(extra_param), HasSubstr(mismatch));
+  Plan two = p;
+  two.fma_functions.push_back(f);
+  EXPECT_THAT(error_for(two), HasSubstr(mismatch));
+  Plan missing_kernel = p;
+  missing_kernel.fma_functions[0].steps[0].kernel = 2;
+  EXPECT_THAT(error_for(missing_kernel),
+              HasSubstr("compiled plan: step 'linear %1' calls missing kernel 2"));
+}
+
 }  // namespace
 }  // namespace kiln::rt

@@ -276,8 +276,8 @@ std::unique_ptr<CLI::App> run_command(RunArgs& a) {
                     "optimized IR, 'kiln compile --emit=ir')");
   app->add_option("--bf16-products", a.bf16_products,
                   "with --bf16-linear: 'fma' leaves attention in f32, as a library compiled with "
-                  "'--weights bf16 --bf16-products fma' runs it ('kiln compile' prints which one "
-                  "'auto' chose)")
+                  "'--weights bf16 --bf16-products fma' runs it (a library compiled with 'auto' "
+                  "names the form it runs in its config key bf16_products)")
       ->type_name("dot|fma")
       ->check(CLI::IsMember({"dot", "fma"}))
       ->needs(bf16)

@@ -405,11 +405,12 @@ int cmd_compile(const std::vector<std::string>& argv) {
   app->add_option("--bf16-products", options.bf16_products,
                   "with --weights bf16, what the products run on: 'dot', AVX512-BF16's vdpbf16ps "
                   "(32 products an instruction), and attention's two products in bf16 too; "
-                  "'fma', f32 FMAs on the widened weights (16), attention in f32; 'auto', the one "
-                  "that does more products per ns on this CPU when the target is 'host' (measured "
-                  "as kiln compile starts: fma on Intel Sapphire/Emerald Rapids, dot on AMD Zen "
-                  "4), else dot. The same numbers either way but for the order of the sums, and "
-                  "attention's rounding")
+                  "'fma', f32 FMAs on the widened weights (16), attention in f32; 'auto', both "
+                  "forms in the library, which runs the one that does more products per ns on the "
+                  "CPU it loads on (measured when the model is created, about a millisecond: fma "
+                  "on Intel Sapphire/Emerald Rapids, dot on AMD Zen 4; the environment variable "
+                  "KILN_BF16_PRODUCTS=dot|fma chooses instead). The same numbers either way but "
+                  "for the order of the sums, and attention's rounding")
       ->type_name("P")
       ->check(CLI::IsMember({"auto", "dot", "fma"}))
       ->capture_default_str();

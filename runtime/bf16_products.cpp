@@ -1,7 +1,8 @@
-#include "driver/bf16_products.h"
+#include "runtime/bf16_products.h"
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 
 #include <fmt/format.h>
 
@@ -11,7 +12,7 @@
 #include <immintrin.h>
 #endif
 
-namespace kiln::driver {
+namespace kiln::rt {
 
 #if defined(__x86_64__)
 namespace {
@@ -83,22 +84,20 @@ Bf16ProductRates measure_bf16_product_rates() {
 Bf16ProductRates measure_bf16_product_rates() { return {}; }
 #endif
 
-std::string resolve_bf16_products(const std::string& choice, const std::string& target,
-                                  std::string* why) {
-  if (choice == "dot" || choice == "fma") return choice;
-  if (choice != "auto") fail("unknown bf16 products '{}' (use auto, dot or fma)", choice);
-  if (target != "host") {
-    if (why) *why = fmt::format("bf16 products: vdpbf16ps (auto, for target '{}': dot)", target);
-    return "dot";
+std::string bf16_products_for_this_cpu(std::string* why) {
+  if (const char* env = std::getenv("KILN_BF16_PRODUCTS"); env && *env) {
+    const std::string choice = env;
+    if (choice != "dot" && choice != "fma")
+      fail("KILN_BF16_PRODUCTS is '{}': use dot or fma (or leave it unset to measure the CPU)",
+           choice);
+    if (why) *why = "KILN_BF16_PRODUCTS=" + choice;
+    return choice;
   }
-  const Bf16ProductRates r = measure_bf16_product_rates();
-  const bool fma = r.fma > 1.1 * r.dot;
+  static const Bf16ProductRates rates = measure_bf16_product_rates();
   if (why)
-    *why = fmt::format(
-        "bf16 products: {} (auto: this CPU does {:.1f} bf16 products per ns with vdpbf16ps, "
-        "{:.1f} with FMAs; --bf16-products chooses)",
-        fma ? "f32 FMAs, attention in f32" : "vdpbf16ps", r.dot, r.fma);
-  return fma ? "fma" : "dot";
+    *why = fmt::format("measured: {:.1f} bf16 products per ns with vdpbf16ps, {:.1f} with FMAs",
+                       rates.dot, rates.fma);
+  return fma_products_faster(rates) ? "fma" : "dot";
 }
 
-}  // namespace kiln::driver
+}  // namespace kiln::rt
