@@ -54,6 +54,7 @@ namespace kiln::rt {
 namespace {
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+constexpr float kInfinity = std::numeric_limits<float>::infinity();
 
 struct Hyp {
   int64_t sentence = 0;
@@ -534,7 +535,8 @@ class Search {
     }
     if (kiln_model_run(m_, function, in.data(), in.size(), out.data(), out.size()))
       fail("{}", kiln_model_error(m_));
-    check_logits(n);
+    // Greedy and beam search check the rows as they scan them (scan_rows).
+    if (sampling_) check_logits(n);
   }
 
   // The encoder–decoder's new batch: `prepare` over the sources, one empty hypothesis each.
@@ -621,30 +623,39 @@ class Search {
   // cannot be chosen, as long as some token can.
   // The first pass is branch-free, so it vectorizes (W5's 128 rows of 32000 logits: 0.6
   // ms a step, where a loop that stops at the first bad value took 3.4 ms); only a bad
-  // row is searched again for the message.
+  // row is searched again for the message. Greedy and beam search take the flags from the
+  // first pass of log_sum_exp in scan_rows instead, which reads each row anyway: a step then
+  // reads the logits from memory once, not twice.
   // The rows are checked in parallel (for_rows), then reported in order.
   void check_logits(int64_t n) {
-    constexpr const char* kWhy = "the model's weights or its input hold NaN or infinity";
-    constexpr float kInf = std::numeric_limits<float>::infinity();
-    std::vector<uint8_t> flags(static_cast<size_t>(n));  // 1: NaN or +inf, 2: some > -inf
+    std::vector<uint8_t> flags(static_cast<size_t>(n));
     for_rows(n, [&](int64_t i) {
       const float* row = &logits_[static_cast<size_t>(i * vocab_)];
       int bad = 0, finite_or_plus = 0;
       for (int64_t v = 0; v < vocab_; ++v) {
-        bad |= !(row[v] < kInf);  // NaN or +inf
-        finite_or_plus |= row[v] > -kInf;
+        bad |= !(row[v] < kInfinity);  // NaN or +inf
+        finite_or_plus |= row[v] > -kInfinity;
       }
-      flags[static_cast<size_t>(i)] = static_cast<uint8_t>(bad | finite_or_plus << 1);
+      flags[static_cast<size_t>(i)] = static_cast<uint8_t>(
+          (bad ? kLogitNanOrPlusInf : 0) | (finite_or_plus ? kLogitAboveMinusInf : 0));
     });
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t sentence = (*step_rows_)[i].sentence;
-      const int64_t t = static_cast<int64_t>((*step_rows_)[i].tokens.size());
+    report_bad_logits(*step_rows_, [&](int64_t i) { return flags[static_cast<size_t>(i)]; });
+  }
+
+  // Fails naming the first of `rows` whose flags (search_kernels.h) say its logits hold NaN or
+  // +inf, or nothing above -inf.
+  template <typename Flags>
+  void report_bad_logits(const std::vector<Hyp>& rows, Flags&& flags_of) {
+    constexpr const char* kWhy = "the model's weights or its input hold NaN or infinity";
+    for (int64_t i = 0; i < static_cast<int64_t>(rows.size()); ++i) {
+      const int64_t sentence = rows[static_cast<size_t>(i)].sentence;
+      const int64_t t = static_cast<int64_t>(rows[static_cast<size_t>(i)].tokens.size());
       const float* row = &logits_[static_cast<size_t>(i * vocab_)];
-      const bool bad = flags[static_cast<size_t>(i)] & 1,
-                 finite_or_plus = flags[static_cast<size_t>(i)] & 2;
+      const uint8_t flags = flags_of(i);
+      const bool bad = flags & kLogitNanOrPlusInf, finite_or_plus = flags & kLogitAboveMinusInf;
       if (bad)
         for (int64_t v = 0; v < vocab_; ++v)
-          if (!(row[v] < kInf))
+          if (!(row[v] < kInfinity))
             fail("non-finite logit at step {} of batch row {}: token {} has logit {} ({})", t,
                  sentence, v, row[v], kWhy);
       if (!finite_or_plus)
@@ -696,6 +707,7 @@ class Search {
   // search (AMD EPYC Zen 4, 2 threads).
   struct RowScan {
     double lse = 0;
+    uint8_t flags = 0;  // log_sum_exp's (search_kernels.h): the row's check
     std::vector<int64_t> best;
   };
   void scan_rows(const std::vector<Hyp>& in) {
@@ -706,12 +718,13 @@ class Search {
       const bool no_end_yet =
           static_cast<int64_t>(in[static_cast<size_t>(i)].tokens.size()) < o_.min_decoding_length;
       RowScan& scan = scans_[static_cast<size_t>(i)];
-      scan.lse = log_sum_exp(row, V);
+      scan.lse = log_sum_exp(row, V, &scan.flags);
       // The K + (end tokens) best tokens of this beam suffice: K of them continue it. With one
       // end token the search kernel leaves it out itself before min_decoding_length.
       best_tokens(row, V, std::min<int64_t>(V, o_.beam_size + n_ends),
                   no_end_yet && n_ends == 1 ? end_ : -1, scan.best);
     });
+    report_bad_logits(in, [&](int64_t i) { return scans_[static_cast<size_t>(i)].flags; });
   }
 
   // Beam search (greedy when beam_size is 1) for the hypotheses [begin, end) of one sentence.

@@ -67,15 +67,28 @@ __attribute__((target("avx512f"))) inline __m512 exp_nonpositive16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-__attribute__((target("avx512f"))) double log_sum_exp_avx512(const float* logits, int64_t V) {
+__attribute__((target("avx512f"))) double log_sum_exp_avx512(const float* logits, int64_t V,
+                                                             uint8_t* flags) {
   __m512 m0 = _mm512_set1_ps(-kInf), m1 = m0;
+  const __m512 inf = _mm512_set1_ps(kInf), minus_inf = _mm512_set1_ps(-kInf);
+  __mmask16 bad = 0, above = 0;  // lanes that saw NaN or +inf; lanes that saw more than -inf
   int64_t v = 0;
   for (; v + 32 <= V; v += 32) {
-    m0 = _mm512_max_ps(m0, _mm512_loadu_ps(logits + v));
-    m1 = _mm512_max_ps(m1, _mm512_loadu_ps(logits + v + 16));
+    const __m512 x0 = _mm512_loadu_ps(logits + v), x1 = _mm512_loadu_ps(logits + v + 16);
+    m0 = _mm512_max_ps(m0, x0);
+    m1 = _mm512_max_ps(m1, x1);
+    bad |= _mm512_cmp_ps_mask(x0, inf, _CMP_NLT_UQ) | _mm512_cmp_ps_mask(x1, inf, _CMP_NLT_UQ);
+    above |= _mm512_cmp_ps_mask(x0, minus_inf, _CMP_GT_OQ) |
+             _mm512_cmp_ps_mask(x1, minus_inf, _CMP_GT_OQ);
   }
   float mx = _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
-  for (; v < V; ++v) mx = std::max(mx, logits[v]);
+  bool any_bad = bad != 0, any_above = above != 0;
+  for (; v < V; ++v) {
+    mx = std::max(mx, logits[v]);
+    any_bad |= !(logits[v] < kInf);
+    any_above |= logits[v] > -kInf;
+  }
+  if (flags) *flags = (any_bad ? kLogitNanOrPlusInf : 0) | (any_above ? kLogitAboveMinusInf : 0);
   // The exps summed in double lanes: a float sum of 32000 terms drifts by 1e-4 relative.
   const __m512 vmx = _mm512_set1_ps(mx);
   __m512d s0 = _mm512_setzero_pd(), s1 = s0;
@@ -126,9 +139,15 @@ bool cpu_has_avx512f() {
 
 }  // namespace
 
-double log_sum_exp_portable(const float* logits, int64_t V) {
+double log_sum_exp_portable(const float* logits, int64_t V, uint8_t* flags) {
   float mx = -kInf;
-  for (int64_t v = 0; v < V; ++v) mx = std::max(mx, logits[v]);
+  bool any_bad = false, any_above = false;
+  for (int64_t v = 0; v < V; ++v) {
+    mx = std::max(mx, logits[v]);
+    any_bad |= !(logits[v] < kInf);  // NaN or +inf
+    any_above |= logits[v] > -kInf;
+  }
+  if (flags) *flags = (any_bad ? kLogitNanOrPlusInf : 0) | (any_above ? kLogitAboveMinusInf : 0);
   double sum = 0;  // a float sum of 32000 terms drifts by 1e-4 relative
   for (int64_t v = 0; v < V; ++v) sum += exp_nonpositive(logits[v] - mx);
   return static_cast<double>(mx) + std::log(sum);
@@ -150,11 +169,11 @@ bool search_kernels_use_avx512() {
 #endif
 }
 
-double log_sum_exp(const float* logits, int64_t V) {
+double log_sum_exp(const float* logits, int64_t V, uint8_t* flags) {
 #ifdef KILN_SEARCH_AVX512
-  if (cpu_has_avx512f()) return log_sum_exp_avx512(logits, V);
+  if (cpu_has_avx512f()) return log_sum_exp_avx512(logits, V, flags);
 #endif
-  return log_sum_exp_portable(logits, V);
+  return log_sum_exp_portable(logits, V, flags);
 }
 
 void best_tokens(const float* logits, int64_t V, int64_t keep, int64_t banned,

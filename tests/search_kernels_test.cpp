@@ -85,5 +85,39 @@ TEST(SearchKernels, LogSumExpMatchesDoublePrecision) {
   std::printf("worst |lse - exact| %.3g\n", worst);
 }
 
+// log_sum_exp's flags, which the search's check of every row comes from: NaN or +inf anywhere
+// (in the vector body or the scalar tail of a row), nothing above -inf; the same from the
+// AVX-512 path and the portable one.
+TEST(SearchKernels, LogSumExpFlagsNonFiniteRows) {
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  std::mt19937 rng(12);
+  int checked = 0;
+  for (int64_t V : {1, 17, 33, 32000}) {
+    for (int64_t at : {int64_t{0}, V / 2, V - 1}) {
+      for (float value : {std::nanf(""), inf, -inf, 1.0f}) {
+        std::vector<float> row = make_row(rng, V, false);
+        row[static_cast<size_t>(at)] = value;
+        const bool bad = std::isnan(value) || value == inf;
+        const uint8_t want =
+            (bad ? kLogitNanOrPlusInf : 0) | (V > 1 || value > -inf ? kLogitAboveMinusInf : 0);
+        uint8_t fast = 0xff, portable = 0xff;
+        log_sum_exp(row.data(), V, &fast);
+        log_sum_exp_portable(row.data(), V, &portable);
+        EXPECT_EQ(fast, want) << "V " << V << " at " << at << " value " << value;
+        EXPECT_EQ(portable, want) << "V " << V << " at " << at << " value " << value;
+        ++checked;
+      }
+    }
+    // Every logit -inf: nothing can be chosen.
+    std::vector<float> none(static_cast<size_t>(V), -inf);
+    uint8_t fast = 0xff, portable = 0xff;
+    log_sum_exp(none.data(), V, &fast);
+    log_sum_exp_portable(none.data(), V, &portable);
+    EXPECT_EQ(fast, 0) << "V " << V;
+    EXPECT_EQ(portable, 0) << "V " << V;
+  }
+  std::printf("%d rows with one NaN, +inf, -inf or finite value checked\n", checked);
+}
+
 }  // namespace
 }  // namespace kiln::rt
