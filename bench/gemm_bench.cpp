@@ -31,7 +31,11 @@
 // bf16 network would hand it over. Both round to nearest even, so the outputs differ only in
 // the order of the f32 sums. Benchmarks kiln_bf16/SHAPE, onednn_bf16/SHAPE and
 // paired_bf16/SHAPE (as paired/, kiln's bf16 kernel against oneDNN's bf16 matmul); a second
-// table at the end, with kiln bf16 over kiln f32.
+// table at the end, with kiln bf16 over kiln f32. The library holds both forms of the bf16
+// products (built with `--bf16-products auto`, as a bf16 model is by default): kiln_bf16fma/SHAPE
+// and paired_bf16fma/SHAPE time the FMA form (`*_bf16fma`, the one a bf16 library runs on Intel
+// Sapphire/Emerald Rapids without AMX: the same packed bytes read as int32 pairs, widened, on f32
+// FMAs) against the same oneDNN bf16 matmul (onednn_bf16/SHAPE), in a table of its own.
 //
 // int8 (issue 27; built where the host has AVX512-VNNI): kiln's int8 linear kernels
 // (codegen/linear_int8_kernel.cpp, vpdpbusd; the same gemm_shapes.kir compiled by `kiln compile
@@ -169,7 +173,7 @@ double seconds_per_call(Call call, double seconds) {
 // of oneDNN with 1–3 ms of settling, 98–120% with 6–20 ms.
 constexpr double kSettleSeconds = 0.03;
 
-enum class Library { kKiln, kOneDnn, kKilnBf16, kOneDnnBf16, kKilnInt8, kOneDnnInt8 };
+enum class Library { kKiln, kOneDnn, kKilnBf16, kKilnBf16Fma, kOneDnnBf16, kKilnInt8, kOneDnnInt8 };
 std::optional<Library> last_library;  // the library whose calls ran last
 
 // Runs `call` in the benchmark loop, after settling if the other library ran last, and
@@ -339,6 +343,12 @@ int bench_gemm_bf16_kiln_linear_k512_n1024_p64_bf16_argv(void** args);
 int bench_gemm_bf16_kiln_linear_k512_n2048_relu_p64_bf16_argv(void** args);
 int bench_gemm_bf16_kiln_linear_k2048_n512_p64_bf16_argv(void** args);
 int bench_gemm_bf16_kiln_linear_k512_n32000_p64_bf16_argv(void** args);
+int bench_gemm_bf16_kiln_linear_k512_n1536_p64_bf16fma_argv(void** args);
+int bench_gemm_bf16_kiln_linear_k512_n512_p64_bf16fma_argv(void** args);
+int bench_gemm_bf16_kiln_linear_k512_n1024_p64_bf16fma_argv(void** args);
+int bench_gemm_bf16_kiln_linear_k512_n2048_relu_p64_bf16fma_argv(void** args);
+int bench_gemm_bf16_kiln_linear_k2048_n512_p64_bf16fma_argv(void** args);
+int bench_gemm_bf16_kiln_linear_k512_n32000_p64_bf16fma_argv(void** args);
 #endif
 #ifdef KILN_BENCH_INT8
 int bench_gemm_int8_kiln_linear_k512_n1536_p64_int8_argv(void** args);
@@ -350,14 +360,20 @@ int bench_gemm_int8_kiln_linear_k512_n32000_p64_int8_argv(void** args);
 #endif
 }
 
-// The weight types compared against oneDNN's matmul primitive.
-enum class Packed { kBf16, kInt8 };
-const char* packed_name(Packed t) { return t == Packed::kBf16 ? "bf16" : "int8"; }
+// The weight types compared against oneDNN's matmul primitive: bf16 in both forms of its
+// products (vdpbf16ps, and f32 FMAs on the widened weights, `--bf16-products`: the library is
+// built with both, as `auto` builds it), each against oneDNN's bf16 matmul; int8.
+enum class Packed { kBf16, kBf16Fma, kInt8 };
+const char* packed_name(Packed t) {
+  return t == Packed::kBf16 ? "bf16" : t == Packed::kBf16Fma ? "bf16fma" : "int8";
+}
 Library kiln_library(Packed t) {
-  return t == Packed::kBf16 ? Library::kKilnBf16 : Library::kKilnInt8;
+  return t == Packed::kBf16      ? Library::kKilnBf16
+         : t == Packed::kBf16Fma ? Library::kKilnBf16Fma
+                                 : Library::kKilnInt8;
 }
 Library dnnl_library(Packed t) {
-  return t == Packed::kBf16 ? Library::kOneDnnBf16 : Library::kOneDnnInt8;
+  return t == Packed::kInt8 ? Library::kOneDnnInt8 : Library::kOneDnnBf16;
 }
 
 using AotKernel = int (*)(void**);
@@ -371,6 +387,17 @@ AotKernel aot_kernel_for(const GemmShape& s, Packed t) {
       {{512, 2048, true, Packed::kBf16}, bench_gemm_bf16_kiln_linear_k512_n2048_relu_p64_bf16_argv},
       {{2048, 512, false, Packed::kBf16}, bench_gemm_bf16_kiln_linear_k2048_n512_p64_bf16_argv},
       {{512, 32000, false, Packed::kBf16}, bench_gemm_bf16_kiln_linear_k512_n32000_p64_bf16_argv},
+      {{512, 1536, false, Packed::kBf16Fma},
+       bench_gemm_bf16_kiln_linear_k512_n1536_p64_bf16fma_argv},
+      {{512, 512, false, Packed::kBf16Fma}, bench_gemm_bf16_kiln_linear_k512_n512_p64_bf16fma_argv},
+      {{512, 1024, false, Packed::kBf16Fma},
+       bench_gemm_bf16_kiln_linear_k512_n1024_p64_bf16fma_argv},
+      {{512, 2048, true, Packed::kBf16Fma},
+       bench_gemm_bf16_kiln_linear_k512_n2048_relu_p64_bf16fma_argv},
+      {{2048, 512, false, Packed::kBf16Fma},
+       bench_gemm_bf16_kiln_linear_k2048_n512_p64_bf16fma_argv},
+      {{512, 32000, false, Packed::kBf16Fma},
+       bench_gemm_bf16_kiln_linear_k512_n32000_p64_bf16fma_argv},
 #endif
 #ifdef KILN_BENCH_INT8
       {{512, 1536, false, Packed::kInt8}, bench_gemm_int8_kiln_linear_k512_n1536_p64_int8_argv},
@@ -484,6 +511,15 @@ void prepare_bf16(PackedProblem& p) {
   p.wt_buf.type = halide_type_t(halide_type_bfloat, 16);
   p.wt_buf.dimensions = 4;
   p.wt_buf.dim = p.wt_dims;
+  if (p.type == Packed::kBf16Fma) {
+    // The same bytes as each pair of bf16 in an int32: [Np/64, Kp/2, 64]
+    // (codegen/lower/linear.cpp).
+    p.wt_dims[0] = {0, i32(P), 1};
+    p.wt_dims[1] = {0, i32(Kp / 2), i32(P)};
+    p.wt_dims[2] = {0, i32(Np / P), i32(P * Kp / 2)};
+    p.wt_buf.type = halide_type_t(halide_type_int, 32);
+    p.wt_buf.dimensions = 3;
+  }
   p.argv = {&p.f32->x_buf, &p.wt_buf, &p.f32->bias_buf, &p.out_buf};
 
   const dnnl::memory::desc src_md({s.M, s.K}, dt::bf16, tag::ab);
@@ -594,10 +630,10 @@ PackedProblem& packed_problem_for(const GemmShape& s, Packed t) {
   try {
     p->engine = dnnl::engine(dnnl::engine::kind::cpu, 0);
     p->stream = dnnl::stream(p->engine);
-    if (t == Packed::kBf16)
-      prepare_bf16(*p);
-    else
+    if (t == Packed::kInt8)
       prepare_int8(*p);
+    else
+      prepare_bf16(*p);
   } catch (const dnnl::error& e) {
     p->error = fmt::format("oneDNN {} matmul: {}", packed_name(t), e.what());
   }
@@ -792,6 +828,7 @@ int main(int argc, char** argv) {
   std::vector<Packed> packed_types;
 #ifdef KILN_BENCH_BF16
   packed_types.push_back(Packed::kBf16);
+  packed_types.push_back(Packed::kBf16Fma);
 #endif
 #ifdef KILN_BENCH_INT8
   packed_types.push_back(Packed::kInt8);
@@ -815,9 +852,10 @@ int main(int argc, char** argv) {
       benchmark::RegisterBenchmark(("kiln" + suffix).c_str(), bm_kiln_packed, s, t)
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
-      benchmark::RegisterBenchmark(("onednn" + suffix).c_str(), bm_dnnl_packed, s, t)
-          ->UseRealTime()
-          ->Unit(benchmark::kMicrosecond);
+      if (t != Packed::kBf16Fma)  // its oneDNN side is onednn_bf16's
+        benchmark::RegisterBenchmark(("onednn" + suffix).c_str(), bm_dnnl_packed, s, t)
+            ->UseRealTime()
+            ->Unit(benchmark::kMicrosecond);
       benchmark::RegisterBenchmark(("paired" + suffix).c_str(), bm_paired_packed, s, t)
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
@@ -854,9 +892,12 @@ int main(int argc, char** argv) {
     for (const GemmShape& s : shapes) {
       const std::string suffix = std::string("_") + name + "/" + shape_name(s);
       const double kw = reporter.median("kiln" + suffix, "GFLOP/s");
-      const double dw = reporter.median("onednn" + suffix, "GFLOP/s");
+      const std::string dnnl_suffix = std::string("_") +
+                                      packed_name(t == Packed::kBf16Fma ? Packed::kBf16 : t) + "/" +
+                                      shape_name(s);
+      const double dw = reporter.median("onednn" + dnnl_suffix, "GFLOP/s");
       const double kc = reporter.median("kiln" + suffix, "GFLOP/cpu-s");
-      const double dc = reporter.median("onednn" + suffix, "GFLOP/cpu-s");
+      const double dc = reporter.median("onednn" + dnnl_suffix, "GFLOP/cpu-s");
       const double pr = reporter.median("paired" + suffix, "kiln/oneDNN");
       const double kf = reporter.median("kiln/" + shape_name(s), "GFLOP/s");
       const double kb = reporter.median("kiln_bf16/" + shape_name(s), "GFLOP/s");
@@ -868,11 +909,13 @@ int main(int argc, char** argv) {
               "\nint8: kiln's int8 kernel (x f32, quantized per row inside the call) vs oneDNN's "
               "int8 matmul (x already u8, weights s8 any, per-column output scales)\n");
         else
-          std::printf("\nbf16: kiln's bf16 kernel vs oneDNN's bf16 matmul (x bf16, weights any)\n");
+          std::printf(
+              "\n%s: kiln's bf16 kernel (%s) vs oneDNN's bf16 matmul (x bf16, weights any)\n", name,
+              t == Packed::kBf16 ? "vdpbf16ps" : "f32 FMAs on the widened weights");
         std::printf("%-22s %12s %12s %8s %12s %12s %8s %8s %10s", "shape",
-                    int8 ? "kiln int8" : "kiln bf16", int8 ? "oneDNN int8" : "oneDNN bf16", "ratio",
-                    "kiln cpu-s", "oneDNN cpu-s", "ratio", "paired",
-                    int8 ? "int8/f32" : "bf16/f32");
+                    int8 ? "kiln int8" : ("kiln " + std::string(name)).c_str(),
+                    int8 ? "oneDNN int8" : "oneDNN bf16", "ratio", "kiln cpu-s", "oneDNN cpu-s",
+                    "ratio", "paired", int8 ? "int8/f32" : "bf16/f32");
         if (int8) std::printf(" %10s", "int8/bf16");
         std::printf(" %10s\n", "max |diff|");
         header = true;

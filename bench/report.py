@@ -964,6 +964,7 @@ def main():
         p("")
 
     gemm_packed_section(p, gemm_docs, "bf16")
+    gemm_packed_section(p, gemm_docs, "bf16fma")
     int8_gemm = gemm_packed_section(p, gemm_docs, "int8")
 
     # int8 weights (issue 27): every workload in the three dtypes, the floors, the plot.
@@ -984,6 +985,12 @@ GEMM_PACKED = {
         what="oneDNN: the matmul primitive (src bf16, weights bf16 with format_tag::any reordered once "
              "outside the timing, bias f32 and ReLU post-op as kiln's, dst f32; oneDNN 2.6 has no "
              "dnnl_gemm_bf16bf16f32). kiln reads x in f32 and rounds it as it reads; oneDNN gets it in bf16."),
+    "bf16fma": dict(
+        issue="13", needs="AVX512-BF16", onednn="oneDNN's bf16 matmul", onednn_family="bf16",
+        what="kiln: the FMA form of its bf16 kernel (`*_bf16fma`: the packed bf16 weights widened to "
+             "f32 and multiplied on FMAs, the form a bf16 library runs where vdpbf16ps does fewer "
+             "products per ns, as on Intel without AMX). oneDNN: its bf16 matmul, as above "
+             "(onednn_bf16/)."),
     "int8": dict(
         issue="27", needs="AVX512-VNNI", onednn="oneDNN's int8 matmul",
         what="oneDNN: the matmul primitive as CTranslate2 uses it (src u8 [M, K] quantized once outside "
@@ -1006,9 +1013,12 @@ def gemm_packed_section(p, gemm_docs, dtype):
     title = "### GEMM, %s: kiln's %s linear kernel vs %s (gemm_bench)" % (dtype, dtype, info["onednn"])
     if not names:
         p(title)
+        family = info.get("onednn_family", dtype)
         p("- n/a: kiln's %s linear at >= 95%% of %s on every model shape (no %s results from gemm_bench: "
           "%s)" % (dtype, info["onednn"], dtype, "not run (needs libdnnl-dev; KILN_BENCH_GEMM=0?)" if not rounds
-                   else "built without %s (no %s) or KILN_BENCH_%s=0" % (dtype, info["needs"], dtype.upper())))
+                   else "built without %s (no %s) or KILN_BENCH_%s=0%s" % (
+                       family, info["needs"], family.upper(),
+                       "; or a gemm_bench from before the FMA form's family" if family != dtype else "")))
         p("")
         return {}
     shapes = sorted(names, key=lambda s: [int(t[1:]) if t[1:].isdigit() else 0 for t in s.split("_")[:3]])
@@ -1025,7 +1035,8 @@ def gemm_packed_section(p, gemm_docs, dtype):
     p("")
     int8 = dtype == "int8"
     head = "| shape | kiln %s GFLOP/s | oneDNN %s GFLOP/s | kiln/oneDNN, best rounds | kiln/oneDNN, paired " \
-        "| kiln %s / kiln f32 |" % (dtype, dtype, dtype) + (" kiln int8 / kiln bf16 |" if int8 else "")
+        "| kiln %s / kiln f32 |" % (dtype, info.get("onednn_family", dtype), dtype) + (
+            " kiln int8 / kiln bf16 |" if int8 else "")
     rule = "|---|---:|---:|---:|---:|---:|" + ("---:|" if int8 else "")
     if multi:
         head += "".join(" %s: apart; paired |" % n for n, _, _ in rounds)
@@ -1035,7 +1046,8 @@ def gemm_packed_section(p, gemm_docs, dtype):
     pooled, best, per_round = {}, {}, {}
     for s in shapes:
         ks = [value(g, "kiln_%s/" % dtype + s, "GFLOP/s") for _, g, _ in rounds]
-        ds = [value(g, "onednn_%s/" % dtype + s, "GFLOP/s") for _, g, _ in rounds]
+        ds = [value(g, "onednn_%s/" % info.get("onednn_family", dtype) + s, "GFLOP/s")
+              for _, g, _ in rounds]
         ps = [value(g, "paired_%s/" % dtype + s, "kiln/oneDNN") for _, g, _ in rounds]
         fs = [value(g, "kiln/" + s, "GFLOP/s") for _, g, _ in rounds]
         bs = [value(g, "kiln_bf16/" + s, "GFLOP/s") for _, g, _ in rounds]
