@@ -237,8 +237,8 @@ void validate(const Plan& p) {
       auto same_tensors = [](const std::vector<TensorDesc>& x, const std::vector<TensorDesc>& y) {
         if (x.size() != y.size()) return false;
         for (size_t t = 0; t < x.size(); ++t)
-          if (x[t].name != y[t].name || x[t].type != y[t].type ||
-              x[t].shape.size() != y[t].shape.size() || x[t].updates_param != y[t].updates_param)
+          if (x[t].name != y[t].name || x[t].type != y[t].type || !(x[t].shape == y[t].shape) ||
+              x[t].updates_param != y[t].updates_param)
             return false;
         return true;
       };

@@ -335,6 +335,9 @@ TEST(PlanFmaForm, RoundTripsAndMustMatchTheEntryPoints) {
   Plan extra_param = p;
   extra_param.fma_functions[0].params.push_back(x);
   EXPECT_THAT(error_for(extra_param), HasSubstr(mismatch));
+  Plan other_shape = p;
+  other_shape.fma_functions[0].params[0].shape = {DimExpr::constant(3)};
+  EXPECT_THAT(error_for(other_shape), HasSubstr(mismatch));
   Plan two = p;
   two.fma_functions.push_back(f);
   EXPECT_THAT(error_for(two), HasSubstr(mismatch));
