@@ -302,13 +302,16 @@ Problem& problem_for(const GemmShape& s) {
   if (const char* cold = std::getenv("KILN_BENCH_GEMM_COLD_MB"); cold && *cold) {
     const double bytes = static_cast<double>(s.K * s.N * sizeof(float));
     const int copies = std::max(1, static_cast<int>(std::atof(cold) * 1e6 / bytes));
+    // Copies of the operands already made (not noise that the copy would overwrite).
+    auto copy_of = [&](const Floats& from) {
+      Floats to(reinterpret_cast<float*>(
+          kiln::rt::allocate_aligned(s.K * s.N * int64_t{sizeof(float)}).release()));
+      std::copy(from.get(), from.get() + s.K * s.N, to.get());
+      return to;
+    };
     for (int c = 0; c < copies; ++c) {
-      p->cold_wt.push_back(aligned_floats(s.K * s.N, 0));
-      std::copy(p->wt.get(), p->wt.get() + s.K * s.N, p->cold_wt.back().get());
-      if (P) {
-        p->cold_packed.push_back(aligned_floats(s.K * s.N, 0));
-        std::copy(p->wt_packed.get(), p->wt_packed.get() + s.K * s.N, p->cold_packed.back().get());
-      }
+      p->cold_wt.push_back(copy_of(p->wt));
+      if (P) p->cold_packed.push_back(copy_of(p->wt_packed));
     }
   }
   return *p;

@@ -4,8 +4,6 @@
 #include <chrono>
 #include <cstdlib>
 
-#include <fmt/format.h>
-
 #include "support/error.h"
 
 #if defined(__x86_64__)
@@ -84,19 +82,15 @@ Bf16ProductRates measure_bf16_product_rates() {
 Bf16ProductRates measure_bf16_product_rates() { return {}; }
 #endif
 
-std::string bf16_products_for_this_cpu(std::string* why) {
+std::string bf16_products_for_this_cpu() {
   if (const char* env = std::getenv("KILN_BF16_PRODUCTS"); env && *env) {
     const std::string choice = env;
     if (choice != "dot" && choice != "fma")
       fail("KILN_BF16_PRODUCTS is '{}': use dot or fma (or leave it unset to measure the CPU)",
            choice);
-    if (why) *why = "KILN_BF16_PRODUCTS=" + choice;
     return choice;
   }
   static const Bf16ProductRates rates = measure_bf16_product_rates();
-  if (why)
-    *why = fmt::format("measured: {:.1f} bf16 products per ns with vdpbf16ps, {:.1f} with FMAs",
-                       rates.dot, rates.fma);
   return fma_products_faster(rates) ? "fma" : "dot";
 }
 

@@ -24,9 +24,7 @@ inline bool fma_products_faster(const Bf16ProductRates& r) { return r.fma > 1.1 
 
 // The form a library with both forms runs on this CPU: "dot" or "fma". The environment
 // variable KILN_BF16_PRODUCTS ("dot" or "fma") chooses where it is set (another value is an
-// error naming it); else the rates above, measured once per process. `why` (may be null) gets
-// the reason as a phrase: "measured: 45.1 bf16 products per ns with vdpbf16ps, 89.6 with FMAs"
-// or "KILN_BF16_PRODUCTS=dot".
-std::string bf16_products_for_this_cpu(std::string* why = nullptr);
+// error naming it); else the rates above, measured once per process.
+std::string bf16_products_for_this_cpu();
 
 }  // namespace kiln::rt

@@ -636,8 +636,7 @@ class Search {
         bad |= !(row[v] < kInfinity);  // NaN or +inf
         finite_or_plus |= row[v] > -kInfinity;
       }
-      flags[static_cast<size_t>(i)] = static_cast<uint8_t>(
-          (bad ? kLogitNanOrPlusInf : 0) | (finite_or_plus ? kLogitAboveMinusInf : 0));
+      flags[static_cast<size_t>(i)] = logit_flags(bad, finite_or_plus);
     });
     report_bad_logits(*step_rows_, [&](int64_t i) { return flags[static_cast<size_t>(i)]; });
   }

@@ -88,7 +88,7 @@ __attribute__((target("avx512f"))) double log_sum_exp_avx512(const float* logits
     any_bad |= !(logits[v] < kInf);
     any_above |= logits[v] > -kInf;
   }
-  if (flags) *flags = (any_bad ? kLogitNanOrPlusInf : 0) | (any_above ? kLogitAboveMinusInf : 0);
+  if (flags) *flags = logit_flags(any_bad, any_above);
   // The exps summed in double lanes: a float sum of 32000 terms drifts by 1e-4 relative.
   const __m512 vmx = _mm512_set1_ps(mx);
   __m512d s0 = _mm512_setzero_pd(), s1 = s0;
@@ -147,7 +147,7 @@ double log_sum_exp_portable(const float* logits, int64_t V, uint8_t* flags) {
     any_bad |= !(logits[v] < kInf);  // NaN or +inf
     any_above |= logits[v] > -kInf;
   }
-  if (flags) *flags = (any_bad ? kLogitNanOrPlusInf : 0) | (any_above ? kLogitAboveMinusInf : 0);
+  if (flags) *flags = logit_flags(any_bad, any_above);
   double sum = 0;  // a float sum of 32000 terms drifts by 1e-4 relative
   for (int64_t v = 0; v < V; ++v) sum += exp_nonpositive(logits[v] - mx);
   return static_cast<double>(mx) + std::log(sum);

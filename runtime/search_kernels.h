@@ -14,6 +14,9 @@ namespace kiln::rt {
 // some logit is NaN or +inf; some logit is above -inf. The search refuses a row with the first
 // or without the second, which it would otherwise search with a meaningless log-sum-exp.
 inline constexpr uint8_t kLogitNanOrPlusInf = 1, kLogitAboveMinusInf = 2;
+inline uint8_t logit_flags(bool nan_or_plus_inf, bool above_minus_inf) {
+  return (nan_or_plus_inf ? kLogitNanOrPlusInf : 0) | (above_minus_inf ? kLogitAboveMinusInf : 0);
+}
 
 // log(sum_v exp(logits[v])) over a row of V >= 1 finite logits (f32 exps summed in double:
 // error about 2e-7 relative to the sum). `flags` (may be null) gets the row's flags above, found
