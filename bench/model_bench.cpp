@@ -47,8 +47,8 @@
 // calls it; device/W1_... with device tensors (ids uploaded once, the output left on the
 // device, each call ended by a device sync: BM_device_workload), as PyTorch's GPU times are
 // taken; legacy/W1_... the same with the model compiled with the GPU attention schedule before
-// the rows form (bench_base_cuda_legacy, KILN_GPU_ATTENTION=16,32: the tiles form). KILN_BENCH_PROFILE_OUT=FILE
-// appends kiln's per-kernel profile of each device workload to FILE.
+// the rows form (bench_base_cuda_legacy, KILN_GPU_ATTENTION=16,32: the tiles form).
+// KILN_BENCH_PROFILE_OUT=FILE appends kiln's per-kernel profile of each device workload to FILE.
 // Without a CUDA driver every workload is skipped with the runtime's message (bench/run_gpu.sh
 // stops before that with "no CUDA driver/device").
 //
