@@ -521,14 +521,17 @@ KernelPipeline build_attention_gpu_rows(const AttentionKernel& spec, const GpuAt
   const auto G = TailStrategy::GuardWithIf;
   const auto reg = Halide::MemoryType::Register;
   const int threads = qt * tc;
-  Var ch("ch"), ce("ce"), io("io"), ii("ii"), t("t"), to("to"), ti("ti");
+  // The block's threads are (tx, ty) = (TC, QT) in every stage (Halide sizes a block by each
+  // thread dimension's largest extent over the stages).
+  Var ch("ch"), ce("ce"), io("io"), ii("ii"), t("t"), to("to"), ti("ti"), tx("tx"), ty("ty");
   out.split(c, ch, ce, dv)
       .split(i, io, ii, qt, G)
       .reorder(ce, ii, io, ch, b)
       .gpu_blocks(io, ch, b)
       .fuse(ce, ii, t)
       .split(t, to, ti, threads, TailStrategy::GuardWithIf)
-      .gpu_threads(ti);
+      .split(ti, ty, tx, tc)
+      .gpu_threads(tx, ty);
   Var ro("ro"), ri("ri");
   res.compute_at(out, io)
       .store_in(Halide::MemoryType::GPUShared)
