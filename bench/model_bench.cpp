@@ -46,9 +46,9 @@
 // bf16, no peak or bandwidth): W1_... with host ids in and host logits out, as an application
 // calls it; device/W1_... with device tensors (ids uploaded once, the output left on the
 // device, each call ended by a device sync: BM_device_workload), as PyTorch's GPU times are
-// taken; legacy/W1_... the same with the model compiled with the GPU attention schedule before
-// the rows form (bench_base_cuda_legacy, KILN_GPU_ATTENTION=16,32: the tiles form).
-// KILN_BENCH_PROFILE_OUT=FILE appends kiln's per-kernel profile of each device workload to FILE.
+// taken; legacy/W1_... the same with the model compiled with the GPU GEMM schedule before
+// issue 30 (bench_base_cuda_legacy, KILN_GPU_LINEAR=legacy). KILN_BENCH_PROFILE_OUT=FILE
+// appends kiln's per-kernel profile of each device workload to FILE.
 // Without a CUDA driver every workload is skipped with the runtime's message (bench/run_gpu.sh
 // stops before that with "no CUDA driver/device").
 //
@@ -504,7 +504,7 @@ const bool registered = [] {
       ->Unit(benchmark::kMillisecond);
 #ifdef KILN_BENCH_CUDA
   // Device tensors in and out (BM_device_workload): "device/W1_..." for kiln's GPU schedules,
-  // "legacy/W1_..." for the same model with the attention schedule before the rows form.
+  // "legacy/W1_..." for the same model with the GEMM schedule before issue 30.
   auto device_bench = [](const Workload& w, const std::string& name, auto get) {
     benchmark::RegisterBenchmark(
         name.c_str(), [&w, name, get](benchmark::State& s) { BM_device_workload(s, w, get, name); })

@@ -1339,8 +1339,7 @@ def machine_and_problems(p, res):
 def gpu_kernels(p, notes, res):
     """gpu_kernel_bench (kernels-kiln.json) against gpu_kernels_peer.py (kernels-pytorch.json):
     per GEMM shape and attention case, PyTorch's µs over kiln's default schedule's (above 1:
-    kiln is faster), the schedule before (legacy: GEMM before issue 30, attention before the rows
-    form) and the fastest variant measured."""
+    kiln is faster), the schedule before issue 30 (legacy) and the fastest variant measured."""
     kd = load(os.path.join(res, "kernels-kiln.json"))
     pd = load(os.path.join(res, "kernels-pytorch.json")) or {}
     if not kd:
@@ -1455,7 +1454,7 @@ def gpu_main(res):
     p("## kiln (CUDA build) vs PyTorch eager FP32 vs torch.compile on %s (best of %d round%s)" % (
         device or "the GPU", len(rounds), "s" if len(rounds) > 1 else ""))
     p("")
-    p("| workload | GFLOP | kiln ms (device tensors) | kiln ms (host I/O) | kiln before ms | "
+    p("| workload | GFLOP | kiln ms (device tensors) | kiln ms (host I/O) | kiln legacy GEMM ms | "
       "PyTorch eager ms | torch.compile ms | eager/kiln | compile/kiln | kiln GFLOP/s |")
     p("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     rows = {}
@@ -1490,9 +1489,8 @@ def gpu_main(res):
       "tensors (above 1: kiln is faster). kiln, device tensors: ids uploaded once, logits left on the "
       "device (kiln_model_run_device), each call ended by a device sync, as PyTorch's calls (device "
       "tensors, torch.cuda.synchronize()); host I/O: host ids in and host logits out through "
-      "kiln_model_run, as an application without device tensors calls it; before: the same model "
-      "compiled with the GPU attention schedule before the rows form (KILN_GPU_ATTENTION=16,32, the "
-      "tiles form), device tensors. "
+      "kiln_model_run, as an application without device tensors calls it; legacy GEMM: the same model "
+      "compiled with the GPU GEMM schedule before issue 30 (KILN_GPU_LINEAR=legacy), device tensors. "
       "FP32 everywhere (TF32 off in PyTorch; kiln's kernels use no tensor cores).")
     p("")
 
@@ -1506,7 +1504,7 @@ def gpu_main(res):
     for key in ("W1", "W2", "W4"):
         r = rows.get(key, {})
         if r.get("k") and r.get("l"):
-            p("- %s: attention schedule before the rows form %.2f ms, now %.2f ms (%.2f×)" % (
+            p("- %s: GEMM schedule before issue 30 %.2f ms, now %.2f ms (%.2f×)" % (
                 key, r["l"], r["k"], r["l"] / r["k"]))
     p("")
     p("### Every round (median ms: kiln device / eager / torch.compile)")
@@ -1519,7 +1517,7 @@ def gpu_main(res):
             for w in workloads)))
     p("")
     p("### Same ids, W1 shape: logits against PyTorch (CPU reference)")
-    for label, name in (("kiln (CUDA)", "check_vs_pytorch"), ("kiln (CUDA, before)", "legacy/check_vs_pytorch")):
+    for label, name in (("kiln (CUDA)", "check_vs_pytorch"), ("kiln (CUDA, legacy GEMM)", "legacy/check_vs_pytorch")):
         ce = find(rounds[0]["kiln"], name)
         if ce and not ce.get("error_occurred"):
             p("- %s: max |Δ| vs PyTorch f32 %.3g, vs f64 %.3g (max |logit| %.3g)" % (

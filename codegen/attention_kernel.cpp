@@ -58,7 +58,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "codegen/halide_kernels.h"
@@ -168,68 +167,7 @@ Expr base2_score(const AttentionKernel& spec, const Expr& dot, const ImageParam&
   return s * static_cast<float>(log2e);
 }
 
-// The outputs of a GPU form: `result` (a / l) except for rows whose keys are all masked, as in
-// the CPU form (see the top of this file); final_m is the row's maximum score. Defines mean_v(e,
-// h, b) and first_key(b) where they are needed.
-Expr gpu_finish(const AttentionKernel& spec, Expr result, const Expr& final_m, const ImageParam& v,
-                const ImageParam& mask, const ImageParam& qmask, Func& mean_v, Func& first_key,
-                const Expr& lq, const Expr& lk, const Expr& i, const Expr& out_e, const Expr& out_h,
-                const Var& e, const Var& h, const Var& b) {
-  const int kv_heads = static_cast<int>(spec.kv_heads ? spec.kv_heads : spec.heads);
-  const int group = static_cast<int>(spec.heads) / kv_heads, dv = static_cast<int>(spec.dv);
-  Expr all_masked;
-  auto either = [&](const Expr& m) { all_masked = all_masked.defined() ? all_masked || m : m; };
-  if (spec.query_padding) either(qmask(Halide::min(i, lq - 1), b) != 0);
-  if (spec.fill_inf) {
-    if (spec.key_padding) {  // the first key that is not padding, Lk if none
-      define_first_key(first_key, mask, lk, b);
-      either(first_key(b) > (spec.causal ? Halide::min(i, lk - 1) : lk - 1));
-    }
-    // A window leaves a row no key when even the last key is too far (rows past Lk + W - 1).
-    if (spec.window) either(i - (lk - 1) >= static_cast<int>(spec.window));
-    if (all_masked.defined()) result = nan_where(all_masked, result);
-  } else {
-    // Causal skipping leaves out keys that a row whose keys are all masked must average over.
-    if (spec.causal && spec.key_padding) either(final_m <= 0.5f * kMaskedScore);
-    if (all_masked.defined()) {  // the uniform average of v over all Lk keys
-      RDom rk(0, lk, "rk");
-      mean_v(e, h, b) = 0.0f;
-      mean_v(e, h, b) += v(h / group * dv + e, rk, b);
-      result =
-          Halide::select(all_masked, mean_v(out_e, out_h, b) / Halide::cast<float>(lk), result);
-    }
-  }
-  return result;
-}
-
-// The GPU form's schedule: the experiment named by KILN_GPU_ATTENTION when `kiln compile` runs
-// (bench/CMakeLists.txt compiles the GPU kernel bench's variants with it; not for production
-// builds): "rows,QT,KB,TC" (the rows form with QT query rows per block, KB keys per register
-// block, TC threads per row), "QT,KT" (the tiles form, issue 30's, with QT query rows and KT keys
-// per shared-memory tile), or empty (the default: the rows form, 64 rows, 8 keys, 1 thread).
-struct GpuAttentionForm {
-  bool rows = true;
-  int qt = 64, kb = 8, tc = 1;     // rows form
-  int tile_qt = 16, tile_kt = 32;  // tiles form
-};
-
-GpuAttentionForm gpu_attention_form() {
-  GpuAttentionForm f;
-  const char* env = std::getenv("KILN_GPU_ATTENTION");
-  if (!env || !*env) return f;
-  if (std::sscanf(env, "rows,%d,%d,%d", &f.qt, &f.kb, &f.tc) == 3) {
-    KILN_ASSERT(f.qt >= 1 && f.qt <= 256 && f.kb >= 1 && f.kb <= 32 && f.tc >= 1 && f.tc <= 16,
-                "KILN_GPU_ATTENTION 'rows,QT,KB,TC' out of range");
-    return f;
-  }
-  f.rows = false;
-  KILN_ASSERT(std::sscanf(env, "%d,%d", &f.tile_qt, &f.tile_kt) == 2 && f.tile_qt >= 1 &&
-                  f.tile_kt >= 4 && f.tile_qt <= 64 && f.tile_kt <= 128,
-              "KILN_GPU_ATTENTION must be 'rows,QT,KB,TC' or 'QT,KT' (the tiles form)");
-  return f;
-}
-
-// Tile sizes of the GPU tiles form: qt query rows per block, kt keys per tile.
+// Tile sizes of the GPU form: qt query rows per block, kt keys per tile.
 struct GpuAttentionTiles {
   int qt, kt;
   int64_t shared_bytes;
@@ -242,12 +180,19 @@ struct GpuAttentionTiles {
 // where a GPU's caches keep them: Halide 14 pools a block's shared allocations and lets one that
 // is used only inside the key-tile loop reuse the space of one live across it, which staging
 // the queries there broke.)
-GpuAttentionTiles gpu_attention_tiles(const GpuAttentionForm& form, int dk, int dv) {
+GpuAttentionTiles gpu_attention_tiles(int dk, int dv) {
   auto bytes = [&](int qt, int kt) {
     return int64_t{4} * (int64_t{kt} * dk + int64_t{kt} * dv + 2 * int64_t{kt} * qt + 2 * qt +
                          3 * int64_t{qt} * dv);
   };
-  int qt = form.tile_qt, kt = form.tile_kt;
+  int qt = 16, kt = 32;
+  // An experiment's tiles (KILN_GPU_ATTENTION="qt,kt" when `kiln compile` runs: the GPU
+  // kernel bench's variants, bench/CMakeLists.txt; not for production builds).
+  if (const char* env = std::getenv("KILN_GPU_ATTENTION"); env && *env) {
+    KILN_ASSERT(
+        std::sscanf(env, "%d,%d", &qt, &kt) == 2 && qt >= 1 && kt >= 4 && qt <= 64 && kt <= 128,
+        "KILN_GPU_ATTENTION must be 'qt,kt' (query rows and keys per tile)");
+  }
   while (bytes(qt, kt) > kGpuMaxSharedBytesPerBlock && (qt > 1 || kt > 4)) {
     if (kt > qt && kt > 4)
       kt /= 2;
@@ -266,15 +211,14 @@ GpuAttentionTiles gpu_attention_tiles(const GpuAttentionForm& form, int dk, int 
 // m'); the output is a / l. The [Lq, Lk] score matrix is never stored, each score is computed once.
 // Causal: a block of rows needs only the key tiles up to its last row; the others are skipped.
 // Masks and rows whose keys are all masked are as in the CPU form (see the top of this file).
-KernelPipeline build_attention_gpu_tiles(const AttentionKernel& spec,
-                                         const GpuAttentionForm& form) {
+KernelPipeline build_attention_gpu(const AttentionKernel& spec) {
   const int heads = static_cast<int>(spec.heads);
   const int dk = static_cast<int>(spec.dk), dv = static_cast<int>(spec.dv);
   const bool causal = spec.causal, padded = spec.key_padding;
   const bool query_padded = spec.query_padding, fill_inf = spec.fill_inf;
   const int kv_heads = static_cast<int>(spec.kv_heads ? spec.kv_heads : spec.heads);
   const int group = heads / kv_heads;
-  const GpuAttentionTiles tiles = gpu_attention_tiles(form, dk, dv);
+  const GpuAttentionTiles tiles = gpu_attention_tiles(dk, dv);
   const int qt = tiles.qt, kt = tiles.kt;
 
   ImageParam q(Halide::Float(32), 3, "q"), k(Halide::Float(32), 3, "k");
@@ -349,10 +293,32 @@ KernelPipeline build_attention_gpu_tiles(const AttentionKernel& spec,
 
   const Expr out_h = c / dv, out_e = c % dv, out_ii = i % qt, out_io = i / qt;
   const Expr final_m = state(out_e, out_ii, out_io, out_h, b)[0];
+  Expr result =
+      state(out_e, out_ii, out_io, out_h, b)[2] / state(out_e, out_ii, out_io, out_h, b)[1];
+  Expr all_masked;
+  auto either = [&](const Expr& m) { all_masked = all_masked.defined() ? all_masked || m : m; };
+  if (query_padded) either(qmask(Halide::min(i, lq - 1), b) != 0);
   Func mean_v("attention_mean_v"), first_key("attention_first_key");
-  out(c, i, b) = gpu_finish(
-      spec, state(out_e, out_ii, out_io, out_h, b)[2] / state(out_e, out_ii, out_io, out_h, b)[1],
-      final_m, v, mask, qmask, mean_v, first_key, lq, lk, i, out_e, out_h, e, h, b);
+  if (fill_inf) {
+    if (padded) {  // the first key that is not padding, Lk if none
+      define_first_key(first_key, mask, lk, b);
+      either(first_key(b) > (causal ? Halide::min(i, lk - 1) : lk - 1));
+    }
+    // A window leaves a row no key when even the last key is too far (rows past Lk + W - 1).
+    if (spec.window) either(i - (lk - 1) >= static_cast<int>(spec.window));
+    if (all_masked.defined()) result = nan_where(all_masked, result);
+  } else {
+    // Causal skipping leaves out keys that a row whose keys are all masked must average over.
+    if (causal && padded) either(final_m <= 0.5f * kMaskedScore);
+    if (all_masked.defined()) {  // the uniform average of v over all Lk keys
+      RDom rk(0, lk, "rk");
+      mean_v(e, h, b) = 0.0f;
+      mean_v(e, h, b) += v(h / group * dv + e, rk, b);
+      result =
+          Halide::select(all_masked, mean_v(out_e, out_h, b) / Halide::cast<float>(lk), result);
+    }
+  }
+  out(c, i, b) = result;
 
   constrain_buffers(q, k, v, mask, qmask, bias, out, heads, kv_heads, dk, dv);
 
@@ -406,173 +372,6 @@ KernelPipeline build_attention_gpu_tiles(const AttentionKernel& spec,
   return kp;
 }
 
-// The GPU rows form (the default): one thread per query row (or TC threads per row, each with
-// dv / TC of its channels), every value of a row in the thread's registers and no shared memory
-// or barrier: the row's q (dk registers), its scores against a block of KB keys (KB registers)
-// and its weighted sum of V (dv / TC registers). The threads of a warp, rows of one head, read
-// the same key's k and v at once (one broadcast load from L1 for the warp). Two passes over the
-// keys: the first finds the row's maximum score m and the sum l = Σ 2^(s - m) (per key block,
-// its maximum mt and sum l_t = Σ 2^(s - mt) fold in as m' = max(m, mt), l' = l·2^(m - m') +
-// l_t·2^(mt - m'): scalars of the row), the second computes the scores again and sums
-// 2^(s - m)·v; the output is that sum / l. Computing QKᵀ twice costs a third more products than
-// the online softmax, whose rescaling of the dv accumulators at every key block the registers
-// of one thread could not hold per channel (Halide's tuple state keeps m and l per channel).
-// Causal: a row visits the key blocks up to its own row only. Blocks: QT rows of one head.
-KernelPipeline build_attention_gpu_rows(const AttentionKernel& spec, const GpuAttentionForm& form) {
-  const int heads = static_cast<int>(spec.heads);
-  const int dk = static_cast<int>(spec.dk), dv = static_cast<int>(spec.dv);
-  const int kv_heads = static_cast<int>(spec.kv_heads ? spec.kv_heads : spec.heads);
-  const int group = heads / kv_heads;
-  const int qt = form.qt, kb = form.kb;
-  int tc = form.tc;
-  while (tc > 1 && dv % tc != 0) --tc;
-  const int cv = dv / tc;  // channels per thread
-
-  ImageParam q(Halide::Float(32), 3, "q"), k(Halide::Float(32), 3, "k");
-  ImageParam v(Halide::Float(32), 3, "v");
-  ImageParam mask(Halide::UInt(8), 2, "mask"), qmask(Halide::UInt(8), 2, "qmask");
-  ImageParam bias(Halide::Float(32), 4, "bias");
-  Func out("attention_out");
-
-  const Expr lq = q.dim(1).extent(), lk = k.dim(1).extent();
-  Var d("d"), e("e"), jj("jj"), jb("jb"), i("i"), h("h"), b("b"), c("c");
-  const Expr qrow = Halide::min(i, lq - 1);
-  Func qr("attention_q");  // the row's q, in registers
-  qr(d, i, h, b) = q(h * dk + d, qrow, b);
-  // Key jb·KB + jj; keys past Lk read the last one (and score kNoKey).
-  auto key_of = [&](const Expr& blk, const Expr& j) { return blk * kb + j; };
-  Func kf("attention_k"), vf("attention_v");
-  kf(d, jj, jb, h, b) = k(h / group * dk + d, Halide::min(key_of(jb, jj), lk - 1), b);
-  vf(e, jj, jb, h, b) = v(h / group * dv + e, Halide::min(key_of(jb, jj), lk - 1), b);
-
-  // The scores of row i against key block jb, in base 2, masked (one Func per pass, as the two
-  // passes compute them at different places).
-  auto scores = [&](const std::string& name, Func& dot, RDom& rd) {
-    dot = Func(name + "_dot");
-    rd = RDom(0, dk, name + "_rd");
-    dot(jj, jb, i, h, b) = 0.0f;
-    dot(jj, jb, i, h, b) += qr(rd, i, h, b) * kf(rd, jj, jb, h, b);
-    const Expr key = key_of(jb, jj);
-    Expr is_masked;
-    auto either_mask = [&](const Expr& m) { is_masked = is_masked.defined() ? is_masked || m : m; };
-    if (spec.causal) either_mask(key > i);
-    if (spec.window) either_mask(i - key >= static_cast<int>(spec.window));
-    if (spec.key_padding) either_mask(mask(Halide::min(key, lk - 1), b) != 0);
-    if (spec.query_padding) either_mask(qmask(qrow, b) != 0);
-    const Expr scaled = base2_score(spec, dot(jj, jb, i, h, b), bias, key, i, h, b);
-    Func score(name);
-    score(jj, jb, i, h, b) =
-        is_masked.defined() ? Halide::select(key >= lk, kNoKey, is_masked, kMaskedScore, scaled)
-                            : Halide::select(key >= lk, kNoKey, scaled);
-    return score;
-  };
-  // The key blocks row i needs: all, or with causal those up to its own row.
-  const Expr blocks = (lk + kb - 1) / kb;
-  auto restrict_blocks = [&](RDom& r, const Expr& blk) {
-    if (spec.causal) r.where(blk * kb <= i);
-  };
-
-  // Pass 1: the row's maximum and sum, over key blocks.
-  Func dot1, dot2;
-  RDom rd1, rd2;
-  Func s1 = scores("attention_s1", dot1, rd1);
-  RDom rm(0, kb, "rm"), rs(0, kb, "rs");
-  Func bmax("attention_block_max"), bsum("attention_block_sum");
-  bmax(jb, i, h, b) = kLowest;
-  bmax(jb, i, h, b) = Halide::max(bmax(jb, i, h, b), s1(rm, jb, i, h, b));
-  bsum(jb, i, h, b) = 0.0f;
-  bsum(jb, i, h, b) += exp2_nonpositive(s1(rs, jb, i, h, b) - bmax(jb, i, h, b));
-  RDom rb(0, blocks, "rb");
-  restrict_blocks(rb, rb.x);
-  Func ml("attention_max_sum");
-  ml(i, h, b) = {kLowest, 0.0f};
-  {
-    const Expr m = ml(i, h, b)[0], l = ml(i, h, b)[1], mt = bmax(rb, i, h, b);
-    const Expr m2 = Halide::max(m, mt);
-    ml(i, h, b) = {m2,
-                   l * exp2_nonpositive(m - m2) + bsum(rb, i, h, b) * exp2_nonpositive(mt - m2)};
-  }
-
-  // Pass 2: Σ 2^(s - m)·v over the same key blocks.
-  Func s2 = scores("attention_s2", dot2, rd2);
-  Func p("attention_p");
-  p(jj, jb, i, h, b) = exp2_nonpositive(s2(jj, jb, i, h, b) - ml(i, h, b)[0]);
-  RDom r2(0, kb, 0, blocks, "r2");
-  restrict_blocks(r2, r2.y);
-  // The accumulators of channel e = g·cv + x (x < cv, the thread's own; g, its group < TC).
-  Var x("x"), g("g");
-  Func acc("attention_acc");
-  acc(x, g, i, h, b) = 0.0f;
-  acc(x, g, i, h, b) += p(r2.x, r2.y, i, h, b) * vf(g * cv + x, r2.x, r2.y, h, b);
-
-  // The results per (channel x of group g, row, head), staged per block in shared memory, then
-  // written out (channel c is x = c % cv of group (c / cv) % TC of head c / dv) by all the
-  // block's threads along the channels: dense rows of dv floats.
-  Func res("attention_rows");
-  Func mean_v("attention_mean_v"), first_key("attention_first_key");
-  res(x, g, i, h, b) =
-      gpu_finish(spec, acc(x, g, i, h, b) / ml(i, h, b)[1], ml(i, h, b)[0], v, mask, qmask, mean_v,
-                 first_key, lq, lk, i, g * cv + x, h, e, h, b);
-  out(c, i, b) = res(c % cv, (c / cv) % tc, i, c / dv, b);
-
-  constrain_buffers(q, k, v, mask, qmask, bias, out, heads, kv_heads, dk, dv);
-
-  // Schedule. Blocks: (QT rows, head, batch); threads: (channel group, row).
-  const auto G = TailStrategy::GuardWithIf;
-  const auto reg = Halide::MemoryType::Register;
-  const int threads = qt * tc;
-  // The block's threads are (tx, ty) = (TC, QT) in every stage (Halide sizes a block by each
-  // thread dimension's largest extent over the stages).
-  Var ch("ch"), ce("ce"), io("io"), ii("ii"), t("t"), to("to"), ti("ti"), tx("tx"), ty("ty");
-  out.split(c, ch, ce, dv)
-      .split(i, io, ii, qt, G)
-      .reorder(ce, ii, io, ch, b)
-      .gpu_blocks(io, ch, b)
-      .fuse(ce, ii, t)
-      .split(t, to, ti, threads, TailStrategy::GuardWithIf)
-      .split(ti, ty, tx, tc)
-      .gpu_threads(tx, ty);
-  Var ro("ro"), ri("ri");
-  res.compute_at(out, io)
-      .store_in(Halide::MemoryType::GPUShared)
-      .split(i, ro, ri, qt, TailStrategy::RoundUp)
-      .reorder(x, g, ri, ro, h, b)
-      .gpu_threads(g, ri)
-      .unroll(x);
-  if (mean_v.defined()) {
-    mean_v.compute_at(out, io).gpu_threads(e);
-    mean_v.update().gpu_threads(e);
-  }
-  if (first_key.defined()) first_key.compute_at(out, io);
-  // Per thread: q, the maximum and sum, the accumulators.
-  qr.compute_at(res, g).store_in(reg).bound_storage(d, dk).unroll(d);
-  ml.compute_at(res, g).store_in(reg);
-  acc.compute_at(res, g).store_in(reg).bound_storage(x, cv).bound_storage(g, 1).unroll(x);
-  acc.update().reorder(x, g, r2.x, r2.y).unroll(x).unroll(r2.x);
-  // Per key block: the KB scores in registers, the d reduction unrolled (q's registers are
-  // indexed by constants), KB independent sums.
-  for (auto [dot, rd, at] : {std::tuple{dot1, rd1, Halide::LoopLevel(ml, rb.x)},
-                             std::tuple{dot2, rd2, Halide::LoopLevel(acc, r2.y)}}) {
-    dot.compute_at(at).store_in(reg).bound_storage(jj, kb).unroll(jj);
-    dot.update().reorder(jj, rd.x).unroll(jj).unroll(rd.x);
-  }
-  bmax.compute_at(ml, rb.x).store_in(reg);
-  bmax.update().unroll(rm.x);
-  bsum.compute_at(ml, rb.x).store_in(reg);
-  bsum.update().unroll(rs.x);
-  p.compute_at(acc, r2.y).store_in(reg).bound_storage(jj, kb).unroll(jj);
-
-  std::vector<Halide::Argument> args = {q, k, v};
-  if (spec.key_padding) args.push_back(mask);
-  if (spec.query_padding) args.push_back(qmask);
-  if (spec.bias) args.push_back(bias);
-  KernelPipeline kp{Halide::Pipeline(out), args};
-  kp.gpu_threads = threads;
-  kp.gpu_shared_bytes =
-      int64_t{4} * qt * dv + (first_key.defined() ? 4 : 0) + (mean_v.defined() ? 4 * dv : 0);
-  return kp;
-}
-
 }  // namespace
 
 KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target& target) {
@@ -582,10 +381,7 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
   KILN_ASSERT(spec.kv_heads >= 0 && spec.heads % (spec.kv_heads ? spec.kv_heads : spec.heads) == 0,
               "attention kernel kv heads");
   KILN_ASSERT(spec.window == 0 || spec.causal, "attention kernel window without causal");
-  if (target.has_gpu_feature()) {
-    const GpuAttentionForm form = gpu_attention_form();
-    return form.rows ? build_attention_gpu_rows(spec, form) : build_attention_gpu_tiles(spec, form);
-  }
+  if (target.has_gpu_feature()) return build_attention_gpu(spec);
   const int heads = static_cast<int>(spec.heads);
   const int dk = static_cast<int>(spec.dk), dv = static_cast<int>(spec.dv);
   const int lanes = vector_lanes(target);
