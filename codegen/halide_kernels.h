@@ -22,6 +22,12 @@ struct KernelPipeline {
   int64_t gpu_shared_bytes = 0;
 };
 
+// The threads per block of each GPU kernel launch in a lowered module (its host code's
+// halide_<api>_run calls), as Halide sizes them: per thread dimension, the largest extent any
+// stage of the kernel gives it, so two stages that put their threads on different dimensions
+// multiply. -1 for a launch whose size has no constant bound.
+std::vector<int64_t> gpu_block_threads(const Halide::Module& module);
+
 // Each builder schedules for `target` (for the GPU when it has a GPU feature and the kind
 // has a GPU schedule: linear, attention, step attention, layernorm, elementwise, reduce, softmax
 // and matmul; vector width from its features: 16 lanes of f32 with avx512, 8 with avx2, 4

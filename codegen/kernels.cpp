@@ -1,7 +1,11 @@
 // Kernel names, signatures, and AOT compilation of kernels and the Halide runtime.
 #include "codegen/kernels.h"
 
+#include <algorithm>
 #include <cstring>
+#include <map>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -308,6 +312,39 @@ std::string int8_target_problem(const std::string& target) {
   return packed_weights_problem(target, "int8", "AVX512-VNNI", kInt8Feature);
 }
 
+std::vector<int64_t> gpu_block_threads(const Halide::Module& module) {
+  using namespace Halide::Internal;
+  // The host code launches each kernel through halide_<api>_run(state, entry, blocks x, y, z,
+  // threads x, y, z, shared bytes, ...).
+  class Visitor : public IRVisitor {
+   public:
+    std::vector<int64_t> threads;
+
+   private:
+    using IRVisitor::visit;
+    void visit(const Call* op) override {
+      IRVisitor::visit(op);
+      const std::string& n = op->name;
+      if (op->call_type != Call::Extern || n.rfind("halide_", 0) != 0 || n.size() < 4 ||
+          n.compare(n.size() - 4, 4, "_run") != 0 || op->args.size() < 9)
+        return;
+      int64_t product = 1;
+      for (int d = 5; d < 8; ++d) {
+        const Halide::Expr bound = find_constant_bound(simplify(op->args[d]), Direction::Upper);
+        const int64_t* v = bound.defined() ? as_const_int(bound) : nullptr;
+        if (!v) {
+          product = -1;
+          break;
+        }
+        product *= *v;
+      }
+      threads.push_back(product);
+    }
+  } v;
+  for (const LoweredFunc& f : module.functions()) f.body.accept(&v);
+  return v.threads;
+}
+
 KernelOutput compile_kernel(const KernelSpec& spec, const std::string& target,
                             const std::string& function_name, const std::string& object_path) {
   Halide::Target t = parse_target(target).with_feature(Halide::Target::NoRuntime);
@@ -342,7 +379,20 @@ KernelOutput compile_kernel(const KernelSpec& spec, const std::string& target,
             function_name, kp.gpu_threads, kp.gpu_shared_bytes, kGpuMaxThreadsPerBlock,
             kGpuMaxSharedBytesPerBlock);
     }
-    kp.pipeline.compile_to_object(object_path, kp.args, function_name, t);
+    const Halide::Module module = kp.pipeline.compile_to_module(kp.args, function_name, t);
+    if (t.has_gpu_feature()) {
+      // What Halide launches, not what the schedule meant to (a launch over the limit fails
+      // only on a real GPU: OpenCL on pocl runs it).
+      for (const int64_t threads : gpu_block_threads(module))
+        if (threads < 0 || threads > kGpuMaxThreadsPerBlock)
+          fail(
+              "kernel {}: its GPU schedule launches blocks of {} threads, more than the {} a GPU "
+              "allows (Halide sizes a block by each thread dimension's largest extent in any "
+              "stage)",
+              function_name, threads < 0 ? "an unbounded number of" : std::to_string(threads),
+              kGpuMaxThreadsPerBlock);
+    }
+    module.compile({{Halide::OutputFileType::object, object_path}});
     return {};
   } catch (const Halide::CompileError& e) {
     fail("halide failed to compile kernel {}: {}", function_name, e.what());

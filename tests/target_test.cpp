@@ -6,6 +6,8 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -128,6 +130,88 @@ TEST(Target, Bf16AndInt8LibrariesUseOnlyCooperlakeInstructions) {
         "[ target   ] %s: %d instructions, %d vdpbf16ps, %d vpdpbusd, no AVX512-FP16 or AMX\n",
         lib.c_str(), total, count.count("vdpbf16ps") ? count.at("vdpbf16ps") : 0,
         count.count("vpdpbusd") ? count.at("vpdpbusd") : 0);
+  }
+}
+
+// The threads per block a GPU kernel launches are measured from the lowered pipeline, as
+// Halide sizes the launch: each thread dimension's largest extent over the stages. A stage
+// with 64 threads in one dimension next to one with 8 × 8 launches 64 × 8 (a GPU attention
+// schedule with 64 threads in one stage and 1 × 64 in another launched 64 × 64 = 4096, which
+// OpenCL on pocl ran and an H200 refused with CUDA_ERROR_INVALID_VALUE).
+TEST(GpuLaunch, BlockThreadsAreWhatHalideLaunches) {
+  const Halide::Target cuda = Halide::Target("host-cuda-cuda_capability_86");
+  auto threads_of = [&](bool same_dims) {
+    Halide::Var x("x"), y("y"), xo("xo"), xi("xi"), yi("yi");
+    Halide::ImageParam in(Halide::Float(32), 1, "in");
+    Halide::Func f("f"), out("out");
+    f(x) = in(x)*2.0f;
+    out(x) = f(x) + 1.0f;
+    out.split(x, xo, xi, 64).gpu_blocks(xo).gpu_threads(xi);
+    f.compute_at(out, xo);
+    if (same_dims)
+      f.split(x, y, yi, 64).gpu_threads(yi);
+    else  // f's 64 threads as 8 × 8: the block becomes 64 × 8
+      f.split(x, y, yi, 8).gpu_threads(yi, y);
+    return codegen::gpu_block_threads(out.compile_to_module({in}, "k", cuda));
+  };
+  EXPECT_THAT(threads_of(true), ::testing::ElementsAre(64));
+  EXPECT_THAT(threads_of(false), ::testing::ElementsAre(64 * 8));
+}
+
+// Every GPU kernel kind, with the variants that change its schedule, launches at most
+// kGpuMaxThreadsPerBlock threads per block and no more than it declares (what compile_kernel
+// checked before it measured).
+TEST(GpuLaunch, EveryGpuKernelLaunchesWhatItDeclares) {
+  const Halide::Target cuda =
+      Halide::Target("host-cuda-cuda_capability_86").with_feature(Halide::Target::NoRuntime);
+  std::vector<std::pair<std::string, codegen::KernelSpec>> specs;
+  for (int64_t K : {512, 2048})
+    specs.push_back({"linear K " + std::to_string(K), codegen::LinearKernel{K, 512}});
+  for (bool causal : {false, true})
+    for (bool pad : {false, true}) {
+      codegen::AttentionKernel a{8, 64, 64, causal, pad, 0.125};
+      specs.push_back(
+          {"attention causal " + std::to_string(causal) + " pad " + std::to_string(pad), a});
+      a.fill_inf = true;
+      specs.push_back(
+          {"attention fill_inf causal " + std::to_string(causal) + " pad " + std::to_string(pad),
+           a});
+    }
+  codegen::AttentionKernel gqa{8, 64, 64, true, false, 0.125};
+  gqa.kv_heads = 2;
+  gqa.bias = true;
+  gqa.window = 16;
+  specs.push_back({"attention gqa bias window", gqa});
+  codegen::AttentionKernel qpad{8, 64, 64, false, true, 0.125};
+  qpad.query_padding = true;
+  specs.push_back({"attention query padding", qpad});
+  for (bool memory : {false, true}) {
+    codegen::StepAttentionKernel st{8, 64, 64, memory, 0.125};
+    specs.push_back({std::string("step attention ") + (memory ? "memory" : "cache"), st});
+  }
+  specs.push_back({"layernorm", codegen::LayerNormKernel{512}});
+  codegen::LayerNormKernel add_ln{512};
+  add_ln.with_add = add_ln.with_sum = true;
+  specs.push_back({"add_layernorm with sum", add_ln});
+  for (const auto& [name, spec] : specs) {
+    codegen::KernelPipeline kp = codegen::build_kernel(spec, cuda);
+    const std::vector<int64_t> launched =
+        codegen::gpu_block_threads(kp.pipeline.compile_to_module(kp.args, "k", cuda));
+    ASSERT_FALSE(launched.empty()) << name << ": no GPU kernel";
+    for (const int64_t n : launched) {
+      EXPECT_GE(n, 1) << name;
+      EXPECT_LE(n, codegen::kGpuMaxThreadsPerBlock) << name;
+      EXPECT_LE(n, kp.gpu_threads) << name << ": launches more threads than it declares";
+    }
+    std::printf(
+        "[ gpu      ] %s: blocks of %s threads (declared %d)\n", name.c_str(),
+        [&] {
+          std::string t;
+          for (const int64_t n : launched) t += (t.empty() ? "" : ", ") + std::to_string(n);
+          return t;
+        }()
+            .c_str(),
+        kp.gpu_threads);
   }
 }
 
