@@ -104,8 +104,24 @@ struct GpuGemm {
   int threads_n = 16, threads_m = 8;
   int regs_n = 4, regs_m = 4;
   int k_vec = 4;
-  bool legacy = false;  // the schedule before issue 30 (tail guards on n too)
+  bool legacy = false;      // the schedule before issue 30 (tail guards on n too)
+  bool experiment = false;  // named by KILN_GPU_LINEAR: one schedule for every M
 };
+
+// The schedule for few rows (M <= 64): g's tile as 16 × 16 threads of 4 × 2 where g is
+// 16 × 8 of 4 × 4 (the default below K 2048); g itself otherwise, and for an experiment.
+// Measured on an H100 (bench/README.md, "GPU mode"): at M 32, N 1536, K 512 31.3 µs against
+// 50.7 (twice the warps; the reduction's latency, not the arithmetic, bounds so few rows), but
+// 178.6 against 141.8 at M 2048.
+GpuGemm gpu_few_rows(const GpuGemm& g) {
+  if (g.experiment || g.legacy || g.threads_n != 16 || g.threads_m != 8 || g.regs_n != 4 ||
+      g.regs_m != 4)
+    return g;
+  GpuGemm f = g;
+  f.threads_m = 16;
+  f.regs_m = 2;
+  return f;
+}
 
 // The schedule `build_linear_gpu` uses: the default, or the experiment named by the
 // environment variable KILN_GPU_LINEAR when `kiln compile` runs (bench/CMakeLists.txt
@@ -128,7 +144,7 @@ GpuGemm gpu_gemm_for(const LinearKernel& spec) {
   }
   if (const char* env = std::getenv("KILN_GPU_LINEAR"); env && *env) {
     if (std::string(env) == "legacy") {
-      g = GpuGemm{16, 4, 4, 4, 0, true};
+      g = GpuGemm{16, 4, 4, 4, 0, true, true};
     } else {
       GpuGemm e;
       KILN_ASSERT(std::sscanf(env, "%d,%d,%d,%d,%d", &e.threads_n, &e.threads_m, &e.regs_n,
@@ -138,6 +154,7 @@ GpuGemm gpu_gemm_for(const LinearKernel& spec) {
                       (e.k_vec == 0 || e.k_vec == 4),
                   "KILN_GPU_LINEAR must be 'legacy' or 'tn,tm,rn,rm,kv' (kv 0 or 4)");
       g = e;
+      g.experiment = true;
     }
   }
   if (spec.K % 4 != 0 || spec.N % 4 != 0 || g.regs_n % 4 != 0) g.k_vec = 0;
@@ -175,7 +192,7 @@ KernelPipeline build_linear_gpu(const LinearKernel& spec) {
   const int K = static_cast<int>(spec.K), N = static_cast<int>(spec.N);
   const int P = static_cast<int>(spec.panel);
   const GpuGemm g = gpu_gemm_for(spec);
-  const int block_n = g.threads_n * g.regs_n, block_m = g.threads_m * g.regs_m;
+  const int block_n = g.threads_n * g.regs_n;
   // N a multiple of the block: no column is clamped or guarded.
   const bool exact_n = !g.legacy && N % block_n == 0;
   Halide::ImageParam x(Halide::Float(32), 2, "x");
@@ -205,18 +222,29 @@ KernelPipeline build_linear_gpu(const LinearKernel& spec) {
 
   Var ni("ni"), mi("mi"), nr("nr"), mr("mr");
   const TailStrategy n_tail = exact_n ? TailStrategy::RoundUp : TailStrategy::GuardWithIf;
-  out.split(n, n, ni, block_n, n_tail)
-      .split(m, m, mi, block_m, TailStrategy::GuardWithIf)
-      .split(ni, ni, nr, g.regs_n, n_tail)
-      .split(mi, mi, mr, g.regs_m, TailStrategy::GuardWithIf)
-      .reorder(nr, mr, ni, mi, n, m)
-      .gpu_blocks(n, m)
-      .gpu_threads(ni, mi)
-      .unroll(nr)
-      .unroll(mr);
+  auto schedule_out = [&](Halide::Stage s, const GpuGemm& sg) {
+    s.split(n, n, ni, sg.threads_n * sg.regs_n, n_tail)
+        .split(m, m, mi, sg.threads_m * sg.regs_m, TailStrategy::GuardWithIf)
+        .split(ni, ni, nr, sg.regs_n, n_tail)
+        .split(mi, mi, mr, sg.regs_m, TailStrategy::GuardWithIf)
+        .reorder(nr, mr, ni, mi, n, m)
+        .gpu_blocks(n, m)
+        .gpu_threads(ni, mi)
+        .unroll(nr)
+        .unroll(mr);
+    // x dense (the usual case): its rows K apart, so the vector loads are aligned.
+    if (sg.k_vec != 0) s.specialize(x.dim(1).stride() == K);
+  };
+  // Few rows (M <= 64, e.g. W1's 32 tokens): the same 64 × 32 tile as 16 × 16 threads of 4 × 2
+  // (gpu_few_rows), twice the warps for the reduction's latency.
+  const GpuGemm few = gpu_few_rows(g);
+  const bool with_few = few.threads_m != g.threads_m;
+  if (with_few) schedule_out(out.specialize(out.output_buffer().dim(1).extent() <= 64), few);
+  schedule_out(out, g);
+  const int regs_m = std::max(g.regs_m, few.regs_m);
   // bound_storage: the guarded tile would otherwise be sized at run time, which puts the
   // accumulators in global memory instead of registers.
-  acc.compute_at(out, ni).bound_storage(n, g.regs_n).bound_storage(m, g.regs_m).unroll(n).unroll(m);
+  acc.compute_at(out, ni).bound_storage(n, g.regs_n).bound_storage(m, regs_m).unroll(n).unroll(m);
   if (g.k_vec == 0) {
     acc.update(0).reorder(n, m, r).unroll(n).unroll(m);
   } else {
@@ -229,7 +257,7 @@ KernelPipeline build_linear_gpu(const LinearKernel& spec) {
     xs.compute_at(acc, ro)
         .store_in(Halide::MemoryType::Register)
         .bound_storage(xk, g.k_vec)
-        .bound_storage(xm, g.regs_m)
+        .bound_storage(xm, regs_m)
         .vectorize(xk)
         .unroll(xm);
     ws.compute_at(acc, ro)
@@ -238,14 +266,12 @@ KernelPipeline build_linear_gpu(const LinearKernel& spec) {
         .bound_storage(wk, g.k_vec)
         .vectorize(wn, 4)
         .unroll(wk);
-    // x dense (the usual case): its rows K apart, so the vector loads are aligned.
-    out.specialize(x.dim(1).stride() == K);
   }
 
   std::vector<Halide::Argument> args = {x, wt};
   if (spec.has_bias) args.push_back(bias);
   KernelPipeline kp{Halide::Pipeline(out), args};
-  kp.gpu_threads = g.threads_n * g.threads_m;
+  kp.gpu_threads = std::max(g.threads_n * g.threads_m, few.threads_n * few.threads_m);
   return kp;
 }
 
