@@ -1,9 +1,7 @@
 // Kernel names, signatures, and AOT compilation of kernels and the Halide runtime.
 #include "codegen/kernels.h"
 
-#include <algorithm>
 #include <cstring>
-#include <map>
 #include <string>
 #include <vector>
 
