@@ -106,6 +106,7 @@ struct GpuGemm {
   int k_vec = 4;
   bool legacy = false;      // the schedule before issue 30 (tail guards on n too)
   bool experiment = false;  // named by KILN_GPU_LINEAR: one schedule for every M
+  int split_k = 0;          // few rows: the reduction in this many parts (0: gpu_split_k's)
 };
 
 // The schedule for few rows (M <= 64): g's tile as 16 × 16 threads of 4 × 2 where g is
@@ -123,11 +124,31 @@ GpuGemm gpu_few_rows(const GpuGemm& g) {
   return f;
 }
 
+// Few rows (M <= 64) split the reduction into S parts (split-K): S blocks of threads per tile
+// of outputs, each summing K / S products of every output of its tile, and a second kernel
+// summing the S partial results (in order of the parts), + bias, the activation. At M 32 a
+// linear has N / 64 tiles of 64 × 32 outputs: 8 blocks for N 512, where an H100 or H200 has
+// 132 multiprocessors, and each thread walks the whole reduction, so the time grew with K.
+// S: the largest power of two with at least 64 products per part and at most 256 blocks at
+// M 32 (k2048_n512: 32 parts, k512_n512 to n2048: 8; the generator's 500 tiles: none).
+// Measured on an H200 (gpu_kernel_bench, µs per call at M 32, bench/README.md): unsplit
+// 31.8–33.2 at K 512 and 116.4 at K 2048, split 15.0–15.7 and 15.5 (cuBLAS 15.4–36.5 and
+// 21.9); 4, 16 or 32 parts everywhere within 10% of these but 4 at K 2048 (34.5); splitting
+// the generator slows it (77.0 unsplit, 88.4–148.1). W1 on the GPU: 7.47 → 1.62 ms.
+int gpu_split_k(const LinearKernel& spec, const GpuGemm& few, int block_n) {
+  if (few.split_k > 0) return spec.K % few.split_k == 0 ? few.split_k : 1;
+  const int64_t tiles = (spec.N + block_n - 1) / block_n;
+  int s = 1;
+  while (spec.K % (2 * s) == 0 && spec.K / (2 * s) >= 64 && tiles * 2 * s <= 256) s *= 2;
+  return s;
+}
+
 // The schedule `build_linear_gpu` uses: the default, or the experiment named by the
 // environment variable KILN_GPU_LINEAR when `kiln compile` runs (bench/CMakeLists.txt
 // compiles the GPU GEMM bench's variants with it; not for production builds):
-// "legacy" (16 × 4 threads of 4 × 4, scalar reads: the schedule before issue 30) or
-// "tn,tm,rn,rm,kv".
+// "legacy" (16 × 4 threads of 4 × 4, scalar reads: the schedule before issue 30),
+// "tn,tm,rn,rm,kv" (never split), or "split=S" (the default tiles, S parts where S divides K;
+// 1: unsplit).
 // Measured on an H100 (bench/gpu_kernel_bench.cpp, 12 variants on the model's 18 GEMM shapes,
 // bench/README.md "GPU mode"): 16 × 8 threads of 4 × 4 outputs with 16-byte loads ran 1.2–1.8×
 // faster than the legacy schedule at M = 1024 and 2048 (k512_n2048 at M 2048: 165 µs against
@@ -145,6 +166,9 @@ GpuGemm gpu_gemm_for(const LinearKernel& spec) {
   if (const char* env = std::getenv("KILN_GPU_LINEAR"); env && *env) {
     if (std::string(env) == "legacy") {
       g = GpuGemm{16, 4, 4, 4, 0, true, true};
+    } else if (std::string(env).rfind("split=", 0) == 0) {  // the default tiles, S parts
+      g.split_k = std::atoi(env + 6);
+      KILN_ASSERT(g.split_k >= 1 && g.split_k <= 256, "KILN_GPU_LINEAR=split=S: S in [1, 256]");
     } else {
       GpuGemm e;
       KILN_ASSERT(std::sscanf(env, "%d,%d,%d,%d,%d", &e.threads_n, &e.threads_m, &e.regs_n,
@@ -198,7 +222,7 @@ KernelPipeline build_linear_gpu(const LinearKernel& spec) {
   Halide::ImageParam x(Halide::Float(32), 2, "x");
   Halide::ImageParam wt(Halide::Float(32), P ? 3 : 2, "wt");
   Halide::ImageParam bias(Halide::Float(32), 1, "bias");
-  Var n("n"), m("m"), k("k");
+  Var n("n"), m("m"), k("k"), u("u");
   RDom r(0, K, "r");
   Func w("w");  // W[n, k], clamped to the last column
   const Expr nc = exact_n ? Expr(n) : Halide::min(n, N - 1);
@@ -212,9 +236,33 @@ KernelPipeline build_linear_gpu(const LinearKernel& spec) {
   acc(n, m) = 0.0f;
   acc(n, m) += xc(r, m) * w(n, r);
   // As the CPU kernel and the interpreter round: the dot product, + bias, the activation.
-  Expr y = acc(n, m);
-  if (spec.has_bias) y += bias(n);
-  if (spec.act != "none") y = float_function(spec.act, y);
+  auto epilogue = [&](Expr v) {
+    if (spec.has_bias) v += bias(n);
+    if (spec.act != "none") v = float_function(spec.act, v);
+    return v;
+  };
+  Expr y = epilogue(acc(n, m));
+
+  // Few rows (M <= 64): the few-rows tile (gpu_few_rows), with the reduction split into
+  // `parts` (gpu_split_k): part(n, m, u) sums the products of part u, sum(n, m) the parts in
+  // order. Which one runs is decided by x's rows (the same values either way but for the order
+  // of the sums; x has M rows).
+  const GpuGemm few = gpu_few_rows(g);
+  const int parts = g.legacy || g.experiment ? 1 : gpu_split_k(spec, g, few.threads_n * few.regs_n);
+  const Expr few_rows = x.dim(1).extent() <= 64;
+  Func part("part"), pout("pout"), sum("sum");
+  RDom rc, rs;
+  if (parts > 1) {
+    const int chunk = K / parts;
+    rc = RDom(0, chunk, "rc");
+    rs = RDom(0, parts, "rs");
+    part(n, m, u) = 0.0f;
+    part(n, m, u) += xc(u * chunk + rc, m) * w(n, u * chunk + rc);
+    pout(n, m, u) = part(n, m, u);
+    sum(n, m) = 0.0f;
+    sum(n, m) += pout(n, m, rs);
+    y = Halide::select(few_rows, epilogue(sum(n, m)), y);
+  }
   Func out("out");
   out(n, m) = y;
 
@@ -222,56 +270,87 @@ KernelPipeline build_linear_gpu(const LinearKernel& spec) {
 
   Var ni("ni"), mi("mi"), nr("nr"), mr("mr");
   const TailStrategy n_tail = exact_n ? TailStrategy::RoundUp : TailStrategy::GuardWithIf;
-  auto schedule_out = [&](Halide::Stage s, const GpuGemm& sg) {
+  // A tile of (threads_n · regs_n) × (threads_m · regs_m) outputs per block of threads.
+  auto tile = [&](Halide::Stage s, const GpuGemm& sg) {
     s.split(n, n, ni, sg.threads_n * sg.regs_n, n_tail)
         .split(m, m, mi, sg.threads_m * sg.regs_m, TailStrategy::GuardWithIf)
         .split(ni, ni, nr, sg.regs_n, n_tail)
         .split(mi, mi, mr, sg.regs_m, TailStrategy::GuardWithIf)
         .reorder(nr, mr, ni, mi, n, m)
-        .gpu_blocks(n, m)
         .gpu_threads(ni, mi)
         .unroll(nr)
         .unroll(mr);
+  };
+  auto schedule_out = [&](Halide::Stage s, const GpuGemm& sg) {
+    tile(s, sg);
+    s.gpu_blocks(n, m);
     // x dense (the usual case): its rows K apart, so the vector loads are aligned.
     if (sg.k_vec != 0) s.specialize(x.dim(1).stride() == K);
   };
-  // Few rows (M <= 64, e.g. W1's 32 tokens): the same 64 × 32 tile as 16 × 16 threads of 4 × 2
-  // (gpu_few_rows), twice the warps for the reduction's latency.
-  const GpuGemm few = gpu_few_rows(g);
-  const bool with_few = few.threads_m != g.threads_m;
-  if (with_few) schedule_out(out.specialize(out.output_buffer().dim(1).extent() <= 64), few);
-  schedule_out(out, g);
-  const int regs_m = std::max(g.regs_m, few.regs_m);
-  // bound_storage: the guarded tile would otherwise be sized at run time, which puts the
-  // accumulators in global memory instead of registers.
-  acc.compute_at(out, ni).bound_storage(n, g.regs_n).bound_storage(m, regs_m).unroll(n).unroll(m);
-  if (g.k_vec == 0) {
-    acc.update(0).reorder(n, m, r).unroll(n).unroll(m);
-  } else {
+  // The register block of each thread over the reduction (acc over r, part over its part).
+  auto reduce = [&](Func a, Func at, const Halide::RVar& rv, const GpuGemm& sg, int regs_m) {
+    a.compute_at(at, ni).bound_storage(n, sg.regs_n).bound_storage(m, regs_m).unroll(n).unroll(m);
+    if (sg.k_vec == 0) {
+      a.update(0).reorder(n, m, rv).unroll(n).unroll(m);
+      return;
+    }
     // Operands staged per k_vec steps of the reduction, in registers: x as regs_m rows of
     // k_vec consecutive k, w as k_vec rows of regs_n consecutive n, each row one vector load.
     Halide::RVar ro("ro"), ri("ri");
-    acc.update(0).split(r, ro, ri, g.k_vec).reorder(n, m, ri, ro).unroll(n).unroll(m).unroll(ri);
-    Func xs = xc.in(acc), ws = w.in(acc);
+    a.update(0).split(rv, ro, ri, sg.k_vec).reorder(n, m, ri, ro).unroll(n).unroll(m).unroll(ri);
+    Func xs = xc.in(a), ws = w.in(a);
     const Var xk = xs.args()[0], xm = xs.args()[1], wn = ws.args()[0], wk = ws.args()[1];
-    xs.compute_at(acc, ro)
+    xs.compute_at(a, ro)
         .store_in(Halide::MemoryType::Register)
-        .bound_storage(xk, g.k_vec)
+        .bound_storage(xk, sg.k_vec)
         .bound_storage(xm, regs_m)
         .vectorize(xk)
         .unroll(xm);
-    ws.compute_at(acc, ro)
+    ws.compute_at(a, ro)
         .store_in(Halide::MemoryType::Register)
-        .bound_storage(wn, g.regs_n)
-        .bound_storage(wk, g.k_vec)
+        .bound_storage(wn, sg.regs_n)
+        .bound_storage(wk, sg.k_vec)
         .vectorize(wn, 4)
         .unroll(wk);
+  };
+
+  int threads = g.threads_n * g.threads_m;
+  if (parts > 1) {
+    // The parts: blocks over (tile of n, tile of m, part), each thread's registers as below.
+    pout.compute_root();
+    tile(pout, few);
+    pout.gpu_blocks(n, m, u);
+    if (few.k_vec != 0) pout.specialize(x.dim(1).stride() == K);
+    // The sum: one output per thread, 64 × 4 threads, the parts' loads unrolled.
+    Var no("no"), mo("mo");
+    out.specialize(few_rows)
+        .split(n, no, ni, 64, TailStrategy::GuardWithIf)
+        .split(m, mo, mi, 4, TailStrategy::GuardWithIf)
+        .reorder(ni, mi, no, mo)
+        .gpu_blocks(no, mo)
+        .gpu_threads(ni, mi);
+    sum.compute_at(out, ni).update(0).unroll(rs.x);
+    threads = std::max({threads, few.threads_n * few.threads_m, 64 * 4});
+  } else if (few.threads_m != g.threads_m) {
+    // Few rows, unsplit: the same 64 × 32 tile as 16 × 16 threads of 4 × 2 (gpu_few_rows),
+    // twice the warps for the reduction's latency.
+    schedule_out(out.specialize(out.output_buffer().dim(1).extent() <= 64), few);
+    threads = std::max(threads, few.threads_n * few.threads_m);
+  }
+  schedule_out(out, g);
+  // bound_storage: the guarded tile would otherwise be sized at run time, which puts the
+  // accumulators in global memory instead of registers.
+  const int regs_m = std::max(g.regs_m, parts > 1 ? g.regs_m : few.regs_m);
+  reduce(acc, out, r.x, g, regs_m);
+  if (parts > 1) {
+    reduce(part, pout, rc.x, few, few.regs_m);
+    part.bound_storage(u, 1);
   }
 
   std::vector<Halide::Argument> args = {x, wt};
   if (spec.has_bias) args.push_back(bias);
   KernelPipeline kp{Halide::Pipeline(out), args};
-  kp.gpu_threads = std::max(g.threads_n * g.threads_m, few.threads_n * few.threads_m);
+  kp.gpu_threads = threads;
   return kp;
 }
 

@@ -192,14 +192,16 @@ TEST_P(DeviceTest, ElementwiseAndGather) {
 }
 
 // Linear kernels (register-tiled GEMM with the bias and activation fused) on weights
-// written to a safetensors file, N packed in panels (64, 128) or not, odd K and N.
+// written to a safetensors file, N packed in panels (64, 128) or not, odd K and N; up to 64
+// rows k256_n64_relu and k130_n70 split their reduction in parts (split-K).
 TEST_P(DeviceTest, Linear) {
   const ir::Module m = read_module("linears.kir");
   const ir::WeightMap weights = write_linear_weights(m, 17, "linears.weights.safetensors");
   ModelPtr model = linears("linears.weights.safetensors");
   ASSERT_NE(model, nullptr);
   for (int64_t rows : {1, 7, 33, 129})
-    for (const char* f : {"k7_n5", "k33_n70_relu", "k64_n64_gelu", "k129_n128"})
+    for (const char* f :
+         {"k7_n5", "k33_n70_relu", "k64_n64_gelu", "k129_n128", "k256_n64_relu", "k130_n70"})
       EXPECT_LE(
           max_error(model.get(), m, f, random_inputs(m, f, {{"M", rows}}, 21 + rows), weights),
           kTolerance)
@@ -442,7 +444,8 @@ TEST_P(DeviceTest, ResidentModelsRunAlternately) {
   ASSERT_NE(norms_model, nullptr);
   uint32_t seed = 300;
   for (int round = 0; round < 3; ++round)
-    for (const char* f : {"k7_n5", "k33_n70_relu", "k64_n64_gelu", "k129_n128"}) {
+    for (const char* f :
+         {"k7_n5", "k33_n70_relu", "k64_n64_gelu", "k129_n128", "k256_n64_relu", "k130_n70"}) {
       const int64_t rows = round == 1 ? 129 : 33;
       const std::vector<ir::Tensor> x = random_inputs(lin, f, {{"M", rows}}, ++seed);
       EXPECT_LE(max_error(first.get(), lin, f, x, first_weights), kTolerance) << f;
@@ -796,7 +799,8 @@ TEST(GpuOpenCL, DeviceTensorsMatchTheHostPath) {
   ASSERT_NE(model, nullptr);
   ASSERT_NE(kiln_model_device_interface(model.get()), nullptr);
   for (int64_t rows : {1, 33, 129})
-    for (const char* f : {"k7_n5", "k33_n70_relu", "k64_n64_gelu", "k129_n128"}) {
+    for (const char* f :
+         {"k7_n5", "k33_n70_relu", "k64_n64_gelu", "k129_n128", "k256_n64_relu", "k130_n70"}) {
       const std::vector<ir::Tensor> x = random_inputs(f, {{"M", rows}}, 90 + rows, lin);
       DeviceCall call = make_device_call(model.get(), f, x);
       const std::vector<std::vector<uint8_t>> got = run_device(model.get(), f, call);
