@@ -2,8 +2,9 @@
 // shapes, same GPU; bench/report.py --gpu prints the ratios):
 //   gemm/<variant>/<shape>/M<m>  kiln's `linear` on the model's GEMM shapes
 //                                (bench/gemm_shapes.kir: K 512 or 2048, N 512 to 32000, bias,
-//                                one with ReLU) at M = 32 (W1), 1024 (W4) and 2048 (W2), each
-//                                compiled for CUDA once per GEMM schedule of the experiment
+//                                one with ReLU) at M = 32 (W1), 128 and 256 (a decoding
+//                                step's hypotheses, the split-K limit), 1024 (W4) and 2048 (W2),
+//                                each compiled for CUDA once per GEMM schedule of the experiment
 //                                (bench/CMakeLists.txt: bench_gemm_cuda_<variant>, compiled
 //                                with KILN_GPU_LINEAR; "default" is what kiln compiles today);
 //                                PyTorch: torch.addmm (cuBLAS SGEMM, TF32 off).
@@ -50,7 +51,7 @@ struct GemmShape {
 const GemmShape kGemmShapes[] = {{"k512_n1536", 512, 1536}, {"k512_n512", 512, 512},
                                  {"k512_n1024", 512, 1024}, {"k512_n2048_relu", 512, 2048},
                                  {"k2048_n512", 2048, 512}, {"k512_n32000", 512, 32000}};
-const int64_t kGemmRows[] = {32, 1024, 2048};
+const int64_t kGemmRows[] = {32, 128, 256, 1024, 2048};
 
 // Random weights for gemm_shapes.kir (w_<entry> [N, K], b_<entry> [N]), written once.
 const std::string& gemm_weights() {

@@ -2,7 +2,8 @@
 """PyTorch's kernels on gpu_kernel_bench's shapes (issue 30), on the same GPU, FP32 with TF32 off:
 
   gemm/<shape>/M<m>           torch.addmm(bias, x, W.t()) (cuBLAS SGEMM), ReLU after it for
-                              k512_n2048_relu: bench/gemm_shapes.kir's shapes at M 32, 1024, 2048
+                              k512_n2048_relu: bench/gemm_shapes.kir's shapes at M 32, 128,
+                              256, 1024, 2048
   attention/<entry>/B<b>_L<l> torch.nn.functional.scaled_dot_product_attention on q, k, v
                               [B, 8, L, 64] views of [B, L, 512] tensors (as the model's
                               heads are), is_causal for "causal"; no mask
@@ -23,7 +24,7 @@ import torch
 GEMM_SHAPES = [("k512_n1536", 512, 1536), ("k512_n512", 512, 512), ("k512_n1024", 512, 1024),
                ("k512_n2048_relu", 512, 2048), ("k2048_n512", 2048, 512),
                ("k512_n32000", 512, 32000)]
-GEMM_ROWS = [32, 1024, 2048]
+GEMM_ROWS = [32, 128, 256, 1024, 2048]
 ATTENTION = [("self", 1, 32, 32), ("causal", 1, 32, 32), ("cross", 1, 32, 32),
              ("self", 16, 128, 128), ("causal", 16, 128, 128), ("cross", 16, 128, 128),
              ("self", 1, 1024, 1024)]
