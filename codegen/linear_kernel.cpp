@@ -129,9 +129,9 @@ GpuGemm gpu_few_rows(const GpuGemm& g) {
 // second kernel summing the S partial results (in order of the parts), + bias, the activation.
 // At M 32 a linear has N / 64 tiles of 64 × 32 outputs: 8 blocks for N 512, where an H100 or
 // H200 has 132 multiprocessors, and each thread walks the whole reduction, so the time grew
-// with K. S: the largest power of two with at least 64 products per part and at most 256
-// blocks at M 32 (k2048_n512: 32 parts, k512_n512 to n2048: 8; the generator's 500 tiles:
-// none). Measured on an H200 (gpu_kernel_bench, µs per call at M 32, bench/README.md):
+// with K. S: the largest power of two up to 32 with at least 64 products per part and at
+// most 256 blocks at M 32 (k2048_n512: 32 parts, k512_n512 to n2048: 8; the generator's 500
+// tiles: none). Measured on an H200 (gpu_kernel_bench, µs per call at M 32, bench/README.md):
 // unsplit 31.8–33.2 at K 512 and 116.4 at K 2048, split 15.0–15.7 and 15.5 (cuBLAS 15.4–36.5
 // and 21.9); 4, 16 or 32 parts everywhere within 10% of these but 4 at K 2048 (34.5);
 // splitting the generator slows it (77.0 unsplit, 88.4–148.1). W1 on the GPU: 7.47 → 1.62 ms.
@@ -141,7 +141,7 @@ int gpu_split_k(const LinearKernel& spec, const GpuGemm& few, int block_n) {
   if (few.split_k > 0) return spec.K % few.split_k == 0 ? few.split_k : 1;
   const int64_t tiles = (spec.N + block_n - 1) / block_n;
   int s = 1;
-  while (spec.K % (2 * s) == 0 && spec.K / (2 * s) >= 64 && tiles * 2 * s <= 256) s *= 2;
+  while (s < 32 && spec.K % (2 * s) == 0 && spec.K / (2 * s) >= 64 && tiles * 2 * s <= 256) s *= 2;
   return s;
 }
 
