@@ -50,23 +50,32 @@ KernelPipeline build_linear_int8(const LinearKernel& spec, const Halide::Target&
   constexpr int L = 16;
   Var l("l");
   RDom rk(0, (K + L - 1) / L, "rk");
+  // The third value: 1 where the lane saw a NaN (a row with a NaN gets step NaN, so its
+  // outputs are NaN as an f32 linear's are; min and max alone would drop it).
   Func lane_range("lane_range");
-  lane_range(l, m) = {0.0f, 0.0f};
+  lane_range(l, m) = {0.0f, 0.0f, 0.0f};
   {
     Expr col = K % L == 0 ? L * rk + l : Halide::min(L * rk + l, K - 1);
-    lane_range(l, m) = {Halide::min(lane_range(l, m)[0], x(col, m)),
-                        Halide::max(lane_range(l, m)[1], x(col, m))};
+    Expr v = x(col, m);
+    lane_range(l, m) = {Halide::min(lane_range(l, m)[0], v), Halide::max(lane_range(l, m)[1], v),
+                        Halide::select(Halide::is_nan(v), 1.0f, lane_range(l, m)[2])};
   }
   RDom rl(0, L, "rl");
-  Func range("range");  // (lo, hi): min(row, 0), max(row, 0)
-  range(m) = {0.0f, 0.0f};
+  Func range("range");  // (lo, hi, nan): min(row, 0), max(row, 0), 1 if the row has a NaN
+  range(m) = {0.0f, 0.0f, 0.0f};
   range(m) = {Halide::min(range(m)[0], lane_range(rl, m)[0]),
-              Halide::max(range(m)[1], lane_range(rl, m)[1])};
-  Func quant("quant");  // (inverse, zero, step)
+              Halide::max(range(m)[1], lane_range(rl, m)[1]),
+              Halide::max(range(m)[2], lane_range(rl, m)[2])};
+  Func quant("quant");  // (inverse, zero, step), as support/int8.h's input_row
   {
+    const Expr nan = range(m)[2] > 0.0f;
     Expr width = range(m)[1] - range(m)[0];
-    Expr inverse = Halide::select(width > 0.0f, 255.0f / width, 0.0f);
-    quant(m) = {inverse, Halide::round(-range(m)[0] * inverse), width * (1.0f / 255.0f)};
+    Expr inverse = Halide::select(width > 0.0f && !nan, 255.0f / width, 0.0f);
+    Expr step = Halide::select(
+        nan,
+        Halide::reinterpret(Halide::Float(32), Halide::cast<uint32_t>(Halide::Expr(0x7fc00000))),
+        width * (1.0f / 255.0f));
+    quant(m) = {inverse, Halide::select(nan, 0.0f, Halide::round(-range(m)[0] * inverse)), step};
   }
   Func xq("xq");  // u8; the padding columns (K to Kp) any value: their weights are 0
   Expr u = Halide::round(x(Halide::min(k, K - 1), m) * quant(m)[0]) + quant(m)[1];

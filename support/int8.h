@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 namespace kiln::int8 {
 
@@ -43,13 +44,21 @@ inline float absmax(const float* v, int64_t n) {
 struct InputRow {
   float step = 0.0f, inverse = 0.0f, zero = 0.0f;  // zero: an integer in [0, 255]
 };
+// A row with a NaN gets step NaN (its outputs are NaN, as an f32 linear's are), inverse and
+// zero 0.
 inline InputRow input_row(const float* v, int64_t n) {
   float lo = 0.0f, hi = 0.0f;
+  bool nan = false;
   for (int64_t i = 0; i < n; ++i) {
     lo = std::min(lo, v[i]);
     hi = std::max(hi, v[i]);
+    nan |= std::isnan(v[i]);
   }
   InputRow q;
+  if (nan) {
+    q.step = std::numeric_limits<float>::quiet_NaN();
+    return q;
+  }
   const float width = hi - lo;
   q.step = width * (1.0f / 255.0f);
   q.inverse = width > 0.0f ? 255.0f / width : 0.0f;

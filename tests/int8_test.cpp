@@ -165,6 +165,49 @@ TEST(Int8Kernels, MatchADoubleSumOfQuantizedInputs) {
               checked);
 }
 
+// A NaN in a row of the input makes that row's outputs NaN, as the f32 kernels' do (its range,
+// and so its step, is NaN), in the library and in the interpreter; the other rows are the
+// numbers they are without it.
+TEST(Int8Kernels, NanInAnInputRowGivesNanOutputs) {
+  uint32_t seed = 7;
+  const testing::LinearsCheckpoint ck =
+      testing::write_linears_noise("int8_linears_nan.safetensors", seed);
+  char* error = nullptr;
+  std::unique_ptr<kiln_model, void (*)(kiln_model*)> model(
+      int8_linears_create(ck.path.c_str(), &error), kiln_model_destroy);
+  ASSERT_TRUE(model) << error;
+  const ir::Module m = testing::linears_module();
+  for (const LinearCase& c : linears_cases()) {
+    const std::string name = c.name();
+    for (int64_t M : {3, 33}) {
+      for (int64_t at : {int64_t{0}, c.K / 2, c.K - 1}) {
+        SCOPED_TRACE(name + " M=" + std::to_string(M) + " NaN at column " + std::to_string(at));
+        std::vector<float> x = testing::noise(static_cast<size_t>(M * c.K), seed++);
+        std::vector<float> clean_y, y;
+        ASSERT_EQ(testing::run_linear(model.get(), name, x, M, c.K, c.N, clean_y), 0);
+        x[static_cast<size_t>(c.K + at)] = NAN;  // row 1
+        ASSERT_EQ(testing::run_linear(model.get(), name, x, M, c.K, c.N, y), 0);
+        const std::vector<ir::Tensor> interpreted =
+            ir::interpret(m, *m.find_function(name), ck.weights,
+                          {ir::Tensor::from_f32({M, c.K}, x)}, int8_rounding());
+        for (int64_t r = 0; r < M; ++r)
+          for (int64_t n = 0; n < c.N; ++n) {
+            const size_t i = static_cast<size_t>(r * c.N + n);
+            if (r == 1) {  // NaN (ReLU may turn it into 0, as for f32)
+              ASSERT_TRUE(std::isnan(y[i]) || (c.relu && y[i] == 0.0f))
+                  << "out[1," << n << "] = " << y[i];
+              ASSERT_TRUE(std::isnan(interpreted[0].f[i]) ||
+                          (c.relu && interpreted[0].f[i] == 0.0f))
+                  << "interpreter out[1," << n << "] = " << interpreted[0].f[i];
+            } else {
+              ASSERT_EQ(y[i], clean_y[i]) << "out[" << r << "," << n << "]";
+            }
+          }
+      }
+    }
+  }
+}
+
 // A weight row with a NaN or an infinity cannot be quantized (its largest magnitude is the
 // scale): loading refuses it, naming the weight and the row.
 TEST(Int8Kernels, NonFiniteWeightsAreRefusedAtLoad) {
