@@ -50,18 +50,19 @@ KernelPipeline build_linear_int8(const LinearKernel& spec, const Halide::Target&
   constexpr int L = 16;
   Var l("l");
   RDom rk(0, (K + L - 1) / L, "rk");
-  // The third value: 1 where the lane saw a NaN (a row with a NaN gets step NaN, so its
-  // outputs are NaN as an f32 linear's are; min and max alone would drop it).
+  // The third value: 1 where the lane saw a NaN or an infinity (such a row gets step NaN, so
+  // its outputs are NaN, as support/int8.h's input_row says; min and max alone would drop a
+  // NaN).
   Func lane_range("lane_range");
   lane_range(l, m) = {0.0f, 0.0f, 0.0f};
   {
     Expr col = K % L == 0 ? L * rk + l : Halide::min(L * rk + l, K - 1);
     Expr v = x(col, m);
     lane_range(l, m) = {Halide::min(lane_range(l, m)[0], v), Halide::max(lane_range(l, m)[1], v),
-                        Halide::select(Halide::is_nan(v), 1.0f, lane_range(l, m)[2])};
+                        Halide::select(Halide::is_finite(v), lane_range(l, m)[2], 1.0f)};
   }
   RDom rl(0, L, "rl");
-  Func range("range");  // (lo, hi, nan): min(row, 0), max(row, 0), 1 if the row has a NaN
+  Func range("range");  // (lo, hi, bad): min(row, 0), max(row, 0), 1 if not all finite
   range(m) = {0.0f, 0.0f, 0.0f};
   range(m) = {Halide::min(range(m)[0], lane_range(rl, m)[0]),
               Halide::max(range(m)[1], lane_range(rl, m)[1]),

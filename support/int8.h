@@ -44,15 +44,16 @@ inline float absmax(const float* v, int64_t n) {
 struct InputRow {
   float step = 0.0f, inverse = 0.0f, zero = 0.0f;  // zero: an integer in [0, 255]
 };
-// A row with a NaN gets step NaN (its outputs are NaN, as an f32 linear's are), inverse and
-// zero 0.
+// A row with a NaN or an infinity gets step NaN (its outputs are NaN, as an f32 linear's are
+// for a NaN; an infinity would otherwise make the step infinite and the zero point NaN), inverse
+// and zero 0.
 inline InputRow input_row(const float* v, int64_t n) {
   float lo = 0.0f, hi = 0.0f;
   bool nan = false;
   for (int64_t i = 0; i < n; ++i) {
     lo = std::min(lo, v[i]);
     hi = std::max(hi, v[i]);
-    nan |= std::isnan(v[i]);
+    nan |= !std::isfinite(v[i]);
   }
   InputRow q;
   if (nan) {

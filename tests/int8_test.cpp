@@ -165,10 +165,10 @@ TEST(Int8Kernels, MatchADoubleSumOfQuantizedInputs) {
               checked);
 }
 
-// A NaN in a row of the input makes that row's outputs NaN, as the f32 kernels' do (its range,
-// and so its step, is NaN), in the library and in the interpreter; the other rows are the
-// numbers they are without it.
-TEST(Int8Kernels, NanInAnInputRowGivesNanOutputs) {
+// A NaN or an infinity in a row of the input makes that row's outputs NaN (support/int8.h:
+// its step is NaN), in the library and in the interpreter, where the row's range alone would
+// drop a NaN and give finite numbers; the other rows are the numbers they are without it.
+TEST(Int8Kernels, NonFiniteInputRowGivesNanOutputs) {
   uint32_t seed = 7;
   const testing::LinearsCheckpoint ck =
       testing::write_linears_noise("int8_linears_nan.safetensors", seed);
@@ -180,30 +180,32 @@ TEST(Int8Kernels, NanInAnInputRowGivesNanOutputs) {
   for (const LinearCase& c : linears_cases()) {
     const std::string name = c.name();
     for (int64_t M : {3, 33}) {
-      for (int64_t at : {int64_t{0}, c.K / 2, c.K - 1}) {
-        SCOPED_TRACE(name + " M=" + std::to_string(M) + " NaN at column " + std::to_string(at));
-        std::vector<float> x = testing::noise(static_cast<size_t>(M * c.K), seed++);
-        std::vector<float> clean_y, y;
-        ASSERT_EQ(testing::run_linear(model.get(), name, x, M, c.K, c.N, clean_y), 0);
-        x[static_cast<size_t>(c.K + at)] = NAN;  // row 1
-        ASSERT_EQ(testing::run_linear(model.get(), name, x, M, c.K, c.N, y), 0);
-        const std::vector<ir::Tensor> interpreted =
-            ir::interpret(m, *m.find_function(name), ck.weights,
-                          {ir::Tensor::from_f32({M, c.K}, x)}, int8_rounding());
-        for (int64_t r = 0; r < M; ++r)
-          for (int64_t n = 0; n < c.N; ++n) {
-            const size_t i = static_cast<size_t>(r * c.N + n);
-            if (r == 1) {  // NaN (ReLU may turn it into 0, as for f32)
-              ASSERT_TRUE(std::isnan(y[i]) || (c.relu && y[i] == 0.0f))
-                  << "out[1," << n << "] = " << y[i];
-              ASSERT_TRUE(std::isnan(interpreted[0].f[i]) ||
-                          (c.relu && interpreted[0].f[i] == 0.0f))
-                  << "interpreter out[1," << n << "] = " << interpreted[0].f[i];
-            } else {
-              ASSERT_EQ(y[i], clean_y[i]) << "out[" << r << "," << n << "]";
+      for (int64_t at : {int64_t{0}, c.K / 2, c.K - 1})
+        for (float bad : {NAN, INFINITY, -INFINITY}) {
+          SCOPED_TRACE(name + " M=" + std::to_string(M) + " " + std::to_string(bad) +
+                       " at column " + std::to_string(at));
+          std::vector<float> x = testing::noise(static_cast<size_t>(M * c.K), seed++);
+          std::vector<float> clean_y, y;
+          ASSERT_EQ(testing::run_linear(model.get(), name, x, M, c.K, c.N, clean_y), 0);
+          x[static_cast<size_t>(c.K + at)] = bad;  // row 1
+          ASSERT_EQ(testing::run_linear(model.get(), name, x, M, c.K, c.N, y), 0);
+          const std::vector<ir::Tensor> interpreted =
+              ir::interpret(m, *m.find_function(name), ck.weights,
+                            {ir::Tensor::from_f32({M, c.K}, x)}, int8_rounding());
+          for (int64_t r = 0; r < M; ++r)
+            for (int64_t n = 0; n < c.N; ++n) {
+              const size_t i = static_cast<size_t>(r * c.N + n);
+              if (r == 1) {  // NaN (ReLU may turn it into 0, as for f32)
+                ASSERT_TRUE(std::isnan(y[i]) || (c.relu && y[i] == 0.0f))
+                    << "out[1," << n << "] = " << y[i];
+                ASSERT_TRUE(std::isnan(interpreted[0].f[i]) ||
+                            (c.relu && interpreted[0].f[i] == 0.0f))
+                    << "interpreter out[1," << n << "] = " << interpreted[0].f[i];
+              } else {
+                ASSERT_EQ(y[i], clean_y[i]) << "out[" << r << "," << n << "]";
+              }
             }
-          }
-      }
+        }
     }
   }
 }
