@@ -69,14 +69,14 @@ KernelPipeline build_linear_int8(const LinearKernel& spec, const Halide::Target&
               Halide::max(range(m)[2], lane_range(rl, m)[2])};
   Func quant("quant");  // (inverse, zero, step), as support/int8.h's input_row
   {
-    const Expr nan = range(m)[2] > 0.0f;
+    const Expr bad = range(m)[2] > 0.0f;
     Expr width = range(m)[1] - range(m)[0];
-    Expr inverse = Halide::select(width > 0.0f && !nan, 255.0f / width, 0.0f);
+    Expr inverse = Halide::select(width > 0.0f && !bad, 255.0f / width, 0.0f);
     Expr step = Halide::select(
-        nan,
+        bad,
         Halide::reinterpret(Halide::Float(32), Halide::cast<uint32_t>(Halide::Expr(0x7fc00000))),
         width * (1.0f / 255.0f));
-    quant(m) = {inverse, Halide::select(nan, 0.0f, Halide::round(-range(m)[0] * inverse)), step};
+    quant(m) = {inverse, Halide::select(bad, 0.0f, Halide::round(-range(m)[0] * inverse)), step};
   }
   Func xq("xq");  // u8; the padding columns (K to Kp) any value: their weights are 0
   Expr u = Halide::round(x(Halide::min(k, K - 1), m) * quant(m)[0]) + quant(m)[1];

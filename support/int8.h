@@ -49,14 +49,14 @@ struct InputRow {
 // and zero 0.
 inline InputRow input_row(const float* v, int64_t n) {
   float lo = 0.0f, hi = 0.0f;
-  bool nan = false;
+  bool bad = false;
   for (int64_t i = 0; i < n; ++i) {
     lo = std::min(lo, v[i]);
     hi = std::max(hi, v[i]);
-    nan |= !std::isfinite(v[i]);
+    bad |= !std::isfinite(v[i]);
   }
   InputRow q;
-  if (nan) {
+  if (bad) {
     q.step = std::numeric_limits<float>::quiet_NaN();
     return q;
   }
