@@ -137,8 +137,8 @@ GpuGemm gpu_few_rows(const GpuGemm& g) {
 // splitting the generator slows it (77.0 unsplit, 88.4–148.1). W1 on the GPU: 7.47 → 1.62 ms.
 constexpr int kGpuSplitRows = 256;
 
-int gpu_split_k(const LinearKernel& spec, const GpuGemm& few, int block_n) {
-  if (few.split_k > 0) return spec.K % few.split_k == 0 ? few.split_k : 1;
+int gpu_split_k(const LinearKernel& spec, const GpuGemm& g, int block_n) {
+  if (g.split_k > 0) return spec.K % g.split_k == 0 ? g.split_k : 1;
   const int64_t tiles = (spec.N + block_n - 1) / block_n;
   int s = 1;
   while (s < 32 && spec.K % (2 * s) == 0 && spec.K / (2 * s) >= 64 && tiles * 2 * s <= 256) s *= 2;
@@ -178,7 +178,7 @@ GpuGemm gpu_gemm_for(const LinearKernel& spec) {
                       e.threads_n >= 1 && e.threads_m >= 1 && e.regs_n >= 1 && e.regs_m >= 1 &&
                       e.threads_n * e.threads_m <= kGpuMaxThreadsPerBlock &&
                       (e.k_vec == 0 || e.k_vec == 4),
-                  "KILN_GPU_LINEAR must be 'legacy' or 'tn,tm,rn,rm,kv' (kv 0 or 4)");
+                  "KILN_GPU_LINEAR must be 'legacy', 'split=S' or 'tn,tm,rn,rm,kv' (kv 0 or 4)");
       g = e;
       g.experiment = true;
     }
@@ -342,7 +342,8 @@ KernelPipeline build_linear_gpu(const LinearKernel& spec) {
   schedule_out(out, g);
   // bound_storage: the guarded tile would otherwise be sized at run time, which puts the
   // accumulators in global memory instead of registers.
-  const int regs_m = std::max(g.regs_m, parts > 1 ? g.regs_m : few.regs_m);
+  // (acc runs g's tile, and the unsplit few-rows tile where there is one.)
+  const int regs_m = parts > 1 ? g.regs_m : std::max(g.regs_m, few.regs_m);
   reduce(acc, out, r.x, g, regs_m);
   if (parts > 1) {
     reduce(part, pout, rc.x, few, few.regs_m);

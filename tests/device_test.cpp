@@ -192,8 +192,8 @@ TEST_P(DeviceTest, ElementwiseAndGather) {
 }
 
 // Linear kernels (register-tiled GEMM with the bias and activation fused) on weights
-// written to a safetensors file, N packed in panels (64, 128) or not, odd K and N; up to 64
-// rows k256_n64_relu and k130_n70 split their reduction in parts (split-K).
+// written to a safetensors file, N packed in panels (64, 128) or not, odd K and N; up to 256
+// rows (every count here) k256_n64_relu and k130_n70 split their reduction in parts (split-K).
 TEST_P(DeviceTest, Linear) {
   const ir::Module m = read_module("linears.kir");
   const ir::WeightMap weights = write_linear_weights(m, 17, "linears.weights.safetensors");
