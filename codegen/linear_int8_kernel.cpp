@@ -12,7 +12,9 @@
 // vpdpbusd (measured: it needs avx512_sapphirerapids in the Halide target, so these kernels
 // are compiled as the bf16 ones, LLVM IR through llc for cooperlake; see kernels.cpp). The
 // input's row ranges and its quantized copy are computed once per chunk of rows, each in a
-// parallel loop over blocks of rows.
+// parallel loop over blocks of rows. The inner loop is oneDNN's brgemm kernel's (6 rows × 4
+// vectors, per group of K 6 broadcasts, 4 loads, 24 vpdpbusd; bench/README.md "session 13");
+// smaller row tiles with the panels fastest, tried at K 512, ran slower with 2 threads.
 #include "codegen/halide_kernels.h"
 #include "support/error.h"
 #include "support/int8.h"

@@ -31,7 +31,11 @@
 // M = 32 (one thread, against the 4 × 4 blocks below): register blocks of 1 vector × 16
 // rows (63–68%) or 2 × 8 (78–91%), and copying each packed panel before use (78–92%).
 // Single-threaded, M = 32, N = 32000 runs at about the sum of streaming its 65 MB (16 GB/s
-// on one core) and its compute from L2; oneDNN is at the same rate.
+// on one core) and its compute from L2; oneDNN is at the same rate. Nor did explicit
+// prefetches help (Intel Emerald Rapids, bench/README.md "session 13"): a custom lowering pass
+// putting one prefetch per 64-byte line of the panel 4–32 KB ahead of each reduction step,
+// compiled through LLVM IR with the locality set to T0 or T1, left W1 and W5 in f32 unchanged
+// or slower.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
