@@ -113,7 +113,8 @@ struct GpuGemm {
   int split_k = 0;          // few rows: the reduction in this many parts (0: gpu_split_k's)
 };
 
-// The schedule for few rows (M <= 64): g's tile as 16 × 16 threads of 4 × 2 where g is
+// The schedule for few rows (M <= 64 unsplit; the parts of a split reduction up to
+// kGpuSplitRows rows): g's tile as 16 × 16 threads of 4 × 2 where g is
 // 16 × 8 of 4 × 4 (the default below K 2048); g itself otherwise, and for an experiment.
 // Measured on an H100 (bench/README.md, "GPU mode"): at M 32, N 1536, K 512 31.3 µs against
 // 50.7 (twice the warps; the reduction's latency, not the arithmetic, bounds so few rows), but
