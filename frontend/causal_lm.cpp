@@ -438,8 +438,14 @@ void add_seq2seq(dsl::ModelBuilder& mb, const Seq2SeqConfig& c,
       f.output(ctx.memory_out_[i], fmt::format("mem_{}{}", i % 2 ? 'v' : 'k', i / 2));
     ir::remove_dead_code(f.function());  // the rest of the decoder's run
   }
-  {  // decode_step
-    FunctionBuilder& f = mb.function("decode_step");
+  // decode_step, and decode_step_restricted: the same step, its logits only for the token ids
+  // `vocab` (vocabulary restriction: the search chooses among them). Written as the columns of
+  // the head's logits, which the compiler's restrict-vocabulary pass turns into a linear over
+  // those rows of the head's weight where the head ends in one (passes/restrict_vocabulary.h).
+  const Dim R = mb.symbol("R", c.vocab);
+  for (const bool restricted : {false, true}) {
+    const char* name = restricted ? "decode_step_restricted" : "decode_step";
+    FunctionBuilder& f = mb.function(name);
     Decoding ctx = DecodingBuilder::context(f, Decoding::Mode::step, true);
     Tensor tok = f.input("tok", DType::i64, {N, one});
     ctx.pos_ = f.input("pos", DType::i64, {one});
@@ -452,10 +458,15 @@ void add_seq2seq(dsl::ModelBuilder& mb, const Seq2SeqConfig& c,
                                        DType::f32, {B, S, Dim::constant(db.memory_widths[i])},
                                        loc));
     db.declare_caches(ctx, T, C);
+    Tensor vocab = restricted ? f.input("vocab", DType::i64, {R}) : Tensor{};
     ctx.positions_ = dsl::reshape(ctx.pos_, {one, one});
     ctx.key_positions_ = dsl::iota(f, DType::i64, {one, P}, 1);
-    Tensor h = db.hidden(ctx, decoder, tok, "decode_step");
-    f.output(db.logits(f, head, h, c.vocab), "logits");
+    Tensor h = db.hidden(ctx, decoder, tok, name);
+    Tensor logits = db.logits(f, head, h, c.vocab);
+    if (restricted)
+      logits = dsl::take_along_axis(
+          logits, dsl::expand(dsl::reshape(vocab, {one, one, R}), {N, one, R}), 2);
+    f.output(logits, "logits");
     DecodingBuilder::output_caches(ctx);
   }
   mb.set_config("cache_widths", db.widths());
