@@ -384,8 +384,12 @@ KernelPipeline build_matmul_gpu(const MatmulKernel& spec) {
   std::vector<Expr> ai = {k, clamp_into(a, 1, m)};
   for (const Expr& e : batch(spec.a_rank, spec.a_broadcast)) ai.push_back(e);
   std::vector<Expr> bi;
+  ImageParam ids(Halide::Int(64), 1, "ids");
+  // gather_b: column n is row ids(n) of b (clamped into b like every read here).
+  const Expr row_n =
+      spec.gather_b ? clamp_into(b, 1, Halide::cast<int>(ids(clamp_into(ids, 0, n)))) : Expr(n);
   if (spec.transpose_b) {
-    bi = {k, clamp_into(b, 1, n)};
+    bi = {k, spec.gather_b ? row_n : clamp_into(b, 1, n)};
   } else {
     bi = {clamp_into(b, 0, n), k};
     for (const Expr& e : batch(spec.b_rank, spec.b_broadcast)) bi.push_back(e);
@@ -394,7 +398,7 @@ KernelPipeline build_matmul_gpu(const MatmulKernel& spec) {
   acc(vars) = 0.0f;
   acc(vars) += a(ai) * b(bi);
   Expr y = acc(vars);
-  if (spec.has_bias) y = y + bias(n);
+  if (spec.has_bias) y = y + bias(row_n);
   if (spec.act != "none") y = float_function(spec.act, y);
   out(vars) = y;
 
@@ -420,6 +424,7 @@ KernelPipeline build_matmul_gpu(const MatmulKernel& spec) {
   for (int i = 2; i < R; ++i) acc.bound_storage(vars[i], 1);
   acc.update().reorder(n, m, k).unroll(n).unroll(m);
   std::vector<Halide::Argument> args = {a, b};
+  if (spec.gather_b) args.push_back(ids);
   if (spec.has_bias) args.push_back(bias);
   KernelPipeline kp{Halide::Pipeline(out), args};
   kp.gpu_threads = 16 * 4;
@@ -681,8 +686,13 @@ KernelPipeline build_matmul(const MatmulKernel& spec, const Halide::Target& targ
   std::vector<Expr> ai = {k, vars[1]};
   for (const Expr& e : batch(spec.a_rank, spec.a_broadcast)) ai.push_back(e);
   std::vector<Expr> bi;
+  ImageParam ids(Halide::Int(64), 1, "ids");
+  // gather_b: column n is row ids(n) of b (the runtime checked the ids; the clamp keeps the
+  // reads inside b whatever they hold).
+  const Expr row_n =
+      spec.gather_b ? Halide::clamp(Halide::cast<int>(ids(vars[0])), 0, b.dim(1).max()) : vars[0];
   if (spec.transpose_b) {
-    bi = {k, vars[0]};
+    bi = {k, row_n};
   } else {
     bi = {vars[0], k};
     for (const Expr& e : batch(spec.b_rank, spec.b_broadcast)) bi.push_back(e);
@@ -691,7 +701,7 @@ KernelPipeline build_matmul(const MatmulKernel& spec, const Halide::Target& targ
   acc(vars) = 0.0f;
   acc(vars) += a(ai) * b(bi);
   Expr y = acc(vars);
-  if (spec.has_bias) y = y + bias(vars[0]);
+  if (spec.has_bias) y = y + bias(row_n);
   if (spec.act != "none") y = float_function(spec.act, y);
   out(vars) = y;
   const int lanes = vector_lanes(target);
@@ -701,6 +711,7 @@ KernelPipeline build_matmul(const MatmulKernel& spec, const Halide::Target& targ
   acc.vectorize(vars[0], lanes, TailStrategy::GuardWithIf);
   acc.update().reorder(vars[0], k.x).vectorize(vars[0], lanes, TailStrategy::GuardWithIf);
   std::vector<Halide::Argument> args = {a, b};
+  if (spec.gather_b) args.push_back(ids);
   if (spec.has_bias) args.push_back(bias);
   return KernelPipeline{Halide::Pipeline(out), args};
 }

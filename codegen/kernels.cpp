@@ -134,8 +134,8 @@ std::string scale_tag(double scale) {
 
 std::string kernel_name(const KernelSpec& spec) {
   if (const auto* k = std::get_if<LinearKernel>(&spec))
-    return fmt::format("kiln_linear_k{}_n{}{}{}{}{}", k->K, k->N, k->has_bias ? "" : "_nobias",
-                       k->act == "none" ? "" : "_" + k->act,
+    return fmt::format("kiln_linear{}_k{}_n{}{}{}{}{}", k->rows ? "_rows" : "", k->K, k->N,
+                       k->has_bias ? "" : "_nobias", k->act == "none" ? "" : "_" + k->act,
                        k->panel ? fmt::format("_p{}", k->panel) : "",
                        k->bf16_fma ? "_bf16fma"
                        : k->bf16   ? "_bf16"
@@ -176,9 +176,10 @@ std::string kernel_name(const KernelSpec& spec) {
   if (const auto* k = std::get_if<SoftmaxKernel>(&spec))
     return fmt::format("kiln_softmax_r{}_a{}", k->rank, k->axis);
   if (const auto* k = std::get_if<MatmulKernel>(&spec))
-    return fmt::format("kiln_matmul_a{}_{}_b{}_{}_o{}{}{}{}", k->a_rank, flags(k->a_broadcast),
+    return fmt::format("kiln_matmul_a{}_{}_b{}_{}_o{}{}{}{}{}", k->a_rank, flags(k->a_broadcast),
                        k->b_rank, flags(k->b_broadcast), k->out_rank, k->transpose_b ? "_bt" : "",
-                       k->has_bias ? "_bias" : "", k->act == "none" ? "" : "_" + k->act);
+                       k->has_bias ? "_bias" : "", k->act == "none" ? "" : "_" + k->act,
+                       k->gather_b ? "_rows" : "");
   if (const auto* k = std::get_if<TopkKernel>(&spec))
     return fmt::format("kiln_topk_k{}_{}", k->k, k->i64 ? "i64" : "f32");
   if (const auto* k = std::get_if<ScatterAddKernel>(&spec))

@@ -370,7 +370,109 @@ int one_row_panels_per_tile(int64_t panels) {
   return 1;
 }
 
+// The rows `ids` of the weight only (LinearKernel::rows, the IR's linear_rows): the f32
+// kernel's register blocks and tiles, over a strip of the gathered columns that each block
+// column copies out of the packed weight once per tile of rows (W5's 128 rows: once per
+// step), the bias read at the ids too. The number of ids R is a run-time extent: tiles of a
+// whole block column while R allows, else one guarded tile.
+static KernelPipeline build_linear_rows(const LinearKernel& spec, const Halide::Target& target) {
+  const int K = static_cast<int>(spec.K), V = static_cast<int>(spec.N);
+  const int P = static_cast<int>(spec.panel);
+  const GemmParams p = fit_to_shape(params_for(target), K, V, 0);
+  const int block_n = p.lanes * p.vectors;
+
+  Halide::ImageParam x(Halide::Float(32), 2, "x");
+  Halide::ImageParam wt(Halide::Float(32), P ? 3 : 2, "wt");
+  Halide::ImageParam ids(Halide::Int(64), 1, "ids");
+  Halide::ImageParam bias(Halide::Float(32), 1, "bias");
+  Var n("n"), m("m"), k("k");
+  RDom r(0, K, "r");
+
+  const Expr R = ids.dim(0).extent();  // the output's columns (constrained below)
+  // The weight row of output column n (the runtime checked the ids; the clamps keep every
+  // read inside the buffers whatever they hold, and the guarded tile's columns past R).
+  const Expr id = Halide::clamp(Halide::cast<int>(ids(Halide::min(n, R - 1))), 0, V - 1);
+  Func strip("strip");
+  if (P)
+    strip(n, k) = wt(id % P, k, id / P);
+  else
+    strip(n, k) = wt(id, k);
+  Func acc("acc");
+  acc(n, m) = 0.0f;
+  acc(n, m) += x(r, m) * strip(n, r);
+  Expr y = acc(n, m);  // as the interpreter rounds: the dot product, + bias, the activation
+  if (spec.has_bias) y += bias(id);
+  if (spec.act != "none") y = float_function(spec.act, y);
+  Func out("out");
+  out(n, m) = y;
+
+  x.dim(0).set_bounds(0, K);
+  x.dim(1).set_min(0);
+  if (P) {
+    wt.dim(0).set_bounds(0, P);
+    wt.dim(1).set_bounds(0, K).set_stride(P);
+    wt.dim(2).set_bounds(0, V / P).set_stride(P * K);
+  } else {
+    wt.dim(0).set_bounds(0, V);
+    wt.dim(1).set_bounds(0, K).set_stride(V);
+  }
+  ids.dim(0).set_min(0);
+  bias.dim(0).set_bounds(0, V);
+  Halide::OutputImageParam ob = out.output_buffer();
+  ob.dim(0).set_bounds(0, R);
+  ob.dim(1).set_min(0).set_stride(R);
+  const Expr M = ob.dim(1).extent();
+  x.set_estimates({{0, K}, {0, 128}});
+  if (P)
+    wt.set_estimates({{0, P}, {0, K}, {0, V / P}});
+  else
+    wt.set_estimates({{0, V}, {0, K}});
+  ids.set_estimates({{0, 4096}});
+  bias.set_estimates({{0, V}});
+  out.set_estimates({{0, 4096}, {0, 128}});
+
+  // As build_linear's loops, with tiles of one block column.
+  Var nt("nt"), mt("mt"), ni("ni"), mi("mi"), nb("nb"), nv("nv"), mb("mb"), mr("mr"), t("t");
+  auto schedule_out = [&](Halide::Stage s, const Expr& tile_m, int rows, TailStrategy n_tail) {
+    s.split(n, nt, ni, block_n, n_tail)
+        .split(m, mt, mi, tile_m, TailStrategy::ShiftInwards)
+        .split(ni, nb, nv, block_n, n_tail)
+        .split(mi, mb, mr, rows, TailStrategy::ShiftInwards)
+        .reorder(nv, mr, mb, nb, mt, nt)
+        .fuse(mt, nt, t)
+        .parallel(t)
+        .vectorize(nv, p.lanes)
+        .unroll(nv)
+        .unroll(mr);
+  };
+  const Expr wide = R >= block_n;
+  schedule_out(out.specialize(wide && M < p.few_rows), M, 1, TailStrategy::ShiftInwards);
+  schedule_out(out.specialize(wide && M < p.many_rows), M, p.few_rows, TailStrategy::ShiftInwards);
+  const Expr tiles_m = (M + p.tile_m - 1) / p.tile_m;
+  schedule_out(out.specialize(wide), (M + tiles_m - 1) / tiles_m, p.rows,
+               TailStrategy::ShiftInwards);
+  schedule_out(out, M, 1, TailStrategy::GuardWithIf);  // fewer ids than a block column
+
+  // A whole block column of the strip and the accumulators also where the guarded tile needs
+  // fewer (their loops then have a constant extent to unroll; the ids are clamped).
+  strip.compute_at(out, nb).bound_extent(n, block_n).vectorize(n, p.lanes).unroll(n);
+  acc.compute_at(out, mb).bound_extent(n, block_n).vectorize(n, p.lanes).unroll(n).unroll(m);
+  Halide::RVar ko("ko"), ki("ki");
+  acc.update()
+      .split(r, ko, ki, p.k_unroll)
+      .reorder(n, m, ki, ko)
+      .vectorize(n, p.lanes)
+      .unroll(n)
+      .unroll(m)
+      .unroll(ki);
+
+  std::vector<Halide::Argument> args = {x, wt, ids};
+  if (spec.has_bias) args.push_back(bias);
+  return KernelPipeline{Halide::Pipeline(out), args};
+}
+
 KernelPipeline build_linear(const LinearKernel& spec, const Halide::Target& target) {
+  if (spec.rows) return build_linear_rows(spec, target);
   KILN_ASSERT(spec.K >= 1 && spec.N >= 1, "linear kernel needs K >= 1 and N >= 1");
   KILN_ASSERT(spec.K <= (int64_t{1} << 30) && spec.N <= (int64_t{1} << 30),
               "linear kernel dims must fit in int32");

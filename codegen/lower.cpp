@@ -43,6 +43,7 @@ std::array<LowerFn, kOpKinds> make_table() {
   set(OpKind::slice, l::lower_slice);
   // linear.cpp
   set(OpKind::linear, l::lower_linear);
+  set(OpKind::linear_rows, l::lower_linear_rows);
   // attention.cpp
   set(OpKind::attention, l::lower_attention);
   set(OpKind::cache_write, l::lower_cache_write);

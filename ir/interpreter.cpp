@@ -1557,6 +1557,19 @@ class Interpreter {
                         : options_.bf16_linear ? LinearRounding::bf16
                                                : LinearRounding::none);
         break;
+      case OpKind::linear_rows: {
+        // The rows of W (and b) first, checked as a gather checks its ids; then the linear,
+        // always in f32 (compiled code reads f32 weights for it, ops.def).
+        const Tensor w =
+            eval_gather(operand(op, 1), operand(op, 2),
+                        {operand(op, 2).shape[0], operand(op, 1).shape[1]}, label(op.operands[2]));
+        std::optional<Tensor> b;
+        if (op.operands.size() == 4)
+          b = eval_gather(operand(op, 3), operand(op, 2), {operand(op, 2).shape[0]},
+                          label(op.operands[2]));
+        r = eval_linear(op, operand(op, 0), w, b ? &*b : nullptr, shape, LinearRounding::none);
+        break;
+      }
       case OpKind::attention: {
         // Optional operands: key_pad, query_pad (query_pad = 1), bias (bias = 1).
         const ir::AttentionOperands at = ir::attention_operands(op.attrs, op.operands.size());

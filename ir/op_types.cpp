@@ -618,6 +618,20 @@ TypeResult infer_type(const Module& m, OpKind kind, const std::vector<TensorType
       t.shape.back() = w.shape[0];
       return ok(t);
     }
+    case OpKind::linear_rows: {
+      const TensorType &x = in[0], &w = in[1], &ids = in[2];
+      if (x.dtype != DType::f32 || w.dtype != DType::f32 || x.rank() < 1 || w.rank() != 2)
+        return err("expects f32 x[...,K] and W[V,K], got {} and {}", to_string(x), to_string(w));
+      if (!(x.shape.back() == w.shape[1]))
+        return err("input {} does not match weight {}", to_string(x), to_string(w));
+      if (ids.dtype != DType::i64 || ids.rank() != 1)
+        return err("ids must be i64[R], got {}", to_string(ids));
+      if (n == 4 && !(in[3] == TensorType{DType::f32, {w.shape[0]}}))
+        return err("bias {} must be f32[{}]", to_string(in[3]), to_string(w.shape[0]));
+      TensorType t = x;
+      t.shape.back() = ids.shape[0];
+      return ok(t);
+    }
     case OpKind::attention: {
       // attention(q[B,Lq,H*Dk], k[B,Lk,KV*Dk], v[B,Lk,KV*Dv] [, key_pad bool[B,Lk]]
       //           [, query_pad bool[B,Lq] (with query_pad = 1)] [, bias f32 (with bias = 1)])

@@ -19,6 +19,7 @@
 #include "passes/fuse_rmsnorm.h"
 #include "passes/merge_projections.h"
 #include "passes/plan_memory.h"
+#include "passes/restrict_vocabulary.h"
 #include "passes/schedule.h"
 #include "passes/shape_inference.h"
 #include "passes/unmerge_heads.h"
@@ -51,6 +52,9 @@ const std::vector<PassInfo>& all_passes() {
       {"fuse-linear", fuse_linear, "matmul(x, Wᵀ) + b [relu] -> linear"},
       // Needs fuse-linear's linear ops to find projections sharing an input.
       {"merge-projections", merge_projections, "Q/K/V linears of one input -> one linear"},
+      // Needs fuse-linear's linear ops (an imported head is a matmul and an add before it).
+      {"restrict-vocabulary", restrict_vocabulary,
+       "take_along_axis(linear(x, W), ids) -> linear_rows(x, W, ids)"},
       // Clean up what the fusions left dead or duplicated.
       {"canonicalize", canonicalize, "dead code, CSE, constant folding, reshape/transpose chains"},
       // Order, then memory: the plan's liveness is computed over the chosen order.

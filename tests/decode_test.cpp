@@ -33,6 +33,7 @@
 #include "golden_tiny.h"
 #include "ir/interpreter.h"
 #include "pass_harness.h"
+#include "passes/pipeline.h"
 #include "runtime/safetensors.h"
 #include "tools/bridge.h"
 
@@ -80,7 +81,9 @@ Runner compiled(kiln::Model& model, int64_t layers) {
     std::vector<kiln::Tensor<float>*> where;
     for (int o = 0; o < n_out; ++o) {
       kiln::Tensor<float>* t = &fresh[o];
-      if (fn == "decode_step" && o >= 1) t = &f[in.size() - 2 * layers + (o - 1)];  // in place
+      // decode_step's caches in place (decode_step_restricted's are before its `vocab`).
+      const size_t caches = in.size() - 2 * layers - (fn == "decode_step_restricted" ? 1 : 0);
+      if (fn.rfind("decode_step", 0) == 0 && o >= 1) t = &f[caches + (o - 1)];
       outputs.emplace_back(t);
       where.push_back(t);
     }
@@ -118,9 +121,12 @@ std::pair<ir::Tensor, ir::Tensor> random_batch(const ir::Module& m, int64_t B, i
 // Feeds tgt one token per step through prepare and decode_step, moving the hypotheses to
 // other rows every step when `shuffle` (as beam search does; their keys stay in the slots
 // they were written to, found through the rows table), and returns the largest difference
-// between a step's logits and forward's at that position.
+// between a step's logits and forward's at that position. With `restricted`, every step runs
+// decode_step_restricted instead, for random token ids (any number from 1 to the vocabulary,
+// repeats allowed), and compares its logits with forward's of those ids.
 double decode_vs_forward(const ir::Module& m, const Runner& run, const ir::Tensor& src,
-                         const ir::Tensor& tgt, bool shuffle, uint32_t seed) {
+                         const ir::Tensor& tgt, bool shuffle, uint32_t seed,
+                         bool restricted = false) {
   const int64_t B = tgt.shape[0], T = tgt.shape[1], D = config(m, "d_model");
   const int64_t V = config(m, "tgt_vocab"), L = config(m, "dec_layers");
   const ir::Tensor logits = run("forward", {src, tgt})[0];
@@ -145,14 +151,25 @@ double decode_vs_forward(const ir::Module& m, const Runner& run, const ir::Tenso
                                   ids({B}, src_row), src};
     in.insert(in.end(), mem.begin(), mem.end());
     in.insert(in.end(), cache.begin(), cache.end());
-    std::vector<ir::Tensor> out = run("decode_step", in);
-    EXPECT_EQ(out[0].shape, (std::vector<int64_t>{B, 1, V}));
+    std::vector<int64_t> vocab(static_cast<size_t>(V));  // the columns the step gives
+    std::iota(vocab.begin(), vocab.end(), 0);
+    if (restricted) {
+      // Alternately few ids (fewer than a kernel's block of columns) and many.
+      const int64_t R = t % 2 ? std::uniform_int_distribution<int64_t>(1, 5)(rng)
+                              : std::uniform_int_distribution<int64_t>(V / 2, V)(rng);
+      vocab.resize(static_cast<size_t>(R));
+      for (int64_t& id : vocab) id = std::uniform_int_distribution<int64_t>(0, V - 1)(rng);
+      in.push_back(ids({R}, vocab));
+    }
+    std::vector<ir::Tensor> out = run(restricted ? "decode_step_restricted" : "decode_step", in);
+    const int64_t R = static_cast<int64_t>(vocab.size());
+    EXPECT_EQ(out[0].shape, (std::vector<int64_t>{B, 1, R}));
     for (int64_t r = 0; r < B; ++r) {
       const int64_t b = order[r];
       slots[b].push_back(r);
-      for (int64_t v = 0; v < V; ++v)
-        worst = std::max(worst, std::abs(static_cast<double>(out[0].f[r * V + v]) -
-                                         logits.f[(b * T + t) * V + v]));
+      for (int64_t j = 0; j < R; ++j)
+        worst = std::max(worst, std::abs(static_cast<double>(out[0].f[r * R + j]) -
+                                         logits.f[(b * T + t) * V + vocab[j]]));
     }
     std::copy(out.begin() + 1, out.end(), cache.begin());
   }
@@ -242,6 +259,56 @@ TEST(DecodeStep, CompiledMatchesCompiledForward) {
     }
     std::printf("[ decode ] %s: compiled decode_step vs compiled forward: max abs error %.3g\n",
                 name, worst);
+    EXPECT_LE(worst, kStepTolerance) << name;
+  }
+}
+
+// decode_step_restricted (nn::add_seq2seq, vocabulary restriction): each step's logits of
+// random token ids, few and many, equal forward's of those ids, in the interpreter and in the
+// compiled code (the f32 libraries run linear_rows on the generator's packed weight:
+// restrict-vocabulary's rewrite, checked in passes_test).
+TEST(DecodeStep, RestrictedStepGivesTheLogitsOfItsIds) {
+  for (size_t c = 0; c < kRandomConfigs.size(); ++c) {
+    ir::Module m = models::build_model("transformer", "tiny", kRandomConfigs[c]);
+    ir::WeightMap w = testing::random_weights(m, static_cast<uint32_t>(31 + c));
+    auto [src, tgt] = random_batch(m, 3, 5, 7, static_cast<uint32_t>(c + 3));
+    const double worst = decode_vs_forward(m, interpreter(m, w), src, tgt, true, 3, true);
+    std::printf("[ decode ] random config %zu: interpreter restricted step vs forward: %.3g\n", c,
+                worst);
+    EXPECT_LE(worst, kStepTolerance) << "config " << c;
+    // The same after the default pipeline, whose restrict-vocabulary makes it a linear_rows.
+    ir::Module opt = testing::after_passes(m, passes::default_pipeline());
+    int rows_ops = 0;
+    for (const ir::Op& op : opt.find_function("decode_step_restricted")->ops)
+      rows_ops += op.kind == ir::OpKind::linear_rows;
+    EXPECT_EQ(rows_ops, 1);
+    ir::materialize_weights(opt, w);  // merge-projections' concatenated weights
+    const double opt_worst = decode_vs_forward(opt, interpreter(opt, w), src, tgt, true, 3, true);
+    EXPECT_LE(opt_worst, kStepTolerance) << "config " << c << ", optimized";
+  }
+  kiln_models::golden_small small_model(golden("small.weights.safetensors").c_str());
+  const std::vector<std::string> wide_settings = {"d_model=64",    "heads=4",      "d_ff=160",
+                                                  "tgt_vocab=128", "enc_layers=1", "dec_layers=1"};
+  ir::Module small = models::build_model("transformer", "small");
+  ir::Module wide = models::build_model("transformer", "tiny", wide_settings);
+  ir::WeightMap ww = testing::random_weights(wide, 5);
+  std::vector<rt::TensorData> tensors;
+  for (const ir::Weight& wt : wide.weights)
+    if (!wt.derivation)
+      tensors.push_back(rt::make_f32(wt.name, ww.at(wt.name).shape, ww.at(wt.name).f));
+  const std::string path = ::testing::TempDir() + "restricted_wide.safetensors";
+  rt::write_safetensors(path, tensors);
+  kiln_models::compiled_wide wide_model(path.c_str());
+  for (const auto& [name, m, model] :
+       std::vector<std::tuple<const char*, ir::Module*, kiln::Model*>>{
+           {"small", &small, &small_model}, {"wide", &wide, &wide_model}}) {
+    double worst = 0;
+    for (auto [B, S, T] : {std::tuple{1, 7, 6}, {3, 13, 9}}) {
+      auto [src, tgt] = random_batch(*m, B, S, T, static_cast<uint32_t>(B * 7 + T));
+      worst = std::max(worst, decode_vs_forward(*m, compiled(*model, config(*m, "dec_layers")), src,
+                                                tgt, B > 1, 9, true));
+    }
+    std::printf("[ decode ] %s: compiled restricted step vs compiled forward: %.3g\n", name, worst);
     EXPECT_LE(worst, kStepTolerance) << name;
   }
 }
@@ -452,6 +519,24 @@ TEST(DecodeStep, BadIndicesAndCachesAreRefused) {
               HasSubstr("output 'cache_k0_out' updates input 'cache_k0' in place"));
   step(pos, rows, src_row, true);  // and a good call works
   EXPECT_EQ(logits.shape, (std::vector<int64_t>{1, 1, 41}));
+  // decode_step_restricted's ids: each a token of the target vocabulary (41), and at least one.
+  auto restricted = [&](const kiln::Tensor<int64_t>& vocab) {
+    model.run("decode_step_restricted",
+              {tok, pos, rows, src_row, src, std::get<0>(mem), std::get<1>(mem), std::get<2>(mem),
+               std::get<3>(mem), cache[0], cache[1], cache[2], cache[3], vocab},
+              {logits, cache[0], cache[1], cache[2], cache[3]});
+  };
+  EXPECT_THAT(error_of([&] {
+                restricted(kiln::Tensor<int64_t>{{3}, {0, 41, 2}});
+              }),
+              HasSubstr("token id 41 at 'vocab'[1] is out of range [0, 41)"));
+  EXPECT_THAT(error_of([&] {
+                restricted(kiln::Tensor<int64_t>{{2}, {-1, 3}});
+              }),
+              HasSubstr("token id -1 at 'vocab'[0] is out of range [0, 41)"));
+  EXPECT_THAT(error_of([&] { restricted(kiln::Tensor<int64_t>{{0}, {}}); }), HasSubstr("'vocab'"));
+  restricted(kiln::Tensor<int64_t>{{2}, {40, 7}});
+  EXPECT_EQ(logits.shape, (std::vector<int64_t>{1, 1, 2}));
 }
 
 TEST(Generate, SamplingIsReproducibleBySeedAndGreedyStreams) {

@@ -148,6 +148,7 @@ void lower_reshape(FunctionLowering& L, const ir::Op& op);
 void lower_slice(FunctionLowering& L, const ir::Op& op);
 // linear.cpp: the linear kernel (f32, bf16 or int8 weights).
 void lower_linear(FunctionLowering& L, const ir::Op& op);
+void lower_linear_rows(FunctionLowering& L, const ir::Op& op);
 // attention.cpp: attention, and incremental decoding's cache write and step attentions.
 void lower_attention(FunctionLowering& L, const ir::Op& op);
 void lower_cache_write(FunctionLowering& L, const ir::Op& op);
