@@ -54,9 +54,10 @@ struct LinearKernel {
   // and a mask.
   bool bf16_fma = false;
   bool int8 = false;
-  // The IR's linear_rows: only the rows `ids` of W (N is W's rows, V), f32 weights laid out as
-  // above: args x, wt, ids i64 (n) [R] (each in [0, V)), bias f32 (n) [V] (when has_bias), out
-  // f32 (n, m) [R × M] dense with out(n, m) = act(Σ_k x(k, m) · W[ids(n), k] + bias(ids(n))).
+  // The IR's linear_rows (CPU): only the rows `ids` of W, read as stored (N is W's rows, V;
+  // panel 0, f32 whatever the library's weights): args x, w f32 (k, v) [K × V] dense (W[V, K]
+  // itself), ids i64 (n) [R] (each in [0, V)), bias f32 (v) [V] (when has_bias), out f32 (n, m)
+  // [R × M] dense with out(n, m) = act(Σ_k x(k, m) · W[ids(n), k] + bias(ids(n))).
   bool rows = false;
 };
 
@@ -226,10 +227,9 @@ struct MatmulKernel {
   bool transpose_b = false;
   bool has_bias = false;
   std::string act = "none";  // as LinearKernel's
-  // With transpose_b and b_rank 2 (the IR's linear_rows where LinearKernel::rows does not
-  // serve: GPU, bf16 and int8 libraries, which read the weight as stored, f32 [V, K]): column
-  // n is row ids(n) of b, args a, b, ids i64 (n) [N] (each in [0, V)), bias f32 (n) [V] read at
-  // ids(n) too, out.
+  // With transpose_b and b_rank 2 (the IR's linear_rows on a GPU): column n is row ids(n) of
+  // b (W[V, K]), args a, b, ids i64 (n) [N] (each in [0, V)), bias f32 (n) [V] read at ids(n)
+  // too, out.
   bool gather_b = false;
 };
 

@@ -372,17 +372,20 @@ int one_row_panels_per_tile(int64_t panels) {
 
 // The rows `ids` of the weight only (LinearKernel::rows, the IR's linear_rows): the f32
 // kernel's register blocks and tiles, over a strip of the gathered columns that each block
-// column copies out of the packed weight once per tile of rows (W5's 128 rows: once per
-// step), the bias read at the ids too. The number of ids R is a run-time extent: tiles of a
-// whole block column while R allows, else one guarded tile.
+// column copies out of the weight as stored, W[V, K], once per tile of rows (W5's 128 rows:
+// once per step): 16 rows of W per gather instruction, each row read along K, so every cache
+// line of it is used (the runtime's packed panels, 64 columns a line apart in K, would not
+// do better for ids spread over the vocabulary, and W as stored is what every build maps from
+// the checkpoint without a copy). The bias is read at the ids too. The number of ids R is a
+// run-time extent: tiles of a whole block column while R allows, else one guarded tile.
 static KernelPipeline build_linear_rows(const LinearKernel& spec, const Halide::Target& target) {
+  KILN_ASSERT(spec.panel == 0 && !spec.bf16 && !spec.int8, "linear_rows reads W[V, K] in f32");
   const int K = static_cast<int>(spec.K), V = static_cast<int>(spec.N);
-  const int P = static_cast<int>(spec.panel);
   const GemmParams p = fit_to_shape(params_for(target), K, V, 0);
   const int block_n = p.lanes * p.vectors;
 
   Halide::ImageParam x(Halide::Float(32), 2, "x");
-  Halide::ImageParam wt(Halide::Float(32), P ? 3 : 2, "wt");
+  Halide::ImageParam w(Halide::Float(32), 2, "w");  // w(k, v) = W[v, k]
   Halide::ImageParam ids(Halide::Int(64), 1, "ids");
   Halide::ImageParam bias(Halide::Float(32), 1, "bias");
   Var n("n"), m("m"), k("k");
@@ -393,10 +396,7 @@ static KernelPipeline build_linear_rows(const LinearKernel& spec, const Halide::
   // read inside the buffers whatever they hold, and the guarded tile's columns past R).
   const Expr id = Halide::clamp(Halide::cast<int>(ids(Halide::min(n, R - 1))), 0, V - 1);
   Func strip("strip");
-  if (P)
-    strip(n, k) = wt(id % P, k, id / P);
-  else
-    strip(n, k) = wt(id, k);
+  strip(n, k) = w(k, id);
   Func acc("acc");
   acc(n, m) = 0.0f;
   acc(n, m) += x(r, m) * strip(n, r);
@@ -408,14 +408,8 @@ static KernelPipeline build_linear_rows(const LinearKernel& spec, const Halide::
 
   x.dim(0).set_bounds(0, K);
   x.dim(1).set_min(0);
-  if (P) {
-    wt.dim(0).set_bounds(0, P);
-    wt.dim(1).set_bounds(0, K).set_stride(P);
-    wt.dim(2).set_bounds(0, V / P).set_stride(P * K);
-  } else {
-    wt.dim(0).set_bounds(0, V);
-    wt.dim(1).set_bounds(0, K).set_stride(V);
-  }
+  w.dim(0).set_bounds(0, K);
+  w.dim(1).set_bounds(0, V).set_stride(K);
   ids.dim(0).set_min(0);
   bias.dim(0).set_bounds(0, V);
   Halide::OutputImageParam ob = out.output_buffer();
@@ -423,10 +417,7 @@ static KernelPipeline build_linear_rows(const LinearKernel& spec, const Halide::
   ob.dim(1).set_min(0).set_stride(R);
   const Expr M = ob.dim(1).extent();
   x.set_estimates({{0, K}, {0, 128}});
-  if (P)
-    wt.set_estimates({{0, P}, {0, K}, {0, V / P}});
-  else
-    wt.set_estimates({{0, V}, {0, K}});
+  w.set_estimates({{0, K}, {0, V}});
   ids.set_estimates({{0, 4096}});
   bias.set_estimates({{0, V}});
   out.set_estimates({{0, 4096}, {0, 128}});
@@ -466,7 +457,7 @@ static KernelPipeline build_linear_rows(const LinearKernel& spec, const Halide::
       .unroll(m)
       .unroll(ki);
 
-  std::vector<Halide::Argument> args = {x, wt, ids};
+  std::vector<Halide::Argument> args = {x, w, ids};
   if (spec.has_bias) args.push_back(bias);
   return KernelPipeline{Halide::Pipeline(out), args};
 }

@@ -1,7 +1,7 @@
 // Lowering of `linear`: the linear kernel on a load-time weight laid out for it (f32
 // panels, bf16 or int8), or the general matmul for a weight computed at run time; and of
-// `linear_rows`: the f32 linear kernel over the gathered rows of the same laid-out weight, or
-// the general matmul reading the rows of the weight as stored.
+// `linear_rows`: the f32 linear kernel over the gathered rows of the weight as stored (the
+// general matmul on a GPU).
 #include <optional>
 #include <string>
 #include <vector>
@@ -78,30 +78,27 @@ void lower_linear(FunctionLowering& L, const ir::Op& op) {
 
 void lower_linear_rows(FunctionLowering& L, const ir::Op& op) {
   const ir::Function& f = L.f;
-  const ir::Op* w = passes::def_op(f, L.defs, op.operands[1]);
   const ir::TensorType& wt = f.type(op.operands[1]);
   const int64_t V = wt.shape[0].value, K = wt.shape[1].value;
   const bool has_bias = op.operands.size() == 4;
   // The ids, where a caller gives them, are checked at the call (the kernels clamp them).
   L.limit_param(op.operands[2], wt.shape[0], "token id");
   const View out = L.output_view(op);
-  const auto& o = L.module.options;
+  // W as stored, [V, K] (a weight: the checkpoint's pages, mapped, in every build).
+  const View w = L.dense(L.view_of(op.operands[1], op), wt,
+                         fmt::format("copy %{} for linear_rows %{}", op.operands[1], op.result));
   rt::StepDesc s{-1, fmt::format("linear_rows %{}", op.result), {}};
-  if (w && w->kind == OpKind::weight && !o.gpu && !o.bf16_weights && !o.int8_weights) {
-    // The weight as decode_step's linear reads it (one copy serves both).
-    LinearKernel k{K, V, op.str_attr("act"), has_bias, linear_panel_for(V)};
+  if (!L.module.options.gpu) {
+    LinearKernel k{K, V, op.str_attr("act"), has_bias, 0};
     k.rows = true;
     s.kernel = L.kernel_index(k);
     s.args.push_back(L.rows_arg(op, 0));
-    const int32_t wi = L.module.weight_index(w->str_attr("name"), true, k.panel);
-    std::vector<ir::Dim> stored;
-    for (int64_t d : L.module.out.plan.weights[static_cast<size_t>(wi)].shape)
-      stored.push_back(ir::Dim::constant(d));
-    s.args.push_back(
-        L.dense_view(ir::TensorType{ir::DType::f32, stored}, Storage::weight, wi, 0).halide());
+    s.args.push_back(w.halide());
+    s.args.push_back(L.view_of(op.operands[2], op).halide());
+    if (has_bias) s.args.push_back(L.view_of(op.operands[3], op).halide());
+    s.args.push_back(*L.rows_view(out, op));
   } else {
-    // GPU, bf16 and int8 libraries: the general matmul over the rows of W as stored (f32),
-    // as the interpreter computes linear_rows whatever the weights (ir/ops.def).
+    // The general matmul, reading column n from row ids(n) of W.
     MatmulKernel k;
     k.transpose_b = k.gather_b = true;
     k.has_bias = has_bias;
@@ -116,17 +113,11 @@ void lower_linear_rows(FunctionLowering& L, const ir::Op& op) {
     k.a_broadcast.assign(static_cast<size_t>(k.a_rank - 2), false);
     s.kernel = L.kernel_index(k);
     s.args.push_back(a.halide());
-    s.args.push_back(L.view_of(op.operands[1], op).halide());
+    s.args.push_back(w.halide());
     s.args.push_back(L.view_of(op.operands[2], op).halide());
     if (has_bias) s.args.push_back(L.view_of(op.operands[3], op).halide());
     s.args.push_back(res.halide());
-    L.fd.steps.push_back(std::move(s));
-    L.views[op.result] = out;
-    return;
   }
-  s.args.push_back(L.view_of(op.operands[2], op).halide());
-  if (has_bias) s.args.push_back(L.view_of(op.operands[3], op).halide());
-  s.args.push_back(*L.rows_view(out, op));
   L.fd.steps.push_back(std::move(s));
   L.views[op.result] = out;
 }
