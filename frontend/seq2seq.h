@@ -17,13 +17,18 @@
 //       written into its caches at [pos, n] in place, attending to positions j < P through
 //       rows[n, j] (beam indirection, as in causal_lm.h); the cross-attention reads sentence
 //       src_row[n]'s memory keys and values (never copied per beam), source padding masked.
+//   decode_step_restricted(the same inputs..., vocab i64[R]) -> logits f32[N,1,R], caches...
+//       decode_step with the logits of the token ids vocab[r] only (vocabulary restriction:
+//       kiln_search_options::vocabulary). Where the head ends in a linear (on weights), the
+//       compiler's restrict-vocabulary computes only those rows of it (linear_rows), which
+//       for a 32000-token generator and a few thousand ids is most of its work saved.
 //
 // In the decoder body ctx.positions() is each target token's position, ctx.attention() the
 // layer's causal self-attention (cached), ctx.cross_attention() its attention to the encoder
 // output. Symbols: B (max max_batch), S (max max_src_len), T (max max_len), N and C (max
-// max_batch·max_beam), P (max max_len). The module config gets `generation = seq2seq`,
-// `tgt_vocab`, `max_len`, `max_batch`, `max_beam`, `bos_id` (the decoder's start token),
-// `eos_id`, `pad_id` and `cache_widths`, which kiln_generate reads.
+// max_batch·max_beam), P (max max_len), R (max vocab). The module config gets `generation =
+// seq2seq`, `tgt_vocab`, `max_len`, `max_batch`, `max_beam`, `bos_id` (the decoder's start
+// token), `eos_id`, `pad_id` and `cache_widths`, which kiln_generate reads.
 //
 // Example (a T5-style model; examples/models/t5.cpp is the whole of it):
 //

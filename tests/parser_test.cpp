@@ -161,6 +161,11 @@ const RoundTripCase kRoundTrips[] = {
     %3 = attention(%2, %memory, %memory) {causal = 0, heads = 4, scale = 0.125} : f32[B,T,8]
     return %2, %3
   }
+  func @restricted(%y: f32[B,T,8], %ids: i64[S]) -> (f32[B,T,S]) {
+    %0 = weight() {name = "w_q"} : f32[8,8]
+    %1 = linear_rows(%y, %0, %ids) {act = "relu"} : f32[B,T,S]
+    return %1
+  }
 }
 )kir"},
     {"Decoding", R"kir(module @decoding {

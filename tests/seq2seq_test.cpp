@@ -128,11 +128,17 @@ TEST_F(T5, EveryEntryPointIsFused) {
   EXPECT_EQ(count["decode_step"]["cache_attention"], 2);
   EXPECT_EQ(count["decode_step"]["memory_attention"], 2);
   EXPECT_EQ(count["decode_step"]["attention"], 0);
+  // decode_step_restricted: the same step, its head a linear_rows (restrict-vocabulary).
+  EXPECT_EQ(count["decode_step_restricted"]["cache_attention"], 2);
+  EXPECT_EQ(count["decode_step_restricted"]["memory_attention"], 2);
+  EXPECT_EQ(count["decode_step_restricted"]["linear_rows"], 1);
+  EXPECT_EQ(count["decode_step_restricted"]["take_along_axis"], 0);
+  EXPECT_EQ(count["decode_step_restricted"]["linear"] + 1, count["decode_step"]["linear"]);
   int64_t biased = 0;
   for (const ir::Function& f : m.functions)
     for (const ir::Op& op : f.ops)
       if (op.kind == ir::OpKind::cache_attention) biased += op.operands.size() == 5;
-  EXPECT_EQ(biased, 2) << "the decoder's relative bias reaches cache_attention";
+  EXPECT_EQ(biased, 4) << "the decoder's relative bias reaches cache_attention in both steps";
   for (const auto& [fname, c] : count) {
     for (const char* gone : {"matmul", "softmax", "reduce_mean", "rsqrt", "layernorm_unfused"})
       EXPECT_EQ(c.count(gone) ? c.at(gone) : 0, 0) << fname << ": " << gone;

@@ -54,7 +54,11 @@ def tiny():
 
 def test_entry_points_name_inputs_dtypes_and_symbolic_shapes(tiny):
     ep = tiny.entry_points
-    assert set(ep) == {"forward", "encode", "prepare", "decode_step"}
+    assert set(ep) == {"forward", "encode", "prepare", "decode_step", "decode_step_restricted"}
+    assert ep["decode_step_restricted"]["inputs"][-1] == {"name": "vocab", "dtype": "int64",
+                                                          "shape": ["R"]}
+    assert ep["decode_step_restricted"]["outputs"][0] == {"name": "logits", "dtype": "float32",
+                                                          "shape": ["N", 1, "R"]}
     assert ep["forward"]["inputs"] == [{"name": "src", "dtype": "int64", "shape": ["B", "S"]},
                                        {"name": "tgt", "dtype": "int64", "shape": ["B", "T"]}]
     assert ep["forward"]["outputs"] == [{"name": "logits", "dtype": "float32",

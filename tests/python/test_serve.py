@@ -152,9 +152,11 @@ def test_requests_metadata_and_every_entry_point(server_factory, golden, tiny):
         ("src", "INT64", [-1, -1]), ("tgt", "INT64", [-1, -1])]
     assert [(t["name"], t["datatype"], t["shape"], t["dims"]) for t in meta["outputs"]] == [
         ("logits", "FP32", [-1, -1, 41], ["B", "T", "41"])]
-    assert set(meta["entry_points"]) == {"forward", "encode", "prepare", "decode_step"}
+    assert set(meta["entry_points"]) == {"forward", "encode", "prepare", "decode_step",
+                                         "decode_step_restricted"}
     assert meta["entry_points"]["forward"]["max_batch"] == 4
     assert meta["entry_points"]["decode_step"]["max_batch"] == 0  # updates caches: never batched
+    assert meta["entry_points"]["decode_step_restricted"]["max_batch"] == 0
     assert requests.get(s.url + "/v2/models/py_tiny/ready", timeout=10).json()["ready"] is True
     # forward: PyTorch's logits (the golden file) and the Python module's, with the id echoed.
     r = s.infer(forward_body(inputs["src"], inputs["tgt"], id="req-7"))
