@@ -218,6 +218,8 @@ void kiln_search_options_init(kiln_search_options* o) {
   o->sampling_top_k = 1;
   o->sampling_temperature = 1;
   o->sampling_top_p = 1;
+  o->vocabulary = nullptr;  // no vocabulary restriction
+  o->num_vocabulary = 0;
 }
 
 namespace {

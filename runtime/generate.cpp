@@ -29,6 +29,14 @@
 // than τ, their tokens within the cache's times (the model's max_len), and the rows within
 // max_batch sentences and max_batch × max_beam hypotheses. An encoder–decoder's decode_step
 // has one position for every row, so its sentences join only a batch with none running.
+//
+// Vocabulary restriction (kiln_search_options.vocabulary, an encoder–decoder's): each step
+// runs `decode_step_restricted` with the allowed ids (sorted, unique, the end and stop ids
+// among them), whose logits hold only those columns. The search works on columns: column c
+// is token vocab_ids_[c], and since the ids are sorted, the lower column is the lower id, so
+// ties break as in the full search. The result is the full search's with every other token's
+// logit -inf (the log-softmax is over the set), except that where fewer tokens than
+// beam_size + ends are allowed, no hypothesis of probability 0 is grown.
 #include "runtime/generate.h"
 
 #include <algorithm>
@@ -123,8 +131,11 @@ class Search {
       : m_(model), o_(o), joinable_(joinable), rng_(o.seed) {
     check_model();
     check_options();
-    o_.stop_ids = nullptr;  // ends_ holds them: the caller's array need not outlive this call
+    // ends_ and vocab_ids_ hold them: the caller's arrays need not outlive this call.
+    o_.stop_ids = nullptr;
     o_.num_stop_ids = 0;
+    o_.vocabulary = nullptr;
+    o_.num_vocabulary = 0;
   }
 
   // Adds the sentences `src`, at ids size() .., decoding at most `max_decoding_length` tokens
@@ -299,6 +310,51 @@ class Search {
         fail("stop_ids[{}] is {}; it must be a token id in [0, {})", i, id, vocab_);
       if (std::find(ends_.begin(), ends_.end(), id) == ends_.end()) ends_.push_back(id);
     }
+    check_vocabulary();
+  }
+
+  // The vocabulary restriction (kiln_search_options.vocabulary) into vocab_ids_: the ids
+  // sorted and unique, with the end ids (ends_) added; end_column_ is end_'s column.
+  void check_vocabulary() {
+    const kiln_search_options& o = o_;
+    if (o.num_vocabulary < 0)
+      fail("num_vocabulary is {}; it must be at least 0 (0: no vocabulary restriction)",
+           o.num_vocabulary);
+    if (o.num_vocabulary > 0 && !o.vocabulary)
+      fail("vocabulary is NULL with num_vocabulary {}", o.num_vocabulary);
+    if (o.num_vocabulary == 0) return;
+    if (causal_)
+      fail(
+          "vocabulary restriction is for encoder–decoder models (their decode_step_restricted); "
+          "this is a decoder-only model (generation = causal_lm)");
+    if (kiln_model_num_inputs(m_, "decode_step_restricted") < 0)
+      fail(
+          "vocabulary restriction needs the model's entry point 'decode_step_restricted', which "
+          "this library lacks (compiled by a kiln before it, or from IR without it): recompile "
+          "the model with this kiln");
+    // The target vocabulary's size: the config's tgt_vocab, else the bound of the restricted
+    // step's symbol R (1..tgt_vocab).
+    const int64_t size = vocab_ > 0 ? vocab_ : kiln_model_symbol_max(m_, "R");
+    vocab_ids_.assign(o.vocabulary, o.vocabulary + o.num_vocabulary);
+    for (int32_t i = 0; i < o.num_vocabulary; ++i)
+      if (vocab_ids_[i] < 0 || (size > 0 && vocab_ids_[i] >= size))
+        fail("vocabulary[{}] is {}; it must be a target token id in [0, {})", i, vocab_ids_[i],
+             size);
+    vocab_ids_.insert(vocab_ids_.end(), ends_.begin(), ends_.end());
+    std::sort(vocab_ids_.begin(), vocab_ids_.end());
+    vocab_ids_.erase(std::unique(vocab_ids_.begin(), vocab_ids_.end()), vocab_ids_.end());
+    restricted_ = true;
+    end_column_ = column_of(end_);
+  }
+
+  // The token of column c of logits_ (see the top of this file).
+  int64_t token_of(int64_t c) const { return restricted_ ? vocab_ids_[static_cast<size_t>(c)] : c; }
+  // The column of logits_ holding `token` (an id of vocab_ids_ where restricted); -1 for -1.
+  int64_t column_of(int64_t token) const {
+    if (!restricted_ || token < 0) return token;
+    const auto at = std::lower_bound(vocab_ids_.begin(), vocab_ids_.end(), token);
+    KILN_ASSERT(at != vocab_ids_.end() && *at == token, "the end ids are in the vocabulary");
+    return at - vocab_ids_.begin();
   }
 
   // The sentences of one add(): their shape, prompts (decoder-only) and decoding length.
@@ -522,11 +578,17 @@ class Search {
     if (kiln_model_output_shapes(m_, function, in.data(), in.size(), out.data(), out.size()))
       fail("{}", kiln_model_error(m_));
     if (out[0].rank != 3) fail("model's {} logits have rank {}, expected 3", function, out[0].rank);
-    vocab_ = out[0].shape[2];
-    for (int64_t id : {start_, end_})
-      if (id >= vocab_)
-        fail("start_id {} or end_id {} is out of range [0, {})", start_, end_, vocab_);
-    logits_.resize(static_cast<size_t>(n * vocab_));
+    columns_ = out[0].shape[2];
+    if (restricted_) {
+      if (columns_ != static_cast<int64_t>(vocab_ids_.size()))
+        fail("model's {} gives {} logits for {} token ids", function, columns_, vocab_ids_.size());
+    } else {
+      vocab_ = columns_;
+      for (int64_t id : {start_, end_})
+        if (id >= vocab_)
+          fail("start_id {} or end_id {} is out of range [0, {})", start_, end_, vocab_);
+    }
+    logits_.resize(static_cast<size_t>(n * columns_));
     out[0].data = logits_.data();
     out[0].capacity = logits_.size() * 4;
     for (size_t i = 0; i < caches.size(); ++i) {  // updated in place
@@ -613,8 +675,11 @@ class Search {
                           static_cast<size_t>(mem_[i].numel()) * 4));
     }
     add_caches(in, cache_);
+    if (restricted_)  // its last input: the columns' token ids
+      in.push_back(view("vocab", KILN_I64, {static_cast<int64_t>(vocab_ids_.size())},
+                        vocab_ids_.data(), vocab_ids_.size() * 8));
     step_rows_ = &alive_;
-    run_for_logits("decode_step", in, n, cache_);
+    run_for_logits(restricted_ ? "decode_step_restricted" : "decode_step", in, n, cache_);
     step_rows_ = nullptr;
   }
 
@@ -630,9 +695,9 @@ class Search {
   void check_logits(int64_t n) {
     std::vector<uint8_t> flags(static_cast<size_t>(n));
     for_rows(n, [&](int64_t i) {
-      const float* row = &logits_[static_cast<size_t>(i * vocab_)];
+      const float* row = &logits_[static_cast<size_t>(i * columns_)];
       int bad = 0, finite_or_plus = 0;
-      for (int64_t v = 0; v < vocab_; ++v) {
+      for (int64_t v = 0; v < columns_; ++v) {
         bad |= !(row[v] < kInfinity);  // NaN or +inf
         finite_or_plus |= row[v] > -kInfinity;
       }
@@ -649,14 +714,14 @@ class Search {
     for (int64_t i = 0; i < static_cast<int64_t>(rows.size()); ++i) {
       const int64_t sentence = rows[static_cast<size_t>(i)].sentence;
       const int64_t t = static_cast<int64_t>(rows[static_cast<size_t>(i)].tokens.size());
-      const float* row = &logits_[static_cast<size_t>(i * vocab_)];
+      const float* row = &logits_[static_cast<size_t>(i * columns_)];
       const uint8_t flags = flags_of(i);
       const bool bad = flags & kLogitNanOrPlusInf, finite_or_plus = flags & kLogitAboveMinusInf;
       if (bad)
-        for (int64_t v = 0; v < vocab_; ++v)
+        for (int64_t v = 0; v < columns_; ++v)
           if (!(row[v] < kInfinity))
             fail("non-finite logit at step {} of batch row {}: token {} has logit {} ({})", t,
-                 sentence, v, row[v], kWhy);
+                 sentence, token_of(v), row[v], kWhy);
       if (!finite_or_plus)
         fail("non-finite logits at step {} of batch row {}: every token has logit -inf ({})", t,
              sentence, kWhy);
@@ -711,7 +776,7 @@ class Search {
   };
   void scan_rows(const std::vector<Hyp>& in) {
     scans_.resize(in.size());
-    const int64_t V = vocab_, n_ends = static_cast<int64_t>(ends_.size());
+    const int64_t V = columns_, n_ends = static_cast<int64_t>(ends_.size());
     for_rows(static_cast<int64_t>(in.size()), [&](int64_t i) {
       const float* row = &logits_[static_cast<size_t>(i * V)];
       const bool no_end_yet =
@@ -719,9 +784,10 @@ class Search {
       RowScan& scan = scans_[static_cast<size_t>(i)];
       scan.lse = log_sum_exp(row, V, &scan.flags);
       // The K + (end tokens) best tokens of this beam suffice: K of them continue it. With one
-      // end token the search kernel leaves it out itself before min_decoding_length.
+      // end token the search kernel leaves it out itself before min_decoding_length. `best`
+      // holds columns (select maps them to tokens).
       best_tokens(row, V, std::min<int64_t>(V, o_.beam_size + n_ends),
-                  no_end_yet && n_ends == 1 ? end_ : -1, scan.best);
+                  no_end_yet && n_ends == 1 ? end_column_ : -1, scan.best);
     });
     report_bad_logits(in, [&](int64_t i) { return scans_[static_cast<size_t>(i)].flags; });
   }
@@ -729,7 +795,7 @@ class Search {
   // Beam search (greedy when beam_size is 1) for the hypotheses [begin, end) of one sentence.
   void select(const std::vector<Hyp>& alive, size_t begin, size_t end, int64_t t,
               std::vector<Hyp>& next) {
-    const int64_t K = o_.beam_size, V = vocab_;
+    const int64_t K = o_.beam_size, V = columns_;
     struct Cand {
       double score;
       int64_t beam, token;
@@ -739,9 +805,9 @@ class Search {
     for (size_t i = begin; i < end; ++i) {
       const float* row = &logits_[i * V];
       const double lse = scans_[i].lse;  // scan_rows
-      for (int64_t v : scans_[i].best)
-        if (!(no_end_yet && is_end(v)))
-          cands.push_back({alive[i].cum + (static_cast<double>(row[v]) - lse),
+      for (int64_t c : scans_[i].best)
+        if (const int64_t v = token_of(c); !(no_end_yet && is_end(v)))
+          cands.push_back({alive[i].cum + (static_cast<double>(row[c]) - lse),
                            static_cast<int64_t>(i - begin), v});
     }
     std::stable_sort(cands.begin(), cands.end(), [](const Cand& a, const Cand& b) {
@@ -790,13 +856,13 @@ class Search {
   // Sampling (beam_size 1) for hypothesis i: from softmax(logits / temperature) over the
   // sampling_top_k most likely tokens, cut to the top-p nucleus.
   void sample(const std::vector<Hyp>& alive, size_t i, int64_t t, std::vector<Hyp>& next) {
-    const int64_t V = vocab_;
+    const int64_t V = columns_;  // ids, lp and pick are columns (token_of maps them)
     const float* row = &logits_[i * V];
     const double lse = log_sum_exp(row, V);
     std::vector<double> lp(static_cast<size_t>(V));
     for (int64_t v = 0; v < V; ++v) lp[v] = static_cast<double>(row[v]) - lse;
     if (t < o_.min_decoding_length)
-      for (int64_t e : ends_) lp[e] = kNegInf;
+      for (int64_t e : ends_) lp[column_of(e)] = kNegInf;
     std::vector<int64_t> ids(static_cast<size_t>(V));
     for (int64_t v = 0; v < V; ++v) ids[v] = v;
     const int64_t k = o_.sampling_top_k > 0 ? std::min<int64_t>(o_.sampling_top_k, V) : V;
@@ -829,6 +895,7 @@ class Search {
     }
     const Hyp& parent = alive[i];
     const double cum = parent.cum + lp[pick];
+    pick = token_of(pick);
     std::vector<Finished>& fin = sentences_[parent.sentence].finished;
     const int32_t max_length = sentences_[parent.sentence].max_decoding_length;
     if (is_end(pick)) {
@@ -853,10 +920,16 @@ class Search {
   std::vector<char> src_bytes_;  // encoder–decoder: the batch's sources, kept
   kiln_tensor src_{};
   int64_t layers_ = 0, max_len_ = 0, max_rows_ = 0, max_batch_ = 0, max_beam_ = 0, vocab_ = -1;
+  int64_t columns_ = 0;  // logits_'s row: vocab_, or vocab_ids_.size() where restricted
   int64_t start_ = -1, end_ = -1, slots_ = 0;
   bool sampling_ = false;
   bool causal_ = false;        // decoder-only: prefill, prompts
   std::vector<int64_t> ends_;  // end_id (if any) and the stop ids
+  // Vocabulary restriction: the allowed ids, sorted and unique (the ends among them), one per
+  // column of logits_; end_'s column.
+  bool restricted_ = false;
+  std::vector<int64_t> vocab_ids_;
+  int64_t end_column_ = -1;
   // The sentences being added (check_inputs): decoder-only prompts and the longest (0 for an
   // encoder–decoder), and their decoding length.
   std::vector<std::vector<int64_t>> prompts_;

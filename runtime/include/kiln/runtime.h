@@ -289,6 +289,16 @@ typedef struct kiln_search_options {
    * to stream output; from the calling thread. NULL: none. */
   kiln_token_callback on_token;
   void* user_data;
+  /* Vocabulary restriction (an encoder–decoder's; CTranslate2's use_vmap): the target token
+   * ids the search may choose, num_vocabulary of them at `vocabulary` (each in [0, the
+   * model's tgt_vocab); any order, duplicates allowed; copied, so the array need not outlive
+   * the call). The search runs as if every other token's logit were -inf (log-softmax over
+   * the set, which always holds end_id and the stop ids so a hypothesis can end), through
+   * the model's decode_step_restricted entry point, which computes only the set's logits.
+   * NULL or 0 (default): no restriction. A decoder-only model, and a library without
+   * decode_step_restricted (compiled by a kiln before it), refuse a restriction. */
+  const int64_t* vocabulary;
+  int32_t num_vocabulary;
 } kiln_search_options;
 
 /* The defaults above, and struct_size: the one definition of each default (kiln translate
@@ -322,9 +332,9 @@ void kiln_generation_free(kiln_generation* generation);
 
 /* Continuous batching: a generation that sentences join at step boundaries, instead of
  * waiting for the running batch to finish (a model server's generation requests). The
- * options (on_token and user_data included; stop_ids are copied) hold for every sentence;
- * on_token's `sentence` is the sentence's id. A decoder-only model's sentences join a running
- * batch while they fit: prompts no longer than the batch's time so far (its longest prompt
+ * options (on_token and user_data included; stop_ids and vocabulary are copied) hold for every
+ * sentence; on_token's `sentence` is the sentence's id. A decoder-only model's sentences join a
+ * running batch while they fit: prompts no longer than the batch's time so far (its longest prompt
  * plus the steps run), max_decoding_length within the model's max_len from there, at most
  * max_batch sentences and max_batch x max_beam hypotheses live. An encoder–decoder's
  * decode_step has one position for every row, so its sentences join only once none is
