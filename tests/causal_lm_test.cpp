@@ -689,6 +689,41 @@ TEST_P(CausalLM, AGeneratorRefusesWhatCannotJoinAndBadInput) {
 // `kiln generate` on the llama example's shared library: greedy ids of prompts of different
 // lengths as the twin's (one line per prompt), beam hypotheses with scores, stop ids, sampling
 // by seed, streaming; and its errors.
+// Vocabulary restriction (kiln_search_options.vocabulary) is an encoder–decoder's: a
+// decoder-only model refuses it, in kiln_generate, kiln_generator_create and kiln translate
+// --vocab-map, saying so.
+TEST_P(CausalLM, VocabularyRestrictionIsRefused) {
+  const std::vector<int64_t> allowed = {3, 4, 5};
+  kiln::SearchOptions o;
+  o.vocabulary = allowed.data();
+  o.num_vocabulary = 3;
+  const std::string why =
+      "vocabulary restriction is for encoder–decoder models (their decode_step_restricted); "
+      "this is a decoder-only model (generation = causal_lm)";
+  kiln::Tensor<int64_t> in{{1, 2}, {5, 6}};
+  EXPECT_EQ(testing::error_of<std::exception>([&] { model().generate(in, o); }), why);
+  EXPECT_EQ(kiln_generator_create(model().get(), &o), nullptr);
+  EXPECT_EQ(kiln_model_error(model().get()), why);
+}
+
+TEST(GenerateCli, TranslateRefusesAVocabularyMapForADecoderOnlyModel) {
+  const std::string vmap = ::testing::TempDir() + "decoder_only.vmap";
+  {
+    std::ofstream out(vmap);
+    out << "3\t4 5\n";
+  }
+  const std::string src = ::testing::TempDir() + "decoder_only_src.safetensors";
+  rt::write_safetensors(src, {rt::make_i64("src", {1, 2}, {5, 6})});
+  const testing::CliResult r = testing::run_argv(
+      {"%kiln", "translate", "--compiled", KILN_GENERATE_MODEL_DIR, "--weights",
+       golden("llama.weights.safetensors"), "--inputs", src, "--vocab-map", vmap});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.output, fmt::format("kiln: error: translate: --vocab-map restricts an "
+                                  "encoder–decoder's target vocabulary; '{}' is a decoder-only "
+                                  "model (vocabulary restriction is for encoder–decoder models)\n",
+                                  KILN_GENERATE_MODEL_DIR));
+}
+
 TEST(GenerateCli, PrintsTheTwinsIdsAndRefusesBadPrompts) {
   const std::vector<std::vector<int64_t>> p = prompts("llama");
   const ir::Tensor greedy = read("llama.generate.safetensors", "greedy");

@@ -26,6 +26,7 @@
 #include <gtest/gtest.h>
 
 #include "kiln/vocab.h"
+#include "runtime/library_api.h"
 #include "runtime/safetensors.h"
 #include "tests/cli_run.h"
 
@@ -682,6 +683,152 @@ TEST_F(TranslateTest, BatchesOfSourceIdsGiveTheSameIds) {
   EXPECT_EQ(alone.at("ids").shape[0], static_cast<int64_t>(rows.size()));
   // Row 90 ("six") generated "6" and its end token.
   EXPECT_EQ(alone.to_i64(alone.at("lengths"))[90], 1);
+}
+
+// kiln translate --vocab-map (vocabulary restriction): each batch chooses among the
+// candidates of its own sources. The output is kiln_generate's, called through the library's
+// C ABI with the candidates this test finds itself (the map's n-grams in the sentences, the
+// always line), for the text map (characters) and the same map in ids (--inputs); and it
+// differs from the unrestricted translation, which needs a digit the map does not allow.
+TEST_F(TranslateTest, VocabularyMapRestrictsEachBatchAsTheCApiDoes) {
+  const kiln::Vocabulary src_vocab = kiln::Vocabulary::load(kNumbers + "vocab.src.txt");
+  const kiln::Vocabulary tgt_vocab = kiln::Vocabulary::load(kNumbers + "vocab.tgt.txt");
+  const std::vector<std::string> sentences = {"three hundred and twelve",
+                                              "forty thousand and seventeen", "six"};
+  // SOURCE (characters, an n-gram as a string) -> target digits; "" is the always line.
+  const std::vector<std::pair<std::string, std::string>> entries = {
+      {"th", "3"}, {"s", "6 7"}, {"fo", "4 5"}, {"", "0 1"}, {"z", "9"}, {"nd", "8"}};
+  auto spaced = [](const std::string& chars) {
+    std::string out;
+    for (char c : chars) out += out.empty() ? std::string(1, c) : std::string(" ") + c;
+    return out;
+  };
+  std::vector<std::string> text_lines, id_lines;
+  for (const auto& [source, targets] : entries) {
+    text_lines.push_back(spaced(source) + "\t" + targets);
+    std::string ids, tids;
+    for (char c : source)
+      ids += (ids.empty() ? "" : " ") + std::to_string(src_vocab.id(std::string(1, c)));
+    for (char c : targets)
+      if (c != ' ')
+        tids += (tids.empty() ? "" : " ") + std::to_string(tgt_vocab.id(std::string(1, c)));
+    id_lines.push_back(ids + "\t" + tids);
+  }
+  const std::string text_map = write("text.vmap", text_lines);
+  const std::string id_map = write("ids.vmap", id_lines);
+  // The allowed target ids of a batch of sentences, found here.
+  auto candidates = [&](const std::vector<std::string>& batch) {
+    std::set<int64_t> out;
+    for (const auto& [source, targets] : entries) {
+      bool found = source.empty();
+      for (const std::string& s : batch) found = found || s.find(source) != std::string::npos;
+      if (found)
+        for (char c : targets)
+          if (c != ' ') out.insert(tgt_vocab.id(std::string(1, c)));
+    }
+    return std::vector<int64_t>(out.begin(), out.end());
+  };
+  // kiln_generate through the library's C ABI on `batch`, restricted to `allowed` (empty:
+  // unrestricted): each sentence's ids.
+  const rt::Library lib = rt::open_library(kModel, "test");
+  char* error = nullptr;
+  kiln_model* model = lib.api.create((kNumbers + "numbers.weights.safetensors").c_str(), &error);
+  ASSERT_NE(model, nullptr) << (error ? error : "");
+  auto generate = [&](const std::vector<std::string>& batch, const std::vector<int64_t>& allowed) {
+    size_t width = 0;
+    std::vector<std::vector<int64_t>> rows;
+    for (const std::string& s : batch) {
+      rows.push_back(src_vocab.encode(s));
+      width = std::max(width, rows.back().size());
+    }
+    std::vector<int64_t> ids(rows.size() * width, 0);  // pad_id 0
+    for (size_t i = 0; i < rows.size(); ++i)
+      std::copy(rows[i].begin(), rows[i].end(),
+                ids.begin() + static_cast<std::ptrdiff_t>(i * width));
+    kiln_search_options o;
+    lib.api.search_options_init(&o);
+    o.vocabulary = allowed.empty() ? nullptr : allowed.data();
+    o.num_vocabulary = static_cast<int32_t>(allowed.size());
+    const kiln_tensor in = rt::generation_src(ids.data(), static_cast<int64_t>(rows.size()),
+                                              static_cast<int64_t>(width));
+    kiln_generation g;
+    EXPECT_EQ(lib.api.generate(model, &in, &o, &g), 0) << lib.api.error(model);
+    std::vector<std::vector<int64_t>> out;
+    for (int64_t b = 0; b < g.batch; ++b)
+      out.emplace_back(g.ids + b * g.max_length, g.ids + b * g.max_length + g.lengths[b]);
+    lib.api.generation_free(&g);
+    return out;
+  };
+  // What translate -o gave: each sentence's ids.
+  auto translated = [&](const rt::SafeTensors& f) {
+    const std::vector<int64_t> ids = f.to_i64(f.at("ids")), lengths = f.to_i64(f.at("lengths"));
+    const int64_t max_length = f.at("ids").shape[2];
+    std::vector<std::vector<int64_t>> out;
+    for (size_t b = 0; b < lengths.size(); ++b)
+      out.emplace_back(ids.begin() + static_cast<std::ptrdiff_t>(b * max_length),
+                       ids.begin() + static_cast<std::ptrdiff_t>(b * max_length + lengths[b]));
+    return out;
+  };
+  const std::vector<int64_t> together = candidates(sentences);
+  EXPECT_EQ(together.size(), 8u);  // 0 1 3 4 5 6 7 8: not 2 (nor 9: no z)
+  const auto want = generate(sentences, together);
+  EXPECT_NE(want, generate(sentences, {})) << "the map changed nothing";
+  for (const auto& ids : want)
+    for (int64_t id : ids) EXPECT_TRUE(std::count(together.begin(), together.end(), id)) << id;
+  // Each sentence alone (a budget of 1 token): its own candidates.
+  std::vector<std::vector<int64_t>> want_alone;
+  for (const std::string& s : sentences) want_alone.push_back(generate({s}, candidates({s}))[0]);
+  lib.api.destroy(model);
+
+  const std::string src = kNumbers + "vocab.src.txt", tgt = kNumbers + "vocab.tgt.txt";
+  for (const std::vector<std::string>& budget :
+       {std::vector<std::string>{}, std::vector<std::string>{"--inter-threads", "2"}}) {
+    std::vector<std::string> args = {"--vocab-map", text_map, "-o", path("text.safetensors")};
+    args.insert(args.end(), sentences.begin(), sentences.end());
+    args.insert(args.end(), budget.begin(), budget.end());
+    testing::CliResult r = text(src, tgt, args);
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_EQ(translated(rt::SafeTensors::load(path("text.safetensors"))), want);
+  }
+  {
+    std::vector<std::string> args = {
+        "--vocab-map", text_map, "-o", path("alone.safetensors"), "--max-batch-tokens", "1"};
+    args.insert(args.end(), sentences.begin(), sentences.end());
+    testing::CliResult r = text(src, tgt, args);
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_EQ(translated(rt::SafeTensors::load(path("alone.safetensors"))), want_alone);
+  }
+  // Source ids (--inputs) with the map in ids.
+  {
+    size_t width = 0;
+    std::vector<std::vector<int64_t>> rows;
+    for (const std::string& s : sentences) {
+      rows.push_back(src_vocab.encode(s));
+      width = std::max(width, rows.back().size());
+    }
+    std::vector<int64_t> ids(rows.size() * width, 0);
+    for (size_t i = 0; i < rows.size(); ++i)
+      std::copy(rows[i].begin(), rows[i].end(),
+                ids.begin() + static_cast<std::ptrdiff_t>(i * width));
+    rt::write_safetensors(path("in.safetensors"),
+                          {rt::make_i64("src", {3, static_cast<int64_t>(width)}, ids)});
+    testing::CliResult r = translate(
+        {"--inputs", path("in.safetensors"), "--vocab-map", id_map, "-o", path("ids.safetensors")});
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_EQ(translated(rt::SafeTensors::load(path("ids.safetensors"))), want);
+    // A text map with ids input: its tokens are not ids.
+    r = translate({"--inputs", path("in.safetensors"), "--vocab-map", text_map});
+    EXPECT_EQ(r.status, 1);
+    EXPECT_EQ(r.output, "kiln: error: translate: --vocab-map: " + text_map +
+                            ":1: source token 't' is not an integer id (the map holds ids: the "
+                            "input is ids)\n");
+  }
+  // A bad map: the file and line.
+  const std::string bad = write("bad.vmap", {"t\t3", "q\t7"});
+  testing::CliResult r = text(src, tgt, {"--vocab-map", bad, "six"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.output, "kiln: error: translate: --vocab-map: " + bad +
+                          ":2: source token 'q' is not in the source vocabulary\n");
 }
 
 }  // namespace

@@ -391,8 +391,8 @@ std::unique_ptr<CLI::App> translate_command(TranslateArgs& a) {
       "[--beam N] [--num-hypotheses N] [--max-len N] [--min-len N]\n"
       "[--length-penalty X] [--start-id ID] [--end-id ID]\n"
       "[--sampling-topk K] [--top-p X] [--temperature X] [--seed N]\n"
-      "[--threads N] [--inter-threads N] [--max-batch-tokens N] [--scores]\n"
-      "[-o OUT.safetensors]",
+      "[--threads N] [--inter-threads N] [--max-batch-tokens N] [--vocab-map FILE]\n"
+      "[--scores] [-o OUT.safetensors]",
       "Generates target sentences with a compiled model (from 'kiln compile --emit=shared'), "
       "over\nits prepare and decode_step entry points: greedy search, beam search or sampling.\n"
       "\n"
@@ -418,6 +418,16 @@ std::unique_ptr<CLI::App> translate_command(TranslateArgs& a) {
       "batch, so its samples depend on the batches). An error names a sentence of the first\n"
       "batch that failed.\n"
       "\n"
+      "Vocabulary restriction: with --vocab-map FILE (CTranslate2's vmap format), each batch\n"
+      "chooses its target tokens only among the candidates of its own sources (so a\n"
+      "translation may depend on its batch's other sentences). Each line of\n"
+      "FILE is 'SOURCE<TAB>TARGETS': SOURCE a source token or an n-gram of them, TARGETS the\n"
+      "target tokens it allows, both separated by spaces; a line with an empty SOURCE lists\n"
+      "tokens always allowed. The tokens are those of --src-vocab and --tgt-vocab with text,\n"
+      "integer ids with --inputs. The end token is always allowed. The search is the one over\n"
+      "all tokens with every other token's logit -inf, run over the model's\n"
+      "decode_step_restricted (an encoder-decoder compiled by this kiln).\n"
+      "\n"
       "Output: with -o, a safetensors file with 'ids' I64 [batch, hypotheses, max_len] (-1 "
       "after\neach hypothesis), 'lengths' I64 [batch, hypotheses] and 'scores' F32 [batch, "
       "hypotheses];\nwithout -o and without vocabularies, each hypothesis's ids and score are "
@@ -436,6 +446,10 @@ std::unique_ptr<CLI::App> translate_command(TranslateArgs& a) {
                   "target vocabulary: characters (one per line), a SentencePiece .model or a BPE "
                   "vocab.json")
       ->type_name("V");
+  app->add_option("--vocab-map", a.vocab_map,
+                  "restrict each batch's target tokens to its sources' candidates in FILE "
+                  "(lines SOURCE<TAB>TARGETS; see above)")
+      ->type_name("FILE");
   app->add_option("--max-batch-tokens", a.max_batch_tokens,
                   "a batch holds at most N tokens: its rows times its longest source (a longer "
                   "sentence runs alone)")

@@ -81,6 +81,7 @@ struct GeneratorArgs {
 struct TranslateArgs : GeneratorArgs {
   std::string inputs;                // --inputs
   std::string src_vocab, tgt_vocab;  // --src-vocab, --tgt-vocab
+  std::string vocab_map;             // --vocab-map (runtime/vocab_map.h)
   std::vector<std::string> text;     // TEXT...
   // The batching of the sentences (runtime/batcher.h); the defaults are the setting measured
   // fastest on 2 cores (bench/README.md, "kiln translate on a whole file").

@@ -22,6 +22,7 @@
 
 #include "kiln/vocab.h"
 #include "runtime/batcher.h"
+#include "runtime/vocab_map.h"
 #include "support/error.h"
 #include "tokenizers/tokenizer.h"
 #include "tools/cli.h"
@@ -128,14 +129,17 @@ int total_kernel_threads(int threads) {
 // in batches grouped by length (runtime/batcher.h: at most `max_batch_tokens` tokens and the
 // model's max_batch rows each, padded with `pad` to their longest row), `workers` batches at
 // once (fewer where there are fewer batches), which share `threads` kernel threads (0: leave
-// the model's setting alone). The result is in the rows' order, the same translations as
-// each row alone gives; an error is the first failing batch's, naming its sentence with
-// `sentence(i)`.
+// the model's setting alone). With `vmap`, each batch's search is restricted to its own
+// sources' candidates (kiln_search_options.vocabulary; `end_id` alone where they have
+// none). The result is in the rows' order, the same translations as each row alone gives
+// (with `vmap`, each row alone restricted to its batch's candidates); an error is the first
+// failing batch's, naming its sentence with `sentence(i)`.
 Generated generate_batched(const CompiledGenerator& model, const std::vector<int64_t>& src,
                            int64_t batch, int64_t width, const std::vector<int64_t>& lengths,
                            int64_t pad, int64_t max_batch_tokens, int workers, int threads,
                            const kiln_search_options& search,
-                           const std::function<std::string(int64_t)>& sentence) {
+                           const std::function<std::string(int64_t)>& sentence,
+                           const rt::VocabMap* vmap = nullptr, int64_t end_id = -1) {
   struct Row {
     int64_t hypotheses = 0, max_length = 0;
     std::vector<int64_t> ids, lengths;  // [hypotheses, max_length], [hypotheses]
@@ -158,7 +162,17 @@ Generated generate_batched(const CompiledGenerator& model, const std::vector<int
         std::copy(src.begin() + i * width, src.begin() + i * width + std::min(width, length),
                   ids.begin() + r * length);
       }
-      const Generated g = model.generate(ids, n, length, search, [&](int64_t row) {
+      kiln_search_options o = search;
+      std::vector<int64_t> allowed;
+      if (vmap) {
+        // The candidates of this batch's sources (vocabulary 0 would mean no restriction: with
+        // none, only the end token).
+        allowed = vmap->candidates(ids, n, length, pad);
+        if (allowed.empty()) allowed.push_back(end_id);
+        o.vocabulary = allowed.data();
+        o.num_vocabulary = static_cast<int32_t>(allowed.size());
+      }
+      const Generated g = model.generate(ids, n, length, o, [&](int64_t row) {
         return sentence(static_cast<int64_t>(b.requests[static_cast<size_t>(row)]));
       });
       std::vector<Row> out(static_cast<size_t>(n));
@@ -218,6 +232,22 @@ int cmd_translate(const std::vector<std::string>& argv) {
   }
   const int kernel_threads = a.threads > 0 || a.inter_threads > 1 ? total_threads : 0;
   const CompiledGenerator model(a.compiled, a.weights, kernel_threads);
+  if (!a.vocab_map.empty() && model.symbol_max("L") >= 0)
+    fail(
+        "translate: --vocab-map restricts an encoder–decoder's target vocabulary; '{}' is a "
+        "decoder-only model (vocabulary restriction is for encoder–decoder models)",
+        a.compiled);
+  std::optional<rt::VocabMap> vmap;
+  // --vocab-map in the tokens of the input: strings of the vocabularies, or ids.
+  auto load_vmap = [&](rt::VocabMap::Tokens tokens) {
+    tokens.source_size = model.config("src_vocab");
+    tokens.target_size = model.config("tgt_vocab");
+    try {
+      vmap = rt::VocabMap::load(a.vocab_map, tokens);
+    } catch (const kiln::Error& e) {
+      fail("translate: --vocab-map: {}", e.what());
+    }
+  };
   std::vector<std::string> lines;
   std::unique_ptr<kiln::tok::Tokenizer> src_vocab, tgt_vocab;
   std::vector<int64_t> src;
@@ -234,6 +264,9 @@ int cmd_translate(const std::vector<std::string>& argv) {
           a.src_vocab, src_vocab->size(), a.tgt_vocab, tgt_vocab->size(), src_size, tgt_size);
     check_vocab(*src_vocab, "source", model, "translate");
     check_vocab(*tgt_vocab, "target", model, "translate");
+    if (!a.vocab_map.empty())
+      load_vmap({[&](const std::string& t) { return src_vocab->id(t); },
+                 [&](const std::string& t) { return tgt_vocab->id(t); }});
     const int64_t max_length = model.symbol_max("S");
     pad = model.config("pad_id") >= 0 ? model.config("pad_id") : src_vocab->id("<pad>");
     if (pad < 0) fail("translate: the source vocabulary has no <pad> token");
@@ -260,6 +293,7 @@ int cmd_translate(const std::vector<std::string>& argv) {
       lengths.push_back(static_cast<int64_t>(sentences[b].size()));
     }
   } else {
+    if (!a.vocab_map.empty()) load_vmap({});
     rt::SafeTensors ifile = load_safetensors(a.inputs);
     const rt::TensorInfo* t = ifile.find("src");
     if (!t) fail("translate: inputs '{}' have no tensor 'src'", ifile.label());
@@ -283,10 +317,11 @@ int cmd_translate(const std::vector<std::string>& argv) {
     return fmt::format("translate: row {} of 'src'", i);
   };
   // No sentence: the runtime's error for an empty batch, as before.
-  Generated g = batch == 0
-                    ? model.generate(src, batch, length, a.search, sentence)
-                    : generate_batched(model, src, batch, length, lengths, pad, a.max_batch_tokens,
-                                       a.inter_threads, kernel_threads, a.search, sentence);
+  const int64_t end_id = a.search.end_id >= 0 ? a.search.end_id : model.config("eos_id");
+  Generated g = batch == 0 ? model.generate(src, batch, length, a.search, sentence)
+                           : generate_batched(model, src, batch, length, lengths, pad,
+                                              a.max_batch_tokens, a.inter_threads, kernel_threads,
+                                              a.search, sentence, vmap ? &*vmap : nullptr, end_id);
   if (!a.output.empty()) {
     write_generation(a.output, g);
     return 0;
