@@ -195,7 +195,8 @@ class Model {
                     int max_decoding_length, int min_decoding_length, float length_penalty,
                     int64_t start_id, int64_t end_id, int sampling_top_k,
                     float sampling_temperature, float sampling_top_p, uint64_t seed,
-                    const std::vector<int64_t>& stop_ids, const py::object& on_token) {
+                    const std::vector<int64_t>& stop_ids, const py::object& on_token,
+                    const std::vector<int64_t>& vocabulary) {
     std::vector<py::array> keep;
     kiln_tensor_type ids_type{};
     ids_type.name = "src";
@@ -217,6 +218,8 @@ class Model {
     o.seed = seed;
     o.stop_ids = stop_ids.data();
     o.num_stop_ids = static_cast<int32_t>(stop_ids.size());
+    o.vocabulary = vocabulary.empty() ? nullptr : vocabulary.data();
+    o.num_vocabulary = static_cast<int32_t>(vocabulary.size());
     struct Stream {
       py::object callback;
       std::optional<py::error_already_set> error;
@@ -413,9 +416,10 @@ PYBIND11_MODULE(kiln, m) {
            py::arg("start_id") = -1, py::arg("end_id") = -1, py::arg("sampling_top_k") = 1,
            py::arg("sampling_temperature") = 1.0f, py::arg("sampling_top_p") = 1.0f,
            py::arg("seed") = 0, py::arg("stop_ids") = std::vector<int64_t>{},
-           py::arg("on_token") = py::none(),
+           py::arg("on_token") = py::none(), py::arg("vocabulary") = std::vector<int64_t>{},
            "greedy search, beam search or sampling (kiln_generate; defaults as "
-           "kiln_search_options_init); returns {'ids', 'lengths', 'scores', 'tokens'}")
+           "kiln_search_options_init; vocabulary: the target ids to choose from, empty: all); "
+           "returns {'ids', 'lengths', 'scores', 'tokens'}")
       .def("set_num_threads", &Model::set_num_threads, py::arg("threads"))
       .def("save_weights", &Model::save_weights, py::arg("path"),
            "write the weights as the runtime lays them out (what `kiln pack-weights` writes): "

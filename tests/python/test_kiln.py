@@ -141,6 +141,28 @@ def test_generation_ids_equal_the_cpp_api_and_the_reference_search(tiny, case, t
     assert np.array_equal(g["scores"], cpp["scores"])
 
 
+def test_a_restricted_vocabulary_chooses_among_its_ids(tiny):
+    ref, meta = read_safetensors(os.path.join(GOLDEN, "tiny_decode.safetensors"))
+    start, end = int(meta["start_id"]), int(meta["end_id"])
+    full = tiny.generate(ref["src"], beam_size=2, max_decoding_length=10, start_id=start,
+                         end_id=end)
+    # Every id: the unrestricted search.
+    every = tiny.generate(ref["src"], beam_size=2, max_decoding_length=10, start_id=start,
+                          end_id=end, vocabulary=list(range(41)))
+    assert every["tokens"] == full["tokens"]
+    assert np.allclose(every["scores"], full["scores"], atol=1e-4)
+    # Without the ids the unrestricted search chose most, only the others (and the end token).
+    used = sorted({t for hyps in full["tokens"] for toks in hyps for t in toks},
+                  key=lambda t: -sum(toks.count(t) for hyps in full["tokens"] for toks in hyps))
+    allowed = [v for v in range(41) if v not in used[:2]]
+    some = tiny.generate(ref["src"], beam_size=2, max_decoding_length=10, start_id=start,
+                         end_id=end, vocabulary=allowed)
+    assert some["tokens"] != full["tokens"]
+    assert all(t in allowed for hyps in some["tokens"] for toks in hyps for t in toks)
+    with pytest.raises(kiln.Error, match="41"):
+        tiny.generate(ref["src"], vocabulary=[3, 41])
+
+
 def test_streaming_calls_back_each_token_in_order(tiny):
     ref, meta = read_safetensors(os.path.join(GOLDEN, "tiny_decode.safetensors"))
     src = ref["src"][:1]
