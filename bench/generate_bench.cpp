@@ -12,6 +12,8 @@
 // seed, no padding; start_id 1, end_id 2):
 //   W3  greedy,     batch 1,  source 32, 32 new tokens  (latency)
 //   W5  beam 4,     batch 32, source 32, 32 new tokens  (batch translation; num_hypotheses 1)
+//   W5_..._vocab4096: W5 choosing among 4096 target ids (kiln_search_options::vocabulary, as
+//       a vocabulary map gives a batch; its steps compute only those generator rows)
 // min_decoding_length = max_decoding_length = 32: the end token is never chosen, so every
 // call runs exactly 32 decoder steps (the peers force the same). One call per iteration
 // through the C ABI (kiln_generate + kiln_generation_free): prepare, the caches (allocated
@@ -46,6 +48,7 @@
 // naming it ("== int8 W5_...").
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -100,7 +103,23 @@ struct GenWorkload {
   const char* name;
   int64_t batch, src_len, beam, new_tokens;
   uint64_t seed;
+  // Vocabulary restriction (kiln_search_options::vocabulary): this many distinct target ids,
+  // drawn from `seed`; 0: none.
+  int64_t restrict_to = 0;
 };
+
+// The ids a restricted workload may choose from: `count` distinct ids of the target vocabulary
+// (the end token among them, as the search adds it anyway).
+std::vector<int64_t> restricted_ids(uint64_t seed, int64_t count) {
+  std::vector<int64_t> all(static_cast<size_t>(kVocab));
+  for (size_t v = 0; v < all.size(); ++v) all[v] = static_cast<int64_t>(v);
+  std::mt19937_64 rng(seed);
+  std::shuffle(all.begin(), all.end(), rng);
+  all.resize(static_cast<size_t>(count));
+  if (std::find(all.begin(), all.end(), kEndId) == all.end()) all.back() = kEndId;
+  std::sort(all.begin(), all.end());
+  return all;
+}
 
 // The arithmetic of one kiln_generate call, counted as model_bench counts a forward (2·M·N·K
 // per linear, 2·rows·H·Lk·dk each for QKᵀ and P·V; the rest not counted): `prepare` runs the 6
@@ -119,7 +138,8 @@ double generation_flops(const GenWorkload& w) {
   const double cross_kv = kLayers * 2 * n * kD * 2 * kD;
   double steps = 0;
   for (int64_t t = 0; t < w.new_tokens; ++t) {
-    const double linear = kLayers * 2 * kD * (3 * kD + kD + kD + kD + 2 * kFF) + 2 * kD * kVocab;
+    const double vocab = static_cast<double>(w.restrict_to ? w.restrict_to : kVocab);
+    const double linear = kLayers * 2 * kD * (3 * kD + kD + kD + kD + 2 * kFF) + 2 * kD * vocab;
     const double attention = kLayers * 2 * 2 * kHeads * kDk * (static_cast<double>(t + 1) + S);
     const double hyps = t == 0 ? B : B * static_cast<double>(w.beam);
     steps += hyps * (linear + attention);
@@ -130,6 +150,9 @@ double generation_flops(const GenWorkload& w) {
 const GenWorkload kWorkloads[] = {
     {"W3_greedy_b1_s32_n32", 1, 32, 1, 32, 103},
     {"W5_beam4_b32_s32_n32", 32, 32, 4, 32, 105},
+    // W5 choosing among 4096 of the 32000 target ids (issue 27's optional vocabulary
+    // restriction, as CTranslate2's vmap gives a batch a few thousand candidates).
+    {"W5_beam4_b32_s32_n32_vocab4096", 32, 32, 4, 32, 105, 4096},
 };
 
 kiln_search_options options_for(int64_t beam, int64_t new_tokens) {
@@ -209,7 +232,11 @@ void BM_generate(benchmark::State& state, const GenWorkload& w, Dtype dtype) {
   kiln_model* m = l.model->get();
   const std::vector<int64_t> ids = random_ids(w.seed, w.batch * w.src_len);
   const kiln_tensor src = ids_tensor(ids, w.batch, w.src_len);
-  const kiln_search_options o = options_for(w.beam, w.new_tokens);
+  kiln_search_options o = options_for(w.beam, w.new_tokens);
+  const std::vector<int64_t> vocabulary =
+      w.restrict_to ? restricted_ids(w.seed, w.restrict_to) : std::vector<int64_t>{};
+  o.vocabulary = vocabulary.empty() ? nullptr : vocabulary.data();
+  o.num_vocabulary = static_cast<int32_t>(vocabulary.size());
   static std::set<std::pair<const GenWorkload*, Dtype>> warmed;
   if (warmed.insert({&w, dtype}).second) {
     kiln_generation g{};
@@ -335,7 +362,11 @@ void profile_model(const char* label, std::string& text) {
   for (const GenWorkload& w : kWorkloads) {
     const std::vector<int64_t> ids = random_ids(w.seed, w.batch * w.src_len);
     const kiln_tensor src = ids_tensor(ids, w.batch, w.src_len);
-    const kiln_search_options o = options_for(w.beam, w.new_tokens);
+    kiln_search_options o = options_for(w.beam, w.new_tokens);
+  const std::vector<int64_t> vocabulary =
+      w.restrict_to ? restricted_ids(w.seed, w.restrict_to) : std::vector<int64_t>{};
+  o.vocabulary = vocabulary.empty() ? nullptr : vocabulary.data();
+  o.num_vocabulary = static_cast<int32_t>(vocabulary.size());
     const int calls = w.beam == 1 ? 5 : 1;
     kiln_model* m = l.model->get();
     kiln_model_set_profiling(m, 1);

@@ -1262,7 +1262,45 @@ def int8_section(p, rounds, workloads, int8_gemm, res):
     p("- int8's distance to its floor (report only): " + ", ".join(
         "%s %s" % (key, x(fl(key, "int8"))) for key, _, _, _, _ in rows))
     p("")
+    restricted_section(p, grounds, table)
     plot_tokens(p, rounds, gen, table, res)
+
+
+RESTRICTED = "W5_beam4_b32_s32_n32_vocab4096"
+
+
+def restricted_section(p, grounds, table):
+    """W5 with the search restricted to 4096 target ids (kiln_search_options::vocabulary:
+    decode_step_restricted, the generator's rows of those ids only) beside W5, per build."""
+    ms = {}
+    for dt, prefix, _ in DTYPES:
+        times = []
+        for g in grounds:
+            e = find(g["entries"], prefix + RESTRICTED)
+            times.append(to_ms(e) if e is not None and not e.get("error_occurred") else None)
+        ms[dt] = best_of(times)
+    if not any(ms.values()):
+        return
+    w5 = table.get("W5", {})
+    p("### Vocabulary restriction (issue 27, optional): W5 choosing among 4096 of 32000 target ids")
+    p("")
+    p("| build | W5 ms | W5 restricted ms | W5 / restricted | target tok/s W5 / restricted |")
+    p("|---|---:|---:|---:|---|")
+    for dt, _, _ in DTYPES:
+        full = w5.get(dt, (None,))[0]
+        r = ms[dt]
+        if not full and not r:
+            continue
+        p("| %s | %s | %s | %s | %s / %s |" % (
+            dt, fmt(full), fmt(r), fmt(full / r, 2) + "×" if full and r else "—",
+            fmt(1024 / (full / 1e3) if full else None, 0), fmt(1024 / (r / 1e3) if r else None, 0)))
+    p("")
+    p("Each build's median per round, best round shown. The restricted search runs "
+      "decode_step_restricted: restrict-vocabulary turns the generator into linear_rows over the "
+      "4096 ids' rows of its weight (read as stored, f32 in every build); random ids from a fixed "
+      "seed, the end token among them (the outputs differ from W5's, the work per step does not "
+      "depend on which ids).")
+    p("")
 
 
 def plot_tokens(p, rounds, gen, table, res):
