@@ -26,6 +26,7 @@
 #include "cuda_odd.h"
 #include "frontend/models.h"
 #include "golden_checks.h"
+#include "golden_tiny.h"
 #include "gpu_golden_small.h"
 #include "gpu_golden_tiny.h"
 #include "gpu_odd.h"
@@ -97,6 +98,40 @@ TYPED_TEST(GpuModels, GreedyAndBeamMatchTheReferenceSearch) {
   expect_reference_search(tiny, "tiny");
   typename TypeParam::Small small(golden("small.weights.safetensors").c_str());
   expect_reference_search(small, "small");
+}
+
+// Vocabulary restriction on the GPU (decode_step_restricted's linear_rows: the general matmul
+// reading the ids' rows of the generator): the CPU library's restricted search, ids and scores,
+// over a subset of the vocabulary that changes the result (asserted), greedy and beam 4.
+TYPED_TEST(GpuModels, RestrictedSearchMatchesTheCpu) {
+  typename TypeParam::Tiny gpu(golden("tiny.weights.safetensors").c_str());
+  kiln_models::golden_tiny cpu(golden("tiny.weights.safetensors").c_str());
+  kiln::Tensor<int64_t> src{{3, 5}, {3, 4, 5, 6, 7, 8, 9, 10, 0, 0, 11, 12, 0, 0, 0}};
+  std::vector<int64_t> allowed;
+  for (int64_t v = 0; v < 41; v += v % 3 == 0 ? 2 : 1) allowed.push_back(v);  // 28 of 41
+  for (int32_t beam : {1, 4}) {
+    kiln::SearchOptions o;
+    o.beam_size = beam;
+    o.max_decoding_length = 10;
+    o.start_id = 1;
+    o.end_id = 2;
+    auto ids_of = [](const std::vector<std::vector<kiln::Hypothesis>>& g) {
+      std::vector<std::vector<int64_t>> ids;
+      for (const auto& sentence : g)
+        for (const kiln::Hypothesis& h : sentence) ids.push_back(h.ids);
+      return ids;
+    };
+    const auto full = cpu.generate(src, o);
+    o.vocabulary = allowed.data();
+    o.num_vocabulary = static_cast<int32_t>(allowed.size());
+    const auto want = cpu.generate(src, o), got = gpu.generate(src, o);
+    EXPECT_NE(ids_of(want), ids_of(full)) << "beam " << beam << ": the subset changes the search";
+    EXPECT_EQ(ids_of(got), ids_of(want)) << "beam " << beam;
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t b = 0; b < got.size(); ++b)
+      for (size_t h = 0; h < got[b].size() && h < want[b].size(); ++h)
+        EXPECT_NEAR(got[b][h].score, want[b][h].score, 1e-4) << "beam " << beam << ", " << b;
+  }
 }
 
 // tests/CMakeLists.txt's gpu_odd and cuda_odd settings (decode_odd's).
