@@ -363,10 +363,10 @@ void profile_model(const char* label, std::string& text) {
     const std::vector<int64_t> ids = random_ids(w.seed, w.batch * w.src_len);
     const kiln_tensor src = ids_tensor(ids, w.batch, w.src_len);
     kiln_search_options o = options_for(w.beam, w.new_tokens);
-  const std::vector<int64_t> vocabulary =
-      w.restrict_to ? restricted_ids(w.seed, w.restrict_to) : std::vector<int64_t>{};
-  o.vocabulary = vocabulary.empty() ? nullptr : vocabulary.data();
-  o.num_vocabulary = static_cast<int32_t>(vocabulary.size());
+    const std::vector<int64_t> vocabulary =
+        w.restrict_to ? restricted_ids(w.seed, w.restrict_to) : std::vector<int64_t>{};
+    o.vocabulary = vocabulary.empty() ? nullptr : vocabulary.data();
+    o.num_vocabulary = static_cast<int32_t>(vocabulary.size());
     const int calls = w.beam == 1 ? 5 : 1;
     kiln_model* m = l.model->get();
     kiln_model_set_profiling(m, 1);
