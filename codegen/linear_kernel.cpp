@@ -104,6 +104,20 @@ GemmParams fit_to_shape(GemmParams p, int64_t K, int64_t N, int64_t panel) {
 // consecutive k, w: 4 rows of regs_n consecutive n), read as 16-byte loads where the
 // buffers allow (x dense, K and N multiples of 4); with k_vec = 0 it reads them one float
 // at a time inside the reduction.
+// A register block's reduction (acc's update, computed per block): the whole reduction in
+// registers, unrolled by k_unroll, the block's vectors and rows innermost.
+void schedule_block_reduction(Func acc, const RDom& r, const Var& n, const Var& m,
+                              const GemmParams& p) {
+  Halide::RVar ko("ko"), ki("ki");
+  acc.update()
+      .split(r, ko, ki, p.k_unroll)
+      .reorder(n, m, ki, ko)
+      .vectorize(n, p.lanes)
+      .unroll(n)
+      .unroll(m)
+      .unroll(ki);
+}
+
 struct GpuGemm {
   int threads_n = 16, threads_m = 8;
   int regs_n = 4, regs_m = 4;
@@ -448,14 +462,7 @@ static KernelPipeline build_linear_rows(const LinearKernel& spec, const Halide::
   // fewer (their loops then have a constant extent to unroll; the ids are clamped).
   strip.compute_at(out, nb).bound_extent(n, block_n).vectorize(n, p.lanes).unroll(n);
   acc.compute_at(out, mb).bound_extent(n, block_n).vectorize(n, p.lanes).unroll(n).unroll(m);
-  Halide::RVar ko("ko"), ki("ki");
-  acc.update()
-      .split(r, ko, ki, p.k_unroll)
-      .reorder(n, m, ki, ko)
-      .vectorize(n, p.lanes)
-      .unroll(n)
-      .unroll(m)
-      .unroll(ki);
+  schedule_block_reduction(acc, r, n, m, p);
 
   std::vector<Halide::Argument> args = {x, w, ids};
   if (spec.has_bias) args.push_back(bias);
@@ -546,14 +553,7 @@ KernelPipeline build_linear(const LinearKernel& spec, const Halide::Target& targ
 
   if (!P) wt_strip.compute_at(out, nb).vectorize(n, p.lanes).unroll(n);
   acc.compute_at(out, mb).vectorize(n, p.lanes).unroll(n).unroll(m);
-  Halide::RVar ko("ko"), ki("ki");
-  acc.update()
-      .split(r, ko, ki, p.k_unroll)
-      .reorder(n, m, ki, ko)
-      .vectorize(n, p.lanes)
-      .unroll(n)
-      .unroll(m)
-      .unroll(ki);
+  schedule_block_reduction(acc, r, n, m, p);
 
   std::vector<Halide::Argument> args = {x, wt};
   if (spec.has_bias) args.push_back(bias);
