@@ -98,12 +98,6 @@ GemmParams fit_to_shape(GemmParams p, int64_t K, int64_t N, int64_t panel) {
   return p;
 }
 
-// GPU schedule parameters: a block of threads_n × threads_m threads, each computing
-// regs_n (n) × regs_m (m) outputs in registers over the whole reduction; with k_vec = 4 each
-// thread stages its operands for 4 k at a time in registers first (x: regs_m rows of 4
-// consecutive k, w: 4 rows of regs_n consecutive n), read as 16-byte loads where the
-// buffers allow (x dense, K and N multiples of 4); with k_vec = 0 it reads them one float
-// at a time inside the reduction.
 // A register block's reduction (acc's update, computed per block): the whole reduction in
 // registers, unrolled by k_unroll, the block's vectors and rows innermost.
 void schedule_block_reduction(Func acc, const RDom& r, const Var& n, const Var& m,
@@ -118,6 +112,12 @@ void schedule_block_reduction(Func acc, const RDom& r, const Var& n, const Var& 
       .unroll(ki);
 }
 
+// GPU schedule parameters: a block of threads_n × threads_m threads, each computing
+// regs_n (n) × regs_m (m) outputs in registers over the whole reduction; with k_vec = 4 each
+// thread stages its operands for 4 k at a time in registers first (x: regs_m rows of 4
+// consecutive k, w: 4 rows of regs_n consecutive n), read as 16-byte loads where the
+// buffers allow (x dense, K and N multiples of 4); with k_vec = 0 it reads them one float
+// at a time inside the reduction.
 struct GpuGemm {
   int threads_n = 16, threads_m = 8;
   int regs_n = 4, regs_m = 4;

@@ -13,8 +13,9 @@ using ir::ValueId;
 
 constexpr const char* kPass = "restrict-vocabulary";
 
-// The rank-1 integer value that `i` broadcasts along every axis but the last, through an
-// expand and a reshape that only adds leading 1s; -1 when `i` is not such a broadcast.
+// The rank-1 i64 value (linear_rows's ids) that `i` broadcasts along every axis but the last,
+// through an expand and a reshape that only adds leading 1s; -1 when `i` is not such a
+// broadcast.
 ValueId broadcast_vector(const Function& f, const std::vector<int>& defs, ValueId i) {
   const Op* e = def_op(f, defs, i);
   if (!e || e->kind != OpKind::expand) return -1;
@@ -26,7 +27,7 @@ ValueId broadcast_vector(const Function& f, const std::vector<int>& defs, ValueI
     v = r->operands[0];
   }
   const ir::TensorType& t = f.type(v);
-  if (t.rank() != 1 || !ir::is_integer(t.dtype) || !(t.shape[0] == f.type(i).shape.back()))
+  if (t.rank() != 1 || t.dtype != ir::DType::i64 || !(t.shape[0] == f.type(i).shape.back()))
     return -1;
   return v;
 }

@@ -34,8 +34,12 @@ void lower_general_matmul(FunctionLowering& L, const ir::Op& op, bool transpose_
     add_row_dim(a);
     add_row_dim(o);
   }
+  // linear_rows (x, W, ids [, b]): column n is row ids(n) of W (MatmulKernel::gather_b).
+  const bool rows = op.kind == OpKind::linear_rows;
+  const size_t bias_operand = rows ? 3 : 2;
   MatmulKernel k;
   k.transpose_b = transpose_b;
+  k.gather_b = rows;
   k.a_rank = static_cast<int>(a.extents.size());
   k.b_rank = static_cast<int>(b.extents.size());
   k.out_rank = static_cast<int>(o.extents.size());
@@ -51,7 +55,7 @@ void lower_general_matmul(FunctionLowering& L, const ir::Op& op, bool transpose_
     return fl;
   };
   if (transpose_b) {
-    k.has_bias = op.operands.size() == 3;
+    k.has_bias = op.operands.size() == bias_operand + 1;
     k.act = op.str_attr("act");
     k.a_broadcast.assign(static_cast<size_t>(k.a_rank - 2), false);
   } else {
@@ -61,7 +65,8 @@ void lower_general_matmul(FunctionLowering& L, const ir::Op& op, bool transpose_
   rt::StepDesc st{L.kernel_index(k), fmt::format("{} %{}", ir::op_name(op.kind), op.result), {}};
   st.args.push_back(a.halide());
   st.args.push_back(b.halide());
-  if (k.has_bias) st.args.push_back(L.view_of(op.operands[2], op).halide());
+  if (rows) st.args.push_back(L.view_of(op.operands[2], op).halide());
+  if (k.has_bias) st.args.push_back(L.view_of(op.operands[bias_operand], op).halide());
   st.args.push_back(o.halide());
   L.fd.steps.push_back(std::move(st));
   L.views[op.result] = out;

@@ -79,45 +79,25 @@ void lower_linear(FunctionLowering& L, const ir::Op& op) {
 void lower_linear_rows(FunctionLowering& L, const ir::Op& op) {
   const ir::Function& f = L.f;
   const ir::TensorType& wt = f.type(op.operands[1]);
-  const int64_t V = wt.shape[0].value, K = wt.shape[1].value;
-  const bool has_bias = op.operands.size() == 4;
   // The ids, where a caller gives them, are checked at the call (the kernels clamp them).
   L.limit_param(op.operands[2], wt.shape[0], "token id");
-  const View out = L.output_view(op);
-  // W as stored, [V, K] (a weight: the checkpoint's pages, mapped, in every build).
-  const View w = L.dense(L.view_of(op.operands[1], op), wt,
-                         fmt::format("copy %{} for linear_rows %{}", op.operands[1], op.result));
-  rt::StepDesc s{-1, fmt::format("linear_rows %{}", op.result), {}};
-  if (!L.module.options.gpu) {
-    LinearKernel k{K, V, op.str_attr("act"), has_bias, 0};
-    k.rows = true;
-    s.kernel = L.kernel_index(k);
-    s.args.push_back(L.rows_arg(op, 0));
-    s.args.push_back(w.halide());
-    s.args.push_back(L.view_of(op.operands[2], op).halide());
-    if (has_bias) s.args.push_back(L.view_of(op.operands[3], op).halide());
-    s.args.push_back(*L.rows_view(out, op));
-  } else {
-    // The general matmul, reading column n from row ids(n) of W.
-    MatmulKernel k;
-    k.transpose_b = k.gather_b = true;
-    k.has_bias = has_bias;
-    k.act = op.str_attr("act");
-    View a = L.view_of(op.operands[0], op), res = out;
-    if (a.extents.size() == 1)  // one row
-      for (View* v : {&a, &res}) {
-        v->strides.insert(v->strides.begin(), v->extents[0] * v->strides[0]);
-        v->extents.insert(v->extents.begin(), DimExpr::constant(1));
-      }
-    k.a_rank = k.out_rank = static_cast<int>(a.extents.size());
-    k.a_broadcast.assign(static_cast<size_t>(k.a_rank - 2), false);
-    s.kernel = L.kernel_index(k);
-    s.args.push_back(a.halide());
-    s.args.push_back(w.halide());
-    s.args.push_back(L.view_of(op.operands[2], op).halide());
-    if (has_bias) s.args.push_back(L.view_of(op.operands[3], op).halide());
-    s.args.push_back(res.halide());
+  if (L.module.options.gpu) {  // the general matmul, reading column n from row ids(n) of W
+    lower_general_matmul(L, op, /*transpose_b=*/true);
+    return;
   }
+  const bool has_bias = op.operands.size() == 4;
+  LinearKernel k{wt.shape[1].value, wt.shape[0].value, op.str_attr("act"), has_bias, 0};
+  k.rows = true;
+  const View out = L.output_view(op);
+  rt::StepDesc s{L.kernel_index(k), fmt::format("linear_rows %{}", op.result), {}};
+  s.args.push_back(L.rows_arg(op, 0));
+  // W as stored, [V, K] (a weight: the checkpoint's pages, mapped, in every build).
+  s.args.push_back(L.dense(L.view_of(op.operands[1], op), wt,
+                           fmt::format("copy %{} for linear_rows %{}", op.operands[1], op.result))
+                       .halide());
+  s.args.push_back(L.view_of(op.operands[2], op).halide());
+  if (has_bias) s.args.push_back(L.view_of(op.operands[3], op).halide());
+  s.args.push_back(*L.rows_view(out, op));
   L.fd.steps.push_back(std::move(s));
   L.views[op.result] = out;
 }

@@ -159,7 +159,8 @@ void lower_add_layernorm_sum(FunctionLowering& L, const ir::Op& op);
 // general.cpp: the general path for ops no fused kernel took.
 void lower_matmul(FunctionLowering& L, const ir::Op& op);
 // The general matmul kernel, on operands of any strides: a matmul, or a linear whose weight
-// is computed at run time (transpose_b: W[N,K], bias, act).
+// is computed at run time (transpose_b: W[N,K], bias, act), or a linear_rows on a GPU
+// (transpose_b: W[V,K] read at the rows ids, bias, act).
 void lower_general_matmul(FunctionLowering& L, const ir::Op& op, bool transpose_b);
 void lower_transpose(FunctionLowering& L, const ir::Op& op);
 void lower_concat(FunctionLowering& L, const ir::Op& op);
