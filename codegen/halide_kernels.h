@@ -66,6 +66,10 @@ int one_row_panels_per_tile(int64_t panels);
 Halide::Var schedule_packed_linear(Halide::Func out, Halide::Func acc, const Halide::RDom& r,
                                    const Halide::Var& n, const Halide::Var& m, const Halide::Var& j,
                                    int N, int Np, int k_groups, bool long_k, bool group_atomic);
+// Its register block alone: acc (computed at the caller's register-block loop) vectorized
+// over 4 vectors of j and its rows unrolled, the reduction innermost over the group of K.
+void schedule_packed_acc(Halide::Func acc, const Halide::RDom& r, const Halide::Var& j,
+                         int k_groups, bool group_atomic);
 
 // The host target with only the x86 features this CPU really has: Halide 14 reports
 // avx512_sapphirerapids on AMD Zen 4/5 (it checks BF16 and VNNI only), and LLVM's

@@ -54,10 +54,12 @@ struct LinearKernel {
   // and a mask.
   bool bf16_fma = false;
   bool int8 = false;
-  // The IR's linear_rows (CPU): only the rows `ids` of W, read as stored (N is W's rows, V;
-  // panel 0, f32 whatever the library's weights): args x, w f32 (k, v) [K × V] dense (W[V, K]
-  // itself), ids i64 (n) [R] (each in [0, V)), bias f32 (v) [V] (when has_bias), out f32 (n, m)
-  // [R × M] dense with out(n, m) = act(Σ_k x(k, m) · W[ids(n), k] + bias(ids(n))).
+  // The IR's linear_rows (CPU): only the rows `ids` of W (N is W's rows, V). In f32 (panel
+  // 0, f32 and bf16 libraries) W is read as stored: args x, w f32 (k, v) [K × V] dense
+  // (W[V, K] itself), ids i64 (n) [R] (each in [0, V)), bias f32 (v) [V] (when has_bias), out
+  // f32 (n, m) [R × M] dense with out(n, m) = act(Σ_k x(k, m) · W[ids(n), k] + bias(ids(n))).
+  // With int8 (panel 64) the full int8 linear's packed weight, scales and sums replace w, the
+  // rows quantized as that kernel's: args x, wt, wscale, wsum, ids, bias, out.
   bool rows = false;
 };
 

@@ -101,12 +101,20 @@ Var schedule_packed_linear(Func out, Func acc, const RDom& r, const Var& n, cons
     schedule_out(out, M, (M + tiles - 1) / tiles, rows, false);
   }
 
+  acc.compute_at(out, mb);
+  schedule_packed_acc(acc, r, j, k_groups, group_atomic);
+  return c;
+}
+
+void schedule_packed_acc(Func acc, const RDom& r, const Var& j, int k_groups, bool group_atomic) {
+  constexpr int lanes = 16;
+  const Var m = acc.args()[2];
   Var jv("jv"), ju("ju");
   Halide::RVar ko("ko"), ki("ki");
   int k_unroll = 4;  // groups of K per iteration, as the f32 kernel unrolls its reduction
   while (k_unroll > 1 && k_groups % k_unroll != 0) k_unroll /= 2;
   Var p = acc.args()[1];
-  acc.compute_at(out, mb).vectorize(j, lanes).unroll(j).unroll(m);
+  acc.vectorize(j, lanes).unroll(j).unroll(m);
   acc.update()
       .split(j, ju, jv, lanes)
       .split(r.y, ko, ki, k_unroll)
@@ -116,7 +124,6 @@ Var schedule_packed_linear(Func out, Func acc, const RDom& r, const Var& n, cons
   else  // bf16 on FMAs: one FMA per element of the group, each group's weights loaded once
     acc.update().reorder(jv, ju, m, r.x, ki, ko, p).unroll(r.x);
   acc.update().vectorize(jv).unroll(ju).unroll(m).unroll(ki);
-  return c;
 }
 
 KernelPipeline build_linear_bf16(const LinearKernel& spec, const Halide::Target& target) {

@@ -1559,7 +1559,8 @@ class Interpreter {
         break;
       case OpKind::linear_rows: {
         // The rows of W (and b) first, checked as a gather checks its ids; then the linear,
-        // always in f32 (compiled code reads f32 weights for it, ops.def).
+        // in f32, or int8 as the int8 kernels round it (ops.def): each row quantized alone,
+        // so the outputs are the full linear's at those rows.
         const Tensor w =
             eval_gather(operand(op, 1), operand(op, 2),
                         {operand(op, 2).shape[0], operand(op, 1).shape[1]}, label(op.operands[2]));
@@ -1567,7 +1568,8 @@ class Interpreter {
         if (op.operands.size() == 4)
           b = eval_gather(operand(op, 3), operand(op, 2), {operand(op, 2).shape[0]},
                           label(op.operands[2]));
-        r = eval_linear(op, operand(op, 0), w, b ? &*b : nullptr, shape, LinearRounding::none);
+        r = eval_linear(op, operand(op, 0), w, b ? &*b : nullptr, shape,
+                        options_.int8_linear ? LinearRounding::int8 : LinearRounding::none);
         break;
       }
       case OpKind::attention: {

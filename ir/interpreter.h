@@ -79,7 +79,7 @@ struct InterpretOptions {
   // `linear` quantizes its weight (symmetric s8 per output row) and each row of its input
   // (asymmetric u8 with a zero point) as the kernels of `kiln compile --weights int8` do
   // (support/int8.h), sums the products exactly and scales the sum back in f32 in the
-  // kernels' order: the reference for them.
+  // kernels' order: the reference for them. So does `linear_rows` (its rows quantized alike).
   bool int8_linear = false;
   // Where to count work (InterpretCounters), or null.
   InterpretCounters* counters = nullptr;

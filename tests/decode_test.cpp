@@ -35,12 +35,16 @@
 #include "pass_harness.h"
 #include "passes/pipeline.h"
 #include "runtime/safetensors.h"
+#include "step_runner.h"
 #include "tools/bridge.h"
 
 namespace kiln {
 namespace {
 
+using testing::compiled;
 using ::testing::HasSubstr;
+using testing::ids;
+using testing::Runner;
 
 // The bound for decode_step against forward at the same position.
 constexpr double kStepTolerance = 1e-5;
@@ -49,53 +53,10 @@ std::string golden(const std::string& f) { return testing::golden_file(f); }
 
 int64_t config(const ir::Module& m, const char* key) { return std::stoll(m.config.at(key)); }
 
-// Runs an entry point on inputs in parameter order; returns its results in order.
-using Runner =
-    std::function<std::vector<ir::Tensor>(const std::string&, const std::vector<ir::Tensor>&)>;
-
 Runner interpreter(const ir::Module& m, const ir::WeightMap& w) {
   return [&m, &w](const std::string& fn, const std::vector<ir::Tensor>& in) {
     return ir::interpret(m, *m.find_function(fn), w, in);
   };
-}
-
-// The compiled model through kiln::Model::run; decode_step's caches are passed as input and
-// output with the same buffer (as the runtime requires) and returned updated.
-Runner compiled(kiln::Model& model, int64_t layers) {
-  return [&model, layers](const std::string& fn, const std::vector<ir::Tensor>& in) {
-    std::vector<kiln::Tensor<float>> f(in.size());
-    std::vector<kiln::Tensor<int64_t>> ints(in.size());
-    std::vector<kiln::Input> inputs;
-    for (size_t i = 0; i < in.size(); ++i) {
-      if (in[i].dtype == ir::DType::f32) {
-        f[i] = {in[i].shape, in[i].f};
-        inputs.emplace_back(f[i]);
-      } else {
-        ints[i] = {in[i].shape, in[i].ints};
-        inputs.emplace_back(ints[i]);
-      }
-    }
-    const int n_out = kiln_model_num_outputs(model.get(), fn.c_str());
-    std::vector<kiln::Tensor<float>> fresh(static_cast<size_t>(n_out));
-    std::vector<kiln::Output> outputs;
-    std::vector<kiln::Tensor<float>*> where;
-    for (int o = 0; o < n_out; ++o) {
-      kiln::Tensor<float>* t = &fresh[o];
-      // decode_step's caches in place (decode_step_restricted's are before its `vocab`).
-      const size_t caches = in.size() - 2 * layers - (fn == "decode_step_restricted" ? 1 : 0);
-      if (fn.rfind("decode_step", 0) == 0 && o >= 1) t = &f[caches + (o - 1)];
-      outputs.emplace_back(t);
-      where.push_back(t);
-    }
-    model.run(fn.c_str(), inputs, outputs);
-    std::vector<ir::Tensor> out;
-    for (kiln::Tensor<float>* t : where) out.push_back(ir::Tensor::from_f32(t->shape, t->data));
-    return out;
-  };
-}
-
-ir::Tensor ids(std::vector<int64_t> shape, std::vector<int64_t> data) {
-  return ir::Tensor::from_ints(ir::DType::i64, std::move(shape), std::move(data));
 }
 
 // Random source ids [B,S] (sentence b > 0 padded at the end to a random length >= 1) and

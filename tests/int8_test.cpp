@@ -27,13 +27,18 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <numeric>
+#include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "f32_numbers.h"
+#include "frontend/models.h"
 #include "int8_linears.h"
 #include "int8_numbers.h"
 #include "int8_odd.h"
@@ -47,6 +52,7 @@
 #include "pass_harness.h"
 #include "runtime/plan.h"
 #include "runtime/safetensors.h"
+#include "step_runner.h"
 #include "support/int8.h"
 #include "tools/bridge.h"
 
@@ -262,12 +268,12 @@ TEST(Int8Golden, SmallWithinTwoPercentOfTheRange) {
   expect_golden(model, "small", "small_b1");
 }
 
-// Odd sizes (d_model 21, d_ff 13: K and N not multiples of 4 or 64), forward and encode on
-// random ids with padding, from a bf16 checkpoint, against the f32 interpreter within 2% of
-// the outputs' range.
+// Odd sizes (d_model 21, d_ff 13, tgt_vocab 150: K and N not multiples of 4 or 64), forward and
+// encode on random ids with padding, from a bf16 checkpoint, against the f32 interpreter within 2%
+// of the outputs' range.
 TEST(Int8Random, OddSizesFromABf16Checkpoint) {
   const std::vector<std::string> settings = {
-      "d_model=21",   "heads=3",      "d_ff=13",  "src_vocab=17", "tgt_vocab=19",
+      "d_model=21",   "heads=3",      "d_ff=13",  "src_vocab=17", "tgt_vocab=150",
       "enc_layers=1", "dec_layers=2", "pad_id=2", "max_len=12",   "max_batch=3"};
   ir::Module m = optimized_transformer("tiny", settings);
   ir::Module plain = models::build_model("transformer", "tiny", settings);
@@ -302,6 +308,101 @@ TEST(Int8Random, OddSizesFromABf16Checkpoint) {
         entry, worst, range, kInt8OfRange * range, quantized_worst);
     EXPECT_LE(worst, kInt8OfRange * range) << entry;
     EXPECT_GT(worst, 0) << "nothing was quantized";
+  }
+}
+
+// decode_step_restricted with int8 weights: linear_rows reads the generator's packed int8
+// weight, so its logits are, bit for bit, the full step's int8 logits at its ids (the same
+// quantized rows, the same int32 sums, scaled in the same order): few ids (fewer than a block
+// of 64 columns), every id shuffled, and as many random ids as the vocabulary (repeats; in the
+// odd model's 150, three blocks of columns, the last one partly past R), over three steps with
+// hypotheses moved between rows.
+// The int8 interpreter's linear_rows likewise against its linear.
+TEST(Int8Restricted, StepGivesTheFullStepsLogitsAtItsIds) {
+  const std::vector<std::string> odd_settings = {
+      "d_model=21",   "heads=3",      "d_ff=13",  "src_vocab=17", "tgt_vocab=150",
+      "enc_layers=1", "dec_layers=2", "pad_id=2", "max_len=12",   "max_batch=3"};
+  ir::Module tiny = optimized_transformer("tiny");
+  rt::SafeTensors tiny_file = rt::SafeTensors::load(golden_file("tiny.weights.safetensors"));
+  ir::WeightMap tiny_w = tools::load_weight_map(tiny, tiny_file);
+  ir::materialize_weights(tiny, tiny_w);
+  kiln_models::int8_tiny tiny_model(golden_file("tiny.weights.safetensors").c_str());
+  ir::Module odd = optimized_transformer("tiny", odd_settings);
+  ir::Module plain = models::build_model("transformer", "tiny", odd_settings);
+  ir::WeightMap odd_w = testing::random_weights(plain, 19);
+  const std::string path = testing::write_random_weights(plain, odd_w, "int8_odd_rows", true);
+  ir::materialize_weights(odd, odd_w);
+  kiln_models::int8_odd odd_model(path.c_str());
+
+  const std::vector<std::tuple<const char*, ir::Module*, ir::WeightMap*, Model*>> cases = {
+      {"tiny", &tiny, &tiny_w, &tiny_model}, {"odd", &odd, &odd_w, &odd_model}};
+  for (const auto& [name, m, w, model] : cases) {
+    auto config = [&](const char* key) { return std::stoll(m->config.at(key)); };
+    const int64_t B = 3, S = 5, T = 3, V = config("tgt_vocab"), D = config("d_model");
+    const int64_t L = config("dec_layers"), pad = config("pad_id");
+    const testing::Runner library = testing::compiled(*model, L);
+    const testing::Runner interpreter = [&](const std::string& fn,
+                                            const std::vector<ir::Tensor>& in) {
+      return testing::interpret_entry(*m, fn, *w, in, int8_rounding());
+    };
+    std::mt19937 rng(7);
+    auto token = [&](int64_t vocab) {  // any id but pad_id
+      int64_t v = std::uniform_int_distribution<int64_t>(0, vocab - 2)(rng);
+      return v >= pad ? v + 1 : v;
+    };
+    std::vector<int64_t> src(B * S);
+    for (int64_t& id : src) id = token(config("src_vocab"));
+    for (const auto& [runner, what] :
+         {std::pair{&library, "library"}, std::pair{&interpreter, "int8 interpreter"}}) {
+      const std::vector<ir::Tensor> mem = (*runner)("prepare", {testing::ids({B, S}, src)});
+      std::vector<ir::Tensor> cache(2 * L, ir::Tensor::zeros(ir::DType::f32, {T, B, D}));
+      std::vector<std::vector<int64_t>> slots(B);
+      std::vector<int64_t> order(B);
+      std::iota(order.begin(), order.end(), 0);
+      int64_t compared = 0;
+      for (int64_t t = 0; t < T; ++t) {
+        std::shuffle(order.begin(), order.end(), rng);
+        std::vector<int64_t> tok(B), rows(B * (t + 1)), src_row(B);
+        for (int64_t r = 0; r < B; ++r) {
+          const int64_t b = order[r];
+          tok[r] = token(V);
+          for (int64_t j = 0; j < t; ++j) rows[r * (t + 1) + j] = slots[b][j];
+          rows[r * (t + 1) + t] = r;
+          src_row[r] = b;
+        }
+        std::vector<ir::Tensor> in = {testing::ids({B, 1}, tok), testing::ids({1}, {t}),
+                                      testing::ids({B, t + 1}, rows), testing::ids({B}, src_row),
+                                      testing::ids({B, S}, src)};
+        in.insert(in.end(), mem.begin(), mem.end());
+        in.insert(in.end(), cache.begin(), cache.end());
+        const std::vector<ir::Tensor> full = (*runner)("decode_step", in);
+        ASSERT_EQ(full[0].shape, (std::vector<int64_t>{B, 1, V}));
+        std::vector<int64_t> shuffled(static_cast<size_t>(V));
+        std::iota(shuffled.begin(), shuffled.end(), 0);
+        std::shuffle(shuffled.begin(), shuffled.end(), rng);
+        std::vector<int64_t> few(3), many(static_cast<size_t>(V));
+        for (int64_t& id : few) id = std::uniform_int_distribution<int64_t>(0, V - 1)(rng);
+        for (int64_t& id : many) id = std::uniform_int_distribution<int64_t>(0, V - 1)(rng);
+        for (const std::vector<int64_t>& vocab : {few, shuffled, many}) {
+          const int64_t R = static_cast<int64_t>(vocab.size());
+          std::vector<ir::Tensor> in_r = in;  // the caches as before this step
+          in_r.push_back(testing::ids({R}, vocab));
+          const std::vector<ir::Tensor> got = (*runner)("decode_step_restricted", in_r);
+          ASSERT_EQ(got[0].shape, (std::vector<int64_t>{B, 1, R})) << name << " " << what;
+          for (int64_t r = 0; r < B; ++r)
+            for (int64_t j = 0; j < R; ++j) {
+              ASSERT_EQ(got[0].f[r * R + j], full[0].f[r * V + vocab[j]])
+                  << name << " " << what << ": step " << t << ", row " << r << ", id " << vocab[j]
+                  << " (R " << R << ")";
+              ++compared;
+            }
+        }
+        for (int64_t r = 0; r < B; ++r) slots[order[r]].push_back(r);
+        std::copy(full.begin() + 1, full.end(), cache.begin());
+      }
+      std::printf("[ int8 ] %s, %s: %lld restricted logits equal to the full step's\n", name, what,
+                  static_cast<long long>(compared));
+    }
   }
 }
 
