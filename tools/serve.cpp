@@ -435,6 +435,7 @@ struct GenerateRequest {
   int64_t batch = 0, length = 0;
   kiln_search_options search{};
   std::vector<int64_t> stop_ids;
+  std::vector<int64_t> vocabulary;  // the target ids the search may choose (empty: all)
   bool stream = false;
 };
 
@@ -715,6 +716,7 @@ class Scheduler {
     o.max_decoding_length = 0;  // each request's own, given as it is added
     o.stop_ids = first->gen.stop_ids.data();
     o.num_stop_ids = static_cast<int32_t>(first->gen.stop_ids.size());
+    set_vocabulary(o, first->gen);  // every member's (the key includes it)
     o.on_token = [](void* user, int64_t sentence, int64_t, int64_t token) {
       Run& r = *static_cast<Run*>(user);
       const auto it = r.by_id.find(sentence);
@@ -900,6 +902,11 @@ class Scheduler {
     }
   }
 
+  static void set_vocabulary(kiln_search_options& o, const GenerateRequest& g) {
+    o.vocabulary = g.vocabulary.empty() ? nullptr : g.vocabulary.data();
+    o.num_vocabulary = static_cast<int32_t>(g.vocabulary.size());
+  }
+
   void run_one(Job& j) {
     try {
       j.outputs = run_model(model_, *j.ep, j.inputs);
@@ -917,6 +924,7 @@ class Scheduler {
     kiln_search_options o = g.search;
     o.stop_ids = g.stop_ids.data();
     o.num_stop_ids = static_cast<int32_t>(g.stop_ids.size());
+    set_vocabulary(o, g);
     if (stream) {
       o.on_token = [](void* user, int64_t, int64_t, int64_t token) {
         Job* job = static_cast<Job*>(user);
@@ -1550,7 +1558,8 @@ class Server {
                                     "sampling_temperature",
                                     "sampling_top_p",
                                     "seed",
-                                    "stop_ids"};
+                                    "stop_ids",
+                                    "vocabulary"};
     for (const auto& [k, v] : j.items())
       if (std::find(std::begin(kFields), std::end(kFields), k) == std::end(kFields))
         bad("unknown field '{}' (fields: {})", k, fmt::join(kFields, ", "));
@@ -1578,6 +1587,27 @@ class Server {
         if (!v.is_number_integer() || v.get<int64_t>() < 0)
           bad("stop_ids: expected token ids, got {}", brief(v));
         g.stop_ids.push_back(v.get<int64_t>());
+      }
+    }
+    if (auto s = j.find("vocabulary"); s != j.end()) {
+      // CTranslate2's vocabulary restriction (docs/generation.md): encoder–decoders only.
+      if (causal_)
+        bad("vocabulary: restricting the vocabulary needs an encoder–decoder model; '{}' is "
+            "decoder-only",
+            model_.lib.name);
+      if (!s->is_array() || s->empty())
+        bad("vocabulary: expected a non-empty array of target token ids, got {}", brief(*s));
+      const int64_t tgt = model_.config("tgt_vocab");
+      if (s->size() > static_cast<size_t>(INT32_MAX))
+        bad("vocabulary: {} ids, at most {}", s->size(), INT32_MAX);
+      for (size_t i = 0; i < s->size(); ++i) {
+        const json& v = (*s)[i];
+        if (!v.is_number_integer()) bad("vocabulary[{}]: expected a token id, got {}", i, brief(v));
+        const int64_t id = v.get<int64_t>();
+        if (id < 0 || (tgt > 0 && id >= tgt))
+          bad("vocabulary[{}]: token id {} is out of range [0, {}) (the model's tgt_vocab)", i, id,
+              tgt);
+        g.vocabulary.push_back(id);
       }
     }
     if (auto s = j.find("stream"); s != j.end()) {
@@ -1658,10 +1688,11 @@ class Server {
     if ((!g.stream || model_.joins) && g.search.sampling_top_k == 1 && job->max_rows > 1) {
       const kiln_search_options& o = g.search;
       // (Requests that join a running generation each give it their max_decoding_length.)
-      job->key = fmt::format("generate {} {} {} {} {} {} {} [{}]", o.beam_size, o.num_hypotheses,
-                             model_.joins ? "*" : std::to_string(o.max_decoding_length),
-                             o.min_decoding_length, o.length_penalty, o.start_id, o.end_id,
-                             fmt::join(g.stop_ids, ","));
+      job->key =
+          fmt::format("generate {} {} {} {} {} {} {} [{}] [{}]", o.beam_size, o.num_hypotheses,
+                      model_.joins ? "*" : std::to_string(o.max_decoding_length),
+                      o.min_decoding_length, o.length_penalty, o.start_id, o.end_id,
+                      fmt::join(g.stop_ids, ","), fmt::join(g.vocabulary, ","));
     }
     std::string id;
     if (auto i = j.find("id"); i != j.end()) {

@@ -381,6 +381,62 @@ def test_generate_text_and_streamed_tokens_equal_the_python_module(server_factor
     assert s.stop() == 0
 
 
+def test_generate_with_a_restricted_vocabulary(server_factory):
+    """/generate's `vocabulary` (CTranslate2's vocabulary restriction): the ids the Python module
+    gives with the same restriction, which leaves out a token the unrestricted answer uses, so
+    the answer changes; concurrent requests with other restrictions or none are batched only
+    with their own kind (each gets its answer alone); bad restrictions name the field; a
+    decoder-only model refuses it."""
+    lib = os.path.join(MODELS, "py_numbers")
+    weights = os.path.join(NUMBERS, "numbers.weights.safetensors")
+    s = server_factory("--max-queue-delay-ms", "50", lib=lib, weights=weights)
+    model = kiln.Model(lib, weights, threads=1)
+    src_vocab = kiln.Tokenizer(os.path.join(NUMBERS, "vocab.src.txt"))
+    tgt_vocab = kiln.Tokenizer(os.path.join(NUMBERS, "vocab.tgt.txt"))
+    ids = [src_vocab.encode(w) for w in ["forty-two", "three hundred and seven", "nine"]]
+    free = model.generate(np.array([ids[0]]), beam_size=2)["tokens"][0][0]
+    # Every target token but the first one the unrestricted translation of "forty-two" uses.
+    allowed = [t for t in range(tgt_vocab.size) if t != free[0]]
+    url = s.url + "/v2/models/py_numbers/generate"
+    jobs = [(ids[n % 3], None if n % 2 else allowed) for n in range(8)]
+    want = []
+    for src, vocabulary in jobs:
+        kw = {"vocabulary": vocabulary} if vocabulary else {}
+        want.append(model.generate(np.array([src]), beam_size=2, **kw)["tokens"][0][0])
+    assert want[0] != free and free[0] not in want[0], (want[0], free)
+    got = [None] * len(jobs)
+
+    def client(n):
+        src, vocabulary = jobs[n]
+        body = {"ids": [src], "beam_size": 2}
+        if vocabulary:
+            body["vocabulary"] = vocabulary
+        r = requests.post(url, json=body, timeout=30)
+        got[n] = r.json()["results"][0]["hypotheses"][0]["ids"] if r.status_code == 200 \
+            else r.text
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == want
+    for body, message in [
+            ({"ids": [ids[0]], "vocabulary": []}, "vocabulary: expected a non-empty array"),
+            ({"ids": [ids[0]], "vocabulary": [3, 5000]},
+             "vocabulary[1]: token id 5000 is out of range [0, %d)" % tgt_vocab.size),
+            ({"ids": [ids[0]], "vocabulary": [3, "x"]}, "vocabulary[1]: expected a token id"),
+            ({"ids": [ids[0]], "vocabulary": 3}, "vocabulary: expected a non-empty array")]:
+        r = requests.post(url, json=body, timeout=30)
+        assert r.status_code == 400 and message in r.json()["error"], (body, r.text)
+    assert requests.post(url, json={"ids": [ids[0]]}, timeout=30).status_code == 200
+    assert s.stop() == 0
+    llama = server_factory(lib=LLAMA, weights=LLAMA_WEIGHTS)
+    r = requests.post(llama.url + "/v2/models/llama/generate",
+                      json={"ids": [[3, 4]], "vocabulary": [3, 4]}, timeout=30)
+    assert r.status_code == 400 and "needs an encoder–decoder model" in r.json()["error"], r.text
+    assert llama.stop() == 0
+
+
 def differences(n, results, want):
     """Request n's /generate results against the Python module's generation `want`: for each
     sentence whose ids or scores (within 1e-4) differ, (n, sentence, got, wanted)."""
