@@ -66,6 +66,10 @@ int one_row_panels_per_tile(int64_t panels);
 Halide::Var schedule_packed_linear(Halide::Func out, Halide::Func acc, const Halide::RDom& r,
                                    const Halide::Var& n, const Halide::Var& m, const Halide::Var& j,
                                    int N, int Np, int k_groups, bool long_k, bool group_atomic);
+// The buffers of a linear_rows kernel (LinearKernel::rows) but its weight's: x [K, M], ids
+// [R], bias [V], out [R, M] dense; estimates for M 128 and R 4096. Returns M (out's rows).
+Halide::Expr constrain_rows_buffers(Halide::ImageParam& x, Halide::ImageParam& ids,
+                                    Halide::ImageParam& bias, Halide::Func out, int K, int V);
 // Its register block alone: acc (computed at the caller's register-block loop) vectorized
 // over 4 vectors of j and its rows unrolled, the reduction innermost over the group of K.
 void schedule_packed_acc(Halide::Func acc, const Halide::RDom& r, const Halide::Var& j,

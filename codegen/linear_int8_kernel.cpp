@@ -15,6 +15,8 @@
 // parallel loop over blocks of rows. The inner loop is oneDNN's brgemm kernel's (6 rows × 4
 // vectors, per group of K 6 broadcasts, 4 loads, 24 vpdpbusd; bench/README.md "session 13");
 // smaller row tiles with the panels fastest, tried at K 512, ran slower with 2 threads.
+#include <string>
+
 #include "codegen/halide_kernels.h"
 #include "support/error.h"
 #include "support/int8.h"
@@ -89,6 +91,18 @@ QuantizedInput quantize_input(const Halide::ImageParam& x, int K, const Var& k, 
   return q;
 }
 
+// The epilogue of both int8 kernels, one expression so that linear_rows' outputs are the full
+// kernel's bit for bit: the zero point taken off the int32 sum exactly, then the two scales,
+// the bias and the activation in f32. `sum` and `scale` are the weight row's.
+Expr int8_output(const Expr& acc, const QuantizedInput& q, const Var& m, const Expr& sum,
+                 const Expr& scale, const Expr& bias, const std::string& act) {
+  Expr exact = acc - Halide::cast<int32_t>(q.quant(m)[1]) * sum;
+  Expr y = Halide::cast<float>(exact) * (q.quant(m)[2] * scale);
+  if (bias.defined()) y += bias;
+  if (act != "none") y = float_function(act, y);
+  return y;
+}
+
 void set_packed_bounds(Halide::ImageParam& wt, Halide::ImageParam& wscale, Halide::ImageParam& wsum,
                        int Kg, int Np) {
   constexpr int P = 64, G = 4;
@@ -144,28 +158,13 @@ KernelPipeline build_linear_int8_rows(const LinearKernel& spec) {
   acc(j, p, m) = 0;
   acc(j, p, m) +=
       Halide::cast<int32_t>(q.xq(G * r.y + r.x, m)) * Halide::cast<int32_t>(strip(r.x, j, r.y, p));
-  // As build_linear_int8's epilogue: bit for bit the full linear's outputs at columns ids.
   const Expr jn = n % P, pn = n / P;
-  Expr exact = acc(jn, pn, m) - Halide::cast<int32_t>(q.quant(m)[1]) * ssum(jn, pn);
-  Expr y = Halide::cast<float>(exact) * (q.quant(m)[2] * sscale(jn, pn));
-  if (spec.has_bias) y += sbias(jn, pn);
-  if (spec.act != "none") y = float_function(spec.act, y);
   Func out("out");
-  out(n, m) = y;
+  out(n, m) = int8_output(acc(jn, pn, m), q, m, ssum(jn, pn), sscale(jn, pn),
+                          spec.has_bias ? sbias(jn, pn) : Expr(), spec.act);
 
-  x.dim(0).set_bounds(0, K);
-  x.dim(1).set_min(0);
+  const Expr M = constrain_rows_buffers(x, ids, bias, out, K, V);
   set_packed_bounds(wt, wscale, wsum, Kg, Vp);
-  ids.dim(0).set_min(0);
-  bias.dim(0).set_bounds(0, V);
-  Halide::OutputImageParam ob = out.output_buffer();
-  ob.dim(0).set_bounds(0, R);
-  ob.dim(1).set_min(0).set_stride(R);
-  const Expr M = ob.dim(1).extent();
-  x.set_estimates({{0, K}, {0, 128}});
-  ids.set_estimates({{0, 4096}});
-  bias.set_estimates({{0, V}});
-  out.set_estimates({{0, 4096}, {0, 128}});
 
   // Loops of out: t (tiles: a block of 64 columns × a tile of rows, parallel) > mb (register
   // block rows) > mr > ni; the columns of the last block past R are guarded. One chunk of
@@ -230,12 +229,9 @@ KernelPipeline build_linear_int8(const LinearKernel& spec, const Halide::Target&
   acc(j, p, m) = 0;
   acc(j, p, m) +=
       Halide::cast<int32_t>(q.xq(G * r.y + r.x, m)) * Halide::cast<int32_t>(wt(r.x, j, r.y, p));
-  Expr exact = acc(n % P, n / P, m) - Halide::cast<int32_t>(q.quant(m)[1]) * wsum(n);
-  Expr y = Halide::cast<float>(exact) * (q.quant(m)[2] * wscale(n));
-  if (spec.has_bias) y += bias(n);
-  if (spec.act != "none") y = float_function(spec.act, y);
   Func out("out");
-  out(n, m) = y;
+  out(n, m) = int8_output(acc(n % P, n / P, m), q, m, wsum(n), wscale(n),
+                          spec.has_bias ? bias(n) : Expr(), spec.act);
 
   x.dim(0).set_bounds(0, K);
   x.dim(1).set_min(0);

@@ -392,6 +392,23 @@ int one_row_panels_per_tile(int64_t panels) {
 // do better for ids spread over the vocabulary, and W as stored is what every build maps from
 // the checkpoint without a copy). The bias is read at the ids too. The number of ids R is a
 // run-time extent: tiles of a whole block column while R allows, else one guarded tile.
+Expr constrain_rows_buffers(Halide::ImageParam& x, Halide::ImageParam& ids,
+                            Halide::ImageParam& bias, Func out, int K, int V) {
+  const Expr R = ids.dim(0).extent();
+  x.dim(0).set_bounds(0, K);
+  x.dim(1).set_min(0);
+  ids.dim(0).set_min(0);
+  bias.dim(0).set_bounds(0, V);
+  Halide::OutputImageParam ob = out.output_buffer();
+  ob.dim(0).set_bounds(0, R);
+  ob.dim(1).set_min(0).set_stride(R);
+  x.set_estimates({{0, K}, {0, 128}});
+  ids.set_estimates({{0, 4096}});
+  bias.set_estimates({{0, V}});
+  out.set_estimates({{0, 4096}, {0, 128}});
+  return ob.dim(1).extent();
+}
+
 static KernelPipeline build_linear_rows(const LinearKernel& spec, const Halide::Target& target) {
   KILN_ASSERT(spec.panel == 0 && !spec.bf16 && !spec.int8, "linear_rows reads W[V, K] in f32");
   const int K = static_cast<int>(spec.K), V = static_cast<int>(spec.N);
@@ -420,21 +437,10 @@ static KernelPipeline build_linear_rows(const LinearKernel& spec, const Halide::
   Func out("out");
   out(n, m) = y;
 
-  x.dim(0).set_bounds(0, K);
-  x.dim(1).set_min(0);
+  const Expr M = constrain_rows_buffers(x, ids, bias, out, K, V);
   w.dim(0).set_bounds(0, K);
   w.dim(1).set_bounds(0, V).set_stride(K);
-  ids.dim(0).set_min(0);
-  bias.dim(0).set_bounds(0, V);
-  Halide::OutputImageParam ob = out.output_buffer();
-  ob.dim(0).set_bounds(0, R);
-  ob.dim(1).set_min(0).set_stride(R);
-  const Expr M = ob.dim(1).extent();
-  x.set_estimates({{0, K}, {0, 128}});
   w.set_estimates({{0, K}, {0, V}});
-  ids.set_estimates({{0, 4096}});
-  bias.set_estimates({{0, V}});
-  out.set_estimates({{0, 4096}, {0, 128}});
 
   // As build_linear's loops, with tiles of one block column.
   Var nt("nt"), mt("mt"), ni("ni"), mi("mi"), nb("nb"), nv("nv"), mb("mb"), mr("mr"), t("t");

@@ -268,13 +268,16 @@ TEST(Int8Golden, SmallWithinTwoPercentOfTheRange) {
   expect_golden(model, "small", "small_b1");
 }
 
+// int8_odd's config (tests/CMakeLists.txt).
+const std::vector<std::string> kOddSettings = {
+    "d_model=21",   "heads=3",      "d_ff=13",  "src_vocab=17", "tgt_vocab=150",
+    "enc_layers=1", "dec_layers=2", "pad_id=2", "max_len=12",   "max_batch=3"};
+
 // Odd sizes (d_model 21, d_ff 13, tgt_vocab 150: K and N not multiples of 4 or 64), forward and
 // encode on random ids with padding, from a bf16 checkpoint, against the f32 interpreter within 2%
 // of the outputs' range.
 TEST(Int8Random, OddSizesFromABf16Checkpoint) {
-  const std::vector<std::string> settings = {
-      "d_model=21",   "heads=3",      "d_ff=13",  "src_vocab=17", "tgt_vocab=150",
-      "enc_layers=1", "dec_layers=2", "pad_id=2", "max_len=12",   "max_batch=3"};
+  const std::vector<std::string>& settings = kOddSettings;
   ir::Module m = optimized_transformer("tiny", settings);
   ir::Module plain = models::build_model("transformer", "tiny", settings);
   ir::WeightMap wm = testing::random_weights(plain, 9);
@@ -319,16 +322,13 @@ TEST(Int8Random, OddSizesFromABf16Checkpoint) {
 // hypotheses moved between rows.
 // The int8 interpreter's linear_rows likewise against its linear.
 TEST(Int8Restricted, StepGivesTheFullStepsLogitsAtItsIds) {
-  const std::vector<std::string> odd_settings = {
-      "d_model=21",   "heads=3",      "d_ff=13",  "src_vocab=17", "tgt_vocab=150",
-      "enc_layers=1", "dec_layers=2", "pad_id=2", "max_len=12",   "max_batch=3"};
   ir::Module tiny = optimized_transformer("tiny");
   rt::SafeTensors tiny_file = rt::SafeTensors::load(golden_file("tiny.weights.safetensors"));
   ir::WeightMap tiny_w = tools::load_weight_map(tiny, tiny_file);
   ir::materialize_weights(tiny, tiny_w);
   kiln_models::int8_tiny tiny_model(golden_file("tiny.weights.safetensors").c_str());
-  ir::Module odd = optimized_transformer("tiny", odd_settings);
-  ir::Module plain = models::build_model("transformer", "tiny", odd_settings);
+  ir::Module odd = optimized_transformer("tiny", kOddSettings);
+  ir::Module plain = models::build_model("transformer", "tiny", kOddSettings);
   ir::WeightMap odd_w = testing::random_weights(plain, 19);
   const std::string path = testing::write_random_weights(plain, odd_w, "int8_odd_rows", true);
   ir::materialize_weights(odd, odd_w);
