@@ -384,14 +384,6 @@ int one_row_panels_per_tile(int64_t panels) {
   return 1;
 }
 
-// The rows `ids` of the weight only (LinearKernel::rows, the IR's linear_rows): the f32
-// kernel's register blocks and tiles, over a strip of the gathered columns that each block
-// column copies out of the weight as stored, W[V, K], once per tile of rows (W5's 128 rows:
-// once per step): 16 rows of W per gather instruction, each row read along K, so every cache
-// line of it is used (the runtime's packed panels, 64 columns a line apart in K, would not
-// do better for ids spread over the vocabulary, and W as stored is what every build maps from
-// the checkpoint without a copy). The bias is read at the ids too. The number of ids R is a
-// run-time extent: tiles of a whole block column while R allows, else one guarded tile.
 Expr constrain_rows_buffers(Halide::ImageParam& x, Halide::ImageParam& ids,
                             Halide::ImageParam& bias, Func out, int K, int V) {
   const Expr R = ids.dim(0).extent();
@@ -409,6 +401,14 @@ Expr constrain_rows_buffers(Halide::ImageParam& x, Halide::ImageParam& ids,
   return ob.dim(1).extent();
 }
 
+// The rows `ids` of the weight only (LinearKernel::rows, the IR's linear_rows): the f32
+// kernel's register blocks and tiles, over a strip of the gathered columns that each block
+// column copies out of the weight as stored, W[V, K], once per tile of rows (W5's 128 rows:
+// once per step): 16 rows of W per gather instruction, each row read along K, so every cache
+// line of it is used (the runtime's packed panels, 64 columns a line apart in K, would not
+// do better for ids spread over the vocabulary, and W as stored is what every build maps from
+// the checkpoint without a copy). The bias is read at the ids too. The number of ids R is a
+// run-time extent: tiles of a whole block column while R allows, else one guarded tile.
 static KernelPipeline build_linear_rows(const LinearKernel& spec, const Halide::Target& target) {
   KILN_ASSERT(spec.panel == 0 && !spec.bf16 && !spec.int8, "linear_rows reads W[V, K] in f32");
   const int K = static_cast<int>(spec.K), V = static_cast<int>(spec.N);

@@ -273,17 +273,31 @@ const std::vector<std::string> kOddSettings = {
     "d_model=21",   "heads=3",      "d_ff=13",  "src_vocab=17", "tgt_vocab=150",
     "enc_layers=1", "dec_layers=2", "pad_id=2", "max_len=12",   "max_batch=3"};
 
+// The odd model with random weights (seed), written as a bf16 checkpoint named `file`: the
+// optimized module, its weights (as the checkpoint holds them, derived ones materialized) and
+// the checkpoint's path for kiln_models::int8_odd.
+struct OddModel {
+  ir::Module m;
+  ir::WeightMap w;
+  std::string path;
+};
+OddModel odd_model(uint32_t seed, const std::string& file) {
+  OddModel o{optimized_transformer("tiny", kOddSettings), {}, {}};
+  ir::Module plain = models::build_model("transformer", "tiny", kOddSettings);
+  o.w = testing::random_weights(plain, seed);
+  o.path = testing::write_random_weights(plain, o.w, file, true);
+  ir::materialize_weights(o.m, o.w);
+  return o;
+}
+
 // Odd sizes (d_model 21, d_ff 13, tgt_vocab 150: K and N not multiples of 4 or 64), forward and
 // encode on random ids with padding, from a bf16 checkpoint, against the f32 interpreter within 2%
 // of the outputs' range.
 TEST(Int8Random, OddSizesFromABf16Checkpoint) {
-  const std::vector<std::string>& settings = kOddSettings;
-  ir::Module m = optimized_transformer("tiny", settings);
-  ir::Module plain = models::build_model("transformer", "tiny", settings);
-  ir::WeightMap wm = testing::random_weights(plain, 9);
-  const std::string path = testing::write_random_weights(plain, wm, "int8_odd", true);
-  ir::materialize_weights(m, wm);
-  kiln_models::int8_odd model(path.c_str());
+  OddModel odd = odd_model(9, "int8_odd");
+  const ir::Module& m = odd.m;
+  const ir::WeightMap& wm = odd.w;
+  kiln_models::int8_odd model(odd.path.c_str());
   for (const char* entry : {"forward", "encode"}) {
     const ir::Function& f = *m.find_function(entry);
     double worst = 0, range = 0, quantized_worst = 0;
@@ -327,15 +341,11 @@ TEST(Int8Restricted, StepGivesTheFullStepsLogitsAtItsIds) {
   ir::WeightMap tiny_w = tools::load_weight_map(tiny, tiny_file);
   ir::materialize_weights(tiny, tiny_w);
   kiln_models::int8_tiny tiny_model(golden_file("tiny.weights.safetensors").c_str());
-  ir::Module odd = optimized_transformer("tiny", kOddSettings);
-  ir::Module plain = models::build_model("transformer", "tiny", kOddSettings);
-  ir::WeightMap odd_w = testing::random_weights(plain, 19);
-  const std::string path = testing::write_random_weights(plain, odd_w, "int8_odd_rows", true);
-  ir::materialize_weights(odd, odd_w);
-  kiln_models::int8_odd odd_model(path.c_str());
+  OddModel odd = odd_model(19, "int8_odd_rows");
+  kiln_models::int8_odd odd_library(odd.path.c_str());
 
   const std::vector<std::tuple<const char*, ir::Module*, ir::WeightMap*, Model*>> cases = {
-      {"tiny", &tiny, &tiny_w, &tiny_model}, {"odd", &odd, &odd_w, &odd_model}};
+      {"tiny", &tiny, &tiny_w, &tiny_model}, {"odd", &odd.m, &odd.w, &odd_library}};
   for (const auto& [name, m, w, model] : cases) {
     auto config = [&](const char* key) { return std::stoll(m->config.at(key)); };
     const int64_t B = 3, S = 5, T = 3, V = config("tgt_vocab"), D = config("d_model");

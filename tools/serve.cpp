@@ -713,10 +713,8 @@ class Scheduler {
       int64_t next_id = 0;  // the generator's next sentence id (it counts them from 0)
     } run;
     kiln_search_options o = first->gen.search;
-    o.max_decoding_length = 0;  // each request's own, given as it is added
-    o.stop_ids = first->gen.stop_ids.data();
-    o.num_stop_ids = static_cast<int32_t>(first->gen.stop_ids.size());
-    set_vocabulary(o, first->gen);  // every member's (the key includes it)
+    o.max_decoding_length = 0;      // each request's own, given as it is added
+    point_at_lists(o, first->gen);  // every member's (the key includes them)
     o.on_token = [](void* user, int64_t sentence, int64_t, int64_t token) {
       Run& r = *static_cast<Run*>(user);
       const auto it = r.by_id.find(sentence);
@@ -902,7 +900,10 @@ class Scheduler {
     }
   }
 
-  static void set_vocabulary(kiln_search_options& o, const GenerateRequest& g) {
+  // The search options' lists, from the request's (which outlive the search).
+  static void point_at_lists(kiln_search_options& o, const GenerateRequest& g) {
+    o.stop_ids = g.stop_ids.data();
+    o.num_stop_ids = static_cast<int32_t>(g.stop_ids.size());
     o.vocabulary = g.vocabulary.empty() ? nullptr : g.vocabulary.data();
     o.num_vocabulary = static_cast<int32_t>(g.vocabulary.size());
   }
@@ -922,9 +923,7 @@ class Scheduler {
                                           std::vector<std::vector<Job::Hypothesis>>& out) {
     const rt::LibraryApi& api = model_.lib.api;
     kiln_search_options o = g.search;
-    o.stop_ids = g.stop_ids.data();
-    o.num_stop_ids = static_cast<int32_t>(g.stop_ids.size());
-    set_vocabulary(o, g);
+    point_at_lists(o, g);
     if (stream) {
       o.on_token = [](void* user, int64_t, int64_t, int64_t token) {
         Job* job = static_cast<Job*>(user);
