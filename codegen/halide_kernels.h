@@ -61,15 +61,31 @@ int one_row_panels_per_tile(int64_t panels);
 // of 4 vectors × up to 6 rows over the whole reduction, the group vectorized atomically (a
 // dot-product instruction) where `group_atomic`, else unrolled (one FMA per member: bf16 on
 // FMAs, LinearKernel::bf16_fma); specialized for few rows; `long_k` (a panel of 128 KB or more)
-// chunks the rows. Returns the chunk loop of out, where the caller computes its converted
-// input (bf16 or quantized x) once per chunk.
-Halide::Var schedule_packed_linear(Halide::Func out, Halide::Func acc, const Halide::RDom& r,
+// chunks the rows; `rows_parallel` makes many rows parallel tiles of rows instead, each over
+// every panel. Returns the chunk loop of out, where the caller computes its converted input
+// (bf16 or quantized x) once per chunk, and the condition under which that loop is itself the
+// parallel one (the caller's conversion then runs serially inside it; undefined: never).
+struct PackedLoops {
+  Halide::Var c;
+  Halide::Expr per_tile;
+};
+PackedLoops schedule_packed_linear(Halide::Func out, Halide::Func acc, const Halide::RDom& r,
                                    const Halide::Var& n, const Halide::Var& m, const Halide::Var& j,
-                                   int N, int Np, int k_groups, bool long_k, bool group_atomic);
+                                   int N, int Np, int k_groups, bool long_k, bool group_atomic,
+                                   bool rows_parallel = false);
 // The buffers of a linear_rows kernel (LinearKernel::rows) but its weight's: x [K, M], ids
 // [R], bias [V], out [R, M] dense; estimates for M 128 and R 4096. Returns M (out's rows).
 Halide::Expr constrain_rows_buffers(Halide::ImageParam& x, Halide::ImageParam& ids,
                                     Halide::ImageParam& bias, Halide::Func out, int K, int V);
+// The schedule of the linear_rows kernels on packed weights (int8, bf16): out(n, m) reads
+// acc(n % 64, n / 64, m) as above, over `gathered` (the block's rows of the weight, gathered
+// per tile into a strip laid out as a panel, and what else is read per column: scales, sums,
+// biases; each defined over (…, j, …, p) with acc's j and p); M is out's rows. Returns the
+// chunk loop of out (one chunk: the caller converts x there).
+Halide::Var schedule_packed_rows(Halide::Func out, Halide::Func acc, const Halide::RDom& r,
+                                 const Halide::Var& n, const Halide::Var& m, const Halide::Var& j,
+                                 const Halide::Expr& M, int k_groups, bool group_atomic,
+                                 const std::vector<Halide::Func>& gathered);
 // Its register block alone: acc (computed at the caller's register-block loop) vectorized
 // over 4 vectors of j and its rows unrolled, the reduction innermost over the group of K.
 void schedule_packed_acc(Halide::Func acc, const Halide::RDom& r, const Halide::Var& j,

@@ -55,11 +55,12 @@ struct LinearKernel {
   bool bf16_fma = false;
   bool int8 = false;
   // The IR's linear_rows (CPU): only the rows `ids` of W (N is W's rows, V). In f32 (panel
-  // 0, f32 and bf16 libraries) W is read as stored: args x, w f32 (k, v) [K × V] dense
-  // (W[V, K] itself), ids i64 (n) [R] (each in [0, V)), bias f32 (v) [V] (when has_bias), out
-  // f32 (n, m) [R × M] dense with out(n, m) = act(Σ_k x(k, m) · W[ids(n), k] + bias(ids(n))).
-  // With int8 (panel 64) the full int8 linear's packed weight, scales and sums replace w, the
-  // rows quantized as that kernel's: args x, wt, wscale, wsum, ids, bias, out.
+  // 0, f32 libraries) W is read as stored: args x, w f32 (k, v) [K × V] dense (W[V, K]
+  // itself), ids i64 (n) [R] (each in [0, V)), bias f32 (v) [V] (when has_bias), out f32
+  // (n, m) [R × M] dense with out(n, m) = act(Σ_k x(k, m) · W[ids(n), k] + bias(ids(n))).
+  // With bf16 or int8 (panel 64) the full linear's packed weight (and for int8 its scales and
+  // sums) replaces w, x rounded or quantized as that kernel's, in the same product form:
+  // args x, wt[, wscale, wsum], ids, bias, out; the outputs are the full linear's at the ids.
   bool rows = false;
 };
 

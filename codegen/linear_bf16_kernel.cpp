@@ -20,6 +20,9 @@
 // cycles and FMAs twice per cycle: there this form does twice the products per cycle (the base
 // model's W2 at 0.91× the f32 build's speed instead of 0.57×; the widening costs 1 instruction
 // per 6 FMAs); on AMD Zen 4 vdpbf16ps issues as often as an FMA and does twice the products.
+#include <string>
+#include <vector>
+
 #include "codegen/halide_kernels.h"
 #include "support/error.h"
 
@@ -44,9 +47,9 @@ Expr round_to_bf16_bits(const Expr& f) {
                                                        (bits >> 16) & 0x8000, rounded));
 }
 
-Var schedule_packed_linear(Func out, Func acc, const RDom& r, const Var& n, const Var& m,
-                           const Var& j, int N, int Np, int k_groups, bool long_k,
-                           bool group_atomic) {
+PackedLoops schedule_packed_linear(Func out, Func acc, const RDom& r, const Var& n, const Var& m,
+                                   const Var& j, int N, int Np, int k_groups, bool long_k,
+                                   bool group_atomic, bool rows_parallel) {
   constexpr int P = 64, lanes = 16;
   Halide::OutputImageParam ob = out.output_buffer();
   const Expr M = ob.dim(1).extent();
@@ -93,6 +96,24 @@ Var schedule_packed_linear(Func out, Func acc, const RDom& r, const Var& n, cons
   // converted rows stay in L2 while a thread goes from panel to panel (the panels fastest).
   // Else one chunk, tiles of up to 1024 rows, the row tiles fastest: a panel is read once
   // per 1024 rows.
+  // With `rows_parallel`, from 512 rows on: parallel over an even number of tiles of up to
+  // 256 rows (c), each converting its own rows (they stay in its L2) and then running every
+  // panel over them; no conversion pass of its own, one parallel loop instead of three per
+  // chunk. int8 at K 2048 (Intel Emerald Rapids, 2 threads, paired A/B in one process):
+  // M 512 1.13×, M 1024 1.15×, M 2048 1.12× the chunked schedule's speed; at K 512 within
+  // noise (1.01–1.06×), at 256 rows slower (0.98×), with an odd number of tiles 0.88×.
+  const Expr per_tile = rows_parallel ? M >= 512 : Expr();
+  if (rows_parallel) {
+    const Expr tiles = 2 * ((M + 511) / 512);
+    out.specialize(per_tile)
+        .split(m, c, mi, (M + tiles - 1) / tiles, TailStrategy::ShiftInwards)
+        .split(n, nt, ni, P, n_tail)
+        .split(mi, mb, mr, rows, TailStrategy::ShiftInwards)
+        .reorder(ni, mr, mb, nt, c)
+        .parallel(c)
+        .vectorize(ni, lanes)
+        .unroll(mr);
+  }
   if (long_k) {
     const Expr chunks = (M + 239) / 240, chunk_m = (M + chunks - 1) / chunks;
     schedule_out(out, chunk_m, (chunk_m + 1) / 2, rows, true);
@@ -103,7 +124,7 @@ Var schedule_packed_linear(Func out, Func acc, const RDom& r, const Var& n, cons
 
   acc.compute_at(out, mb);
   schedule_packed_acc(acc, r, j, k_groups, group_atomic);
-  return c;
+  return {c, per_tile};
 }
 
 void schedule_packed_acc(Func acc, const RDom& r, const Var& j, int k_groups, bool group_atomic) {
@@ -126,92 +147,211 @@ void schedule_packed_acc(Func acc, const RDom& r, const Var& j, int k_groups, bo
   acc.update().vectorize(jv).unroll(ju).unroll(m).unroll(ki);
 }
 
-KernelPipeline build_linear_bf16(const LinearKernel& spec, const Halide::Target& target) {
+Var schedule_packed_rows(Func out, Func acc, const RDom& r, const Var& n, const Var& m,
+                         const Var& j, const Expr& M, int k_groups, bool group_atomic,
+                         const std::vector<Func>& gathered) {
   constexpr int P = 64, lanes = 16;
-  KILN_ASSERT(spec.bf16 && spec.panel == P, "bf16 linear kernel needs 64-column panels");
-  KILN_ASSERT(target.has_feature(Halide::Target::AVX512_SapphireRapids),
-              "bf16 linear kernel needs a target with AVX512-BF16");
-  KILN_ASSERT(spec.K <= (int64_t{1} << 30) && spec.N <= (int64_t{1} << 30),
-              "linear kernel dims must fit in int32");
-  const int K = static_cast<int>(spec.K), N = static_cast<int>(spec.N);
-  const int Kp = K + K % 2, Np = (N + P - 1) / P * P;  // as packed (zero padding)
+  // Loops of out: c (one chunk of rows: x converted once, before the tiles) > t (tiles: a
+  // block of 64 columns × a tile of rows, parallel) > mb (register block rows) > mr > ni; the
+  // columns of the last block past R are guarded.
+  Var c("c"), mc("mc"), nt("nt"), ni("ni"), mt("mt"), mi("mi"), mb("mb"), mr("mr"), t("t");
+  auto schedule_out = [&](Halide::Stage s, const Expr& tile_m, int rows) {
+    s.split(m, c, mc, M, TailStrategy::ShiftInwards)
+        .split(n, nt, ni, P, TailStrategy::GuardWithIf)
+        .split(mc, mt, mi, tile_m, TailStrategy::ShiftInwards)
+        .split(mi, mb, mr, rows, TailStrategy::ShiftInwards)
+        .reorder(ni, mr, mb, mt, nt, c)
+        .fuse(mt, nt, t)
+        .parallel(t)
+        .vectorize(ni, lanes)
+        .unroll(mr);
+  };
+  schedule_out(out.specialize(M < 4), M, 1);
+  schedule_out(out.specialize(M < 64), M, 4);
+  const Expr tiles = (M + 1023) / 1024;
+  schedule_out(out, (M + tiles - 1) / tiles, 6);
 
-  const bool fma = spec.bf16_fma;
-  Halide::ImageParam x(Halide::Float(32), 2, "x");
-  // wt(pair, j, kp, p) = W[p·64 + j, 2·kp + pair]; fma: wt(j, kp, p) = that pair as an int32
-  // (pair 0 in the low half).
-  Halide::ImageParam wt = fma ? Halide::ImageParam(Halide::Int(32), 3, "wt")
-                              : Halide::ImageParam(Halide::BFloat(16), 4, "wt");
-  Halide::ImageParam bias(Halide::Float(32), 1, "bias");
-  Var n("n"), m("m"), k("k"), j("j"), p("p");
+  // One block of 64 columns of the gathered weight and of the accumulators (Halide's bounds of
+  // n / 64 over a guarded block of n span two blocks), a whole one also for the last, guarded
+  // block (their loops then have constant extents to unroll; the ids are clamped).
+  const Var p = acc.args()[1];
+  for (Func f : gathered) f.compute_at(out, t).bound_extent(j, P).bound_extent(p, 1);
+  acc.compute_at(out, mb).bound_extent(j, P).bound_extent(p, 1);
+  schedule_packed_acc(acc, r, j, k_groups, group_atomic);
+  return c;
+}
 
-  Func xb("xb");  // x rounded to bf16
-  if (K % 2 == 0 && K >= 2 * lanes) {
-    // vcvtne2ps2bf16: 32 roundings per instruction (xb is vectorized by 32 and shifted
-    // inwards within [0, K)), the same rounding as round_to_bf16_bits (subnormals to ±0).
-    xb(k, m) = Halide::cast(Halide::BFloat(16), x(k, m));
-  } else if (K % 2 == 0) {
-    xb(k, m) = Halide::reinterpret(Halide::BFloat(16), round_to_bf16_bits(x(k, m)));
-  } else {  // the padding column of the weight is 0; so is x's
-    xb(k, m) = Halide::reinterpret(
-        Halide::BFloat(16), Halide::select(k < K, round_to_bf16_bits(x(Halide::min(k, K - 1), m)),
-                                           Halide::cast(Halide::UInt(16), 0)));
-  }
-  RDom r(0, 2, 0, Kp / 2, "r");
-  Func acc("acc");  // acc(j, p, m): column p·64 + j
-  acc(j, p, m) = 0.0f;
-  // fma: x rounded as above, kept as f32 (its FMAs broadcast it from memory), and each pair of
-  // the weight widened to two f32 by a shift and a mask (exact: a bf16 is an f32's high half).
-  Func xf("xf");
+namespace {
+
+// x as the bf16 products read it: rounded to bf16 (xb) for vdpbf16ps, or rounded and kept in
+// f32 for the FMA form (xf); [0, Kp), the padding column 0 (so is the weight's).
+Func bf16_input(const Halide::ImageParam& x, int K, bool fma, const Var& k, const Var& m) {
+  constexpr int lanes = 16;
+  Func xr(fma ? "xf" : "xb");
   if (fma) {
     Expr bits = Halide::cast<uint32_t>(round_to_bf16_bits(x(Halide::min(k, K - 1), m))) << 16;
     if (K % 2 != 0) bits = Halide::select(k < K, bits, Halide::cast<uint32_t>(0));
-    xf(k, m) = Halide::reinterpret(Halide::Float(32), bits);
-    Expr pair = Halide::cast<uint32_t>(wt(j, r.y, p));
-    Expr w = Halide::select(r.x == 0, pair << 16, pair & Expr(uint32_t{0xffff0000u}));
-    acc(j, p, m) += xf(2 * r.y + r.x, m) * Halide::reinterpret(Halide::Float(32), w);
-  } else {
-    acc(j, p, m) +=
-        Halide::cast<float>(xb(2 * r.y + r.x, m)) * Halide::cast<float>(wt(r.x, j, r.y, p));
+    xr(k, m) = Halide::reinterpret(Halide::Float(32), bits);
+  } else if (K % 2 == 0 && K >= 2 * lanes) {
+    // vcvtne2ps2bf16: 32 roundings per instruction (xb is vectorized by 32 and shifted
+    // inwards within [0, K)), the same rounding as round_to_bf16_bits (subnormals to ±0).
+    xr(k, m) = Halide::cast(Halide::BFloat(16), x(k, m));
+  } else if (K % 2 == 0) {
+    xr(k, m) = Halide::reinterpret(Halide::BFloat(16), round_to_bf16_bits(x(k, m)));
+  } else {  // the padding column of the weight is 0; so is x's
+    xr(k, m) = Halide::reinterpret(
+        Halide::BFloat(16), Halide::select(k < K, round_to_bf16_bits(x(Halide::min(k, K - 1), m)),
+                                           Halide::cast(Halide::UInt(16), 0)));
   }
-  Expr y = acc(n % P, n / P, m);
-  if (spec.has_bias) y += bias(n);
-  if (spec.act != "none") y = float_function(spec.act, y);
-  Func out("out");
-  out(n, m) = y;
+  return xr;
+}
 
-  x.dim(0).set_bounds(0, K);
-  x.dim(1).set_min(0);
+// The products of both bf16 kernels, acc(j, p, m) (column p·64 + j) over r (pair member r.x,
+// pair r.y), one definition so that linear_rows' sums are the full kernel's: `w` reads the
+// weight in the packed layout, w(pair, j, kp, p) = W[p·64 + j, 2·kp + pair], or with `fma`
+// w(j, kp, p) = that pair as an int32 (pair 0 in the low half), widened to two f32 by a
+// shift and a mask (exact: a bf16 is an f32's high half); x as bf16_input gives it.
+template <typename Weight>  // Halide::ImageParam or Halide::Func
+void define_bf16_acc(Func acc, const Func& xr, bool fma, const RDom& r, const Var& j, const Var& p,
+                     const Var& m, const Weight& w) {
+  acc(j, p, m) = 0.0f;
+  if (fma) {
+    Expr pair = Halide::cast<uint32_t>(w(std::vector<Expr>{j, r.y, p}));
+    Expr wf = Halide::select(r.x == 0, pair << 16, pair & Expr(uint32_t{0xffff0000u}));
+    acc(j, p, m) += xr(2 * r.y + r.x, m) * Halide::reinterpret(Halide::Float(32), wf);
+  } else {
+    acc(j, p, m) += Halide::cast<float>(xr(2 * r.y + r.x, m)) *
+                    Halide::cast<float>(w(std::vector<Expr>{r.x, j, r.y, p}));
+  }
+}
+
+Expr bf16_output(const Expr& acc, const Expr& bias, const std::string& act) {
+  Expr y = acc;
+  if (bias.defined()) y += bias;
+  if (act != "none") y = float_function(act, y);
+  return y;
+}
+
+void set_packed_bf16_bounds(Halide::ImageParam& wt, bool fma, int Kp, int Np) {
+  constexpr int P = 64;
   if (fma) {
     wt.dim(0).set_bounds(0, P);
     wt.dim(1).set_bounds(0, Kp / 2).set_stride(P);
     wt.dim(2).set_bounds(0, Np / P).set_stride(P * Kp / 2);
+    wt.set_estimates({{0, P}, {0, Kp / 2}, {0, Np / P}});
   } else {
     wt.dim(0).set_bounds(0, 2);
     wt.dim(1).set_bounds(0, P).set_stride(2);
     wt.dim(2).set_bounds(0, Kp / 2).set_stride(2 * P);
     wt.dim(3).set_bounds(0, Np / P).set_stride(P * Kp);
+    wt.set_estimates({{0, 2}, {0, P}, {0, Kp / 2}, {0, Np / P}});
   }
+}
+
+Halide::ImageParam packed_bf16_weight(bool fma) {
+  return fma ? Halide::ImageParam(Halide::Int(32), 3, "wt")
+             : Halide::ImageParam(Halide::BFloat(16), 4, "wt");
+}
+
+// x is rounded once per chunk of rows, not per register block of every panel: for the output
+// projection (500 panels) that was one rounding per 64 products, about 12% of the instructions
+// of the products themselves.
+void schedule_bf16_input(Func xr, Func out, const Var& c, const Var& k, const Var& m, int Kp) {
+  constexpr int lanes = 16;
+  Var xo("xo");
+  xr.compute_at(out, c).split(m, xo, m, 16, TailStrategy::GuardWithIf).parallel(xo);
+  if (Kp >= 2 * lanes) xr.vectorize(k, 2 * lanes);  // shifted inwards within [0, Kp)
+}
+
+// linear_rows with bf16 weights (LinearKernel::rows): output column n is W's row ids(n), read
+// from the packed bf16 weight the library's full linear reads, in the same product form, so
+// its outputs are the full linear's at those columns, bit for bit. As the int8 rows kernel
+// (linear_int8_kernel.cpp): per tile, the block's 64 rows gathered into a strip laid out as a
+// panel (a pair of K, 4 bytes, per load), then the full kernel's register blocks on it.
+KernelPipeline build_linear_bf16_rows(const LinearKernel& spec) {
+  constexpr int P = 64;
+  const int K = static_cast<int>(spec.K), V = static_cast<int>(spec.N);
+  const int Kp = K + K % 2, Vp = (V + P - 1) / P * P;  // as packed
+  const bool fma = spec.bf16_fma;
+
+  Halide::ImageParam x(Halide::Float(32), 2, "x");
+  Halide::ImageParam wt = packed_bf16_weight(fma);  // as build_linear_bf16's, over V rows
+  Halide::ImageParam ids(Halide::Int(64), 1, "ids");
+  Halide::ImageParam bias(Halide::Float(32), 1, "bias");
+  Var n("n"), m("m"), k("k"), j("j"), p("p"), g("g"), kh("kh");
+  const Expr R = ids.dim(0).extent();
+  // W's row for column j of block p (clamped as in the int8 rows kernel).
+  const Expr id = Halide::clamp(Halide::cast<int>(ids(Halide::min(p * P + j, R - 1))), 0, V - 1);
+  Func strip("strip"), sbias("sbias");
+  if (fma)
+    strip(j, kh, p) = wt(id % P, kh, id / P);
+  else
+    strip(g, j, kh, p) = wt(g, id % P, kh, id / P);
+  sbias(j, p) = spec.has_bias ? bias(id) : 0.0f;
+
+  Func xr = bf16_input(x, K, fma, k, m);
+  RDom r(0, 2, 0, Kp / 2, "r");
+  Func acc("acc");
+  define_bf16_acc(acc, xr, fma, r, j, p, m, strip);
+  const Expr jn = n % P, pn = n / P;
+  Func out("out");
+  out(n, m) = bf16_output(acc(jn, pn, m), spec.has_bias ? sbias(jn, pn) : Expr(), spec.act);
+
+  const Expr M = constrain_rows_buffers(x, ids, bias, out, K, V);
+  set_packed_bf16_bounds(wt, fma, Kp, Vp);
+
+  if (fma)
+    strip.reorder(j, kh, p);
+  else
+    strip.reorder(g, j, kh, p).vectorize(g);
+  sbias.vectorize(j, 16);
+  const Var c = schedule_packed_rows(out, acc, r, n, m, j, M, Kp / 2, !fma, {strip, sbias});
+  schedule_bf16_input(xr, out, c, k, m, Kp);
+
+  std::vector<Halide::Argument> args = {x, wt, ids};
+  if (spec.has_bias) args.push_back(bias);
+  return KernelPipeline{Halide::Pipeline(out), args};
+}
+
+}  // namespace
+
+KernelPipeline build_linear_bf16(const LinearKernel& spec, const Halide::Target& target) {
+  constexpr int P = 64;
+  KILN_ASSERT(spec.bf16 && spec.panel == P, "bf16 linear kernel needs 64-column panels");
+  KILN_ASSERT(target.has_feature(Halide::Target::AVX512_SapphireRapids),
+              "bf16 linear kernel needs a target with AVX512-BF16");
+  KILN_ASSERT(spec.K <= (int64_t{1} << 30) && spec.N <= (int64_t{1} << 30),
+              "linear kernel dims must fit in int32");
+  if (spec.rows) return build_linear_bf16_rows(spec);
+  const int K = static_cast<int>(spec.K), N = static_cast<int>(spec.N);
+  const int Kp = K + K % 2, Np = (N + P - 1) / P * P;  // as packed (zero padding)
+
+  const bool fma = spec.bf16_fma;
+  Halide::ImageParam x(Halide::Float(32), 2, "x");
+  Halide::ImageParam wt = packed_bf16_weight(fma);
+  Halide::ImageParam bias(Halide::Float(32), 1, "bias");
+  Var n("n"), m("m"), k("k"), j("j"), p("p");
+
+  Func xr = bf16_input(x, K, fma, k, m);
+  RDom r(0, 2, 0, Kp / 2, "r");
+  Func acc("acc");
+  define_bf16_acc(acc, xr, fma, r, j, p, m, wt);
+  Func out("out");
+  out(n, m) = bf16_output(acc(n % P, n / P, m), spec.has_bias ? bias(n) : Expr(), spec.act);
+
+  x.dim(0).set_bounds(0, K);
+  x.dim(1).set_min(0);
+  set_packed_bf16_bounds(wt, fma, Kp, Np);
   bias.dim(0).set_bounds(0, N);
   Halide::OutputImageParam ob = out.output_buffer();
   ob.dim(0).set_bounds(0, N);
   ob.dim(1).set_min(0).set_stride(N);
   x.set_estimates({{0, K}, {0, 2048}});
-  if (fma)
-    wt.set_estimates({{0, P}, {0, Kp / 2}, {0, Np / P}});
-  else
-    wt.set_estimates({{0, 2}, {0, P}, {0, Kp / 2}, {0, Np / P}});
   bias.set_estimates({{0, N}});
   out.set_estimates({{0, N}, {0, 2048}});
 
-  const Var c = schedule_packed_linear(out, acc, r, n, m, j, N, Np, Kp / 2, Kp >= 1024, !fma);
-  // x is rounded once per chunk of rows, not per register block of every panel: for the
-  // output projection (500 panels) that was one rounding per 64 products, about 12% of the
-  // instructions of the products themselves.
-  Var xo("xo");
-  Func xr = fma ? xf : xb;
-  xr.compute_at(out, c).split(m, xo, m, 16, TailStrategy::GuardWithIf).parallel(xo);
-  if (Kp >= 2 * lanes) xr.vectorize(k, 2 * lanes);  // shifted inwards within [0, Kp)
+  const Var c = schedule_packed_linear(out, acc, r, n, m, j, N, Np, Kp / 2, Kp >= 1024, !fma).c;
+  schedule_bf16_input(xr, out, c, k, m, Kp);
 
   std::vector<Halide::Argument> args = {x, wt};
   if (spec.has_bias) args.push_back(bias);

@@ -16,6 +16,7 @@
 // vectors, per group of K 6 broadcasts, 4 loads, 24 vpdpbusd; bench/README.md "session 13");
 // smaller row tiles with the panels fastest, tried at K 512, ran slower with 2 threads.
 #include <string>
+#include <vector>
 
 #include "codegen/halide_kernels.h"
 #include "support/error.h"
@@ -33,9 +34,39 @@ namespace {
 
 // The input's rows quantized as support/int8.h does it (asymmetric, u8): quant(m) = (inverse,
 // zero, step) and the u8 copy xq(k, m), k in [0, Kp) (the padding columns any value: their
-// weights are 0), scheduled but for where: the caller computes both at its chunk of rows.
+// weights are 0), scheduled (schedule) but for where: the caller computes both at its chunk
+// of rows.
 struct QuantizedInput {
   Func quant{"quant"}, xq{"xq"};
+  Func lane_range{"lane_range"}, range{"range"};
+  Var l{"l"};
+  Halide::RVar rk;
+  // Computed per chunk of rows, in two parallel loops over blocks of 16 rows: each row's range
+  // and quantization parameters (the epilogue reads them too), then the u8 copy (the chunk's
+  // x read again, from cache); serially where `serial` holds (the chunk is a parallel tile).
+  // Before, the ranges were one serial loop with a horizontal min and max per 16 values:
+  // M2048 K512 N512 took 1466 µs, now 1345 µs; M32 K512 N512 23.8, now 21.7 µs (fastest of
+  // 16 runs, 2 threads, AMD EPYC Zen 4).
+  void schedule(int K, const Var& k, const Var& m, const Expr& serial = Expr()) {
+    Var qo("qo"), xo("xo");
+    const int Kp = (K + 3) / 4 * 4;
+    // The serial specializations first (a specialization copies the schedule made so far).
+    std::vector<Halide::Stage> quants = {quant}, xqs = {xq};
+    if (serial.defined()) {
+      quants.push_back(quant.specialize(serial));
+      xqs.push_back(xq.specialize(serial));
+    }
+    for (Halide::Stage s : quants) s.split(m, qo, m, 16, TailStrategy::GuardWithIf);
+    for (Halide::Stage s : xqs) {
+      s.split(m, xo, m, 16, TailStrategy::GuardWithIf);
+      if (Kp >= 64) s.vectorize(k, 64, TailStrategy::ShiftInwards);
+    }
+    quant.parallel(qo);
+    xq.parallel(xo);
+    range.compute_at(quant, qo);
+    lane_range.compute_at(quant, qo).vectorize(l);
+    lane_range.update().reorder(l, rk, m).vectorize(l);
+  }
 };
 
 QuantizedInput quantize_input(const Halide::ImageParam& x, int K, const Var& k, const Var& m) {
@@ -43,12 +74,14 @@ QuantizedInput quantize_input(const Halide::ImageParam& x, int K, const Var& k, 
   // again), then across the lanes: one vector min and max per 16 values, no horizontal
   // reduction in the loop.
   constexpr int L = 16;
-  Var l("l");
+  QuantizedInput q;
+  const Var& l = q.l;
   RDom rk(0, (K + L - 1) / L, "rk");
+  q.rk = rk.x;
   // The third value: 1 where the lane saw a NaN or an infinity (such a row gets step NaN, so
   // its outputs are NaN, as support/int8.h's input_row says; min and max alone would drop a
   // NaN).
-  Func lane_range("lane_range");
+  Func& lane_range = q.lane_range;
   lane_range(l, m) = {0.0f, 0.0f, 0.0f};
   {
     Expr col = K % L == 0 ? L * rk + l : Halide::min(L * rk + l, K - 1);
@@ -57,12 +90,11 @@ QuantizedInput quantize_input(const Halide::ImageParam& x, int K, const Var& k, 
                         Halide::select(Halide::is_finite(v), lane_range(l, m)[2], 1.0f)};
   }
   RDom rl(0, L, "rl");
-  Func range("range");  // (lo, hi, bad): min(row, 0), max(row, 0), 1 if not all finite
+  Func& range = q.range;  // (lo, hi, bad): min(row, 0), max(row, 0), 1 if not all finite
   range(m) = {0.0f, 0.0f, 0.0f};
   range(m) = {Halide::min(range(m)[0], lane_range(rl, m)[0]),
               Halide::max(range(m)[1], lane_range(rl, m)[1]),
               Halide::max(range(m)[2], lane_range(rl, m)[2])};
-  QuantizedInput q;
   {
     const Expr bad = range(m)[2] > 0.0f;
     Expr width = range(m)[1] - range(m)[0];
@@ -75,19 +107,6 @@ QuantizedInput quantize_input(const Halide::ImageParam& x, int K, const Var& k, 
   }
   Expr u = Halide::round(x(Halide::min(k, K - 1), m) * q.quant(m)[0]) + q.quant(m)[1];
   q.xq(k, m) = Halide::cast<uint8_t>(Halide::clamp(u, 0.0f, 255.0f));
-  // Computed per chunk of rows, in two parallel loops over blocks of 16 rows: each row's range
-  // and quantization parameters (the epilogue reads them too), then the u8 copy (the chunk's
-  // x read again, from cache). Before, the ranges were one serial loop with a horizontal min
-  // and max per 16 values: M2048 K512 N512 took 1466 µs, now 1345 µs; M32 K512 N512 23.8, now
-  // 21.7 µs (fastest of 16 runs, 2 threads, AMD EPYC Zen 4).
-  Var qo("qo"), xo("xo");
-  q.quant.split(m, qo, m, 16, TailStrategy::GuardWithIf).parallel(qo);
-  range.compute_at(q.quant, qo);
-  lane_range.compute_at(q.quant, qo).vectorize(l);
-  lane_range.update().reorder(l, rk, m).vectorize(l);
-  q.xq.split(m, xo, m, 16, TailStrategy::GuardWithIf).parallel(xo);
-  const int Kp = (K + 3) / 4 * 4;
-  if (Kp >= 64) q.xq.vectorize(k, 64, TailStrategy::ShiftInwards);
   return q;
 }
 
@@ -166,36 +185,13 @@ KernelPipeline build_linear_int8_rows(const LinearKernel& spec) {
   const Expr M = constrain_rows_buffers(x, ids, bias, out, K, V);
   set_packed_bounds(wt, wscale, wsum, Kg, Vp);
 
-  // Loops of out: t (tiles: a block of 64 columns × a tile of rows, parallel) > mb (register
-  // block rows) > mr > ni; the columns of the last block past R are guarded. One chunk of
-  // rows (x quantized once, before the tiles).
-  Var c("c"), mc("mc"), nt("nt"), ni("ni"), mt("mt"), mi("mi"), mb("mb"), mr("mr"), t("t");
-  auto schedule_out = [&](Halide::Stage s, const Expr& tile_m, int rows) {
-    s.split(m, c, mc, M, TailStrategy::ShiftInwards)
-        .split(n, nt, ni, P, TailStrategy::GuardWithIf)
-        .split(mc, mt, mi, tile_m, TailStrategy::ShiftInwards)
-        .split(mi, mb, mr, rows, TailStrategy::ShiftInwards)
-        .reorder(ni, mr, mb, mt, nt, c)
-        .fuse(mt, nt, t)
-        .parallel(t)
-        .vectorize(ni, 16)
-        .unroll(mr);
-  };
-  schedule_out(out.specialize(M < 4), M, 1);
-  schedule_out(out.specialize(M < 64), M, 4);
-  const Expr tiles = (M + 1023) / 1024;
-  schedule_out(out, (M + tiles - 1) / tiles, 6);
-
-  // One block of 64 columns of the strip and of the accumulators (Halide's bounds of n / 64
-  // over a guarded block of n span two blocks), a whole one also for the last, guarded block
-  // (their loops then have constant extents to unroll; the ids are clamped).
-  strip.compute_at(out, t).bound_extent(j, P).bound_extent(p, 1).reorder(g, j, kg, p).vectorize(g);
-  for (Func f : {sscale, ssum, sbias})
-    f.compute_at(out, t).bound_extent(j, P).bound_extent(p, 1).vectorize(j, 16);
-  acc.compute_at(out, mb).bound_extent(j, P).bound_extent(p, 1);
-  schedule_packed_acc(acc, r, j, Kg, true);
+  strip.reorder(g, j, kg, p).vectorize(g);
+  for (Func f : {sscale, ssum, sbias}) f.vectorize(j, 16);
+  const Var c =
+      schedule_packed_rows(out, acc, r, n, m, j, M, Kg, true, {strip, sscale, ssum, sbias});
   q.quant.compute_at(out, c);
   q.xq.compute_at(out, c);
+  q.schedule(K, k, m);
 
   std::vector<Halide::Argument> args = {x, wt, wscale, wsum, ids};
   if (spec.has_bias) args.push_back(bias);
@@ -244,10 +240,14 @@ KernelPipeline build_linear_int8(const LinearKernel& spec, const Halide::Target&
   bias.set_estimates({{0, N}});
   out.set_estimates({{0, N}, {0, 2048}});
 
-  // A panel of 128 KB from K = 2048 on, as for bf16 (K = 1024).
-  const Var c = schedule_packed_linear(out, acc, r, n, m, j, N, Np, Kg, Kp >= 2048, true);
-  q.quant.compute_at(out, c);
-  q.xq.compute_at(out, c);
+  // A panel of 128 KB from K = 2048 on, as for bf16 (K = 1024); there many rows are parallel
+  // tiles of rows, each quantizing its own.
+  const bool long_k = Kp >= 2048;
+  const PackedLoops loops =
+      schedule_packed_linear(out, acc, r, n, m, j, N, Np, Kg, long_k, true, long_k);
+  q.quant.compute_at(out, loops.c);
+  q.xq.compute_at(out, loops.c);
+  q.schedule(K, k, m, loops.per_tile);
 
   std::vector<Halide::Argument> args = {x, wt, wscale, wsum};
   if (spec.has_bias) args.push_back(bias);

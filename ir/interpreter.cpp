@@ -1239,6 +1239,13 @@ class Interpreter {
   }
 
  private:
+  // How `linear` and `linear_rows` round (InterpretOptions).
+  LinearRounding linear_rounding() const {
+    return options_.int8_linear   ? LinearRounding::int8
+           : options_.bf16_linear ? LinearRounding::bf16
+                                  : LinearRounding::none;
+  }
+
   // Throws unless the function is well formed enough to run: valid value ids, SSA
   // order, and every op obeying its type rule with the declared result type.
   void check_structure() const {
@@ -1553,13 +1560,11 @@ class Interpreter {
       case OpKind::linear:
         r = eval_linear(op, operand(op, 0), operand(op, 1),
                         op.operands.size() == 3 ? &operand(op, 2) : nullptr, shape,
-                        options_.int8_linear   ? LinearRounding::int8
-                        : options_.bf16_linear ? LinearRounding::bf16
-                                               : LinearRounding::none);
+                        linear_rounding());
         break;
       case OpKind::linear_rows: {
         // The rows of W (and b) first, checked as a gather checks its ids; then the linear,
-        // in f32, or int8 as the int8 kernels round it (ops.def): each row quantized alone,
+        // rounded as `linear` is (ops.def): in f32, bf16, or int8 (each row quantized alone),
         // so the outputs are the full linear's at those rows.
         const Tensor w =
             eval_gather(operand(op, 1), operand(op, 2),
@@ -1568,8 +1573,7 @@ class Interpreter {
         if (op.operands.size() == 4)
           b = eval_gather(operand(op, 3), operand(op, 2), {operand(op, 2).shape[0]},
                           label(op.operands[2]));
-        r = eval_linear(op, operand(op, 0), w, b ? &*b : nullptr, shape,
-                        options_.int8_linear ? LinearRounding::int8 : LinearRounding::none);
+        r = eval_linear(op, operand(op, 0), w, b ? &*b : nullptr, shape, linear_rounding());
         break;
       }
       case OpKind::attention: {

@@ -71,6 +71,7 @@ struct InterpretOptions {
   // `linear` rounds its input and weight to bf16 (to nearest, ties to even; zero and f32
   // subnormals to a zero of their sign, NaN kept) before the products, as the kernels of
   // `kiln compile --weights bf16` do (AVX512-BF16 flushes subnormals): the reference for them.
+  // So does `linear_rows`.
   bool bf16_linear = false;
   // `attention` rounds q and k to bf16 before QKᵀ, and its unnormalized probabilities and v
   // before the V product (normalizing by the sum of the rounded ones), as the attention kernels

@@ -47,6 +47,7 @@
 #include "bf16auto_small.h"
 #include "bf16fma_attentions.h"
 #include "bf16fma_linears.h"
+#include "bf16fma_odd.h"
 #include "bf16fma_small.h"
 #include "f32_numbers.h"
 #include "frontend/models.h"
@@ -60,6 +61,7 @@
 #include "runtime/bf16_products.h"
 #include "runtime/plan.h"
 #include "runtime/safetensors.h"
+#include "step_runner.h"
 #include "tools/bridge.h"
 
 namespace kiln {
@@ -654,12 +656,11 @@ template <typename Model>
 void expect_random(const std::string& label, const std::vector<std::string>& settings,
                    const std::string& config, uint32_t seed, bool bf16_file,
                    const std::vector<int64_t>& lengths, bool skip_rounded = false) {
-  ir::Module m = optimized_transformer(config, settings);
-  ir::Module plain = models::build_model("transformer", config, settings);
-  ir::WeightMap wm = testing::random_weights(plain, seed);
-  const std::string path = testing::write_random_weights(plain, wm, label, bf16_file);
-  ir::materialize_weights(m, wm);
-  Model model(path.c_str());
+  const testing::ModelFiles random =
+      testing::random_model(config, settings, seed, label, bf16_file);
+  const ir::Module& m = random.m;
+  const ir::WeightMap& wm = random.w;
+  Model model(random.path.c_str());
   for (const char* entry : {"forward", "encode"}) {
     const ir::Function& f = *m.find_function(entry);
     double worst = 0, largest = 0, rounded_worst = 0;
@@ -705,13 +706,14 @@ TEST(Bf16Random, WideModel) {
       "tiny", 5, false, {1, 7, 33});
 }
 
+// bf16_odd's and bf16fma_odd's config (tests/CMakeLists.txt).
+const std::vector<std::string> kOddSettings = {
+    "d_model=21",   "heads=3",      "d_ff=13",  "src_vocab=17", "tgt_vocab=150",
+    "enc_layers=1", "dec_layers=2", "pad_id=2", "max_len=12",   "max_batch=3"};
+
 // Odd K (21, 13): the padding pair of K; a bf16 checkpoint loaded as it is.
 TEST(Bf16Random, OddSizesFromABf16Checkpoint) {
-  expect_random<kiln_models::bf16_odd>(
-      "odd",
-      {"d_model=21", "heads=3", "d_ff=13", "src_vocab=17", "tgt_vocab=19", "enc_layers=1",
-       "dec_layers=2", "pad_id=2", "max_len=12", "max_batch=3"},
-      "tiny", 9, true, {1, 7, 12});
+  expect_random<kiln_models::bf16_odd>("odd", kOddSettings, "tiny", 9, true, {1, 7, 12});
 }
 
 // The base model (d_model 512, d_ff 2048, vocabularies of 32000), random weights.
@@ -722,6 +724,52 @@ TEST(Bf16Random, BaseModel) {
 
 // The shipped number translator: greedy ids of the bf16 library are those of the f32 one
 // on the whole held-out set.
+// decode_step_restricted with bf16 weights: linear_rows reads the generator's packed bf16
+// weight with the library's form of the products (vdpbf16ps in bf16_tiny and bf16_odd, FMAs in
+// bf16fma_odd), so its logits are, bit for bit, the full step's at its ids: few ids, every id
+// shuffled, and as many random ids as the vocabulary (repeats; in the odd models' 150, three
+// blocks of 64 columns, the last partly past R; K 21, the padding pair), over three steps with
+// hypotheses moved between rows. The bf16-rounding interpreter's linear_rows likewise against
+// its linear.
+TEST(Bf16Restricted, StepGivesTheFullStepsLogitsAtItsIds) {
+  const testing::ModelFiles tiny = testing::golden_model("tiny");
+  kiln_models::bf16_tiny tiny_dot(tiny.path.c_str());
+  const testing::ModelFiles odd =
+      testing::random_model("tiny", kOddSettings, 19, "bf16_odd_rows", true);
+  kiln_models::bf16_odd odd_dot(odd.path.c_str());
+  kiln_models::bf16fma_odd odd_fma(odd.path.c_str());
+
+  struct Case {
+    const char* name;
+    const testing::ModelFiles* files;
+    Model* model;
+    bool fma;
+  };
+  for (const Case& c :
+       {Case{"tiny, dot", &tiny, &tiny_dot, false}, Case{"odd, dot", &odd, &odd_dot, false},
+        Case{"odd, fma", &odd, &odd_fma, true}}) {
+    EXPECT_STREQ(kiln_model_config(c.model->get(), "bf16_products"), c.fma ? "fma" : "dot");
+    const ir::Module& m = c.files->m;
+    ir::InterpretOptions rounding = bf16_rounding();
+    rounding.bf16_attention = !c.fma;
+    const testing::Runner library =
+        testing::compiled(*c.model, std::stoll(m.config.at("dec_layers")));
+    const testing::Runner interpreter = [&](const std::string& fn,
+                                            const std::vector<ir::Tensor>& in) {
+      return testing::interpret_entry(m, fn, c.files->w, in, rounding);
+    };
+    for (const auto& [runner, what] :
+         {std::pair{&library, "library"}, std::pair{&interpreter, "bf16 interpreter"}}) {
+      int64_t compared = 0;
+      testing::expect_restricted_steps_equal_full(m, *runner, std::string(c.name) + " " + what,
+                                                  compared);
+      if (::testing::Test::HasFatalFailure()) return;
+      std::printf("[ bf16 ] %s, %s: %lld restricted logits equal to the full step's\n", c.name,
+                  what, static_cast<long long>(compared));
+    }
+  }
+}
+
 TEST(Bf16Numbers, GreedyIdsMatchF32) {
   const std::string weights = testing::numbers_file("numbers.weights.safetensors");
   const testing::HeldOut heldout = testing::numbers_heldout();

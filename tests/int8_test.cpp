@@ -273,28 +273,16 @@ const std::vector<std::string> kOddSettings = {
     "d_model=21",   "heads=3",      "d_ff=13",  "src_vocab=17", "tgt_vocab=150",
     "enc_layers=1", "dec_layers=2", "pad_id=2", "max_len=12",   "max_batch=3"};
 
-// The odd model with random weights (seed), written as a bf16 checkpoint named `file`: the
-// optimized module, its weights (as the checkpoint holds them, derived ones materialized) and
-// the checkpoint's path for kiln_models::int8_odd.
-struct OddModel {
-  ir::Module m;
-  ir::WeightMap w;
-  std::string path;
-};
-OddModel odd_model(uint32_t seed, const std::string& file) {
-  OddModel o{optimized_transformer("tiny", kOddSettings), {}, {}};
-  ir::Module plain = models::build_model("transformer", "tiny", kOddSettings);
-  o.w = testing::random_weights(plain, seed);
-  o.path = testing::write_random_weights(plain, o.w, file, true);
-  ir::materialize_weights(o.m, o.w);
-  return o;
+// The odd model with random weights (seed), written as a bf16 checkpoint named `file`.
+testing::ModelFiles odd_model(uint32_t seed, const std::string& file) {
+  return testing::random_model("tiny", kOddSettings, seed, file, true);
 }
 
 // Odd sizes (d_model 21, d_ff 13, tgt_vocab 150: K and N not multiples of 4 or 64), forward and
 // encode on random ids with padding, from a bf16 checkpoint, against the f32 interpreter within 2%
 // of the outputs' range.
 TEST(Int8Random, OddSizesFromABf16Checkpoint) {
-  OddModel odd = odd_model(9, "int8_odd");
+  const testing::ModelFiles odd = odd_model(9, "int8_odd");
   const ir::Module& m = odd.m;
   const ir::WeightMap& wm = odd.w;
   kiln_models::int8_odd model(odd.path.c_str());
@@ -336,80 +324,26 @@ TEST(Int8Random, OddSizesFromABf16Checkpoint) {
 // hypotheses moved between rows.
 // The int8 interpreter's linear_rows likewise against its linear.
 TEST(Int8Restricted, StepGivesTheFullStepsLogitsAtItsIds) {
-  ir::Module tiny = optimized_transformer("tiny");
-  rt::SafeTensors tiny_file = rt::SafeTensors::load(golden_file("tiny.weights.safetensors"));
-  ir::WeightMap tiny_w = tools::load_weight_map(tiny, tiny_file);
-  ir::materialize_weights(tiny, tiny_w);
-  kiln_models::int8_tiny tiny_model(golden_file("tiny.weights.safetensors").c_str());
-  OddModel odd = odd_model(19, "int8_odd_rows");
+  const testing::ModelFiles tiny = testing::golden_model("tiny");
+  kiln_models::int8_tiny tiny_library(tiny.path.c_str());
+  const testing::ModelFiles odd = odd_model(19, "int8_odd_rows");
   kiln_models::int8_odd odd_library(odd.path.c_str());
 
-  const std::vector<std::tuple<const char*, ir::Module*, ir::WeightMap*, Model*>> cases = {
-      {"tiny", &tiny, &tiny_w, &tiny_model}, {"odd", &odd.m, &odd.w, &odd_library}};
+  const std::vector<std::tuple<const char*, const ir::Module*, const ir::WeightMap*, Model*>>
+      cases = {{"tiny", &tiny.m, &tiny.w, &tiny_library}, {"odd", &odd.m, &odd.w, &odd_library}};
   for (const auto& [name, m, w, model] : cases) {
-    auto config = [&](const char* key) { return std::stoll(m->config.at(key)); };
-    const int64_t B = 3, S = 5, T = 3, V = config("tgt_vocab"), D = config("d_model");
-    const int64_t L = config("dec_layers"), pad = config("pad_id");
-    const testing::Runner library = testing::compiled(*model, L);
+    const testing::Runner library =
+        testing::compiled(*model, std::stoll(m->config.at("dec_layers")));
     const testing::Runner interpreter = [&](const std::string& fn,
                                             const std::vector<ir::Tensor>& in) {
       return testing::interpret_entry(*m, fn, *w, in, int8_rounding());
     };
-    std::mt19937 rng(7);
-    auto token = [&](int64_t vocab) {  // any id but pad_id
-      int64_t v = std::uniform_int_distribution<int64_t>(0, vocab - 2)(rng);
-      return v >= pad ? v + 1 : v;
-    };
-    std::vector<int64_t> src(B * S);
-    for (int64_t& id : src) id = token(config("src_vocab"));
     for (const auto& [runner, what] :
          {std::pair{&library, "library"}, std::pair{&interpreter, "int8 interpreter"}}) {
-      const std::vector<ir::Tensor> mem = (*runner)("prepare", {testing::ids({B, S}, src)});
-      std::vector<ir::Tensor> cache(2 * L, ir::Tensor::zeros(ir::DType::f32, {T, B, D}));
-      std::vector<std::vector<int64_t>> slots(B);
-      std::vector<int64_t> order(B);
-      std::iota(order.begin(), order.end(), 0);
       int64_t compared = 0;
-      for (int64_t t = 0; t < T; ++t) {
-        std::shuffle(order.begin(), order.end(), rng);
-        std::vector<int64_t> tok(B), rows(B * (t + 1)), src_row(B);
-        for (int64_t r = 0; r < B; ++r) {
-          const int64_t b = order[r];
-          tok[r] = token(V);
-          for (int64_t j = 0; j < t; ++j) rows[r * (t + 1) + j] = slots[b][j];
-          rows[r * (t + 1) + t] = r;
-          src_row[r] = b;
-        }
-        std::vector<ir::Tensor> in = {testing::ids({B, 1}, tok), testing::ids({1}, {t}),
-                                      testing::ids({B, t + 1}, rows), testing::ids({B}, src_row),
-                                      testing::ids({B, S}, src)};
-        in.insert(in.end(), mem.begin(), mem.end());
-        in.insert(in.end(), cache.begin(), cache.end());
-        const std::vector<ir::Tensor> full = (*runner)("decode_step", in);
-        ASSERT_EQ(full[0].shape, (std::vector<int64_t>{B, 1, V}));
-        std::vector<int64_t> shuffled(static_cast<size_t>(V));
-        std::iota(shuffled.begin(), shuffled.end(), 0);
-        std::shuffle(shuffled.begin(), shuffled.end(), rng);
-        std::vector<int64_t> few(3), many(static_cast<size_t>(V));
-        for (int64_t& id : few) id = std::uniform_int_distribution<int64_t>(0, V - 1)(rng);
-        for (int64_t& id : many) id = std::uniform_int_distribution<int64_t>(0, V - 1)(rng);
-        for (const std::vector<int64_t>& vocab : {few, shuffled, many}) {
-          const int64_t R = static_cast<int64_t>(vocab.size());
-          std::vector<ir::Tensor> in_r = in;  // the caches as before this step
-          in_r.push_back(testing::ids({R}, vocab));
-          const std::vector<ir::Tensor> got = (*runner)("decode_step_restricted", in_r);
-          ASSERT_EQ(got[0].shape, (std::vector<int64_t>{B, 1, R})) << name << " " << what;
-          for (int64_t r = 0; r < B; ++r)
-            for (int64_t j = 0; j < R; ++j) {
-              ASSERT_EQ(got[0].f[r * R + j], full[0].f[r * V + vocab[j]])
-                  << name << " " << what << ": step " << t << ", row " << r << ", id " << vocab[j]
-                  << " (R " << R << ")";
-              ++compared;
-            }
-        }
-        for (int64_t r = 0; r < B; ++r) slots[order[r]].push_back(r);
-        std::copy(full.begin() + 1, full.end(), cache.begin());
-      }
+      testing::expect_restricted_steps_equal_full(*m, *runner, std::string(name) + " " + what,
+                                                  compared);
+      if (::testing::Test::HasFatalFailure()) return;
       std::printf("[ int8 ] %s, %s: %lld restricted logits equal to the full step's\n", name, what,
                   static_cast<long long>(compared));
     }

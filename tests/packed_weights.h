@@ -24,6 +24,7 @@
 #include "kiln/runtime.h"
 #include "kiln/vocab.h"
 #include "noise.h"
+#include "pass_harness.h"
 #include "passes/pipeline.h"
 #include "runtime/plan.h"
 #include "runtime/safetensors.h"
@@ -90,6 +91,34 @@ inline std::string write_random_weights(const ir::Module& m, ir::WeightMap& wm,
   return path;
 }
 
+// A model as a library is built from it: the optimized module, its weights (as the checkpoint
+// holds them, derived ones materialized) and the checkpoint's path.
+struct ModelFiles {
+  ir::Module m;
+  ir::WeightMap w;
+  std::string path;
+};
+
+// The golden `config` (tests/golden) with its weights.
+inline ModelFiles golden_model(const std::string& config) {
+  ModelFiles f{optimized_transformer(config), {}, golden_file(config + ".weights.safetensors")};
+  f.w = tools::load_weight_map(f.m, rt::SafeTensors::load(f.path));
+  ir::materialize_weights(f.m, f.w);
+  return f;
+}
+
+// The transformer `config` with `settings`, random weights (seed), written as the checkpoint
+// `file` (write_random_weights: bf16 with `as_bf16`).
+inline ModelFiles random_model(const std::string& config, const std::vector<std::string>& settings,
+                               uint32_t seed, const std::string& file, bool as_bf16) {
+  ModelFiles f{optimized_transformer(config, settings), {}, {}};
+  ir::Module plain = models::build_model("transformer", config, settings);
+  f.w = random_weights(plain, seed);
+  f.path = write_random_weights(plain, f.w, file, as_bf16);
+  ir::materialize_weights(f.m, f.w);
+  return f;
+}
+
 // A golden batch (tests/golden: `config`'s weights, `batch`'s inputs and PyTorch's f32 logits)
 // through a library's forward, and through the interpreter with `options` (its rounding of
 // the linears) on the module the library was built from.
@@ -113,10 +142,9 @@ inline int bf16_attention_ops(const ir::Module& m, const std::string& entry) {
 template <typename Model>
 GoldenForward golden_forward(Model& model, const std::string& config, const std::string& batch,
                              const ir::InterpretOptions& options) {
-  const ir::Module m = optimized_transformer(config);
-  rt::SafeTensors weights = rt::SafeTensors::load(golden_file(config + ".weights.safetensors"));
-  ir::WeightMap wm = tools::load_weight_map(m, weights);
-  ir::materialize_weights(m, wm);
+  const ModelFiles golden = golden_model(config);
+  const ir::Module& m = golden.m;
+  const ir::WeightMap& wm = golden.w;
   const auto src = read_tensor<int64_t>(golden_file(batch + ".inputs.safetensors"), "src");
   const auto tgt = read_tensor<int64_t>(golden_file(batch + ".inputs.safetensors"), "tgt");
   GoldenForward r;

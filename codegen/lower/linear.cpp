@@ -1,8 +1,8 @@
 // Lowering of `linear`: the linear kernel on a load-time weight laid out for it (f32
 // panels, bf16 or int8), or the general matmul for a weight computed at run time; and of
 // `linear_rows`: the linear kernel over the gathered rows of the weight, in f32 on the weight
-// as stored, or with int8 weights on the full linear's packed int8 weight (the general matmul
-// on a GPU).
+// as stored, or with bf16 or int8 weights on the full linear's packed weight (the general
+// matmul on a GPU).
 #include <optional>
 #include <string>
 #include <vector>
@@ -103,19 +103,26 @@ void lower_linear_rows(FunctionLowering& L, const ir::Op& op) {
   const bool has_bias = op.operands.size() == 4;
   LinearKernel k{wt.shape[1].value, wt.shape[0].value, op.str_attr("act"), has_bias, 0};
   k.rows = true;
-  // int8 builds: the packed int8 weight the full linear reads (one plan weight for both).
+  // bf16 and int8 builds: the packed weight the full linear reads (one plan weight for both),
+  // in the same product form.
   const ir::Op* w = passes::def_op(f, L.defs, op.operands[1]);
-  if (L.module.options.int8_weights && w && w->kind == OpKind::weight) {
-    check_int8_k(op, k.K);
-    k.int8 = true;
-    k.panel = 64;
+  if (w && w->kind == OpKind::weight) {
+    if (L.module.options.bf16_weights) {
+      k.bf16 = true;
+      k.bf16_fma = L.module.options.bf16_fma;
+      k.panel = 64;
+    } else if (L.module.options.int8_weights) {
+      check_int8_k(op, k.K);
+      k.int8 = true;
+      k.panel = 64;
+    }
   }
   const View out = L.output_view(op);
   rt::StepDesc s{L.kernel_index(k), fmt::format("linear_rows %{}", op.result), {}};
   s.args.push_back(L.rows_arg(op, 0));
-  if (k.int8)
+  if (k.bf16 || k.int8)
     push_weight_args(L, s, *w, k);
-  else  // W as stored, [V, K] (a weight: the checkpoint's pages, mapped, in f32 and bf16 builds)
+  else  // W as stored, [V, K] (a weight: the checkpoint's pages, mapped, in f32 builds)
     s.args.push_back(L.dense(L.view_of(op.operands[1], op), wt,
                              fmt::format("copy %{} for linear_rows %{}", op.operands[1], op.result))
                          .halide());
