@@ -98,8 +98,8 @@ PackedLoops schedule_packed_linear(Func out, Func acc, const RDom& r, const Var&
   // per 1024 rows.
   // With `rows_parallel`, from 512 rows on: parallel over an even number of tiles of up to
   // 256 rows (c), each converting its own rows (they stay in its L2) and then running every
-  // panel over them; no conversion pass of its own, one parallel loop instead of three per
-  // chunk. int8 at K 2048 (Intel Emerald Rapids, 2 threads, paired A/B in one process):
+  // panel over them; no conversion loop of its own, one parallel loop instead of two or three
+  // per chunk. int8 at K 2048 (Intel Emerald Rapids, 2 threads, paired A/B in one process):
   // M 512 1.13×, M 1024 1.15×, M 2048 1.12× the chunked schedule's speed; at K 512 within
   // noise (1.01–1.06×), at 256 rows slower (0.98×), with an odd number of tiles 0.88×.
   const Expr per_tile = rows_parallel ? M >= 512 : Expr();
@@ -256,11 +256,19 @@ Halide::ImageParam packed_bf16_weight(bool fma) {
 // x is rounded once per chunk of rows, not per register block of every panel: for the output
 // projection (500 panels) that was one rounding per 64 products, about 12% of the instructions
 // of the products themselves.
-void schedule_bf16_input(Func xr, Func out, const Var& c, const Var& k, const Var& m, int Kp) {
+// In parallel blocks of 16 rows, or serially where `serial` holds (c is a parallel tile).
+void schedule_bf16_input(Func xr, Func out, const Var& c, const Var& k, const Var& m, int Kp,
+                         const Expr& serial = Expr()) {
   constexpr int lanes = 16;
   Var xo("xo");
-  xr.compute_at(out, c).split(m, xo, m, 16, TailStrategy::GuardWithIf).parallel(xo);
-  if (Kp >= 2 * lanes) xr.vectorize(k, 2 * lanes);  // shifted inwards within [0, Kp)
+  xr.compute_at(out, c);
+  std::vector<Halide::Stage> stages = {xr};
+  if (serial.defined()) stages.push_back(xr.specialize(serial));
+  for (Halide::Stage s : stages) {
+    s.split(m, xo, m, 16, TailStrategy::GuardWithIf);
+    if (Kp >= 2 * lanes) s.vectorize(k, 2 * lanes);  // shifted inwards within [0, Kp)
+  }
+  xr.parallel(xo);
 }
 
 // linear_rows with bf16 weights (LinearKernel::rows): output column n is W's row ids(n), read
@@ -350,8 +358,13 @@ KernelPipeline build_linear_bf16(const LinearKernel& spec, const Halide::Target&
   bias.set_estimates({{0, N}});
   out.set_estimates({{0, N}, {0, 2048}});
 
-  const Var c = schedule_packed_linear(out, acc, r, n, m, j, N, Np, Kp / 2, Kp >= 1024, !fma).c;
-  schedule_bf16_input(xr, out, c, k, m, Kp);
+  // A panel of 128 KB from K = 1024 on; there many rows are parallel tiles of rows, each
+  // rounding its own (the FMA form at K 1024–2048, M 512–2048: 1.03–1.08× on Intel Emerald
+  // Rapids, paired in one process).
+  const bool long_k = Kp >= 1024;
+  const PackedLoops loops =
+      schedule_packed_linear(out, acc, r, n, m, j, N, Np, Kp / 2, long_k, !fma, long_k);
+  schedule_bf16_input(xr, out, loops.c, k, m, Kp, loops.per_tile);
 
   std::vector<Halide::Argument> args = {x, wt};
   if (spec.has_bias) args.push_back(bias);

@@ -123,7 +123,7 @@ TEST(Int8Kernels, MatchADoubleSumOfQuantizedInputs) {
     std::vector<std::vector<double>> wq;
     for (int64_t n = 0; n < c.N; ++n)
       wq.push_back(dequantized_weight(&ck.w.at(name)[n * c.K], c.K));
-    for (int64_t M : {1, 2, 3, 4, 5, 7, 33, 63, 64, 129, 200}) {
+    for (int64_t M : testing::linears_rows(c.K)) {
       SCOPED_TRACE(name + " M=" + std::to_string(M));
       std::vector<float> x = testing::noise(static_cast<size_t>(M * c.K), seed++);
       // Row scales from 2^-6 to 2^6; rows of one sign (as after a ReLU: every 4th row from
