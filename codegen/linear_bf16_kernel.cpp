@@ -100,8 +100,8 @@ PackedLoops schedule_packed_linear(Func out, Func acc, const RDom& r, const Var&
   // 256 rows (c), each converting its own rows (they stay in its L2) and then running every
   // panel over them; no conversion loop of its own, one parallel loop instead of two or three
   // per chunk. int8 at K 2048 (Intel Emerald Rapids, 2 threads, paired A/B in one process):
-  // M 512 1.13×, M 1024 1.15×, M 2048 1.12× the chunked schedule's speed; at K 512 within
-  // noise (1.01–1.06×), at 256 rows slower (0.98×), with an odd number of tiles 0.88×.
+  // M 512 1.11–1.13×, M 1024 1.15×, M 2048 1.07–1.14× the chunked schedule's speed; at K 512
+  // within noise (1.01–1.06×), at 256 rows slower (0.98×), with an odd number of tiles 0.88×.
   const Expr per_tile = rows_parallel ? M >= 512 : Expr();
   if (rows_parallel) {
     const Expr tiles = 2 * ((M + 511) / 512);
@@ -253,10 +253,10 @@ Halide::ImageParam packed_bf16_weight(bool fma) {
              : Halide::ImageParam(Halide::BFloat(16), 4, "wt");
 }
 
-// x is rounded once per chunk of rows, not per register block of every panel: for the output
-// projection (500 panels) that was one rounding per 64 products, about 12% of the instructions
-// of the products themselves.
-// In parallel blocks of 16 rows, or serially where `serial` holds (c is a parallel tile).
+// x is rounded once per chunk of rows (c), not per register block of every panel: for the
+// output projection (500 panels) that was one rounding per 64 products, about 12% of the
+// instructions of the products themselves. In parallel blocks of 16 rows, or serially where
+// `serial` holds (c is itself a parallel tile).
 void schedule_bf16_input(Func xr, Func out, const Var& c, const Var& k, const Var& m, int Kp,
                          const Expr& serial = Expr()) {
   constexpr int lanes = 16;
@@ -359,8 +359,8 @@ KernelPipeline build_linear_bf16(const LinearKernel& spec, const Halide::Target&
   out.set_estimates({{0, N}, {0, 2048}});
 
   // A panel of 128 KB from K = 1024 on; there many rows are parallel tiles of rows, each
-  // rounding its own (the FMA form at K 1024–2048, M 512–2048: 1.03–1.08× on Intel Emerald
-  // Rapids, paired in one process).
+  // rounding its own (the FMA form at K 1024–2048, M 512–2048: 1.03–1.10× on Intel Emerald
+  // Rapids, vdpbf16ps 1.03–1.04×, paired in one process).
   const bool long_k = Kp >= 1024;
   const PackedLoops loops =
       schedule_packed_linear(out, acc, r, n, m, j, N, Np, Kp / 2, long_k, !fma, long_k);
