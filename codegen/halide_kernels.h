@@ -77,6 +77,11 @@ PackedLoops schedule_packed_linear(Halide::Func out, Halide::Func acc, const Hal
 // [R], bias [V], out [R, M] dense; estimates for M 128 and R 4096. Returns M (out's rows).
 Halide::Expr constrain_rows_buffers(Halide::ImageParam& x, Halide::ImageParam& ids,
                                     Halide::ImageParam& bias, Halide::Func out, int K, int V);
+// The row of W [V, ·] a linear_rows kernel on packed weights reads for column j of its block p
+// of 64 columns: ids(p·64 + j). The runtime checked the ids; the clamps keep every read inside
+// the buffers whatever they hold, and the columns of the last block past R.
+Halide::Expr packed_row_id(const Halide::ImageParam& ids, const Halide::Var& p,
+                           const Halide::Var& j, int V);
 // The schedule of the linear_rows kernels on packed weights (int8, bf16): out(n, m) reads
 // acc(n % 64, n / 64, m) as above, over `gathered` (the block's rows of the weight, gathered
 // per tile into a strip laid out as a panel, and what else is read per column: scales, sums,

@@ -287,9 +287,7 @@ KernelPipeline build_linear_bf16_rows(const LinearKernel& spec) {
   Halide::ImageParam ids(Halide::Int(64), 1, "ids");
   Halide::ImageParam bias(Halide::Float(32), 1, "bias");
   Var n("n"), m("m"), k("k"), j("j"), p("p"), g("g"), kh("kh");
-  const Expr R = ids.dim(0).extent();
-  // W's row for column j of block p (clamped as in the int8 rows kernel).
-  const Expr id = Halide::clamp(Halide::cast<int>(ids(Halide::min(p * P + j, R - 1))), 0, V - 1);
+  const Expr id = packed_row_id(ids, p, j, V);
   Func strip("strip"), sbias("sbias");
   if (fma)
     strip(j, kh, p) = wt(id % P, kh, id / P);

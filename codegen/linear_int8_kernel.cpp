@@ -162,10 +162,7 @@ KernelPipeline build_linear_int8_rows(const LinearKernel& spec) {
   Var n("n"), m("m"), k("k"), j("j"), p("p"), g("g"), kg("kg");
   QuantizedInput q = quantize_input(x, K, k, m);
 
-  const Expr R = ids.dim(0).extent();  // the output's columns (constrained below)
-  // W's row for column j of block p (the runtime checked the ids; the clamps keep every read
-  // inside the buffers whatever they hold, and the columns of the last block past R).
-  const Expr id = Halide::clamp(Halide::cast<int>(ids(Halide::min(p * P + j, R - 1))), 0, V - 1);
+  const Expr id = packed_row_id(ids, p, j, V);
   Func strip("strip"), sscale("sscale"), ssum("ssum"), sbias("sbias");
   strip(g, j, kg, p) = wt(g, id % P, kg, id / P);
   sscale(j, p) = wscale(id);

@@ -401,6 +401,12 @@ Expr constrain_rows_buffers(Halide::ImageParam& x, Halide::ImageParam& ids,
   return ob.dim(1).extent();
 }
 
+Expr packed_row_id(const Halide::ImageParam& ids, const Var& p, const Var& j, int V) {
+  constexpr int P = 64;  // LinearKernel::panel of the packed kernels
+  const Expr R = ids.dim(0).extent();
+  return Halide::clamp(Halide::cast<int>(ids(Halide::min(p * P + j, R - 1))), 0, V - 1);
+}
+
 // The rows `ids` of the weight only (LinearKernel::rows, the IR's linear_rows): the f32
 // kernel's register blocks and tiles, over a strip of the gathered columns that each block
 // column copies out of the weight as stored, W[V, K], once per tile of rows (W5's 128 rows:

@@ -706,14 +706,9 @@ TEST(Bf16Random, WideModel) {
       "tiny", 5, false, {1, 7, 33});
 }
 
-// bf16_odd's and bf16fma_odd's config (tests/CMakeLists.txt).
-const std::vector<std::string> kOddSettings = {
-    "d_model=21",   "heads=3",      "d_ff=13",  "src_vocab=17", "tgt_vocab=150",
-    "enc_layers=1", "dec_layers=2", "pad_id=2", "max_len=12",   "max_batch=3"};
-
 // Odd K (21, 13): the padding pair of K; a bf16 checkpoint loaded as it is.
 TEST(Bf16Random, OddSizesFromABf16Checkpoint) {
-  expect_random<kiln_models::bf16_odd>("odd", kOddSettings, "tiny", 9, true, {1, 7, 12});
+  expect_random<kiln_models::bf16_odd>("odd", testing::kOddSettings, "tiny", 9, true, {1, 7, 12});
 }
 
 // The base model (d_model 512, d_ff 2048, vocabularies of 32000), random weights.
@@ -735,7 +730,7 @@ TEST(Bf16Restricted, StepGivesTheFullStepsLogitsAtItsIds) {
   const testing::ModelFiles tiny = testing::golden_model("tiny");
   kiln_models::bf16_tiny tiny_dot(tiny.path.c_str());
   const testing::ModelFiles odd =
-      testing::random_model("tiny", kOddSettings, 19, "bf16_odd_rows", true);
+      testing::random_model("tiny", testing::kOddSettings, 19, "bf16_odd_rows", true);
   kiln_models::bf16_odd odd_dot(odd.path.c_str());
   kiln_models::bf16fma_odd odd_fma(odd.path.c_str());
 
@@ -758,15 +753,9 @@ TEST(Bf16Restricted, StepGivesTheFullStepsLogitsAtItsIds) {
                                             const std::vector<ir::Tensor>& in) {
       return testing::interpret_entry(m, fn, c.files->w, in, rounding);
     };
-    for (const auto& [runner, what] :
-         {std::pair{&library, "library"}, std::pair{&interpreter, "bf16 interpreter"}}) {
-      int64_t compared = 0;
-      testing::expect_restricted_steps_equal_full(m, *runner, std::string(c.name) + " " + what,
-                                                  compared);
-      if (::testing::Test::HasFatalFailure()) return;
-      std::printf("[ bf16 ] %s, %s: %lld restricted logits equal to the full step's\n", c.name,
-                  what, static_cast<long long>(compared));
-    }
+    testing::expect_restricted_steps_equal_full(
+        m, {{"library", &library}, {"bf16 interpreter", &interpreter}}, "bf16", c.name);
+    if (::testing::Test::HasFatalFailure()) return;
   }
 }
 

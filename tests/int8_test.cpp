@@ -268,14 +268,9 @@ TEST(Int8Golden, SmallWithinTwoPercentOfTheRange) {
   expect_golden(model, "small", "small_b1");
 }
 
-// int8_odd's config (tests/CMakeLists.txt).
-const std::vector<std::string> kOddSettings = {
-    "d_model=21",   "heads=3",      "d_ff=13",  "src_vocab=17", "tgt_vocab=150",
-    "enc_layers=1", "dec_layers=2", "pad_id=2", "max_len=12",   "max_batch=3"};
-
 // The odd model with random weights (seed), written as a bf16 checkpoint named `file`.
 testing::ModelFiles odd_model(uint32_t seed, const std::string& file) {
-  return testing::random_model("tiny", kOddSettings, seed, file, true);
+  return testing::random_model("tiny", testing::kOddSettings, seed, file, true);
 }
 
 // Odd sizes (d_model 21, d_ff 13, tgt_vocab 150: K and N not multiples of 4 or 64), forward and
@@ -338,15 +333,9 @@ TEST(Int8Restricted, StepGivesTheFullStepsLogitsAtItsIds) {
                                             const std::vector<ir::Tensor>& in) {
       return testing::interpret_entry(*m, fn, *w, in, int8_rounding());
     };
-    for (const auto& [runner, what] :
-         {std::pair{&library, "library"}, std::pair{&interpreter, "int8 interpreter"}}) {
-      int64_t compared = 0;
-      testing::expect_restricted_steps_equal_full(*m, *runner, std::string(name) + " " + what,
-                                                  compared);
-      if (::testing::Test::HasFatalFailure()) return;
-      std::printf("[ int8 ] %s, %s: %lld restricted logits equal to the full step's\n", name, what,
-                  static_cast<long long>(compared));
-    }
+    testing::expect_restricted_steps_equal_full(
+        *m, {{"library", &library}, {"int8 interpreter", &interpreter}}, "int8", name);
+    if (::testing::Test::HasFatalFailure()) return;
   }
 }
 

@@ -119,6 +119,12 @@ inline ModelFiles random_model(const std::string& config, const std::vector<std:
   return f;
 }
 
+// The odd models' config (tests/CMakeLists.txt's KILN_ODD_SETTINGS: int8_odd, bf16_odd,
+// bf16fma_odd): K and N not multiples of 4 or 64, a vocabulary of three blocks of 64 columns.
+inline const std::vector<std::string> kOddSettings = {
+    "d_model=21",   "heads=3",      "d_ff=13",  "src_vocab=17", "tgt_vocab=150",
+    "enc_layers=1", "dec_layers=2", "pad_id=2", "max_len=12",   "max_batch=3"};
+
 // A golden batch (tests/golden: `config`'s weights, `batch`'s inputs and PyTorch's f32 logits)
 // through a library's forward, and through the interpreter with `options` (its rounding of
 // the linears) on the module the library was built from.

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <numeric>
 #include <random>
@@ -68,8 +69,9 @@ inline ir::Tensor ids(std::vector<int64_t> shape, std::vector<int64_t> data) {
 // 3 steps of 3 hypotheses moved between rows each step, and at each step every restricted
 // logit EQUAL to the full step's at its id, for 3 random ids, every id shuffled, and V random
 // ids with repeats. Adds the logits compared to `compared`.
-inline void expect_restricted_steps_equal_full(const ir::Module& m, const Runner& runner,
-                                               const std::string& label, int64_t& compared) {
+inline void expect_restricted_steps_equal_full_through(const ir::Module& m, const Runner& runner,
+                                                       const std::string& label,
+                                                       int64_t& compared) {
   auto config = [&](const char* key) { return std::stoll(m.config.at(key)); };
   const int64_t B = 3, S = 5, T = 3, V = config("tgt_vocab"), D = config("d_model");
   const int64_t L = config("dec_layers"), pad = config("pad_id");
@@ -123,6 +125,20 @@ inline void expect_restricted_steps_equal_full(const ir::Module& m, const Runner
     }
     for (int64_t r = 0; r < B; ++r) slots[order[r]].push_back(r);
     std::copy(full.begin() + 1, full.end(), cache.begin());
+  }
+}
+
+// The check above through each of `runners` (what it is, the runner), printing "[ tag ] label,
+// what: N restricted logits equal to the full step's" for each; stops at the first failure.
+inline void expect_restricted_steps_equal_full(
+    const ir::Module& m, const std::vector<std::pair<const char*, const Runner*>>& runners,
+    const char* tag, const std::string& label) {
+  for (const auto& [what, runner] : runners) {
+    int64_t compared = 0;
+    expect_restricted_steps_equal_full_through(m, *runner, label + " " + what, compared);
+    if (::testing::Test::HasFatalFailure()) return;
+    std::printf("[ %s ] %s, %s: %lld restricted logits equal to the full step's\n", tag,
+                label.c_str(), what, static_cast<long long>(compared));
   }
 }
 
