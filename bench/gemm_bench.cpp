@@ -817,17 +817,22 @@ int main(int argc, char** argv) {
   if (auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads")))
     set(threads);
   benchmark::AddCustomContext("threads", std::to_string(threads));
-  // kiln_model_create installs the runtime's thread pool into a model library's Halide
-  // runtime; the kernels are called directly here, so install it the same way (it reads
-  // HL_NUM_THREADS at its first loop): into the JIT's runtime for the f32 kernel, into the
-  // AOT libraries' for the bf16 and int8 ones (weak symbols: the libraries share one runtime).
-  // (A JITUserContext* is the task's void* user context.)
+  // kiln_model_create installs the runtime's thread pool and its allocator of the kernels'
+  // scratch memory into a model library's Halide runtime; the kernels are called directly
+  // here, so install them the same way (the pool reads HL_NUM_THREADS at its first loop):
+  // into the JIT's runtime for the f32 kernel, into the AOT libraries' for the bf16 and int8
+  // ones (weak symbols: the libraries share one runtime). (A JITUserContext* is the task's
+  // void* user context.)
   Halide::JITHandlers handlers;
   handlers.custom_do_par_for =
       reinterpret_cast<decltype(handlers.custom_do_par_for)>(&kiln_do_par_for);
+  handlers.custom_malloc = reinterpret_cast<decltype(handlers.custom_malloc)>(&kiln_kernel_malloc);
+  handlers.custom_free = reinterpret_cast<decltype(handlers.custom_free)>(&kiln_kernel_free);
   Halide::Internal::JITSharedRuntime::set_default_handlers(handlers);
 #if defined(KILN_BENCH_BF16) || defined(KILN_BENCH_INT8)
   halide_set_custom_do_par_for(kiln_do_par_for);
+  halide_set_custom_malloc(kiln_kernel_malloc);
+  halide_set_custom_free(kiln_kernel_free);
   std::vector<Packed> packed_types;
 #ifdef KILN_BENCH_BF16
   packed_types.push_back(Packed::kBf16);

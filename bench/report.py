@@ -1297,7 +1297,8 @@ def restricted_section(p, grounds, table):
     p("")
     p("Each build's median per round, best round shown. The restricted search runs "
       "decode_step_restricted: restrict-vocabulary turns the generator into linear_rows over the "
-      "4096 ids' rows of its weight (read as stored, f32 in every build); random ids from a fixed "
+      "4096 ids' rows of its weight (each build's: f32, the packed bf16 weight with the library's "
+      "form of the products, the packed int8 weight); random ids from a fixed "
       "seed, the end token among them (the outputs differ from W5's, the work per step does not "
       "depend on which ids).")
     p("")

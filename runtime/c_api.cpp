@@ -14,6 +14,7 @@
 
 #include "kiln/runtime.h"
 #include "runtime/generate.h"
+#include "runtime/kernel_memory.h"
 #include "runtime/model.h"
 #include "runtime/safetensors.h"
 #include "runtime/thread_pool.h"
@@ -393,6 +394,14 @@ size_t kiln_dtype_size(int32_t dtype) {
 
 int kiln_do_par_for(void* user_context, kiln_par_task task, int min, int size, uint8_t* closure) {
   return kiln::rt::pool_par_for(user_context, task, min, size, closure);
+}
+
+void* kiln_kernel_malloc(void* user_context, size_t bytes) {
+  return kiln::rt::kernel_malloc(user_context, bytes);
+}
+
+void kiln_kernel_free(void* user_context, void* block) {
+  kiln::rt::kernel_free(user_context, block);
 }
 
 int kiln_model_set_num_threads(kiln_model* model, int threads) {

@@ -14,6 +14,7 @@
 #include "runtime/binding.h"
 #include "runtime/builtins.h"
 #include "runtime/cpu_features.h"
+#include "runtime/kernel_memory.h"
 #include "runtime/thread_pool.h"
 #include "support/error.h"
 
@@ -112,6 +113,12 @@ std::unique_ptr<kiln_model> kiln_model::create(const uint8_t* plan, size_t plan_
   // Halide prints kernel errors by default; kiln returns them instead.
   if (m->hooks.set_error_handler) m->hooks.set_error_handler(kiln::rt::record_kernel_error);
   if (m->hooks.set_custom_do_par_for) m->hooks.set_custom_do_par_for(kiln_do_par_for);
+  if (m->hooks.set_custom_malloc) m->hooks.set_custom_malloc(kiln_kernel_malloc);
+  if (m->hooks.set_custom_free) {
+    // Blocks allocated before the switch go back to the free they were made for.
+    const kiln_free_fn before = m->hooks.set_custom_free(kiln_kernel_free);
+    if (before != kiln_kernel_free) kiln::rt::set_foreign_free(before);
+  }
   if (weights_path) {
     kiln::rt::LoadedWeights w = kiln::rt::load_weights(m->plan, weights_path);
     m->weight_files = std::move(w.files);

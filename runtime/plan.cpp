@@ -87,7 +87,10 @@ namespace {
 // types i8 and i32 (the int8 kernels' weights and row sums).
 // Version 13 ('D'): a linear weight's transpose 2: its one source is stored [K, N]
 // (WeightDesc::source_kn), transposed at load time into any layout.
-constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', 'E'};
+// Version 14 ('E'): Plan::fma_functions (a bf16 library's second form of its products).
+// Version 15 ('F'): kiln_hooks gained set_custom_malloc and set_custom_free (the kernels'
+// scratch memory, runtime/kernel_memory.h).
+constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'P', 'L', 'N', 'F'};
 
 // A plan stores an element type as its index here: the codes of format 8 (f32 0, i64 1,
 // bool 2, bf16 3), kept when the runtime's element types became kiln_dtype, so a plan's

@@ -1,8 +1,11 @@
 // The golden models compiled by `kiln compile` (through kiln_add_model) and linked as an
 // application would: outputs match PyTorch's and the interpreter's, bad inputs and bad
 // weights get clear errors.
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
+#include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -14,6 +17,7 @@
 #include "golden_small.h"
 #include "golden_tiny.h"
 #include "pass_harness.h"
+#include "runtime/kernel_memory.h"
 #include "runtime/safetensors.h"
 #include "tools/bridge.h"
 
@@ -198,6 +202,26 @@ TEST(CompiledProfile, CountsRunsAndKernelCalls) {
   model.forward(src, kiln::Tensor<int64_t>{{1, 2}, {3, 4}});
   EXPECT_THAT(model.profile(), HasSubstr("'forward' ran 1 time(s)"));
   EXPECT_THAT(model.profile(), Not(HasSubstr("'encode'")));
+}
+
+// The kernels' scratch memory (runtime/kernel_memory.h, installed by kiln_model_create): on
+// one thread, a call like the one before it takes every block from the ones that call freed,
+// none from the system.
+TEST(CompiledScratch, ASecondCallTakesNoNewBlocks) {
+  kiln_models::golden_tiny model(golden("tiny.weights.safetensors").c_str());
+  kiln::Tensor<int64_t> ids{{4, 40}, {}};
+  for (int64_t i = 0; i < 4 * 40; ++i) ids.data.push_back(1 + (i * 7) % 30);
+  model.set_num_threads(1);
+  model.forward(ids, ids);
+  const kiln::rt::KernelMemoryStats before = kiln::rt::kernel_memory_stats();
+  model.forward(ids, ids);
+  const kiln::rt::KernelMemoryStats after = kiln::rt::kernel_memory_stats();
+  model.set_num_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  EXPECT_GT(after.reused, before.reused);
+  EXPECT_EQ(after.allocated, before.allocated);
+  std::printf("[ scratch ] second call: %llu blocks reused, %llu new\n",
+              static_cast<unsigned long long>(after.reused - before.reused),
+              static_cast<unsigned long long>(after.allocated - before.allocated));
 }
 
 TEST(CompiledWeights, MismatchedCheckpointIsReportedByName) {

@@ -94,6 +94,9 @@ typedef struct kiln_device_ops {
 typedef int (*kiln_par_task)(void* user_context, int index, uint8_t* closure);
 typedef int (*kiln_do_par_for_fn)(void* user_context, kiln_par_task task, int min, int size,
                                   uint8_t* closure);
+/* Halide's halide_malloc_t and halide_free_t (HalideRuntime.h). */
+typedef void* (*kiln_malloc_fn)(void* user_context, size_t bytes);
+typedef void (*kiln_free_fn)(void* user_context, void* block);
 typedef struct kiln_hooks {
   int (*set_num_threads)(int);
   kiln_halide_error_handler (*set_error_handler)(kiln_halide_error_handler);
@@ -101,6 +104,10 @@ typedef struct kiln_hooks {
   kiln_do_par_for_fn (*set_custom_do_par_for)(kiln_do_par_for_fn);
   void (*release_device)(void);
   const kiln_device_ops* device; /* NULL for a CPU library */
+  /* halide_set_custom_malloc and halide_set_custom_free: the runtime installs its allocator
+   * of the kernels' scratch memory with them (kiln_kernel_malloc, kiln_kernel_free). */
+  kiln_malloc_fn (*set_custom_malloc)(kiln_malloc_fn);
+  kiln_free_fn (*set_custom_free)(kiln_free_fn);
 } kiln_hooks;
 
 typedef int (*kiln_kernel_fn)(void** args);
@@ -204,6 +211,13 @@ int kiln_model_set_num_threads(kiln_model* model, int threads);
  * by kiln_model_create; code that calls a library's kernels directly can install it with
  * halide_set_custom_do_par_for. */
 int kiln_do_par_for(void* user_context, kiln_par_task task, int min, int size, uint8_t* closure);
+/* The kernels' scratch memory (halide_malloc and halide_free of every library's Halide
+ * runtime, installed at create): each thread keeps a few blocks it freed and hands them out
+ * again, so that a model's calls reuse the same pages (runtime/kernel_memory.h). A program
+ * that calls a library's kernels without kiln_model_create may install them with
+ * halide_set_custom_malloc and halide_set_custom_free. */
+void* kiln_kernel_malloc(void* user_context, size_t bytes);
+void kiln_kernel_free(void* user_context, void* block);
 /* Profiling: non-zero clears the tallies and times every kernel call of the runs that
  * follow (one clock read per call); zero stops. */
 int kiln_model_set_profiling(kiln_model* model, int on);
