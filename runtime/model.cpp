@@ -113,11 +113,13 @@ std::unique_ptr<kiln_model> kiln_model::create(const uint8_t* plan, size_t plan_
   // Halide prints kernel errors by default; kiln returns them instead.
   if (m->hooks.set_error_handler) m->hooks.set_error_handler(kiln::rt::record_kernel_error);
   if (m->hooks.set_custom_do_par_for) m->hooks.set_custom_do_par_for(kiln_do_par_for);
-  if (m->hooks.set_custom_malloc) m->hooks.set_custom_malloc(kiln_kernel_malloc);
-  if (m->hooks.set_custom_free) {
-    // Blocks allocated before the switch go back to the free they were made for.
+  // The kernels' scratch memory (kernel_memory.h): the free first, so that no block of
+  // kiln_kernel_malloc ever reaches Halide's default free; blocks allocated before the switch
+  // go back to the free they were made for.
+  if (m->hooks.set_custom_free && m->hooks.set_custom_malloc) {
     const kiln_free_fn before = m->hooks.set_custom_free(kiln_kernel_free);
     if (before != kiln_kernel_free) kiln::rt::set_foreign_free(before);
+    m->hooks.set_custom_malloc(kiln_kernel_malloc);
   }
   if (weights_path) {
     kiln::rt::LoadedWeights w = kiln::rt::load_weights(m->plan, weights_path);
