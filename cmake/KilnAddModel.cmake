@@ -1,6 +1,6 @@
 # kiln_add_model(<target> (MODEL <model> | SOURCES <file.cpp>... | KIR <file.kir>)
 #                [CONFIG <config>] [SET key=value...] [TARGET <halide-target>]
-#                [WEIGHTS f32|bf16|int8] [BF16_PRODUCTS auto|dot|fma]
+#                [WEIGHTS f32|bf16|int8] [BF16_PRODUCTS auto|dot|fma] [BF16_ACTIVATIONS on|off]
 #                [NAME <library-name>] [JOBS <n>] [ENV var=value...])
 #
 # Gets a model's IR, compiles it with `kiln compile`, and defines <target>: a library to
@@ -24,7 +24,7 @@
 #   kiln_add_model(gpt SOURCES gpt.cpp CONFIG small SET max_len=256)
 #   target_link_libraries(app PRIVATE translator gpt)   # then: #include "gpt.h"
 function(kiln_add_model target)
-  cmake_parse_arguments(ARG "" "MODEL;CONFIG;KIR;TARGET;NAME;WEIGHTS;BF16_PRODUCTS;JOBS" "SET;SOURCES;ENV"
+  cmake_parse_arguments(ARG "" "MODEL;CONFIG;KIR;TARGET;NAME;WEIGHTS;BF16_PRODUCTS;BF16_ACTIVATIONS;JOBS" "SET;SOURCES;ENV"
                         ${ARGN})
   if(ARG_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "kiln_add_model: unknown arguments: ${ARG_UNPARSED_ARGUMENTS}")
@@ -50,6 +50,12 @@ function(kiln_add_model target)
   endif()
   if(NOT ARG_BF16_PRODUCTS)
     set(ARG_BF16_PRODUCTS auto)
+  endif()
+  if(NOT DEFINED ARG_BF16_ACTIVATIONS)  # (not `if(NOT ...)`: "off" is false to CMake)
+    set(ARG_BF16_ACTIVATIONS on)
+  elseif(NOT ARG_BF16_ACTIVATIONS MATCHES "^(on|off)$")
+    message(FATAL_ERROR "kiln_add_model(${target}): BF16_ACTIVATIONS is "
+                        "'${ARG_BF16_ACTIVATIONS}'; use on or off")
   endif()
   if(NOT ARG_NAME)
     set(ARG_NAME ${target})
@@ -114,7 +120,8 @@ function(kiln_add_model target)
     OUTPUT ${lib} ${header}
     COMMAND ${CMAKE_COMMAND} -E make_directory ${out}
     COMMAND ${kiln_command} compile ${kir} --target ${ARG_TARGET} --weights ${ARG_WEIGHTS}
-            --bf16-products ${ARG_BF16_PRODUCTS} --name ${ARG_NAME} ${jobs_option} -o ${out}
+            --bf16-products ${ARG_BF16_PRODUCTS} --bf16-activations ${ARG_BF16_ACTIVATIONS}
+            --name ${ARG_NAME} ${jobs_option} -o ${out}
     DEPENDS kiln::kiln ${kir}
     COMMENT "kiln: compiling model ${target}"
     VERBATIM)

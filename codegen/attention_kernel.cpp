@@ -382,7 +382,12 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
   KILN_ASSERT(spec.kv_heads >= 0 && spec.heads % (spec.kv_heads ? spec.kv_heads : spec.heads) == 0,
               "attention kernel kv heads");
   KILN_ASSERT(spec.window == 0 || spec.causal, "attention kernel window without causal");
-  if (target.has_gpu_feature()) return build_attention_gpu(spec);
+  const bool bf16_io = spec.q_bf16 || spec.k_bf16 || spec.v_bf16 || spec.out_bf16;
+  KILN_ASSERT(spec.bf16 || !bf16_io, "attention kernel with bf16 activations but f32 products");
+  if (target.has_gpu_feature()) {
+    KILN_ASSERT(!bf16_io, "attention kernel with bf16 activations on a GPU target");
+    return build_attention_gpu(spec);
+  }
   const int heads = static_cast<int>(spec.heads);
   const int dk = static_cast<int>(spec.dk), dv = static_cast<int>(spec.dv);
   const int lanes = vector_lanes(target);
@@ -392,8 +397,9 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
   const int kv_heads = static_cast<int>(spec.kv_heads ? spec.kv_heads : spec.heads);
   const int group = heads / kv_heads;
 
-  ImageParam q(Halide::Float(32), 3, "q"), k(Halide::Float(32), 3, "k");
-  ImageParam v(Halide::Float(32), 3, "v");
+  auto io_type = [](bool bf16) { return bf16 ? Halide::BFloat(16) : Halide::Float(32); };
+  ImageParam q(io_type(spec.q_bf16), 3, "q"), k(io_type(spec.k_bf16), 3, "k");
+  ImageParam v(io_type(spec.v_bf16), 3, "v");
   ImageParam mask(Halide::UInt(8), 2, "mask"), qmask(Halide::UInt(8), 2, "qmask");
   ImageParam bias(Halide::Float(32), 4, "bias");
   Func out("attention_out");
@@ -411,7 +417,7 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
 
   // K transposed per (batch, head) into key blocks: kt(jj, d, jb) = k[jb·KB + jj][d].
   Func kt("attention_kt");
-  kt(jj, d, jb, h, b) = k(h / group * dk + d, Halide::min(jb * kb + jj, lk - 1), b);
+  kt(jj, d, jb, h, b) = k(h / group * dk + d, Halide::min(Halide::likely(jb * kb + jj), lk - 1), b);
 
   // The row block's queries, copied so that the QK tiles broadcast them from fixed offsets.
   const Expr row = io * kRowBlock + ii, key = jb * kb + jj;
@@ -426,13 +432,14 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
     return Halide::reinterpret(Halide::BFloat(16), round_to_bf16_bits(f));
   };
   // bf16: q and K rounded, K's pairs of channels adjacent (kt2(pair, jj, dp, jb) = k[jb·KB +
-  // jj][2·dp + pair]), as vdpbf16ps reads them.
+  // jj][2·dp + pair]), as vdpbf16ps reads them. An input stored in bf16 is already rounded.
   Func qb2("attention_q_bf16"), kt2("attention_kt_bf16");
   Var pr("pr"), dp("dp");
   if (bf) {
-    qb2(d, ii, io, h, b) = bf16_of(qb(d, ii, io, h, b));
-    kt2(pr, jj, dp, jb, h, b) =
-        bf16_of(k(h / group * dk + 2 * dp + pr, Halide::min(jb * kb + jj, lk - 1), b));
+    qb2(d, ii, io, h, b) = spec.q_bf16 ? qb(d, ii, io, h, b) : bf16_of(qb(d, ii, io, h, b));
+    const Expr kk =
+        k(h / group * dk + 2 * dp + pr, Halide::min(Halide::likely(jb * kb + jj), lk - 1), b);
+    kt2(pr, jj, dp, jb, h, b) = spec.k_bf16 ? kk : bf16_of(kk);
   }
   RDom rd(0, dk, "rd");
   RDom rd2(0, 2, 0, dk / 2, "rd2");
@@ -506,11 +513,13 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
   // and such power-of-two-ish strides make every row of one head compete for a few cache sets.
   Func vc("attention_v");
   // bf16: vc(pair, e, jp, jb) = v[jb·KB + 2·jp + pair][e] rounded, pairs of keys adjacent.
-  if (bf)
-    vc(pr, e, jp, jb, h, b) =
-        bf16_of(v(h / group * dv + e, Halide::min(jb * kb + 2 * jp + pr, lk - 1), b));
-  else
+  if (bf) {
+    const Expr vv =
+        v(h / group * dv + e, Halide::min(Halide::likely(jb * kb + 2 * jp + pr), lk - 1), b);
+    vc(pr, e, jp, jb, h, b) = spec.v_bf16 ? vv : bf16_of(vv);
+  } else {
     vc(e, jj, jb, h, b) = v(h / group * dv + e, Halide::min(jb * kb + jj, lk - 1), b);
+  }
   // The V product of a row block, over the key blocks it needs.
   RDom rv(0, kb, 0, key_blocks, "rv");
   RDom rv2(0, 2, 0, kb / 2, 0, key_blocks, "rv2");
@@ -551,12 +560,13 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
       mean_v(e, h, b) = 0.0f;
       // bf16: of v rounded, as the V product reads it (each key's weight is then exactly 1).
       const Expr vk = v(h / group * dv + e, rk, b);
-      mean_v(e, h, b) += bf ? Halide::cast<float>(bf16_of(vk)) : vk;
+      mean_v(e, h, b) += bf ? Halide::cast<float>(spec.v_bf16 ? vk : bf16_of(vk)) : vk;
       result =
           Halide::select(all_masked, mean_v(out_e, out_h, b) / Halide::cast<float>(lk), result);
     }
   }
-  out(c, i, b) = result;
+  // Stored in bf16: rounded as the kernel that reads it would round it.
+  out(c, i, b) = spec.out_bf16 ? bf16_of(result) : result;
 
   constrain_buffers(q, k, v, mask, qmask, bias, out, heads, kv_heads, dk, dv);
 
@@ -627,9 +637,9 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
 
   // Maxima and sums: across key blocks in vectors, then across the lanes.
   max_lanes.vectorize(jj, lanes).unroll(jj);
-  max_lanes.update().reorder(jj, rm.x, ii).vectorize(jj, lanes).unroll(jj);
+  max_lanes.update().reorder(jj, ii, rm.x).vectorize(jj, lanes).unroll(jj).unroll(ii);
   sum_lanes.vectorize(jj, lanes).unroll(jj);
-  sum_lanes.update().reorder(jj, rs.x, ii).vectorize(jj, lanes).unroll(jj);
+  sum_lanes.update().reorder(jj, ii, rs.x).vectorize(jj, lanes).unroll(jj).unroll(ii);
   row_max.update().atomic().vectorize(rml);  // across lanes: vector reductions (shuffles)
   row_sum.update().atomic().vectorize(rsl);
   if (!bf) prob.reorder(jj, ii, jb).vectorize(jj, lanes).unroll(jj);

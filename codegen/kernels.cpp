@@ -134,22 +134,27 @@ std::string scale_tag(double scale) {
 
 std::string kernel_name(const KernelSpec& spec) {
   if (const auto* k = std::get_if<LinearKernel>(&spec))
-    return fmt::format("kiln_linear{}_k{}_n{}{}{}{}{}", k->rows ? "_rows" : "", k->K, k->N,
+    return fmt::format("kiln_linear{}_k{}_n{}{}{}{}{}{}{}", k->rows ? "_rows" : "", k->K, k->N,
                        k->has_bias ? "" : "_nobias", k->act == "none" ? "" : "_" + k->act,
                        k->panel ? fmt::format("_p{}", k->panel) : "",
                        k->bf16_fma ? "_bf16fma"
                        : k->bf16   ? "_bf16"
                        : k->int8   ? "_int8"
-                                   : "");
+                                   : "",
+                       k->x_bf16 ? "_xb" : "", k->out_bf16 ? "_ob" : "");
   if (const auto* k = std::get_if<AttentionKernel>(&spec))
     return fmt::format(
-        "kiln_attention_h{}_dk{}_dv{}{}{}{}{}{}{}{}{}_s{}{}", k->heads, k->dk, k->dv,
+        "kiln_attention_h{}_dk{}_dv{}{}{}{}{}{}{}{}{}_s{}{}{}", k->heads, k->dk, k->dv,
         k->causal ? "_causal" : "", k->key_padding ? "_kpad" : "", k->query_padding ? "_qpad" : "",
         k->fill_inf ? "_inf" : "",
         k->kv_heads && k->kv_heads != k->heads ? fmt::format("_kv{}", k->kv_heads) : "",
         k->bias ? "_bias" : "", k->window ? fmt::format("_w{}", k->window) : "",
         k->softcap ? "_cap" + scale_tag(k->softcap) : "", scale_tag(k->scale),
-        k->bf16 ? "_bf16" : "");
+        k->bf16 ? "_bf16" : "",
+        k->q_bf16 || k->k_bf16 || k->v_bf16 || k->out_bf16
+            ? fmt::format("_b{}{}{}{}", k->q_bf16 ? "q" : "", k->k_bf16 ? "k" : "",
+                          k->v_bf16 ? "v" : "", k->out_bf16 ? "o" : "")
+            : "");
   if (const auto* k = std::get_if<StepAttentionKernel>(&spec))
     return fmt::format("kiln_{}_attention_h{}{}_dk{}_dv{}{}{}_s{}", k->memory ? "memory" : "cache",
                        k->heads, k->kv_heads ? fmt::format("_g{}", k->kv_heads) : "", k->dk, k->dv,
@@ -267,10 +272,13 @@ std::string kind_without_gpu_schedule(const KernelSpec& spec) {
 }
 
 KernelPipeline build_kernel(const KernelSpec& spec, const Halide::Target& t) {
-  if (const auto* k = std::get_if<LinearKernel>(&spec))
+  if (const auto* k = std::get_if<LinearKernel>(&spec)) {
+    KILN_ASSERT(k->bf16 || !(k->x_bf16 || k->out_bf16),
+                "linear kernel with bf16 activations but not bf16 weights");
     return k->bf16   ? build_linear_bf16(*k, t)
            : k->int8 ? build_linear_int8(*k, t)
                      : build_linear(*k, t);
+  }
   if (const auto* k = std::get_if<AttentionKernel>(&spec)) return build_attention(*k, t);
   if (const auto* k = std::get_if<StepAttentionKernel>(&spec)) return build_step_attention(*k, t);
   if (const auto* k = std::get_if<LayerNormKernel>(&spec)) return build_layernorm(*k, t);

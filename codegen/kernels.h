@@ -62,6 +62,12 @@ struct LinearKernel {
   // sums) replaces w, x rounded or quantized as that kernel's, in the same product form:
   // args x, wt[, wscale, wsum], ids, bias, out; the outputs are the full linear's at the ids.
   bool rows = false;
+  // bf16 only (not rows), an activation stored in bf16 (LowerOptions::bf16_activations): x_bf16,
+  // x arrives as bf16 (k, m), already rounded as the kernel would round it; out_bf16, out is
+  // written as bf16 (n, m), the f32 result rounded to nearest, ties to even (subnormals to ±0,
+  // as the kernels round). Either way the numbers are those of the f32 buffer read by a bf16
+  // kernel.
+  bool x_bf16 = false, out_bf16 = false;
 };
 
 // The panel width codegen packs linear weights into (a multiple of every target's
@@ -106,6 +112,10 @@ struct AttentionKernel {
   // to bf16 (to nearest, ties to even) before QKᵀ, the unnormalized probabilities and v before
   // the V product; sums, maxima, exponentials and the normalization in f32.
   bool bf16 = false;
+  // bf16 only, activations stored in bf16 (LowerOptions::bf16_activations): q, k or v arrive
+  // as bf16, already rounded as the kernel rounds them; out is written as bf16 (the f32 result
+  // rounded to nearest, ties to even). The numbers are those of the f32 buffers.
+  bool q_bf16 = false, k_bf16 = false, v_bf16 = false, out_bf16 = false;
 };
 
 // Single-query attention of incremental decoding (the IR's cache_attention and

@@ -185,10 +185,25 @@ namespace {
 
 // x as the bf16 products read it: rounded to bf16 (xb) for vdpbf16ps, or rounded and kept in
 // f32 for the FMA form (xf); [0, Kp), the padding column 0 (so is the weight's).
-Func bf16_input(const Halide::ImageParam& x, int K, bool fma, const Var& k, const Var& m) {
+// With x_bf16, x is bf16 already rounded: its bits widened (fma), itself (read in place: the
+// caller leaves xb inlined where K is even), or 0 in the padding column.
+Func bf16_input(const Halide::ImageParam& x, int K, bool fma, bool x_bf16, const Var& k,
+                const Var& m) {
   constexpr int lanes = 16;
   Func xr(fma ? "xf" : "xb");
-  if (fma) {
+  if (x_bf16) {
+    const Expr xk = x(Halide::min(k, K - 1), m);
+    if (fma) {
+      Expr bits = Halide::cast<uint32_t>(Halide::reinterpret(Halide::UInt(16), xk)) << 16;
+      if (K % 2 != 0) bits = Halide::select(k < K, bits, Halide::cast<uint32_t>(0));
+      xr(k, m) = Halide::reinterpret(Halide::Float(32), bits);
+    } else if (K % 2 == 0) {
+      xr(k, m) = x(k, m);
+    } else {
+      xr(k, m) = Halide::select(k < K, xk,
+                                Halide::reinterpret(Halide::BFloat(16), Halide::cast<uint16_t>(0)));
+    }
+  } else if (fma) {
     Expr bits = Halide::cast<uint32_t>(round_to_bf16_bits(x(Halide::min(k, K - 1), m))) << 16;
     if (K % 2 != 0) bits = Halide::select(k < K, bits, Halide::cast<uint32_t>(0));
     xr(k, m) = Halide::reinterpret(Halide::Float(32), bits);
@@ -225,10 +240,13 @@ void define_bf16_acc(Func acc, const Func& xr, bool fma, const RDom& r, const Va
   }
 }
 
-Expr bf16_output(const Expr& acc, const Expr& bias, const std::string& act) {
+Expr bf16_output(const Expr& acc, const Expr& bias, const std::string& act, bool out_bf16) {
   Expr y = acc;
   if (bias.defined()) y += bias;
   if (act != "none") y = float_function(act, y);
+  // Rounded as a bf16 kernel rounds its input (round_to_bf16_bits, on every path: Halide's own
+  // scalar f32 -> bf16 conversion keeps subnormals).
+  if (out_bf16) y = Halide::reinterpret(Halide::BFloat(16), round_to_bf16_bits(y));
   return y;
 }
 
@@ -295,13 +313,14 @@ KernelPipeline build_linear_bf16_rows(const LinearKernel& spec) {
     strip(g, j, kh, p) = wt(g, id % P, kh, id / P);
   sbias(j, p) = spec.has_bias ? bias(id) : 0.0f;
 
-  Func xr = bf16_input(x, K, fma, k, m);
+  KILN_ASSERT(!spec.x_bf16 && !spec.out_bf16, "bf16 linear_rows kernel with bf16 activations");
+  Func xr = bf16_input(x, K, fma, false, k, m);
   RDom r(0, 2, 0, Kp / 2, "r");
   Func acc("acc");
   define_bf16_acc(acc, xr, fma, r, j, p, m, strip);
   const Expr jn = n % P, pn = n / P;
   Func out("out");
-  out(n, m) = bf16_output(acc(jn, pn, m), spec.has_bias ? sbias(jn, pn) : Expr(), spec.act);
+  out(n, m) = bf16_output(acc(jn, pn, m), spec.has_bias ? sbias(jn, pn) : Expr(), spec.act, false);
 
   const Expr M = constrain_rows_buffers(x, ids, bias, out, K, V);
   set_packed_bf16_bounds(wt, fma, Kp, Vp);
@@ -333,17 +352,18 @@ KernelPipeline build_linear_bf16(const LinearKernel& spec, const Halide::Target&
   const int Kp = K + K % 2, Np = (N + P - 1) / P * P;  // as packed (zero padding)
 
   const bool fma = spec.bf16_fma;
-  Halide::ImageParam x(Halide::Float(32), 2, "x");
+  Halide::ImageParam x(spec.x_bf16 ? Halide::BFloat(16) : Halide::Float(32), 2, "x");
   Halide::ImageParam wt = packed_bf16_weight(fma);
   Halide::ImageParam bias(Halide::Float(32), 1, "bias");
   Var n("n"), m("m"), k("k"), j("j"), p("p");
 
-  Func xr = bf16_input(x, K, fma, k, m);
+  Func xr = bf16_input(x, K, fma, spec.x_bf16, k, m);
   RDom r(0, 2, 0, Kp / 2, "r");
   Func acc("acc");
   define_bf16_acc(acc, xr, fma, r, j, p, m, wt);
   Func out("out");
-  out(n, m) = bf16_output(acc(n % P, n / P, m), spec.has_bias ? bias(n) : Expr(), spec.act);
+  out(n, m) =
+      bf16_output(acc(n % P, n / P, m), spec.has_bias ? bias(n) : Expr(), spec.act, spec.out_bf16);
 
   x.dim(0).set_bounds(0, K);
   x.dim(1).set_min(0);
@@ -362,7 +382,9 @@ KernelPipeline build_linear_bf16(const LinearKernel& spec, const Halide::Target&
   const bool long_k = Kp >= 1024;
   const PackedLoops loops =
       schedule_packed_linear(out, acc, r, n, m, j, N, Np, Kp / 2, long_k, !fma, long_k);
-  schedule_bf16_input(xr, out, loops.c, k, m, Kp, loops.per_tile);
+  // x already bf16 (K even): read in place, no copy of its own.
+  if (!spec.x_bf16 || fma || K % 2 != 0)
+    schedule_bf16_input(xr, out, loops.c, k, m, Kp, loops.per_tile);
 
   std::vector<Halide::Argument> args = {x, wt};
   if (spec.has_bias) args.push_back(bias);

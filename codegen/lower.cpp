@@ -83,6 +83,7 @@ void check_no_i32(const ir::Function& f, const ir::Op& op) {
 void lower_function(lowering::ModuleLowering& module, const ir::Function& f) {
   static const std::array<LowerFn, kOpKinds> table = make_table();
   FunctionLowering L(module, f);
+  lowering::plan_bf16_activations(L);
   for (const ir::Op& op : f.ops) {
     check_no_i32(f, op);
     table[static_cast<size_t>(op.kind)](L, op);

@@ -48,6 +48,11 @@ struct LowerOptions {
   // bf16 weights whose products run on f32 FMAs (LinearKernel::bf16_fma), attention in f32:
   // for CPUs where vdpbf16ps is slower than two FMAs (driver: CompileOptions::bf16_products).
   bool bf16_fma = false;
+  // bf16 weights: an activation that only bf16 kernels read, each rounding it to bf16 as it
+  // reads it (a linear's input, an attention's q, k or v), is written in bf16 by the bf16
+  // kernel that computes it (LinearKernel::out_bf16, AttentionKernel::out_bf16) and read as
+  // such: the same numbers in half the bytes (codegen/lower/activations.cpp).
+  bool bf16_activations = true;
 };
 
 LoweredModel lower_module(const ir::Module& module, const LowerOptions& options = {});

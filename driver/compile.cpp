@@ -163,11 +163,12 @@ CompileResult compile(ir::Module module, const CompileOptions& options, JobRunne
       options.note(line);
   progress(fmt::format("optimized the graph ({:.2f} s)", since(t)));
   runner.check_interrupt();
-  codegen::LoweredModel lowered =
-      codegen::lower_module(module, codegen::LowerOptions{bf16, int8, !gpu.empty(), bf16_fma});
+  const bool bf16_acts = options.bf16_activations;
+  codegen::LoweredModel lowered = codegen::lower_module(
+      module, codegen::LowerOptions{bf16, int8, !gpu.empty(), bf16_fma, bf16_acts});
   if (both_forms)
-    add_fma_form(lowered,
-                 codegen::lower_module(module, codegen::LowerOptions{true, false, false, true}));
+    add_fma_form(lowered, codegen::lower_module(
+                              module, codegen::LowerOptions{true, false, false, true, bf16_acts}));
   // What the products run on, for kiln_model_config(model, "bf16_products"): with both forms
   // the runtime puts the one it chose in place of "auto".
   if (bf16) lowered.plan.config.emplace_back("bf16_products", options.bf16_products);

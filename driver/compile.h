@@ -24,6 +24,10 @@ struct CompileOptions {
   // attention in bf16 too), "fma" (f32 FMAs on the widened weights; attention in f32) or
   // "auto" (both forms in the library; the runtime runs the faster on the CPU it loads on).
   std::string bf16_products = "auto";
+  // With bf16 weights, activations that only bf16 kernels read (a linear's input, attention's
+  // q, k, v) written in bf16 by the kernel that computes them (codegen::LowerOptions); false
+  // keeps every activation in f32. The same numbers either way.
+  bool bf16_activations = true;
   std::string out_dir = ".";
   std::string name;  // library name; default: the module's name
   bool emit_static = true;

@@ -40,14 +40,18 @@
 #include "bf16_base.h"
 #include "bf16_linears.h"
 #include "bf16_numbers.h"
+#include "bf16_numbers_f32act.h"
 #include "bf16_odd.h"
+#include "bf16_odd_f32act.h"
 #include "bf16_small.h"
 #include "bf16_tiny.h"
+#include "bf16_tiny_f32act.h"
 #include "bf16_wide.h"
 #include "bf16auto_small.h"
 #include "bf16fma_attentions.h"
 #include "bf16fma_linears.h"
 #include "bf16fma_odd.h"
+#include "bf16fma_odd_f32act.h"
 #include "bf16fma_small.h"
 #include "f32_numbers.h"
 #include "frontend/models.h"
@@ -781,6 +785,102 @@ TEST(Bf16Numbers, GreedyIdsMatchF32) {
       "tokens)\n",
       same, a.size(), tokens);
   EXPECT_EQ(same, a.size());
+}
+
+// Activations stored in bf16 (the default; LowerOptions::bf16_activations): where only bf16
+// kernels read an activation (the FFN's hidden layer, attention's q, k, v and its output), the
+// kernel that computes it writes it rounded to bf16 and its readers skip their own rounding.
+// The numbers are the same as with every activation in f32 (the *_f32act libraries,
+// BF16_ACTIVATIONS off), bit for bit: forward and encode of the golden tiny model (bf16
+// attention: its q, k, v and output in bf16), of the odd model (odd K: the padding pair of a
+// bf16 input; d_model 21, so attention stays f32 and only the FFN's hidden layer is bf16), in
+// both forms of the products, and the number translator's greedy decoding (the decoder step's
+// FFN). Each library's profile shows which kernels read or write bf16 (_xb, _ob, _b...).
+template <typename On, typename Off>
+void expect_same_numbers(const std::string& label, const std::string& weights,
+                         const std::vector<std::pair<Tensor<int64_t>, Tensor<int64_t>>>& batches,
+                         const std::vector<std::string>& bf16_kernels) {
+  On on(weights.c_str());
+  Off off(weights.c_str());
+  on.set_profiling(true);
+  off.set_profiling(true);
+  size_t values = 0;
+  for (const auto& [src, tgt] : batches) {
+    const Tensor<float> a = on.forward(src, tgt), b = off.forward(src, tgt);
+    ASSERT_EQ(a.shape, b.shape);
+    EXPECT_TRUE(a.data == b.data) << label << " forward: max |diff| "
+                                  << max_abs_diff(a.data, b.data);
+    const Tensor<float> ea = on.encode(src), eb = off.encode(src);
+    EXPECT_TRUE(ea.data == eb.data)
+        << label << " encode: max |diff| " << max_abs_diff(ea.data, eb.data);
+    values += a.data.size() + ea.data.size();
+  }
+  const std::string with = on.profile(), without = off.profile();
+  for (const std::string& k : bf16_kernels) {
+    EXPECT_NE(with.find(k + " "), std::string::npos) << k << " not in\n" << with;
+    EXPECT_EQ(without.find(k + " "), std::string::npos) << k << " in\n" << without;
+  }
+  std::printf("[ bf16 ] %s: %zu outputs with bf16 activations equal to f32 activations'\n",
+              label.c_str(), values);
+}
+
+TEST(Bf16Activations, SameNumbersAsF32Activations) {
+  std::vector<std::pair<Tensor<int64_t>, Tensor<int64_t>>> golden;
+  for (const char* batch : {"tiny_b1", "tiny_b2"}) {
+    const std::string inputs = golden_file(std::string(batch) + ".inputs.safetensors");
+    golden.emplace_back(kiln::read_tensor<int64_t>(inputs, "src"),
+                        kiln::read_tensor<int64_t>(inputs, "tgt"));
+  }
+  // tiny: d_model 32 in 4 heads (dk 8): the merged QKV projection writes bf16 that attention
+  // reads (self and cross), attention writes bf16 for the output projection, the FFN's first
+  // linear for its second.
+  expect_same_numbers<kiln_models::bf16_tiny, kiln_models::bf16_tiny_f32act>(
+      "tiny", golden_file("tiny.weights.safetensors"), golden,
+      {"_p64_bf16_ob", "_bf16_xb", "_bf16_bqkvo"});
+  const testing::ModelFiles odd =
+      testing::random_model("tiny", testing::kOddSettings, 11, "odd_activations", false);
+  std::vector<std::pair<Tensor<int64_t>, Tensor<int64_t>>> ids;
+  for (int64_t batch : {1, 3})
+    for (int64_t len : {1, 7, 12}) {
+      std::vector<int64_t> v(static_cast<size_t>(batch * len));
+      for (size_t i = 0; i < v.size(); ++i) v[i] = 3 + static_cast<int64_t>(i * 5 + len) % 14;
+      ids.emplace_back(Tensor<int64_t>{{batch, len}, v},
+                       Tensor<int64_t>{{batch, len}, std::vector<int64_t>(v.rbegin(), v.rend())});
+    }
+  // Odd: linear names end in their K and N, so only the FFN's pair is matched (d_ff 13: the
+  // second linear's odd K reads a bf16 input padded with a zero pair).
+  expect_same_numbers<kiln_models::bf16_odd, kiln_models::bf16_odd_f32act>(
+      "odd", odd.path, ids, {"_k21_n13_relu_p64_bf16_ob", "_k13_n21_p64_bf16_xb"});
+  expect_same_numbers<kiln_models::bf16fma_odd, kiln_models::bf16fma_odd_f32act>(
+      "odd, FMA form", odd.path, ids, {"_k21_n13_relu_p64_bf16fma_ob", "_k13_n21_p64_bf16fma_xb"});
+}
+
+TEST(Bf16Activations, NumbersGreedyIdsAsF32Activations) {
+  const std::string weights = testing::numbers_file("numbers.weights.safetensors");
+  const testing::HeldOut heldout = testing::numbers_heldout();
+  ASSERT_GE(heldout.sources.size(), 100u);
+  kiln_models::bf16_numbers on(weights.c_str());
+  kiln_models::bf16_numbers_f32act off(weights.c_str());
+  on.set_profiling(true);
+  off.set_profiling(true);
+  const int64_t max_batch = kiln_models::bf16_numbers::max_B;
+  const auto max_length = static_cast<int32_t>(kiln_models::bf16_numbers::max_T);
+  const auto a = testing::greedy_ids(on, heldout, max_batch, max_length);
+  const auto b = testing::greedy_ids(off, heldout, max_batch, max_length);
+  ASSERT_EQ(a.size(), heldout.sources.size());
+  EXPECT_TRUE(a == b);
+  // The decoder step's FFN: its first linear writes bf16, its second reads it.
+  const std::string with = on.profile(), without = off.profile();
+  for (const char* k : {"_k64_n256_relu_p64_bf16_ob ", "_k256_n64_p64_bf16_xb "}) {
+    EXPECT_NE(with.find(k), std::string::npos) << k << " not in\n" << with;
+    EXPECT_EQ(without.find(k), std::string::npos) << k << " in\n" << without;
+  }
+  size_t tokens = 0;
+  for (const auto& s : a) tokens += s.size();
+  std::printf(
+      "[ bf16 ] numbers: greedy ids with bf16 activations equal to f32 activations' (%zu "
+      "sentences, %zu tokens)\n",
+      a.size(), tokens);
 }
 
 }  // namespace

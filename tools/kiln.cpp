@@ -378,8 +378,8 @@ int cmd_compile(const std::vector<std::string>& argv) {
   driver::CompileOptions options;
   auto app = make_command(
       "compile",
-      "FILE.kir [--target T] [--weights f32|bf16|int8 [--bf16-products auto|dot|fma]]\n"
-      "[-o DIR] [--name NAME] [--emit=static,shared,ir] [-j N]",
+      "FILE.kir [--target T] [--weights f32|bf16|int8 [--bf16-products auto|dot|fma]\n"
+      "[--bf16-activations on|off]] [-o DIR] [--name NAME] [--emit=static,shared,ir] [-j N]",
       "Runs the default pipeline, generates and compiles every kernel with Halide, and writes\n"
       "into DIR a static library libNAME.a and a header NAME.h (C++ class kiln_models::NAME "
       "with\ntyped entry points, over a plain C ABI). Link them with kiln's runtime library "
@@ -414,6 +414,16 @@ int cmd_compile(const std::vector<std::string>& argv) {
       ->type_name("P")
       ->check(CLI::IsMember({"auto", "dot", "fma"}))
       ->capture_default_str();
+  std::string activations = "on";
+  app->add_option("--bf16-activations", activations,
+                  "with --weights bf16: 'on', an activation that only bf16 kernels read (a "
+                  "linear's input, attention's q, k and v) is written in bf16, rounded, by the "
+                  "kernel that computes it, and read as it is (half the bytes between the two; "
+                  "the same numbers, as each reader rounds its input to bf16 anyway); 'off', "
+                  "every activation in f32")
+      ->type_name("on|off")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   app->add_option("-o", options.out_dir, "output directory")
       ->type_name("DIR")
       ->capture_default_str();
@@ -431,6 +441,7 @@ int cmd_compile(const std::vector<std::string>& argv) {
       ->type_name("N")
       ->check(at_least(1));
   if (!parse_command(*app, argv)) return 0;
+  options.bf16_activations = activations == "on";
   ir::Module m = read_module(file);
   options.emit_static = false;
   size_t start = 0;

@@ -42,6 +42,14 @@ void lower_attention(FunctionLowering& L, const ir::Op& op) {
   // the products run on FMAs (LowerOptions::bf16_fma: attention stays f32).
   k.bf16 = L.module.options.bf16_weights && !L.module.options.bf16_fma && k.dk % 2 == 0;
   View out = L.output_view(op);
+  if (k.bf16) {  // activations stored in bf16 (plan_bf16_activations)
+    auto bf16_operand = [&](int i) { return L.view_of(op.operands[i], op).type == KILN_BF16; };
+    k.q_bf16 = bf16_operand(0);
+    k.k_bf16 = bf16_operand(1);
+    k.v_bf16 = bf16_operand(2);
+    k.out_bf16 = L.bf16_values.count(op.result) > 0;
+    if (k.out_bf16) out.type = KILN_BF16;
+  }
   rt::StepDesc s{L.kernel_index(k), fmt::format("attention %{}", op.result), {}};
   for (ir::ValueId operand : op.operands) s.args.push_back(L.view_of(operand, op).halide());
   s.args.push_back(out.halide());

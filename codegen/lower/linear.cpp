@@ -82,6 +82,11 @@ void lower_linear(FunctionLowering& L, const ir::Op& op) {
     k.panel = 64;
   }
   View out = L.output_view(op);
+  if (k.bf16) {  // activations stored in bf16 (plan_bf16_activations)
+    k.x_bf16 = L.view_of(op.operands[0], op).type == KILN_BF16;
+    k.out_bf16 = L.bf16_values.count(op.result) > 0;
+    if (k.out_bf16) out.type = KILN_BF16;
+  }
   rt::StepDesc s{L.kernel_index(k), fmt::format("linear %{}", op.result), {}};
   s.args.push_back(L.rows_arg(op, 0));
   push_weight_args(L, s, *w, k);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -89,6 +90,8 @@ class FunctionLowering {
   // The add_layernorm_sum op of each add_layernorm that has one, by the latter's result.
   std::map<ir::ValueId, int> sum_of;
   std::map<ir::ValueId, int32_t> result_index, param_index;
+  // Values written in bf16 by the bf16 kernel that computes them (plan_bf16_activations).
+  std::set<ir::ValueId> bf16_values;
 
   rt::DimExpr dim(const ir::Dim& d) const { return module.dim(d); }
   View dense_view(const ir::TensorType& t, rt::Storage storage, int32_t index,
@@ -141,6 +144,9 @@ class FunctionLowering {
 // L.views[op.result]. A table in lower.cpp maps each ir::OpKind to one.
 using LowerFn = void (*)(FunctionLowering& L, const ir::Op& op);
 
+// activations.cpp: fills L.bf16_values (LowerOptions::bf16_activations), before any op is
+// lowered.
+void plan_bf16_activations(FunctionLowering& L);
 // views.cpp: ops that bind memory without computing (or copy only when strides require).
 void lower_weight(FunctionLowering& L, const ir::Op& op);
 void lower_sinusoid_table(FunctionLowering& L, const ir::Op& op);
