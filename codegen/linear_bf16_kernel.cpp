@@ -240,13 +240,19 @@ void define_bf16_acc(Func acc, const Func& xr, bool fma, const RDom& r, const Va
   }
 }
 
-Expr bf16_output(const Expr& acc, const Expr& bias, const std::string& act, bool out_bf16) {
+// out_bf16: rounded as a bf16 kernel rounds its input. Where every output is computed in
+// vectors (`vectors`: N a multiple of the panel, no scalar tail), by vcvtne2ps2bf16 (Halide's
+// vector f32 -> bf16 cast), one instruction for what round_to_bf16_bits does in eight; else by
+// round_to_bf16_bits itself (Halide's scalar conversion keeps subnormals, the instruction
+// flushes them).
+Expr bf16_output(const Expr& acc, const Expr& bias, const std::string& act, bool out_bf16,
+                 bool vectors) {
   Expr y = acc;
   if (bias.defined()) y += bias;
   if (act != "none") y = float_function(act, y);
-  // Rounded as a bf16 kernel rounds its input (round_to_bf16_bits, on every path: Halide's own
-  // scalar f32 -> bf16 conversion keeps subnormals).
-  if (out_bf16) y = Halide::reinterpret(Halide::BFloat(16), round_to_bf16_bits(y));
+  if (out_bf16)
+    y = vectors ? Halide::cast(Halide::BFloat(16), y)
+                : Halide::reinterpret(Halide::BFloat(16), round_to_bf16_bits(y));
   return y;
 }
 
@@ -320,7 +326,8 @@ KernelPipeline build_linear_bf16_rows(const LinearKernel& spec) {
   define_bf16_acc(acc, xr, fma, r, j, p, m, strip);
   const Expr jn = n % P, pn = n / P;
   Func out("out");
-  out(n, m) = bf16_output(acc(jn, pn, m), spec.has_bias ? sbias(jn, pn) : Expr(), spec.act, false);
+  out(n, m) =
+      bf16_output(acc(jn, pn, m), spec.has_bias ? sbias(jn, pn) : Expr(), spec.act, false, false);
 
   const Expr M = constrain_rows_buffers(x, ids, bias, out, K, V);
   set_packed_bf16_bounds(wt, fma, Kp, Vp);
@@ -362,8 +369,8 @@ KernelPipeline build_linear_bf16(const LinearKernel& spec, const Halide::Target&
   Func acc("acc");
   define_bf16_acc(acc, xr, fma, r, j, p, m, wt);
   Func out("out");
-  out(n, m) =
-      bf16_output(acc(n % P, n / P, m), spec.has_bias ? bias(n) : Expr(), spec.act, spec.out_bf16);
+  out(n, m) = bf16_output(acc(n % P, n / P, m), spec.has_bias ? bias(n) : Expr(), spec.act,
+                          spec.out_bf16, N % P == 0);
 
   x.dim(0).set_bounds(0, K);
   x.dim(1).set_min(0);

@@ -853,6 +853,22 @@ TEST(Bf16Activations, SameNumbersAsF32Activations) {
       "odd", odd.path, ids, {"_k21_n13_relu_p64_bf16_ob", "_k13_n21_p64_bf16_xb"});
   expect_same_numbers<kiln_models::bf16fma_odd, kiln_models::bf16fma_odd_f32act>(
       "odd, FMA form", odd.path, ids, {"_k21_n13_relu_p64_bf16fma_ob", "_k13_n21_p64_bf16fma_xb"});
+  // numbers: N a multiple of 64 (192, 256, 64), where the linears round their bf16 output with
+  // vcvtne2ps2bf16, and K >= 32, where the f32act readers round their input with it too.
+  std::vector<std::pair<Tensor<int64_t>, Tensor<int64_t>>> numbers;
+  for (int64_t batch : {1, 5})
+    for (int64_t len : {3, 29}) {
+      std::vector<int64_t> src(static_cast<size_t>(batch * len)), tgt(src.size());
+      for (size_t i = 0; i < src.size(); ++i) {
+        src[i] = 3 + static_cast<int64_t>(i * 7 + len) % 21;
+        tgt[i] = 3 + static_cast<int64_t>(i * 5 + len) % 10;
+      }
+      numbers.emplace_back(Tensor<int64_t>{{batch, len}, src}, Tensor<int64_t>{{batch, len}, tgt});
+    }
+  expect_same_numbers<kiln_models::bf16_numbers, kiln_models::bf16_numbers_f32act>(
+      "numbers", testing::numbers_file("numbers.weights.safetensors"), numbers,
+      {"_k64_n192_p64_bf16_ob", "_k64_n256_relu_p64_bf16_ob", "_k256_n64_p64_bf16_xb",
+       "_bf16_bqkvo"});
 }
 
 TEST(Bf16Activations, NumbersGreedyIdsAsF32Activations) {
