@@ -270,6 +270,9 @@ TEST_P(AttentionKernelTest, MatchesInterpreter) {
         max_err = std::max(max_err, check_case(kernel, spec, batch, lq, lk, seed++, c.bias_kind));
   for (int64_t l : {12, 13, 31, 32, 65, 200})
     max_err = std::max(max_err, check_case(kernel, spec, 2, l, l, seed++, c.bias_kind));
+  // From 16 sequences on, one task per sequence (every head): attention_kernel.cpp.
+  max_err = std::max(max_err, check_case(kernel, spec, 16, 33, 40, seed++, c.bias_kind));
+  max_err = std::max(max_err, check_case(kernel, spec, 17, 7, 70, seed++, c.bias_kind));
   max_err = std::max(max_err, check_case(kernel, spec, 1, 17, 300, seed++, c.bias_kind));
   max_err = std::max(max_err, check_case(kernel, spec, 1, 300, 17, seed++, c.bias_kind));
   char text[32];
