@@ -241,7 +241,7 @@ void define_bf16_acc(Func acc, const Func& xr, bool fma, const RDom& r, const Va
 }
 
 // out_bf16: rounded as a bf16 kernel rounds its input. Where every output is computed in
-// vectors (`vectors`: N a multiple of the panel, no scalar tail), by vcvtne2ps2bf16 (Halide's
+// vectors (`vectors`: N a multiple of the panel, no scalar tail), by vcvtneps2bf16 (Halide's
 // vector f32 -> bf16 cast), one instruction for what round_to_bf16_bits does in eight; else by
 // round_to_bf16_bits itself (Halide's scalar conversion keeps subnormals, the instruction
 // flushes them).
