@@ -17,6 +17,15 @@ using ir::OpKind;
 using rt::DimExpr;
 using rt::Storage;
 
+// With bf16 weights both products in bf16 (AttentionKernel::bf16), where dk is even, unless the
+// products run on FMAs (LowerOptions::bf16_fma: attention stays f32).
+bool runs_bf16_attention(const FunctionLowering& L, const ir::Op& op) {
+  const LowerOptions& o = L.module.options;
+  if (op.kind != OpKind::attention || !o.bf16_weights || o.bf16_fma) return false;
+  const int64_t heads = op.int_attr("heads");
+  return heads > 0 && L.f.type(op.operands[0]).shape[2].value / heads % 2 == 0;
+}
+
 void lower_attention(FunctionLowering& L, const ir::Op& op) {
   const ir::Function& f = L.f;
   const ir::TensorType& q = f.type(op.operands[0]);
@@ -38,9 +47,7 @@ void lower_attention(FunctionLowering& L, const ir::Op& op) {
   k.bias = at.bias >= 0;
   k.window = op.has_attr("window") ? op.int_attr("window") : 0;
   k.softcap = op.has_attr("softcap") ? op.float_attr("softcap") : 0;
-  // With bf16 weights both products in bf16 (AttentionKernel::bf16), where dk is even, unless
-  // the products run on FMAs (LowerOptions::bf16_fma: attention stays f32).
-  k.bf16 = L.module.options.bf16_weights && !L.module.options.bf16_fma && k.dk % 2 == 0;
+  k.bf16 = runs_bf16_attention(L, op);
   View out = L.output_view(op);
   if (k.bf16) {  // activations stored in bf16 (plan_bf16_activations)
     auto bf16_operand = [&](int i) { return L.view_of(op.operands[i], op).type == KILN_BF16; };

@@ -57,6 +57,13 @@ void check_int8_k(const ir::Op& op, int64_t K) {
 
 }  // namespace
 
+bool runs_bf16_linear(const FunctionLowering& L, const ir::Op& op) {
+  if (op.kind != OpKind::linear || !L.module.options.bf16_weights || L.module.options.gpu)
+    return false;
+  const ir::Op* w = passes::def_op(L.f, L.defs, op.operands[1]);
+  return w && w->kind == OpKind::weight;  // else the general matmul
+}
+
 void lower_linear(FunctionLowering& L, const ir::Op& op) {
   const ir::Function& f = L.f;
   const ir::Op* w = passes::def_op(f, L.defs, op.operands[1]);
@@ -72,7 +79,7 @@ void lower_linear(FunctionLowering& L, const ir::Op& op) {
   // (WeightDesc::source_kn) and takes any layout, as a weight stored [out, in] does.
   if (L.module.options.gpu) {
     k.panel = 0;  // Wᵀ [K, N] (LowerOptions::gpu)
-  } else if (L.module.options.bf16_weights) {
+  } else if (runs_bf16_linear(L, op)) {
     k.bf16 = true;
     k.bf16_fma = L.module.options.bf16_fma;
     k.panel = 64;

@@ -152,10 +152,14 @@ void lower_weight(FunctionLowering& L, const ir::Op& op);
 void lower_sinusoid_table(FunctionLowering& L, const ir::Op& op);
 void lower_reshape(FunctionLowering& L, const ir::Op& op);
 void lower_slice(FunctionLowering& L, const ir::Op& op);
-// linear.cpp: the linear kernel (f32, bf16 or int8 weights).
+// linear.cpp: the linear kernel (f32, bf16 or int8 weights). runs_bf16_linear: whether `op`
+// is a linear that the bf16 kernel computes (a load-time weight, bf16 weights, the CPU).
+bool runs_bf16_linear(const FunctionLowering& L, const ir::Op& op);
 void lower_linear(FunctionLowering& L, const ir::Op& op);
 void lower_linear_rows(FunctionLowering& L, const ir::Op& op);
 // attention.cpp: attention, and incremental decoding's cache write and step attentions.
+// runs_bf16_attention: whether `op` is an attention that the bf16 kernel computes.
+bool runs_bf16_attention(const FunctionLowering& L, const ir::Op& op);
 void lower_attention(FunctionLowering& L, const ir::Op& op);
 void lower_cache_write(FunctionLowering& L, const ir::Op& op);
 void lower_step_attention(FunctionLowering& L, const ir::Op& op);  // cache_, memory_attention
