@@ -54,6 +54,7 @@
 
 #include <fmt/format.h>
 
+#include "runtime/model.h"
 #include "runtime/search_kernels.h"
 #include "runtime/thread_pool.h"
 #include "support/error.h"
@@ -89,7 +90,8 @@ struct Sentence {
 
 struct Buffer {
   std::vector<int64_t> shape;
-  std::unique_ptr<float[]> data;
+  AlignedBytes bytes;  // numel() floats, or more
+  float* data() const { return reinterpret_cast<float*>(bytes.data.get()); }
   int64_t numel() const {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
@@ -129,6 +131,7 @@ class Search {
  public:
   Search(kiln_model* model, const kiln_search_options& o, bool joinable)
       : m_(model), o_(o), joinable_(joinable), rng_(o.seed) {
+    if (!joinable && model) kept_ = &model->generation_buffers;
     check_model();
     check_options();
     // ends_ and vocab_ids_ hold them: the caller's arrays need not outlive this call.
@@ -137,6 +140,16 @@ class Search {
     o_.vocabulary = nullptr;
     o_.num_vocabulary = 0;
   }
+
+  // A one-call search gives its buffers back to the model (BufferCache) for the next call.
+  ~Search() {
+    if (!kept_) return;
+    for (std::vector<Buffer>* v : {&mem_, &cache_})
+      for (Buffer& b : *v) kept_->give(std::move(b.bytes));
+    kept_->give(std::move(logits_));
+  }
+  Search(const Search&) = delete;
+  Search& operator=(const Search&) = delete;
 
   // Adds the sentences `src`, at ids size() .., decoding at most `max_decoding_length` tokens
   // (0: the options'); false (nothing changed) when they cannot join the running batch now.
@@ -484,10 +497,22 @@ class Search {
     for (size_t i = 0; i < caches.size(); ++i) {
       Buffer& c = caches[i];
       c.shape = {times, slots, cache_widths_.at(i)};
-      c.data.reset(new float[static_cast<size_t>(c.numel())]);  // only written slots are read
+      c.bytes = floats(c.numel());  // only written slots are read
     }
     return caches;
   }
+
+  // A buffer of n floats (contents undefined): from the model's kept ones in a one-call search.
+  AlignedBytes floats(int64_t n) const {
+    if (kept_) return kept_->take(n * 4);
+    AlignedBytes b;
+    b.allocate(n * 4);
+    return b;
+  }
+  void kept_give(AlignedBytes b) const {
+    if (kept_) kept_->give(std::move(b));
+  }
+  const float* logits() const { return reinterpret_cast<const float*>(logits_.data.get()); }
 
   Sentence& new_sentence() {
     sentences_.emplace_back();
@@ -558,8 +583,8 @@ class Search {
         s.prompt_slots.push_back(slot);
         for (size_t c = 0; c < cache_.size(); ++c) {
           const int64_t width = cache_[c].shape[2];
-          const float* from = own[c].data.get() + ((j - (time_ - L)) * n + b) * width;
-          std::copy(from, from + width, cache_[c].data.get() + (j * slots_ + slot) * width);
+          const float* from = own[c].data() + ((j - (time_ - L)) * n + b) * width;
+          std::copy(from, from + width, cache_[c].data() + (j * slots_ + slot) * width);
         }
       }
     }
@@ -567,7 +592,7 @@ class Search {
 
   void add_caches(std::vector<kiln_tensor>& in, std::vector<Buffer>& caches) {
     for (size_t i = 0; i < caches.size(); ++i)
-      in.push_back(view(cache_names_[i].c_str(), KILN_F32, caches[i].shape, caches[i].data.get(),
+      in.push_back(view(cache_names_[i].c_str(), KILN_F32, caches[i].shape, caches[i].data(),
                         static_cast<size_t>(caches[i].numel()) * 4));
   }
 
@@ -588,11 +613,14 @@ class Search {
         if (id >= vocab_)
           fail("start_id {} or end_id {} is out of range [0, {})", start_, end_, vocab_);
     }
-    logits_.resize(static_cast<size_t>(n * columns_));
-    out[0].data = logits_.data();
-    out[0].capacity = logits_.size() * 4;
+    if (logits_.size < n * columns_ * 4) {  // the most rows a step has (or more)
+      kept_give(std::move(logits_));
+      logits_ = floats(std::max(n, slots_) * columns_);
+    }
+    out[0].data = logits_.data.get();
+    out[0].capacity = static_cast<size_t>(n * columns_ * 4);
     for (size_t i = 0; i < caches.size(); ++i) {  // updated in place
-      out[1 + i].data = caches[i].data.get();
+      out[1 + i].data = caches[i].data();
       out[1 + i].capacity = static_cast<size_t>(caches[i].numel()) * 4;
     }
     if (kiln_model_run(m_, function, in.data(), in.size(), out.data(), out.size()))
@@ -624,8 +652,9 @@ class Search {
     mem_.resize(out.size());
     for (size_t i = 0; i < out.size(); ++i) {
       mem_[i].shape.assign(out[i].shape, out[i].shape + out[i].rank);
-      mem_[i].data.reset(new float[static_cast<size_t>(mem_[i].numel())]);
-      out[i].data = mem_[i].data.get();
+      kept_give(std::move(mem_[i].bytes));
+      mem_[i].bytes = floats(mem_[i].numel());
+      out[i].data = mem_[i].data();
       out[i].capacity = static_cast<size_t>(mem_[i].numel()) * 4;
     }
     if (kiln_model_run(m_, "prepare", &src_, 1, out.data(), out.size()))
@@ -671,7 +700,7 @@ class Search {
       in.push_back(view("src_row", KILN_I64, {n}, src_row.data(), src_row.size() * 8));
       in.push_back(src_);
       for (size_t i = 0; i < mem_.size(); ++i)
-        in.push_back(view(mem_names_[i].c_str(), KILN_F32, mem_[i].shape, mem_[i].data.get(),
+        in.push_back(view(mem_names_[i].c_str(), KILN_F32, mem_[i].shape, mem_[i].data(),
                           static_cast<size_t>(mem_[i].numel()) * 4));
     }
     add_caches(in, cache_);
@@ -695,7 +724,7 @@ class Search {
   void check_logits(int64_t n) {
     std::vector<uint8_t> flags(static_cast<size_t>(n));
     for_rows(n, [&](int64_t i) {
-      const float* row = &logits_[static_cast<size_t>(i * columns_)];
+      const float* row = logits() + i * columns_;
       int bad = 0, finite_or_plus = 0;
       for (int64_t v = 0; v < columns_; ++v) {
         bad |= !(row[v] < kInfinity);  // NaN or +inf
@@ -714,7 +743,7 @@ class Search {
     for (int64_t i = 0; i < static_cast<int64_t>(rows.size()); ++i) {
       const int64_t sentence = rows[static_cast<size_t>(i)].sentence;
       const int64_t t = static_cast<int64_t>(rows[static_cast<size_t>(i)].tokens.size());
-      const float* row = &logits_[static_cast<size_t>(i * columns_)];
+      const float* row = logits() + i * columns_;
       const uint8_t flags = flags_of(i);
       const bool bad = flags & kLogitNanOrPlusInf, finite_or_plus = flags & kLogitAboveMinusInf;
       if (bad)
@@ -778,7 +807,7 @@ class Search {
     scans_.resize(in.size());
     const int64_t V = columns_, n_ends = static_cast<int64_t>(ends_.size());
     for_rows(static_cast<int64_t>(in.size()), [&](int64_t i) {
-      const float* row = &logits_[static_cast<size_t>(i * V)];
+      const float* row = logits() + i * V;
       const bool no_end_yet =
           static_cast<int64_t>(in[static_cast<size_t>(i)].tokens.size()) < o_.min_decoding_length;
       RowScan& scan = scans_[static_cast<size_t>(i)];
@@ -803,7 +832,7 @@ class Search {
     std::vector<Cand> cands;
     const bool no_end_yet = t < o_.min_decoding_length;
     for (size_t i = begin; i < end; ++i) {
-      const float* row = &logits_[i * V];
+      const float* row = logits() + i * V;
       const double lse = scans_[i].lse;  // scan_rows
       for (int64_t c : scans_[i].best)
         if (const int64_t v = token_of(c); !(no_end_yet && is_end(v)))
@@ -857,7 +886,7 @@ class Search {
   // sampling_top_k most likely tokens, cut to the top-p nucleus.
   void sample(const std::vector<Hyp>& alive, size_t i, int64_t t, std::vector<Hyp>& next) {
     const int64_t V = columns_;  // ids, lp and pick are columns (token_of maps them)
-    const float* row = &logits_[i * V];
+    const float* row = logits() + i * V;
     const double lse = log_sum_exp(row, V);
     std::vector<double> lp(static_cast<size_t>(V));
     for (int64_t v = 0; v < V; ++v) lp[v] = static_cast<double>(row[v]) - lse;
@@ -939,7 +968,8 @@ class Search {
   const std::vector<Hyp>* step_rows_ = nullptr;  // the hypotheses of the logits being checked
   std::vector<Buffer> mem_, cache_;
   std::vector<std::string> mem_names_, cache_names_;
-  std::vector<float> logits_;
+  AlignedBytes logits_;              // [rows, columns_]: a step's logits
+  BufferCache* kept_ = nullptr;      // the model's, for a one-call search (kiln_generate)
   std::vector<RowScan> scans_;       // per row of logits_: scan_rows
   std::vector<Sentence> sentences_;  // by id, in the order added
   std::vector<Hyp> alive_;           // the live hypotheses, grouped by sentence

@@ -81,6 +81,42 @@ void ArenaPool::drop_device() {
   for (AlignedBytes& a : idle_) a.device.reset();
 }
 
+AlignedBytes BufferCache::take(int64_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto best = idle_.end();
+    for (auto it = idle_.begin(); it != idle_.end(); ++it)
+      if (it->size >= bytes && it->size / 2 <= bytes &&
+          (best == idle_.end() || it->size < best->size))
+        best = it;
+    if (best != idle_.end()) {
+      AlignedBytes block = std::move(*best);
+      idle_.erase(best);
+      bytes_ -= block.size;
+      return block;
+    }
+  }
+  AlignedBytes block;
+  block.allocate(bytes);
+  return block;
+}
+
+void BufferCache::give(AlignedBytes block) {
+  if (!block.data || block.size > kKeptBytes) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  bytes_ += block.size;
+  idle_.push_back(std::move(block));
+  while (bytes_ > kKeptBytes) {
+    bytes_ -= idle_.front().size;
+    idle_.erase(idle_.begin());
+  }
+}
+
+int64_t BufferCache::kept_bytes() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return bytes_;
+}
+
 }  // namespace kiln::rt
 
 std::unique_ptr<kiln_model> kiln_model::create(const uint8_t* plan, size_t plan_size,

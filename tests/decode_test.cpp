@@ -18,6 +18,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -401,6 +402,71 @@ TEST(Generate, OptionsOfAnotherHeaderAreRefused) {
   ASSERT_EQ(kiln_generate(model.get(), &in, &o, &g), 0) << kiln_model_error(model.get());
   EXPECT_EQ(std::vector<int64_t>(g.ids, g.ids + g.lengths[0]), before);
   kiln_generation_free(&g);
+}
+
+// kiln_generate keeps its buffers (caches, encoder memory, logits) in the model between calls
+// (runtime/model.h, BufferCache): a call's results never depend on the calls before it,
+// of other batch sizes, beams and lengths, nor on calls running at the same time on other
+// threads. Each call is compared with the same call on a model that ran nothing before.
+TEST(Generate, KeptBuffersNeverChangeAResult) {
+  struct Call {
+    int64_t batch;
+    int32_t beam, length;
+  };
+  const std::vector<Call> calls = {{3, 4, 12}, {1, 1, 20}, {2, 2, 6}, {3, 4, 12}, {3, 3, 9}};
+  std::mt19937 rng(7);
+  std::vector<kiln::Tensor<int64_t>> sources;
+  std::vector<kiln::SearchOptions> options;
+  for (const Call& c : calls) {
+    kiln::Tensor<int64_t> src{{c.batch, 5}, {}};
+    for (int64_t i = 0; i < c.batch * 5; ++i)
+      src.data.push_back(3 + static_cast<int64_t>(rng() % 6));
+    sources.push_back(src);
+    kiln::SearchOptions o;
+    o.beam_size = c.beam;
+    o.num_hypotheses = c.beam;
+    o.max_decoding_length = c.length;
+    o.start_id = 1;
+    o.end_id = 2;
+    options.push_back(o);
+  }
+  const std::string weights = golden("small.weights.safetensors");
+  std::vector<std::vector<std::vector<kiln::Hypothesis>>> fresh;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    kiln_models::golden_small model(weights.c_str());
+    fresh.push_back(model.generate(sources[i], options[i]));
+  }
+  auto expect_fresh = [&](const std::vector<std::vector<kiln::Hypothesis>>& got, size_t i) {
+    ASSERT_EQ(got.size(), fresh[i].size()) << i;
+    for (size_t b = 0; b < got.size(); ++b) {
+      ASSERT_EQ(got[b].size(), fresh[i][b].size()) << i << " " << b;
+      for (size_t h = 0; h < got[b].size(); ++h) {
+        EXPECT_EQ(got[b][h].ids, fresh[i][b][h].ids) << "call " << i << " row " << b;
+        EXPECT_EQ(got[b][h].score, fresh[i][b][h].score) << "call " << i << " row " << b;
+      }
+    }
+  };
+  kiln_models::golden_small model(weights.c_str());
+  for (int round = 0; round < 2; ++round)
+    for (size_t i = 0; i < calls.size(); ++i)
+      expect_fresh(model.generate(sources[i], options[i]), i);
+  // Two threads, each going through the calls from another end, 3 times.
+  std::vector<std::vector<std::vector<std::vector<kiln::Hypothesis>>>> got(2);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t)
+    threads.emplace_back([&, t] {
+      for (int r = 0; r < 3; ++r)
+        for (size_t k = 0; k < calls.size(); ++k) {
+          const size_t i = t == 0 ? k : calls.size() - 1 - k;
+          got[t].push_back(model.generate(sources[i], options[i]));
+        }
+    });
+  for (std::thread& t : threads) t.join();
+  for (int t = 0; t < 2; ++t)
+    for (size_t n = 0; n < got[t].size(); ++n) {
+      const size_t k = n % calls.size();
+      expect_fresh(got[t][n], t == 0 ? k : calls.size() - 1 - k);
+    }
 }
 
 // Issue 24: max_decoding_length 0, kiln_search_options_init's default (the one definition

@@ -337,7 +337,8 @@ typedef struct kiln_generation {
  * model stays usable. A logit that is NaN or infinite (e.g. from NaN weights) is an error
  * naming the step and the batch row, never a result. Returns 0 and fills *out, or non-zero
  * with the message in kiln_model_error() (*out is zeroed either way, a NULL model
- * included). Thread-safe like kiln_model_run: every call has its own caches. */
+ * included). Thread-safe like kiln_model_run: every call has its own caches (the model keeps
+ * a finished call's, up to 512 MiB, for the next call they fit). */
 int kiln_generate(kiln_model* model, const kiln_tensor* src, const kiln_search_options* options,
                   kiln_generation* out);
 /* Frees what kiln_generate allocated and zeroes *generation: NULL, a zeroed struct and a
