@@ -55,6 +55,10 @@ KernelPipeline build_kernel(const KernelSpec& spec, const Halide::Target& target
 // and bf16 linear kernels.
 int one_row_panels_per_tile(int64_t panels);
 
+// From 64 rows on, the linear kernels' register blocks are 6 rows high; below this many rows,
+// where 6 does not divide the rows, 4 (linear_kernel.cpp, schedule_packed_linear).
+constexpr int kSmallBlockRows = 192;
+
 // The schedule of the bf16 and int8 linear kernels (weights packed in panels of 64 columns
 // with groups of K adjacent: acc(j, p, m) over RDom r (group member r.x, group r.y of
 // `k_groups`), out(n, m) reading acc(n % 64, n / 64, m)): parallel tiles, register blocks
