@@ -67,6 +67,18 @@ __attribute__((target("avx512f"))) inline __m512 exp_nonpositive16(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// exp(x - max) of the 16 logits at `at`.
+__attribute__((target("avx512f"))) inline __m512 exp_shifted16(const float* at, __m512 max) {
+  return exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(at), max));
+}
+
+// Adds the 16 lanes of e, widened to double, to the 8 + 8 lanes of s0 and s1.
+__attribute__((target("avx512f"))) inline void add_to_double16(__m512 e, __m512d& s0, __m512d& s1) {
+  s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+  s1 = _mm512_add_pd(
+      s1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+}
+
 __attribute__((target("avx512f"))) double log_sum_exp_avx512(const float* logits, int64_t V,
                                                              uint8_t* flags) {
   __m512 m0 = _mm512_set1_ps(-kInf), m1 = m0;
@@ -89,16 +101,23 @@ __attribute__((target("avx512f"))) double log_sum_exp_avx512(const float* logits
     any_above |= logits[v] > -kInf;
   }
   if (flags) *flags = logit_flags(any_bad, any_above);
-  // The exps summed in double lanes: a float sum of 32000 terms drifts by 1e-4 relative.
+  // The exps summed in double lanes: a float sum of 32000 terms drifts by 1e-4 relative. Each
+  // block of 128 is summed in float first (two chains of 4 exps a lane, each term at most 1:
+  // 3 roundings of at most 2^-24 of the block's sum), then added in double: W5's 128 rows
+  // of 32000 on one thread took 775–796 µs against 1020–1095 with every vector converted and
+  // added in double (a microbenchmark on AMD Zen 5; the lse 8.7e-8 apart at most).
   const __m512 vmx = _mm512_set1_ps(mx);
   __m512d s0 = _mm512_setzero_pd(), s1 = s0;
   v = 0;
-  for (; v + 16 <= V; v += 16) {
-    const __m512 e = exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(logits + v), vmx));
-    s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
-    s1 = _mm512_add_pd(
-        s1, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+  for (; v + 128 <= V; v += 128) {
+    __m512 a0 = exp_shifted16(logits + v, vmx), a1 = exp_shifted16(logits + v + 16, vmx);
+    for (int64_t c = 32; c < 128; c += 32) {
+      a0 = _mm512_add_ps(a0, exp_shifted16(logits + v + c, vmx));
+      a1 = _mm512_add_ps(a1, exp_shifted16(logits + v + c + 16, vmx));
+    }
+    add_to_double16(_mm512_add_ps(a0, a1), s0, s1);
   }
+  for (; v + 16 <= V; v += 16) add_to_double16(exp_shifted16(logits + v, vmx), s0, s1);
   double sum = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
   for (; v < V; ++v) sum += exp_nonpositive(logits[v] - mx);
   return static_cast<double>(mx) + std::log(sum);
