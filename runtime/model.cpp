@@ -101,11 +101,15 @@ AlignedBytes BufferCache::take(int64_t bytes) {
   return block;
 }
 
-void BufferCache::give(AlignedBytes block) {
+void BufferCache::give(AlignedBytes block) noexcept {
   if (!block.data || block.size > kKeptBytes) return;
   std::lock_guard<std::mutex> lock(mutex_);
-  bytes_ += block.size;
-  idle_.push_back(std::move(block));
+  try {
+    idle_.push_back(std::move(block));
+  } catch (...) {  // no memory for the list: the block is freed instead of kept
+    return;
+  }
+  bytes_ += idle_.back().size;
   while (bytes_ > kKeptBytes) {
     bytes_ -= idle_.front().size;
     idle_.erase(idle_.begin());

@@ -109,7 +109,7 @@ class BufferCache {
   // A block of `bytes` (contents undefined): a kept one of at least `bytes` and at most twice
   // that (the smallest such), else a new one. Its `size` is what it was allocated with.
   AlignedBytes take(int64_t bytes);
-  void give(AlignedBytes block);
+  void give(AlignedBytes block) noexcept;  // (called from destructors: never throws)
   int64_t kept_bytes();
 
  private:
