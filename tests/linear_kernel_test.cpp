@@ -178,8 +178,9 @@ TEST_P(LinearKernelShapeTest, MatchesInterpreter) {
   const auto& [target, K, N, act, has_bias, panel] = GetParam();
   const JitLinear kernel(LinearKernel{K, N, act, has_bias, panel}, target);
   uint32_t seed = 1;
-  // Every register-block schedule: 1-row blocks (M < 4), 4-row blocks (M < 64, and below
-  // kSmallBlockRows where 6 does not divide M: 64, 128, 129), 6-row (96; ManyTiles' 256 on).
+  // Every register-block schedule: 1-row blocks (M < 4), 4-row blocks (M < 64, and on AVX-512
+  // below kSmallBlockRows where 6 does not divide M: 64, 128, 129), 6-row (96; ManyTiles' 256
+  // on; on AVX2 from 64 on).
   for (int64_t M : {1, 2, 3, 4, 5, 6, 7, 32, 33, 63, 64, 96, 128, 129}) {
     SCOPED_TRACE("M=" + std::to_string(M));
     check(kernel, Problem{K, N, panel, {M}, act, has_bias, 0, seed += 3});
