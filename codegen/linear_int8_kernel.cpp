@@ -33,42 +33,50 @@ using Halide::Var;
 namespace {
 
 // The input's rows quantized as support/int8.h does it (asymmetric, u8): quant(m) = (inverse,
-// zero, step) and the u8 copy xq(k, m), k in [0, Kp) (the padding columns any value: their
-// weights are 0), scheduled (schedule) but for where: the caller computes both at its chunk
-// of rows.
+// zero, step) and the u8 copy xq(k, m): k in [0, Kp) the row's values (the padding columns any
+// value: their weights are 0), then the row's parameters as the epilogue reads them (zero_of,
+// step_of): byte Kp the zero point, bytes Kp + 1 to Kp + 4 the step's bits (little-endian). The
+// caller computes xq at its chunk of rows (compute_at), `schedule` the rest.
 struct QuantizedInput {
   Func quant{"quant"}, xq{"xq"};
   Func lane_range{"lane_range"}, range{"range"};
   Var l{"l"};
   Halide::RVar rk;
-  // Computed per chunk of rows, in two parallel loops over blocks of 16 rows: each row's range
-  // and quantization parameters (the epilogue reads them too), then the u8 copy (the chunk's
-  // x read again, from cache); serially where `serial` holds (the chunk is a parallel tile).
-  // Before, the ranges were one serial loop with a horizontal min and max per 16 values:
-  // M2048 K512 N512 took 1466 µs, now 1345 µs; M32 K512 N512 23.8, now 21.7 µs (fastest of
+  int Kp = 0;
+  // The zero point and the step of row m, read back from the copy.
+  Expr zero_of(const Expr& m) const { return Halide::cast<int32_t>(xq(Kp, m)); }
+  Expr step_of(const Expr& m) const {
+    Expr bits = Halide::cast<uint32_t>(xq(Kp + 1, m));
+    for (int b = 1; b < 4; ++b)
+      bits = bits | (Halide::cast<uint32_t>(xq(Kp + 1 + b, m)) << static_cast<uint32_t>(8 * b));
+    return Halide::reinterpret<float>(bits);
+  }
+  // Per chunk of rows, one parallel loop over blocks of 16 rows (serially where `serial`
+  // holds: the chunk is a parallel tile): a block's ranges and parameters, then its u8 copy
+  // and parameters, while the block's x (16 rows, 32 KB at K 512, 128 KB at K 2048) is still in
+  // L1 or L2. The parameters travel in the copy's rows so that the epilogue, outside the
+  // block's loop, can read them: before, they were a Func of their own that both the copy and
+  // the epilogue read, computed for the whole chunk in a parallel loop of its own before the
+  // copy, which read the chunk's x a second time from L3 or memory (x is 4 MB at M 2048 K 512,
+  // 16 MB at K 2048).
+  // Before that, the ranges were one serial loop with a horizontal min and max per 16 values:
+  // M2048 K512 N512 took 1466 µs, then 1345 µs; M32 K512 N512 23.8, then 21.7 µs (fastest of
   // 16 runs, 2 threads, AMD EPYC Zen 4). The lanes' ranges of a block (16 × 16 × 3 floats)
   // live on the stack: on the heap they were one halide_malloc per block of every call (384
-  // at M 2048). The u8 copy cannot be computed with the ranges in one loop over the blocks
-  // (which would read x once): Halide 14 refuses compute_with between a producer and its
-  // consumer, and the epilogue needs the parameters outside the copy's loop.
-  void schedule(int K, const Var& k, const Var& m, const Expr& serial = Expr()) {
-    Var qo("qo"), xo("xo");
-    const int Kp = (K + 3) / 4 * 4;
-    // The serial specializations first (a specialization copies the schedule made so far).
-    std::vector<Halide::Stage> quants = {quant}, xqs = {xq};
-    if (serial.defined()) {
-      quants.push_back(quant.specialize(serial));
-      xqs.push_back(xq.specialize(serial));
-    }
-    for (Halide::Stage s : quants) s.split(m, qo, m, 16, TailStrategy::GuardWithIf);
+  // at M 2048).
+  void schedule(const Var& k, const Var& m, const Expr& serial = Expr()) {
+    Var xo("xo");
+    // The serial specialization first (a specialization copies the schedule made so far).
+    std::vector<Halide::Stage> xqs = {xq};
+    if (serial.defined()) xqs.push_back(xq.specialize(serial));
     for (Halide::Stage s : xqs) {
       s.split(m, xo, m, 16, TailStrategy::GuardWithIf);
       if (Kp >= 64) s.vectorize(k, 64, TailStrategy::ShiftInwards);
     }
-    quant.parallel(qo);
-    xq.parallel(xo);
-    range.compute_at(quant, qo);
-    lane_range.compute_at(quant, qo).store_in(Halide::MemoryType::Stack).vectorize(l);
+    xq.parallel(xo).align_storage(k, 64);  // rows 64-byte aligned, as the products read them
+    quant.compute_at(xq, xo);
+    range.compute_at(xq, xo);
+    lane_range.compute_at(xq, xo).store_in(Halide::MemoryType::Stack).vectorize(l);
     lane_range.update().reorder(l, rk, m).vectorize(l);
   }
 };
@@ -123,7 +131,16 @@ QuantizedInput quantize_input(const Halide::ImageParam& x, int K, const Var& k, 
   const Expr y = Halide::strict_float(x(Halide::min(k, K - 1), m) * q.quant(m)[0] + kRound);
   const Expr u =
       Halide::reinterpret<int32_t>(y) - (kRoundBits - Halide::cast<int32_t>(q.quant(m)[1]));
-  q.xq(k, m) = Halide::cast<uint8_t>(Halide::clamp(u, 0, 255));
+  const Expr value = Halide::cast<uint8_t>(Halide::clamp(u, 0, 255));
+  // The parameters after the values (QuantizedInput): Halide partitions the loop at `likely`,
+  // so the values' vectors carry no select.
+  q.Kp = (K + 3) / 4 * 4;
+  const Expr at = k - q.Kp;
+  const Expr step_bits = Halide::reinterpret<uint32_t>(q.quant(m)[2]);
+  const Expr param = Halide::select(
+      at == 0, Halide::cast<uint8_t>(q.quant(m)[1]),
+      Halide::cast<uint8_t>(step_bits >> Halide::cast<uint32_t>(8 * Halide::clamp(at - 1, 0, 3))));
+  q.xq(k, m) = Halide::select(Halide::likely(k < q.Kp), value, param);
   return q;
 }
 
@@ -132,8 +149,8 @@ QuantizedInput quantize_input(const Halide::ImageParam& x, int K, const Var& k, 
 // the bias and the activation in f32. `sum` and `scale` are the weight row's.
 Expr int8_output(const Expr& acc, const QuantizedInput& q, const Var& m, const Expr& sum,
                  const Expr& scale, const Expr& bias, const std::string& act) {
-  Expr exact = acc - Halide::cast<int32_t>(q.quant(m)[1]) * sum;
-  Expr y = Halide::cast<float>(exact) * (q.quant(m)[2] * scale);
+  Expr exact = acc - q.zero_of(m) * sum;
+  Expr y = Halide::cast<float>(exact) * (q.step_of(m) * scale);
   if (bias.defined()) y += bias;
   if (act != "none") y = float_function(act, y);
   return y;
@@ -203,9 +220,8 @@ KernelPipeline build_linear_int8_rows(const LinearKernel& spec) {
   for (Func f : {sscale, ssum, sbias}) f.vectorize(j, 16);
   const Var c =
       schedule_packed_rows(out, acc, r, n, m, j, M, Kg, true, {strip, sscale, ssum, sbias});
-  q.quant.compute_at(out, c);
   q.xq.compute_at(out, c);
-  q.schedule(K, k, m);
+  q.schedule(k, m);
 
   std::vector<Halide::Argument> args = {x, wt, wscale, wsum, ids};
   if (spec.has_bias) args.push_back(bias);
@@ -259,9 +275,8 @@ KernelPipeline build_linear_int8(const LinearKernel& spec, const Halide::Target&
   const bool long_k = Kp >= 2048;
   const PackedLoops loops =
       schedule_packed_linear(out, acc, r, n, m, j, N, Np, Kg, long_k, true, long_k);
-  q.quant.compute_at(out, loops.c);
   q.xq.compute_at(out, loops.c);
-  q.schedule(K, k, m, loops.per_tile);
+  q.schedule(k, m, loops.per_tile);
 
   std::vector<Halide::Argument> args = {x, wt, wscale, wsum};
   if (spec.has_bias) args.push_back(bias);
