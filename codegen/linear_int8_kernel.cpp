@@ -11,8 +11,8 @@
 // Halide 14 matches the atomically vectorized sum over a group of 4 of i32(u8) · i32(i8) to
 // vpdpbusd (measured: it needs avx512_sapphirerapids in the Halide target, so these kernels
 // are compiled as the bf16 ones, LLVM IR through llc for cooperlake; see kernels.cpp). The
-// input's row ranges and its quantized copy are computed once per chunk of rows, each in a
-// parallel loop over blocks of rows. The inner loop is oneDNN's brgemm kernel's (6 rows × 4
+// input is quantized once per chunk of rows, in one parallel loop over blocks of 16 rows
+// (each block's ranges, then its u8 copy with the parameters after each row). The inner loop is oneDNN's brgemm kernel's (6 rows × 4
 // vectors, per group of K 6 broadcasts, 4 loads, 24 vpdpbusd; bench/README.md "session 13");
 // smaller row tiles with the panels fastest, tried at K 512, ran slower with 2 threads.
 #include <string>
