@@ -47,6 +47,7 @@ struct LowerOptions {
   bool gpu = false;
   // bf16 weights whose products run on f32 FMAs (LinearKernel::bf16_fma), attention in f32:
   // for CPUs where vdpbf16ps is slower than two FMAs (driver: CompileOptions::bf16_products).
+  // With int8 weights: attention in f32 (else its two products in bf16, as with bf16 weights).
   bool bf16_fma = false;
   // bf16 weights: an activation that only bf16 kernels read, each rounding it to bf16 as it
   // reads it (a linear's input, an attention's q, k or v), is written in bf16 by the bf16

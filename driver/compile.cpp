@@ -141,13 +141,37 @@ CompileResult compile(ir::Module module, const CompileOptions& options, JobRunne
       fail("{}", problem);
 
   // Checked whatever the weights. With bf16 weights: one form of the products, or with auto
-  // both, the runtime running the one for the CPU it loads on (runtime/bf16_products.h).
+  // both, the runtime running the one for the CPU it loads on (runtime/bf16_products.h). With
+  // int8 weights the same choice for attention's two products (the linears are int8 in both
+  // forms): bf16 on vdpbf16ps (dot) or f32 (fma); auto builds both where the target can run
+  // vdpbf16ps, and the library, which needs only AVX512-VNNI, runs f32 attention on a CPU
+  // without AVX512-BF16.
   if (options.bf16_products != "auto" && options.bf16_products != "dot" &&
       options.bf16_products != "fma")
     fail("unknown bf16 products '{}' (use auto, dot or fma)", options.bf16_products);
-  const bool bf16_fma = bf16 && options.bf16_products == "fma";
-  const bool both_forms = bf16 && options.bf16_products == "auto";
-  if (bf16) progress(bf16_products_line(options.bf16_products));
+  std::string products = options.bf16_products;
+  if (int8 && products != "fma" && !codegen::bf16_target_problem(options.target).empty()) {
+    // (int8 already needs an AVX-512 target: what is missing is the host CPU's AVX512-BF16.)
+    if (products == "dot")
+      fail(
+          "int8 weights with --bf16-products dot run attention on AVX512-BF16, which this CPU "
+          "lacks; use --bf16-products auto or fma (attention in f32), or compile for another "
+          "machine's target");
+    products = "fma";  // auto where the target cannot run vdpbf16ps: attention in f32 only
+  }
+  const bool bf16_fma = (bf16 || int8) && products == "fma";
+  const bool both_forms = (bf16 || int8) && products == "auto";
+  if (bf16) progress(bf16_products_line(products));
+  if (int8)
+    progress(products == "dot" ? "int8 attention: bf16 products on vdpbf16ps (--bf16-products dot)"
+             : products == "fma"
+                 ? fmt::format("int8 attention: f32{}", options.bf16_products == "fma"
+                                                            ? " (--bf16-products fma)"
+                                                            : " (this CPU has no AVX512-BF16)")
+                 : "int8 attention: both forms, bf16 products on vdpbf16ps and "
+                   "f32, the library runs f32 attention where the CPU it loads on "
+                   "lacks AVX512-BF16 or does more products per ns on FMAs "
+                   "(auto; --bf16-products dot|fma builds one)");
 
   const std::string gpu = codegen::gpu_api(options.target);
   if ((bf16 || int8) && !gpu.empty())
@@ -168,10 +192,10 @@ CompileResult compile(ir::Module module, const CompileOptions& options, JobRunne
       module, codegen::LowerOptions{bf16, int8, !gpu.empty(), bf16_fma, bf16_acts});
   if (both_forms)
     add_fma_form(lowered, codegen::lower_module(
-                              module, codegen::LowerOptions{true, false, false, true, bf16_acts}));
+                              module, codegen::LowerOptions{bf16, int8, false, true, bf16_acts}));
   // What the products run on, for kiln_model_config(model, "bf16_products"): with both forms
   // the runtime puts the one it chose in place of "auto".
-  if (bf16) lowered.plan.config.emplace_back("bf16_products", options.bf16_products);
+  if (bf16 || int8) lowered.plan.config.emplace_back("bf16_products", products);
   runner.check_interrupt();
   if (!gpu.empty()) {
     // Before the slow part: every kernel needs a GPU schedule (kernels.h).
@@ -198,10 +222,11 @@ CompileResult compile(ir::Module module, const CompileOptions& options, JobRunne
   for (const rt::FunctionDesc& f : lowered.plan.functions)
     check_method_name(f.name, name);  // before the slow part
   // The runtime refuses the library on a CPU without its target's features (and, with bf16
-  // kernels, without AVX512-BF16; with int8 kernels, without AVX512-VNNI).
-  lowered.plan.target = bf16   ? target + "-" + codegen::kBf16Feature
-                        : int8 ? target + "-" + codegen::kInt8Feature
-                               : target;
+  // kernels, without AVX512-BF16; with int8 kernels, without AVX512-VNNI, and without
+  // AVX512-BF16 too where attention runs only in bf16).
+  lowered.plan.target = bf16 || (int8 && products == "dot") ? target + "-" + codegen::kBf16Feature
+                        : int8                              ? target + "-" + codegen::kInt8Feature
+                                                            : target;
   // Kernel symbols carry the library name: two models can link into one application.
   for (std::string& k : lowered.plan.kernel_names) k = name + "_" + k;
   size_t steps = 0;

@@ -23,6 +23,9 @@ struct CompileOptions {
   // With bf16 weights, what the products run on (runtime/bf16_products.h): "dot" (vdpbf16ps;
   // attention in bf16 too), "fma" (f32 FMAs on the widened weights; attention in f32) or
   // "auto" (both forms in the library; the runtime runs the faster on the CPU it loads on).
+  // With int8 weights, the same for attention's two products (the linears are int8 in both):
+  // "dot" bf16 (the library then needs AVX512-BF16 too), "fma" f32, "auto" both (f32 where the
+  // CPU lacks AVX512-BF16; with target "host" on such a CPU, f32 only).
   std::string bf16_products = "auto";
   // With bf16 weights, activations that only bf16 kernels read (a linear's input, attention's
   // q, k, v) written in bf16 by the kernel that computes them (codegen::LowerOptions); false

@@ -135,7 +135,8 @@ std::unique_ptr<kiln_model> kiln_model::create(const uint8_t* plan, size_t plan_
         "model '{}' was compiled for target {}, but this CPU lacks {}; compile it again "
         "with --target host on this machine (or a target without those features)",
         m->plan.model, m->plan.target, fmt::join(missing, ", "));
-  // A bf16 library with both forms of its products: the one for this CPU (bf16_products.h),
+  // A bf16 (or int8) library with both forms of its products: the one for this CPU
+  // (bf16_products.h; without AVX512-BF16 an int8 library's f32 attention),
   // named in the config (kiln_model_config(model, "bf16_products")) as a library with one
   // form names its own.
   if (!m->plan.fma_functions.empty()) {

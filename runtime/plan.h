@@ -211,7 +211,8 @@ struct Plan {
   std::vector<FunctionDesc> functions;
   // A bf16 library compiled with `--bf16-products auto`: the same entry points (same names,
   // parameters and results, in the same order) with their linear products on f32 FMAs and
-  // attention in f32 (LowerOptions::bf16_fma), where `functions` has them on vdpbf16ps. The
+  // attention in f32 (LowerOptions::bf16_fma), where `functions` has them on vdpbf16ps (an
+  // int8 library: its attention in f32, where `functions` has it in bf16). The
   // runtime runs one of the two, chosen when the model is created (bf16_products.h); empty
   // for every other library.
   std::vector<FunctionDesc> fma_functions;

@@ -598,15 +598,41 @@ TEST_F(CliTest, Int8WeightsNeedAnAvx512Target) {
   EXPECT_EQ(host.status, 1);
   EXPECT_THAT(host.output, HasSubstr("int8 weights need AVX512-VNNI, which this CPU lacks "
                                      "(avx512_vnni (AVX512-VNNI))"));
-  ASSERT_EQ(run("compile " + path("tiny8.kir") + " --weights int8 --emit=shared --name tiny8 -o " +
-                path("lib8"))
-                .status,
-            0);
+  // Its attention in both forms by default (--bf16-products auto): bf16 products (vdpbf16ps)
+  // and f32; the library needs AVX512-VNNI only, and runs f32 attention on a CPU without
+  // AVX512-BF16 (Int8Auto in int8_test). dot alone is refused on such a CPU.
+  const std::vector<std::string> no_bf16 = {"KILN_CPU_LACKS=AVX512-BF16"};
+  Result dot =
+      run("compile " + path("tiny8.kir") + " --weights int8 --bf16-products dot -o " + path("o8"),
+          {.env = no_bf16});
+  EXPECT_EQ(dot.status, 1);
+  EXPECT_THAT(dot.output, HasSubstr("int8 weights with --bf16-products dot run attention on "
+                                    "AVX512-BF16, which this CPU lacks; use --bf16-products auto "
+                                    "or fma (attention in f32)"));
+  Result built = run("compile " + path("tiny8.kir") +
+                     " --weights int8 --emit=shared --name tiny8 -o " + path("lib8"));
+  ASSERT_EQ(built.status, 0) << built.output;
+  EXPECT_THAT(built.output, HasSubstr("int8 attention: both forms, bf16 products on vdpbf16ps and "
+                                      "f32"));
   const std::string run_lib = "run --compiled " + path("lib8") + " --weights " +
                               golden("tiny.weights.safetensors") + " --inputs " +
                               golden("tiny_b1.inputs.safetensors") + " -o " + path("out8.st");
   Result loads = run(run_lib);
   EXPECT_EQ(loads.status, 0) << loads.output;
+  // The form each CPU runs: its profile names the attention kernel (bf16: "_bf16").
+  Result dot_form = run(run_lib + " --profile", {.env = {"KILN_BF16_PRODUCTS=dot"}});
+  Result without_bf16 = run(run_lib + " --profile", {.env = no_bf16});
+  if (rt::missing_cpu_features("x86-64-linux-avx512_bf16").empty()) {
+    EXPECT_EQ(dot_form.status, 0) << dot_form.output;
+    EXPECT_THAT(dot_form.output, HasSubstr("_bf16 "));
+  }
+  EXPECT_EQ(without_bf16.status, 0) << without_bf16.output;
+  EXPECT_THAT(without_bf16.output, HasSubstr("kiln_attention_"));
+  EXPECT_THAT(without_bf16.output, Not(HasSubstr("_bf16 ")));
+  Result forced = run(run_lib, {.env = {"KILN_CPU_LACKS=AVX512-BF16", "KILN_BF16_PRODUCTS=dot"}});
+  EXPECT_EQ(forced.status, 1);
+  EXPECT_THAT(forced.output, HasSubstr("KILN_BF16_PRODUCTS is 'dot', but this CPU has no "
+                                       "AVX512-BF16"));
   Result refused = run(run_lib, {.env = no_vnni});
   EXPECT_EQ(refused.status, 1);
   // On Intel Sapphire/Emerald Rapids the host target also has avx512_sapphirerapids, which

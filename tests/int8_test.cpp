@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -50,6 +51,8 @@
 #include "noise.h"
 #include "packed_weights.h"
 #include "pass_harness.h"
+#include "runtime/bf16_products.h"
+#include "runtime/cpu_features.h"
 #include "runtime/plan.h"
 #include "runtime/safetensors.h"
 #include "step_runner.h"
@@ -65,11 +68,17 @@ using testing::golden_file;
 using testing::max_abs_diff;
 using testing::optimized_transformer;
 
-// The interpreter with every linear quantized as the library quantizes it.
-ir::InterpretOptions int8_rounding() {
+// The interpreter with every linear quantized as the library quantizes it, and attention
+// rounded to bf16 where the library runs it so (bf16_attention; its config key bf16_products
+// names the form it runs: libraries compiled with the default --bf16-products auto hold both).
+ir::InterpretOptions int8_rounding(bool bf16_attention = false) {
   ir::InterpretOptions options;
   options.int8_linear = true;
+  options.bf16_attention = bf16_attention;
   return options;
+}
+bool runs_bf16_attention(kiln_model* model) {
+  return std::string(kiln_model_config(model, "bf16_products")) == "dot";
 }
 
 double range_of(const std::vector<float>& v) {
@@ -242,8 +251,9 @@ TEST(Int8Kernels, NonFiniteWeightsAreRefusedAtLoad) {
 // A golden batch through the int8 library against PyTorch's f32 logits, within 2% of their
 // range; the distance to the int8-quantizing interpreter is printed.
 template <typename Model>
-void expect_golden(Model& model, const std::string& config, const std::string& batch) {
-  const ir::InterpretOptions options = int8_rounding();
+void expect_golden(Model& model, const std::string& config, const std::string& batch,
+                   std::vector<float>* logits = nullptr) {
+  const ir::InterpretOptions options = int8_rounding(runs_bf16_attention(model.get()));
   const testing::GoldenForward g = testing::golden_forward(model, config, batch, options);
   ASSERT_EQ(g.got.shape, g.pytorch.shape);
   const double range = range_of(g.pytorch.data), tolerance = kInt8OfRange * range;
@@ -255,6 +265,7 @@ void expect_golden(Model& model, const std::string& config, const std::string& b
       max_abs_diff(g.interpreted, g.pytorch.data), max_abs_diff(g.got.data, g.interpreted));
   EXPECT_LE(vs_f32, tolerance);
   EXPECT_GT(vs_f32, 0) << "nothing was quantized";
+  if (logits) *logits = g.got.data;
 }
 
 TEST(Int8Golden, TinyWithinTwoPercentOfTheRange) {
@@ -266,6 +277,52 @@ TEST(Int8Golden, TinyWithinTwoPercentOfTheRange) {
 TEST(Int8Golden, SmallWithinTwoPercentOfTheRange) {
   kiln_models::int8_small model(golden_file("small.weights.safetensors").c_str());
   expect_golden(model, "small", "small_b1");
+}
+
+// Attention in an int8 library (compiled with the default --bf16-products auto): both forms, its
+// two products in bf16 (vdpbf16ps) or in f32, the linears int8 in both; the runtime runs the one
+// chosen when the model is created (KILN_BF16_PRODUCTS where set, else bf16 where the CPU has
+// AVX512-BF16 and does more products per ns with it than with FMAs; without AVX512-BF16 always
+// f32, and dot is refused there: runtime/bf16_products.h). Each form: the config names it, the
+// profile shows its attention kernel, the logits within the models' bound of PyTorch's; the two
+// forms' logits differ (attention's rounding).
+TEST(Int8Auto, AttentionRunsInTheFormChosenAtLoad) {
+  const std::string weights = golden_file("small.weights.safetensors");
+  const char* before = std::getenv("KILN_BF16_PRODUCTS");
+  const std::string saved = before ? before : "";
+  std::map<std::string, std::vector<float>> logits;
+  for (const std::string form : {"dot", "fma", ""}) {
+    SCOPED_TRACE("KILN_BF16_PRODUCTS=" + form);
+    if (form.empty())
+      unsetenv("KILN_BF16_PRODUCTS");
+    else
+      setenv("KILN_BF16_PRODUCTS", form.c_str(), 1);
+    const std::string expected = form.empty() ? rt::bf16_products_for_this_cpu() : form;
+    if (expected == "dot" && !rt::missing_cpu_features("x86-64-linux-avx512_bf16").empty()) {
+      char* error = nullptr;
+      EXPECT_EQ(int8_small_create(weights.c_str(), &error), nullptr);
+      kiln_free_error(error);
+      continue;
+    }
+    kiln_models::int8_small model(weights.c_str());
+    EXPECT_EQ(std::string(kiln_model_config(model.get(), "bf16_products")), expected);
+    model.set_profiling(true);
+    expect_golden(model, "small", "small_b1", &logits[form]);
+    const std::string profile = model.profile();
+    EXPECT_NE(profile.find("_int8 "), std::string::npos) << profile;
+    EXPECT_EQ(profile.find("_bf16 ") != std::string::npos, expected == "dot") << profile;
+    if (form.empty()) EXPECT_TRUE(logits[form] == logits[expected]) << "auto ran " << expected;
+  }
+  if (before)
+    setenv("KILN_BF16_PRODUCTS", saved.c_str(), 1);
+  else
+    unsetenv("KILN_BF16_PRODUCTS");
+  if (logits.count("dot") && logits.count("fma"))
+    EXPECT_NE(logits["dot"], logits["fma"]) << "the two forms should round attention differently";
+  // Where neither the rates nor the variable can pick dot: a CPU without AVX512-BF16.
+  EXPECT_STREQ(rt::choose_bf16_products(rt::Bf16ProductRates{}), "fma");
+  EXPECT_STREQ(rt::choose_bf16_products(rt::Bf16ProductRates{250, 130}), "dot");
+  EXPECT_STREQ(rt::choose_bf16_products(rt::Bf16ProductRates{110, 130}), "fma");
 }
 
 // The odd model with random weights (seed), written as a bf16 checkpoint named `file`.
@@ -297,10 +354,12 @@ TEST(Int8Random, OddSizesFromABf16Checkpoint) {
         ASSERT_EQ(got.shape, want[0].shape);
         worst = std::max(worst, max_abs_diff(got.data, want[0].f));
         range = std::max(range, range_of(want[0].f));
-        quantized_worst = std::max(
-            quantized_worst,
-            max_abs_diff(got.data,
-                         testing::interpret_entry(m, entry, wm, inputs, int8_rounding())[0].f));
+        quantized_worst =
+            std::max(quantized_worst,
+                     max_abs_diff(got.data, testing::interpret_entry(
+                                                m, entry, wm, inputs,
+                                                int8_rounding(runs_bf16_attention(model.get())))[0]
+                                                .f));
       }
     std::printf(
         "[ int8 ] odd %s (bf16 checkpoint): vs the f32 interpreter %.3g (tolerance 2%% of %.3g "

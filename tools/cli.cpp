@@ -218,7 +218,7 @@ std::unique_ptr<CLI::App> run_command(RunArgs& a) {
       "run",
       "FILE --weights W.safetensors --inputs IN.safetensors [--function NAME]\n"
       "[-o OUT.safetensors] [--expect EXPECTED.safetensors [--atol X]]\n"
-      "[--bf16-linear [--bf16-products dot|fma] | --int8-linear]\n"
+      "[--bf16-linear | --int8-linear] [--bf16-products dot|fma]\n"
       "kiln run --compiled DIR --weights W.safetensors --inputs IN.safetensors [...]\n"
       "[--threads N] [--repeat N] [--profile]",
       "Runs a function with the reference interpreter. Inputs are read by parameter name\n"
@@ -268,25 +268,25 @@ std::unique_ptr<CLI::App> run_command(RunArgs& a) {
       ->type_name("SIZE")
       ->check(byte_size())
       ->capture_default_str();
-  CLI::Option* bf16 =
-      app->add_flag("--bf16-linear", a.bf16_linear,
-                    "interpreter only: every linear op rounds its input and weight to bf16 first, "
-                    "and every attention op (even head size) its q, k, probabilities and v, as a "
-                    "library compiled with '--weights bf16' does (run it on that library's "
-                    "optimized IR, 'kiln compile --emit=ir')");
+  app->add_flag("--bf16-linear", a.bf16_linear,
+                "interpreter only: every linear op rounds its input and weight to bf16 first, "
+                "and every attention op (even head size) its q, k, probabilities and v, as a "
+                "library compiled with '--weights bf16' does (run it on that library's "
+                "optimized IR, 'kiln compile --emit=ir')");
   app->add_option("--bf16-products", a.bf16_products,
-                  "with --bf16-linear: 'fma' leaves attention in f32, as a library compiled with "
-                  "'--weights bf16 --bf16-products fma' runs it (a library compiled with 'auto' "
-                  "names the form it runs in its config key bf16_products)")
+                  "with --bf16-linear or --int8-linear: 'dot' (the default) rounds attention's "
+                  "q, k, probabilities and v to bf16 too, 'fma' leaves attention in f32, as a "
+                  "library compiled with '--weights bf16|int8 --bf16-products dot|fma' runs it (a "
+                  "library compiled with 'auto' names the form it runs in its config key "
+                  "bf16_products)")
       ->type_name("dot|fma")
-      ->check(CLI::IsMember({"dot", "fma"}))
-      ->needs(bf16)
-      ->capture_default_str();
+      ->check(CLI::IsMember({"dot", "fma"}));
   app->add_flag("--int8-linear", a.int8_linear,
                 "interpreter only: every linear op quantizes its weight and each row of its "
                 "input to int8 (symmetric, scale max|row| / 127) and sums the products exactly, "
-                "as a library compiled with '--weights int8' does (run it on that library's "
-                "optimized IR)")
+                "as a library compiled with '--weights int8' does, and every attention op (even "
+                "head size) in bf16 as with --bf16-linear, unless --bf16-products fma (run it on "
+                "that library's optimized IR)")
       ->excludes("--bf16-linear");
   return app;
 }

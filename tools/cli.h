@@ -60,7 +60,7 @@ struct RunArgs {
   std::string compiled;                 // --compiled DIR
   CompiledRunOptions compiled_options;  // --threads, --repeat, --profile
   bool bf16_linear = false;             // --bf16-linear
-  std::string bf16_products = "dot";    // --bf16-products (with --bf16-linear)
+  std::string bf16_products;            // --bf16-products (with --bf16-linear, --int8-linear)
   bool int8_linear = false;             // --int8-linear
   std::string max_memory = "8G";        // --max-memory (interpreter only)
 };

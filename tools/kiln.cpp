@@ -348,7 +348,9 @@ int cmd_run(const std::vector<std::string>& argv) {
   if (!a.compiled.empty()) exec_runner("run", argv);
   ir::InterpretOptions interpret_options;
   interpret_options.bf16_linear = a.bf16_linear;
-  interpret_options.bf16_attention = a.bf16_linear && a.bf16_products == "dot";
+  if (!a.bf16_products.empty() && !a.bf16_linear && !a.int8_linear)
+    fail("run: --bf16-products needs --bf16-linear or --int8-linear");
+  interpret_options.bf16_attention = (a.bf16_linear || a.int8_linear) && a.bf16_products != "fma";
   interpret_options.int8_linear = a.int8_linear;
   interpret_options.max_bytes = parse_byte_size(a.max_memory).value();  // checked by CLI11
   if (a.file.empty()) fail("run: FILE is required (see 'kiln run --help')");
@@ -397,9 +399,9 @@ int cmd_compile(const std::vector<std::string>& argv) {
                   "linear weights quantized per output row at load time (symmetric, scale "
                   "max|row|/127), each row of a linear's input quantized the same way as it runs, "
                   "products summed exactly in int32 with AVX512-VNNI's vpdpbusd, scaled back in "
-                  "f32. Norms and the rest stay f32. Both need an AVX-512 target, and "
-                  "with 'host' a CPU with AVX512-BF16 (bf16) or AVX512-VNNI (int8); the library "
-                  "refuses to load on a CPU without it")
+                  "f32; attention as with bf16 (see --bf16-products). Norms and the rest stay "
+                  "f32. Both need an AVX-512 target, and with 'host' a CPU with AVX512-BF16 "
+                  "(bf16) or AVX512-VNNI (int8); the library refuses to load on a CPU without it")
       ->type_name("W")
       ->capture_default_str();
   app->add_option("--bf16-products", options.bf16_products,
@@ -410,7 +412,10 @@ int cmd_compile(const std::vector<std::string>& argv) {
                   "CPU it loads on (measured when the model is created, about a millisecond: fma "
                   "on Intel Sapphire/Emerald Rapids, dot on AMD Zen 4; the environment variable "
                   "KILN_BF16_PRODUCTS=dot|fma chooses instead). The same numbers either way but "
-                  "for the order of the sums, and attention's rounding")
+                  "for the order of the sums, and attention's rounding. With --weights int8 the "
+                  "same choice for attention alone (the linears are int8 either way): 'dot' "
+                  "bf16 (the library then needs AVX512-BF16 too), 'fma' f32, 'auto' both, f32 "
+                  "where the CPU lacks AVX512-BF16")
       ->type_name("P")
       ->check(CLI::IsMember({"auto", "dot", "fma"}))
       ->capture_default_str();
