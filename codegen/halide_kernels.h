@@ -66,17 +66,32 @@ constexpr int kSmallBlockRows = 192;
 // dot-product instruction) where `group_atomic`, else unrolled (one FMA per member: bf16 on
 // FMAs, LinearKernel::bf16_fma); specialized for few rows; `long_k` (a panel of 128 KB or more)
 // chunks the rows; `rows_parallel` makes many rows parallel tiles of rows instead, each over
-// every panel. Returns the chunk loop of out, where the caller computes its converted input
+// every panel, and `few_rows_parallel` 16 to 63 rows two such tiles (kPanelsPerTileBytes).
+// Returns the chunk loop of out, where the caller computes its converted input
 // (bf16 or quantized x) once per chunk, and the condition under which that loop is itself the
 // parallel one (the caller's conversion then runs serially inside it; undefined: never).
 struct PackedLoops {
   Halide::Var c;
   Halide::Expr per_tile;
 };
+// The most bytes of packed weight panels for which the bf16 and int8 linears make rows the
+// parallel tiles (`rows_parallel`; with fewer than 16 panels, `few_rows_parallel` too), every
+// tile running every panel: one parallel loop per call, each thread converting its own rows and
+// keeping them in its L2, where tiles over the panels needed a loop of their own before them for
+// the conversion (two hand-offs between the threads per call instead of one). Every thread then
+// reads the whole weight. AMD Zen 5, 2 threads (bench/README.md, session 21), gemm_bench paired
+// against oneDNN, alternated runs: int8 M 2048 K 512 N 512 77–89% → 88–89%, N 1024 82–92% →
+// 91–93%, N 1536 88–93% → 92–94%; M 32 N 512 79–93% → 93–108%, K 2048 N 512 86–90% → 91–95%;
+// bf16 M 32 N 512 94–103% → 107–113%; the model's W2 int8 (M 2048) 2–3% faster. Not taken: N
+// 32000 (16 and 32 MB: int8 M 2048 105–106% → 100–101%, bf16 M 32 93–103% → 85–86%), and few
+// rows with 16 panels or more: in the model, where every linear's weight comes from memory
+// (W1, M 32), int8 N 1024, 1536 and 2048 took 8–15% longer per call (each thread streams the
+// whole weight), while N 512 took the same.
+constexpr int64_t kPanelsPerTileBytes = int64_t{4} << 20;
 PackedLoops schedule_packed_linear(Halide::Func out, Halide::Func acc, const Halide::RDom& r,
                                    const Halide::Var& n, const Halide::Var& m, const Halide::Var& j,
                                    int N, int Np, int k_groups, bool long_k, bool group_atomic,
-                                   bool rows_parallel = false);
+                                   bool rows_parallel = false, bool few_rows_parallel = false);
 // The buffers of a linear_rows kernel (LinearKernel::rows) but its weight's: x [K, M], ids
 // [R], bias [V], out [R, M] dense; estimates for M 128 and R 4096. Returns M (out's rows).
 Halide::Expr constrain_rows_buffers(Halide::ImageParam& x, Halide::ImageParam& ids,

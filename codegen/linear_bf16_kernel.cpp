@@ -49,7 +49,7 @@ Expr round_to_bf16_bits(const Expr& f) {
 
 PackedLoops schedule_packed_linear(Func out, Func acc, const RDom& r, const Var& n, const Var& m,
                                    const Var& j, int N, int Np, int k_groups, bool long_k,
-                                   bool group_atomic, bool rows_parallel) {
+                                   bool group_atomic, bool rows_parallel, bool few_rows_parallel) {
   constexpr int P = 64, lanes = 16;
   Halide::OutputImageParam ob = out.output_buffer();
   const Expr M = ob.dim(1).extent();
@@ -86,9 +86,23 @@ PackedLoops schedule_packed_linear(Func out, Func acc, const RDom& r, const Var&
   // consecutive panels per tile where N allows (W3's one-row GEMMs 8–10% faster than one
   // panel per tile, measured on the f32 kernel).
   schedule_out(out.specialize(M < few_rows), M, M, 1, false, one_row_panels_per_tile(Np / P));
-  // Fewer than 16 panels: two tiles of rows per panel, so that 2 threads share the work in
-  // pieces small enough to balance.
-  if (Np / P < 16)
+  // With `few_rows_parallel` and fewer than 16 panels, 16 to 63 rows: two tiles of half the rows,
+  // each converting its own and running every panel (kPanelsPerTileBytes).
+  Expr small_tiles;
+  if (few_rows_parallel && Np / P < 16) {
+    small_tiles = M >= 16 && M < many_rows;
+    out.specialize(small_tiles)
+        .split(m, c, mi, (M + 1) / 2, TailStrategy::ShiftInwards)
+        .split(n, nt, ni, P, n_tail)
+        .split(mi, mb, mr, few_rows, TailStrategy::ShiftInwards)
+        .reorder(ni, mr, mb, nt, c)
+        .parallel(c)
+        .vectorize(ni, lanes)
+        .unroll(mr);
+  }
+  // Fewer than 16 panels (without rows_parallel): two tiles of rows per panel, so that 2
+  // threads share the work in pieces small enough to balance.
+  if (Np / P < 16 && !small_tiles.defined())
     schedule_out(out.specialize(M >= 16 && M < many_rows), M, (M + 1) / 2, few_rows, false);
   schedule_out(out.specialize(M < many_rows), M, M, few_rows, false);
   // Long reductions (long_k: a panel of 128 KB and more): chunks of about 240 rows (x of a
@@ -102,7 +116,7 @@ PackedLoops schedule_packed_linear(Func out, Func acc, const RDom& r, const Var&
   // per chunk. int8 at K 2048 (Intel Emerald Rapids, 2 threads, paired A/B in one process):
   // M 512 1.11–1.13×, M 1024 1.15×, M 2048 1.07–1.14× the chunked schedule's speed; at K 512
   // within noise (1.01–1.06×), at 256 rows slower (0.98×), with an odd number of tiles 0.88×.
-  const Expr per_tile = rows_parallel ? M >= 512 : Expr();
+  Expr per_tile = rows_parallel ? M >= 512 : Expr();
   if (rows_parallel) {
     const Expr tiles = 2 * ((M + 511) / 512);
     out.specialize(per_tile)
@@ -133,6 +147,7 @@ PackedLoops schedule_packed_linear(Func out, Func acc, const RDom& r, const Var&
 
   acc.compute_at(out, mb);
   schedule_packed_acc(acc, r, j, k_groups, group_atomic);
+  if (small_tiles.defined()) per_tile = per_tile.defined() ? per_tile || small_tiles : small_tiles;
   return {c, per_tile};
 }
 
@@ -392,12 +407,14 @@ KernelPipeline build_linear_bf16(const LinearKernel& spec, const Halide::Target&
   bias.set_estimates({{0, N}});
   out.set_estimates({{0, N}, {0, 2048}});
 
-  // A panel of 128 KB from K = 1024 on; there many rows are parallel tiles of rows, each
-  // rounding its own (the FMA form at K 1024–2048, M 512–2048: 1.03–1.10× on Intel Emerald
-  // Rapids, vdpbf16ps 1.03–1.04×, paired in one process).
+  // A panel of 128 KB from K = 1024 on; there, and where the panels are small
+  // (kPanelsPerTileBytes), rows are the parallel tiles, each rounding its own (the FMA form at K
+  // 1024–2048, M 512–2048: 1.03–1.10× on Intel Emerald Rapids, vdpbf16ps 1.03–1.04×, paired in one
+  // process).
   const bool long_k = Kp >= 1024;
-  const PackedLoops loops =
-      schedule_packed_linear(out, acc, r, n, m, j, N, Np, Kp / 2, long_k, !fma, long_k);
+  const bool small = int64_t{2} * Np * Kp <= kPanelsPerTileBytes;  // the panels' bytes
+  const PackedLoops loops = schedule_packed_linear(out, acc, r, n, m, j, N, Np, Kp / 2, long_k,
+                                                   !fma, long_k || small, small);
   // x already bf16 (K even): read in place, no copy of its own.
   if (!spec.x_bf16 || fma || K % 2 != 0)
     schedule_bf16_input(xr, out, loops.c, k, m, Kp, loops.per_tile);

@@ -271,11 +271,12 @@ KernelPipeline build_linear_int8(const LinearKernel& spec, const Halide::Target&
   bias.set_estimates({{0, N}});
   out.set_estimates({{0, N}, {0, 2048}});
 
-  // A panel of 128 KB from K = 2048 on, as for bf16 (K = 1024); there many rows are parallel
-  // tiles of rows, each quantizing its own.
+  // A panel of 128 KB from K = 2048 on, as for bf16 (K = 1024); there, and where the panels are
+  // small (kPanelsPerTileBytes), rows are the parallel tiles, each quantizing its own.
   const bool long_k = Kp >= 2048;
+  const bool small = int64_t{Np} * Kp <= kPanelsPerTileBytes;  // the panels' bytes
   const PackedLoops loops =
-      schedule_packed_linear(out, acc, r, n, m, j, N, Np, Kg, long_k, true, long_k);
+      schedule_packed_linear(out, acc, r, n, m, j, N, Np, Kg, long_k, true, long_k || small, small);
   q.xq.compute_at(out, loops.c);
   q.schedule(k, m, loops.per_tile);
 

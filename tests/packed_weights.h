@@ -184,13 +184,14 @@ inline const std::vector<LinearCase>& linears_cases() {
 }
 
 // The rows each case runs with: the register blocks' remainders and the tile shapes up to 200
-// rows (4-row blocks below 64 rows and, where 6 does not divide the rows, below
-// kSmallBlockRows: 64, 128, 129; 6-row blocks: 96, 200) and, for long reductions (K ≥ 1024:
-// the bf16 and int8 kernels' parallel tiles of rows from 512 rows on, schedule_packed_linear),
-// 512 and 777 rows too.
+// rows (4-row blocks below 64 rows, from 16 rows two parallel tiles of half the rows with
+// fewer than 16 panels, and, where 6 does not divide the rows, below kSmallBlockRows: 64, 128,
+// 129; 6-row blocks: 96, 200) and, for reductions of 512 and more (the bf16 and int8 kernels'
+// parallel tiles of rows from 512 rows on where K ≥ 1024 or the panels are small,
+// schedule_packed_linear), 512 and 777 rows too.
 inline std::vector<int64_t> linears_rows(int64_t K) {
-  std::vector<int64_t> rows = {1, 2, 3, 4, 5, 7, 33, 63, 64, 96, 128, 129, 200};
-  if (K >= 1024) rows.insert(rows.end(), {512, 777});
+  std::vector<int64_t> rows = {1, 2, 3, 4, 5, 7, 16, 33, 63, 64, 96, 128, 129, 200};
+  if (K >= 512) rows.insert(rows.end(), {512, 777});
   return rows;
 }
 
