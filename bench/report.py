@@ -1179,6 +1179,24 @@ def int8_section(p, rounds, workloads, int8_gemm, res):
           ", ".join("%s %s" % (key, x(ratio(table[key]["bf16"][0], f32_floor_ms[key])))
                     for key, _, _, _, _ in rows) + ".")
         p("")
+    # An int8 library built with `--bf16-products auto` holds attention in bf16 and in f32 and
+    # runs bf16 where vdpbf16ps is the faster (and the CPU has AVX512-BF16): the profile's fused
+    # attention kernel of the int8 build ends in "_bf16" (or "_bf16_..."), or not.
+    int8_attention = set()
+    for rd in rounds:
+        prof = os.path.join(rd["dir"], "kiln-gen-profile.txt")
+        if os.path.exists(prof):
+            with open(prof) as f:
+                for line in f:
+                    name = line.split()[0] if line.split() else ""
+                    if "_int8_kiln_attention_" in name:
+                        int8_attention.add("bf16" if "_bf16" in name else "f32")
+    if int8_attention:
+        p("This run's int8 build ran attention in %s (its library holds both forms, built with "
+          "`--bf16-products auto`, and runs bf16 where the CPU does more products per ns with "
+          "vdpbf16ps than with FMAs; the fused attention kernel's name ends in `_bf16` then)."
+          % " and ".join(sorted(int8_attention)))
+        p("")
     p("Every round (median ms f32 / bf16 / int8): " + "; ".join(
         "%s %s" % (os.path.basename(rd["dir"]), ", ".join(
             "%s %s" % (key, " / ".join(fmt(table[key][dt][2][ri] if ri < len(table[key][dt][2]) else None)
