@@ -116,6 +116,8 @@ PackedLoops schedule_packed_linear(Func out, Func acc, const RDom& r, const Var&
   // per chunk. int8 at K 2048 (Intel Emerald Rapids, 2 threads, paired A/B in one process):
   // M 512 1.11–1.13×, M 1024 1.15×, M 2048 1.07–1.14× the chunked schedule's speed; at K 512
   // within noise (1.01–1.06×), at 256 rows slower (0.98×), with an odd number of tiles 0.88×.
+  // On AMD Zen 5 at K 512 it is the faster where the panels are small (kPanelsPerTileBytes):
+  // the caller asks for it there too.
   Expr per_tile = rows_parallel ? M >= 512 : Expr();
   if (rows_parallel) {
     const Expr tiles = 2 * ((M + 511) / 512);

@@ -12,7 +12,9 @@
 // vpdpbusd (measured: it needs avx512_sapphirerapids in the Halide target, so these kernels
 // are compiled as the bf16 ones, LLVM IR through llc for cooperlake; see kernels.cpp). The
 // input is quantized once per chunk of rows, in one parallel loop over blocks of 16 rows
-// (each block's ranges, then its u8 copy with the parameters after each row). The inner loop is
+// (each block's ranges, then its u8 copy with the parameters after each row), or, where rows
+// are the parallel tiles (long reductions, small panels: kPanelsPerTileBytes), by each tile for
+// its own rows, serially, before it runs the panels. The inner loop is
 // oneDNN's brgemm kernel's (6 rows × 4 vectors, per group of K 6 broadcasts, 4 loads, 24 vpdpbusd;
 // bench/README.md "session 13"); smaller row tiles with the panels fastest, tried at K 512, ran
 // slower with 2 threads.
