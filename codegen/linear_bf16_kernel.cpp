@@ -80,6 +80,16 @@ PackedLoops schedule_packed_linear(Func out, Func acc, const RDom& r, const Var&
       s.reorder(ni, mr, mb, mt, ntile, c).fuse(mt, ntile, t);
     s.parallel(t).vectorize(ni, lanes).unroll(mr);
   };
+  // Rows as the parallel tiles (c), each of `tile_m` rows running every panel.
+  auto schedule_row_tiles = [&](Halide::Stage s, const Expr& tile_m, int block_rows) {
+    s.split(m, c, mi, tile_m, TailStrategy::ShiftInwards)
+        .split(n, nt, ni, P, n_tail)
+        .split(mi, mb, mr, block_rows, TailStrategy::ShiftInwards)
+        .reorder(ni, mr, mb, nt, c)
+        .parallel(c)
+        .vectorize(ni, lanes)
+        .unroll(mr);
+  };
   // Up to 64 rows: one chunk.
   constexpr int few_rows = 4, many_rows = 64, rows = 6;
   // One to 3 rows (a decoding step): reading the weights is the cost; a thread streams 4
@@ -91,14 +101,7 @@ PackedLoops schedule_packed_linear(Func out, Func acc, const RDom& r, const Var&
   Expr small_tiles;
   if (few_rows_parallel && Np / P < 16) {
     small_tiles = M >= 16 && M < many_rows;
-    out.specialize(small_tiles)
-        .split(m, c, mi, (M + 1) / 2, TailStrategy::ShiftInwards)
-        .split(n, nt, ni, P, n_tail)
-        .split(mi, mb, mr, few_rows, TailStrategy::ShiftInwards)
-        .reorder(ni, mr, mb, nt, c)
-        .parallel(c)
-        .vectorize(ni, lanes)
-        .unroll(mr);
+    schedule_row_tiles(out.specialize(small_tiles), (M + 1) / 2, few_rows);
   }
   // Fewer than 16 panels (without rows_parallel): two tiles of rows per panel, so that 2
   // threads share the work in pieces small enough to balance.
@@ -121,14 +124,7 @@ PackedLoops schedule_packed_linear(Func out, Func acc, const RDom& r, const Var&
   Expr per_tile = rows_parallel ? M >= 512 : Expr();
   if (rows_parallel) {
     const Expr tiles = 2 * ((M + 511) / 512);
-    out.specialize(per_tile)
-        .split(m, c, mi, (M + tiles - 1) / tiles, TailStrategy::ShiftInwards)
-        .split(n, nt, ni, P, n_tail)
-        .split(mi, mb, mr, rows, TailStrategy::ShiftInwards)
-        .reorder(ni, mr, mb, nt, c)
-        .parallel(c)
-        .vectorize(ni, lanes)
-        .unroll(mr);
+    schedule_row_tiles(out.specialize(per_tile), (M + tiles - 1) / tiles, rows);
   }
   auto schedule_rows = [&](Halide::Stage s, int block_rows) {
     if (long_k) {

@@ -65,6 +65,7 @@
 #include "runtime/bf16_products.h"
 #include "runtime/plan.h"
 #include "runtime/safetensors.h"
+#include "scoped_env.h"
 #include "step_runner.h"
 #include "tools/bridge.h"
 
@@ -618,14 +619,10 @@ TEST(Bf16Auto, RunsTheFormChosenAtLoad) {
       tgt{{2, 9}, std::vector<int64_t>(ids.rbegin(), ids.rend())};
   const Tensor<float> want_dot = dot_only.forward(src, tgt), want_fma = fma_only.forward(src, tgt);
   ASSERT_NE(want_dot.data, want_fma.data) << "the two forms should round attention differently";
-  const char* before = std::getenv("KILN_BF16_PRODUCTS");
-  const std::string saved = before ? before : "";
+  testing::ScopedEnv products("KILN_BF16_PRODUCTS");
   for (const std::string form : {"dot", "fma", ""}) {
     SCOPED_TRACE("KILN_BF16_PRODUCTS=" + form);
-    if (form.empty())
-      unsetenv("KILN_BF16_PRODUCTS");
-    else
-      setenv("KILN_BF16_PRODUCTS", form.c_str(), 1);
+    products.set(form);
     const std::string expected = form.empty() ? rt::bf16_products_for_this_cpu() : form;
     kiln_models::bf16auto_small model(weights.c_str());
     EXPECT_EQ(std::string(kiln_model_config(model.get(), "bf16_products")), expected);
@@ -637,7 +634,7 @@ TEST(Bf16Auto, RunsTheFormChosenAtLoad) {
     EXPECT_EQ(profile.find("_bf16fma ") != std::string::npos, expected == "fma") << profile;
     EXPECT_EQ(profile.find("_bf16 ") != std::string::npos, expected == "dot") << profile;
   }
-  setenv("KILN_BF16_PRODUCTS", "amx", 1);
+  products.set("amx");
   char* error = nullptr;
   kiln_model* refused = bf16auto_small_create(weights.c_str(), &error);
   EXPECT_EQ(refused, nullptr);
@@ -646,10 +643,6 @@ TEST(Bf16Auto, RunsTheFormChosenAtLoad) {
               ::testing::HasSubstr("KILN_BF16_PRODUCTS is 'amx': use dot or fma (or leave it "
                                    "unset to measure the CPU)"));
   kiln_free_error(error);
-  if (before)
-    setenv("KILN_BF16_PRODUCTS", saved.c_str(), 1);
-  else
-    unsetenv("KILN_BF16_PRODUCTS");
   // The single-form libraries name their form too.
   EXPECT_STREQ(kiln_model_config(dot_only.get(), "bf16_products"), "dot");
   EXPECT_STREQ(kiln_model_config(fma_only.get(), "bf16_products"), "fma");

@@ -55,6 +55,7 @@
 #include "runtime/cpu_features.h"
 #include "runtime/plan.h"
 #include "runtime/safetensors.h"
+#include "scoped_env.h"
 #include "step_runner.h"
 #include "support/int8.h"
 #include "tools/bridge.h"
@@ -288,15 +289,11 @@ TEST(Int8Golden, SmallWithinTwoPercentOfTheRange) {
 // forms' logits differ (attention's rounding).
 TEST(Int8Auto, AttentionRunsInTheFormChosenAtLoad) {
   const std::string weights = golden_file("small.weights.safetensors");
-  const char* before = std::getenv("KILN_BF16_PRODUCTS");
-  const std::string saved = before ? before : "";
+  testing::ScopedEnv products("KILN_BF16_PRODUCTS");
   std::map<std::string, std::vector<float>> logits;
   for (const std::string form : {"dot", "fma", ""}) {
     SCOPED_TRACE("KILN_BF16_PRODUCTS=" + form);
-    if (form.empty())
-      unsetenv("KILN_BF16_PRODUCTS");
-    else
-      setenv("KILN_BF16_PRODUCTS", form.c_str(), 1);
+    products.set(form);
     const std::string expected = form.empty() ? rt::bf16_products_for_this_cpu() : form;
     if (expected == "dot" && !rt::missing_cpu_features("x86-64-linux-avx512_bf16").empty()) {
       char* error = nullptr;
@@ -313,10 +310,6 @@ TEST(Int8Auto, AttentionRunsInTheFormChosenAtLoad) {
     EXPECT_EQ(profile.find("_bf16 ") != std::string::npos, expected == "dot") << profile;
     if (form.empty()) EXPECT_TRUE(logits[form] == logits[expected]) << "auto ran " << expected;
   }
-  if (before)
-    setenv("KILN_BF16_PRODUCTS", saved.c_str(), 1);
-  else
-    unsetenv("KILN_BF16_PRODUCTS");
   if (logits.count("dot") && logits.count("fma"))
     EXPECT_NE(logits["dot"], logits["fma"]) << "the two forms should round attention differently";
   // Where neither the rates nor the variable can pick dot: a CPU without AVX512-BF16.
