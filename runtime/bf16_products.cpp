@@ -85,20 +85,21 @@ Bf16ProductRates measure_bf16_product_rates() { return {}; }
 
 std::string bf16_products_for_this_cpu() {
   // KILN_CPU_LACKS=AVX512-BF16 (cpu_features.h) hides it here too.
-  static const Bf16ProductRates rates = missing_cpu_features("x86-64-linux-avx512_bf16").empty()
-                                            ? measure_bf16_product_rates()
-                                            : Bf16ProductRates{};
+  const bool has_bf16 = missing_cpu_features("x86-64-linux-avx512_bf16").empty();
   if (const char* env = std::getenv("KILN_BF16_PRODUCTS"); env && *env) {
     const std::string choice = env;
     if (choice != "dot" && choice != "fma")
       fail("KILN_BF16_PRODUCTS is '{}': use dot or fma (or leave it unset to measure the CPU)",
            choice);
-    if (choice == "dot" && rates.dot == 0)
+    if (choice == "dot" && !has_bf16)
       fail(
           "KILN_BF16_PRODUCTS is 'dot', but this CPU has no AVX512-BF16 (use fma, or leave it "
           "unset)");
     return choice;
   }
+  // Measured once per process, and only where no variable chooses.
+  static const Bf16ProductRates rates =
+      has_bf16 ? measure_bf16_product_rates() : Bf16ProductRates{};
   return choose_bf16_products(rates);
 }
 
