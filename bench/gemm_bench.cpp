@@ -1,8 +1,8 @@
-// GEMM benchmark: kiln's linear kernel (codegen/linear_kernel.cpp, JIT-compiled for the
-// host) against oneDNN's dnnl_sgemm on the model's projection shapes, same data, 2
-// threads each. Reports GFLOP/s (2·M·N·K per call over wall time) per run, and GFLOP per
-// CPU-second of the process (robust to other processes sharing the cores, as long as
-// neither library spins while waiting), and at the end a table of kiln / oneDNN per shape
+// GEMM benchmark: kiln's linear kernel (codegen/linear_kernel.cpp, compiled ahead of time for
+// the host as a model's kernels are: bench_gemm_f32) against oneDNN's dnnl_sgemm on the model's
+// projection shapes, same data, 2 threads each. Reports GFLOP/s (2·M·N·K per call over wall time)
+// per run, and GFLOP per CPU-second of the process (robust to other processes sharing the cores, as
+// long as neither library spins while waiting), and at the end a table of kiln / oneDNN per shape
 // (medians over repetitions), with the largest difference between the two outputs as a
 // sanity check.
 //
@@ -213,24 +213,39 @@ Floats aligned_floats(int64_t count, uint32_t seed) {
   return a;
 }
 
-// A linear kernel compiled in process, called like the AOT function (argv order x, wt,
-// bias, out).
-class JitLinear {
- public:
-  explicit JitLinear(const kiln::codegen::LinearKernel& spec) {
-    const Halide::Target host = kiln::codegen::host_target();
-    kiln::codegen::KernelPipeline kp = kiln::codegen::build_linear(spec, host);
-    Halide::Module module = kp.pipeline.compile_to_module(kp.args, "linear_bench",
-                                                          host.with_feature(Halide::Target::JIT));
-    jit_ = Halide::Internal::JITModule(module, module.functions().back());
-    fn_ = jit_.argv_function();
-  }
-  int operator()(const void** argv) const { return fn_(argv); }
+// kiln's f32 kernels, compiled ahead of time from bench/gemm_shapes.kir by `kiln compile` as a
+// model's are (bench_gemm_f32: through llc, with the prefetches of the next weight panel that a
+// JIT-compiled kernel would not raise from prefetchnta; codegen/linear_kernel.cpp): the argv form
+// of each (x, wt, bias, out).
+extern "C" {
+int bench_gemm_f32_kiln_linear_k512_n1536_p64_argv(void** args);
+int bench_gemm_f32_kiln_linear_k512_n512_p64_argv(void** args);
+int bench_gemm_f32_kiln_linear_k512_n1024_p64_argv(void** args);
+int bench_gemm_f32_kiln_linear_k512_n2048_relu_p64_argv(void** args);
+int bench_gemm_f32_kiln_linear_k2048_n512_p64_argv(void** args);
+int bench_gemm_f32_kiln_linear_k512_n32000_p64_argv(void** args);
+}
+using AotKernel = int (*)(void**);
 
- private:
-  Halide::Internal::JITModule jit_;
-  Halide::Internal::JITModule::argv_wrapper fn_ = nullptr;
-};
+// The f32 kernel of (K, N, relu); gemm_bench's shapes are all in gemm_shapes.kir.
+AotKernel f32_kernel_for(const GemmShape& s) {
+  using Key = std::tuple<int64_t, int64_t, bool>;
+  static const std::map<Key, AotKernel> kernels = {
+      {{512, 1536, false}, bench_gemm_f32_kiln_linear_k512_n1536_p64_argv},
+      {{512, 512, false}, bench_gemm_f32_kiln_linear_k512_n512_p64_argv},
+      {{512, 1024, false}, bench_gemm_f32_kiln_linear_k512_n1024_p64_argv},
+      {{512, 2048, true}, bench_gemm_f32_kiln_linear_k512_n2048_relu_p64_argv},
+      {{2048, 512, false}, bench_gemm_f32_kiln_linear_k2048_n512_p64_argv},
+      {{512, 32000, false}, bench_gemm_f32_kiln_linear_k512_n32000_p64_argv},
+  };
+  const auto it = kernels.find({s.K, s.N, s.relu});
+  if (it == kernels.end()) {
+    std::fprintf(stderr, "gemm_bench: no f32 kernel for %s in bench/gemm_shapes.kir\n",
+                 shape_name(s).c_str());
+    std::exit(1);
+  }
+  return it->second;
+}
 
 // Inputs and outputs of one shape, shared by both implementations, and the kiln kernel.
 struct Problem {
@@ -242,7 +257,7 @@ struct Problem {
   size_t next_cold = 0;
   halide_buffer_t x_buf{}, wt_buf{}, bias_buf{}, out_buf{};
   halide_dimension_t x_dims[2], wt_dims[3], bias_dims[1], out_dims[2];
-  std::shared_ptr<JitLinear> kernel;
+  AotKernel kernel = nullptr;
 };
 
 halide_buffer_t make_buffer(float* data, int dims, halide_dimension_t* shape) {
@@ -254,10 +269,9 @@ halide_buffer_t make_buffer(float* data, int dims, halide_dimension_t* shape) {
   return b;
 }
 
-// Kernels compiled once per (K, N, relu); problems built once per shape.
+// Problems built once per shape.
 Problem& problem_for(const GemmShape& s) {
   static std::map<std::string, std::unique_ptr<Problem>> problems;
-  static std::map<std::tuple<int64_t, int64_t, bool>, std::shared_ptr<JitLinear>> kernels;
   std::unique_ptr<Problem>& p = problems[shape_name(s)];
   if (p) return *p;
   p = std::make_unique<Problem>();
@@ -294,11 +308,7 @@ Problem& problem_for(const GemmShape& s) {
       P ? make_buffer(p->wt_packed.get(), 3, p->wt_dims) : make_buffer(p->wt.get(), 2, p->wt_dims);
   p->bias_buf = make_buffer(p->bias.get(), 1, p->bias_dims);
   p->out_buf = make_buffer(p->out_kiln.get(), 2, p->out_dims);
-  std::shared_ptr<JitLinear>& k = kernels[{s.K, s.N, s.relu}];
-  if (!k)
-    k = std::make_shared<JitLinear>(
-        kiln::codegen::LinearKernel{s.K, s.N, s.relu ? "relu" : "none", true, P});
-  p->kernel = k;
+  p->kernel = f32_kernel_for(s);
   if (const char* cold = std::getenv("KILN_BENCH_GEMM_COLD_MB"); cold && *cold) {
     const double bytes = static_cast<double>(s.K * s.N * sizeof(float));
     const int copies = std::max(1, static_cast<int>(std::atof(cold) * 1e6 / bytes));
@@ -321,8 +331,8 @@ int run_kiln(Problem& p) {
   if (!p.cold_packed.empty())
     p.wt_buf.host =
         reinterpret_cast<uint8_t*>(p.cold_packed[p.next_cold++ % p.cold_packed.size()].get());
-  const void* argv[] = {&p.x_buf, &p.wt_buf, &p.bias_buf, &p.out_buf};
-  return (*p.kernel)(argv);
+  void* argv[] = {&p.x_buf, &p.wt_buf, &p.bias_buf, &p.out_buf};
+  return p.kernel(argv);
 }
 
 dnnl_status_t run_dnnl(Problem& p) {
@@ -379,7 +389,6 @@ Library dnnl_library(Packed t) {
   return t == Packed::kInt8 ? Library::kOneDnnInt8 : Library::kOneDnnBf16;
 }
 
-using AotKernel = int (*)(void**);
 AotKernel aot_kernel_for(const GemmShape& s, Packed t) {
   using Key = std::tuple<int64_t, int64_t, bool, Packed>;
   const std::map<Key, AotKernel> kernels = {
@@ -819,20 +828,12 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("threads", std::to_string(threads));
   // kiln_model_create installs the runtime's thread pool and its allocator of the kernels'
   // scratch memory into a model library's Halide runtime; the kernels are called directly
-  // here, so install them the same way (the pool reads HL_NUM_THREADS at its first loop):
-  // into the JIT's runtime for the f32 kernel, into the AOT libraries' for the bf16 and int8
-  // ones (weak symbols: the libraries share one runtime). (A JITUserContext* is the task's
-  // void* user context.)
-  Halide::JITHandlers handlers;
-  handlers.custom_do_par_for =
-      reinterpret_cast<decltype(handlers.custom_do_par_for)>(&kiln_do_par_for);
-  handlers.custom_malloc = reinterpret_cast<decltype(handlers.custom_malloc)>(&kiln_kernel_malloc);
-  handlers.custom_free = reinterpret_cast<decltype(handlers.custom_free)>(&kiln_kernel_free);
-  Halide::Internal::JITSharedRuntime::set_default_handlers(handlers);
-#if defined(KILN_BENCH_BF16) || defined(KILN_BENCH_INT8)
+  // here, so install them the same way (the pool reads HL_NUM_THREADS at its first loop), into
+  // the AOT libraries' runtime (weak symbols: the f32, bf16 and int8 libraries share one).
   halide_set_custom_do_par_for(kiln_do_par_for);
   halide_set_custom_malloc(kiln_kernel_malloc);
   halide_set_custom_free(kiln_kernel_free);
+#if defined(KILN_BENCH_BF16) || defined(KILN_BENCH_INT8)
   std::vector<Packed> packed_types;
 #ifdef KILN_BENCH_BF16
   packed_types.push_back(Packed::kBf16);

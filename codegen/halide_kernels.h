@@ -20,6 +20,12 @@ struct KernelPipeline {
   // against kGpuMaxThreadsPerBlock and kGpuMaxSharedBytesPerBlock. 0 threads: no GPU schedule.
   int gpu_threads = 0;
   int64_t gpu_shared_bytes = 0;
+  // The pipeline prefetches into the caches (Call::prefetch, which Halide 14 emits as
+  // prefetchnta, a hint AMD's Zen and Intel's cores keep out of L2): compile_kernel compiles it
+  // through LLVM IR with each prefetch's locality raised to 3 (prefetcht0), by llc for this CPU
+  // (LLVM's name: cannonlake, skylake-avx512, cooperlake). "": no prefetch. JIT-compiled (the
+  // tests), the prefetches stay prefetchnta.
+  std::string prefetch_llc_cpu;
 };
 
 // The threads per block of each GPU kernel launch in a lowered module (its host code's
@@ -55,6 +61,18 @@ KernelPipeline build_kernel(const KernelSpec& spec, const Halide::Target& target
 // and bf16 linear kernels.
 int one_row_panels_per_tile(int64_t panels);
 
+// The prefetch of the next weight panel (linear_kernel.cpp): with AVX-512 (the LLVM CPU
+// prefetch_cpu names; "" without), a linear of a few rows runs each parallel task over
+// prefetch_chunk(panels) consecutive panels (0: too few panels for it), in loops named nto
+// (tasks) > nti (its panels) > mb (register block rows) > ... > ko (reduction steps), and
+// prefetch_next_panels adds to `kp` the lowering pass that prefetches, from every reduction
+// step, lines of the task's next panel (the buffer "wt" of `wt_type`, panels `panel_bytes`
+// apart), and sets kp.prefetch_llc_cpu.
+int prefetch_chunk(int64_t panels);
+std::string prefetch_cpu(const Halide::Target& target);
+void prefetch_next_panels(KernelPipeline& kp, int chunk, int64_t panel_bytes,
+                          const Halide::Type& wt_type, const std::string& llc_cpu);
+
 // From 64 rows on, the linear kernels' register blocks are 6 rows high; below this many rows,
 // where 6 does not divide the rows, 4 (linear_kernel.cpp, schedule_packed_linear).
 constexpr int kSmallBlockRows = 192;
@@ -67,6 +85,8 @@ constexpr int kSmallBlockRows = 192;
 // FMAs, LinearKernel::bf16_fma); specialized for few rows; `long_k` (a panel of 128 KB or more)
 // chunks the rows; `rows_parallel` makes many rows parallel tiles of rows instead, each over
 // every panel, and `few_rows_parallel` 16 to 63 rows two such tiles (kPanelsPerTileBytes).
+// With `chunk` (prefetch_chunk's, 0: none), 4 to 191 rows where no tiles of rows are parallel
+// and the reduction is short run the chunked loops of prefetch_next_panels, which the caller adds.
 // Returns the chunk loop of out, where the caller computes its converted input
 // (bf16 or quantized x) once per chunk, and the condition under which that loop is itself the
 // parallel one (the caller's conversion then runs serially inside it; undefined: never).
@@ -91,7 +111,8 @@ constexpr int64_t kPanelsPerTileBytes = int64_t{4} << 20;
 PackedLoops schedule_packed_linear(Halide::Func out, Halide::Func acc, const Halide::RDom& r,
                                    const Halide::Var& n, const Halide::Var& m, const Halide::Var& j,
                                    int N, int Np, int k_groups, bool long_k, bool group_atomic,
-                                   bool rows_parallel = false, bool few_rows_parallel = false);
+                                   bool rows_parallel = false, bool few_rows_parallel = false,
+                                   int chunk = 0);
 // The buffers of a linear_rows kernel (LinearKernel::rows) but its weight's: x [K, M], ids
 // [R], bias [V], out [R, M] dense; estimates for M 128 and R 4096. Returns M (out's rows).
 Halide::Expr constrain_rows_buffers(Halide::ImageParam& x, Halide::ImageParam& ids,

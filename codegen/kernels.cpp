@@ -2,7 +2,10 @@
 #include "codegen/kernels.h"
 
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -352,6 +355,43 @@ std::vector<int64_t> gpu_block_threads(const Halide::Module& module) {
   return v.threads;
 }
 
+namespace {
+
+// Rewrites LLVM assembly's prefetches from Halide 14's locality 0 (prefetchnta) to 3
+// (prefetcht0): `call void @llvm.prefetch...(ptr, i32 0, i32 0, i32 1)`, rw 0 and the data
+// cache kept. A pipeline with prefetches whose IR has none of that form is Halide's change
+// to notice, not to compile silently without them.
+void raise_prefetch_locality(const std::string& path, const std::string& function_name) {
+  std::string text;
+  {
+    std::ifstream in(path, std::ios::binary);
+    std::ostringstream all;
+    all << in.rdbuf();
+    text = all.str();
+  }
+  static constexpr std::string_view kCall = "call void @llvm.prefetch";
+  static constexpr std::string_view kFrom = ", i32 0, i32 0, i32 1)",
+                                    kTo = ", i32 0, i32 3, i32 1)";
+  int rewritten = 0;
+  for (size_t at = text.find(kCall); at != std::string::npos; at = text.find(kCall, at + 1)) {
+    const size_t end = text.find('\n', at);
+    const size_t hint = text.find(kFrom, at);
+    if (hint == std::string::npos || hint > end) continue;
+    text.replace(hint, kFrom.size(), kTo);
+    ++rewritten;
+  }
+  if (rewritten == 0)
+    fail(
+        "kernel {}: its schedule prefetches, but Halide's LLVM IR has no prefetch of locality 0 "
+        "to raise (a Halide version kiln does not know?)",
+        function_name);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  if (!out.flush()) fail("cannot write {}", path);
+}
+
+}  // namespace
+
 KernelOutput compile_kernel(const KernelSpec& spec, const std::string& target,
                             const std::string& function_name, const std::string& object_path) {
   Halide::Target t = parse_target(target).with_feature(Halide::Target::NoRuntime);
@@ -369,9 +409,16 @@ KernelOutput compile_kernel(const KernelSpec& spec, const std::string& target,
       KernelPipeline kp = build_kernel(spec, sapphire);
       KernelOutput out{object_path + ".ll", "cooperlake"};
       kp.pipeline.compile_to_llvm_assembly(out.llvm_assembly, kp.args, function_name, sapphire);
+      if (!kp.prefetch_llc_cpu.empty()) raise_prefetch_locality(out.llvm_assembly, function_name);
       return out;
     }
     KernelPipeline kp = build_kernel(spec, t);
+    if (!kp.prefetch_llc_cpu.empty()) {
+      KernelOutput out{object_path + ".ll", kp.prefetch_llc_cpu};
+      kp.pipeline.compile_to_llvm_assembly(out.llvm_assembly, kp.args, function_name, t);
+      raise_prefetch_locality(out.llvm_assembly, function_name);
+      return out;
+    }
     if (t.has_gpu_feature()) {
       const std::string kind = kind_without_gpu_schedule(spec);
       if (!kind.empty())

@@ -49,7 +49,8 @@ Expr round_to_bf16_bits(const Expr& f) {
 
 PackedLoops schedule_packed_linear(Func out, Func acc, const RDom& r, const Var& n, const Var& m,
                                    const Var& j, int N, int Np, int k_groups, bool long_k,
-                                   bool group_atomic, bool rows_parallel, bool few_rows_parallel) {
+                                   bool group_atomic, bool rows_parallel, bool few_rows_parallel,
+                                   int chunk) {
   constexpr int P = 64, lanes = 16;
   Halide::OutputImageParam ob = out.output_buffer();
   const Expr M = ob.dim(1).extent();
@@ -92,6 +93,20 @@ PackedLoops schedule_packed_linear(Func out, Func acc, const RDom& r, const Var&
   };
   // Up to 64 rows: one chunk.
   constexpr int few_rows = 4, many_rows = 64, rows = 6;
+  // With `chunk` (prefetch_chunk): one chunk of all the rows, each parallel task over `chunk`
+  // consecutive panels (nto > nti), prefetching the next (prefetch_next_panels, which the
+  // caller adds); no tiles of rows.
+  auto schedule_chunks = [&](Halide::Stage s) {
+    Var nto("nto"), nti("nti");
+    s.split(m, c, mc, M, TailStrategy::ShiftInwards)
+        .split(n, nt, ni, P, n_tail)
+        .split(nt, nto, nti, chunk, TailStrategy::RoundUp)
+        .split(mc, mb, mr, few_rows, TailStrategy::ShiftInwards)
+        .reorder(ni, mr, mb, nti, nto, c)
+        .parallel(nto)
+        .vectorize(ni, lanes)
+        .unroll(mr);
+  };
   // One to 3 rows (a decoding step): reading the weights is the cost; a thread streams 4
   // consecutive panels per tile where N allows (W3's one-row GEMMs 8–10% faster than one
   // panel per tile, measured on the f32 kernel).
@@ -107,7 +122,10 @@ PackedLoops schedule_packed_linear(Func out, Func acc, const RDom& r, const Var&
   // threads share the work in pieces small enough to balance.
   if (Np / P < 16 && !small_tiles.defined())
     schedule_out(out.specialize(M >= 16 && M < many_rows), M, (M + 1) / 2, few_rows, false);
-  schedule_out(out.specialize(M < many_rows), M, M, few_rows, false);
+  if (chunk)
+    schedule_chunks(out.specialize(M < many_rows));
+  else
+    schedule_out(out.specialize(M < many_rows), M, M, few_rows, false);
   // Long reductions (long_k: a panel of 128 KB and more): chunks of about 240 rows (x of a
   // chunk is 1.9 MB at K = 2048, its bf16 copy 0.9 MB), tiles of about 120 rows, whose
   // converted rows stay in L2 while a thread goes from panel to panel (the panels fastest).
@@ -140,7 +158,11 @@ PackedLoops schedule_packed_linear(Func out, Func acc, const RDom& r, const Var&
   // W5 (generate_bench, AMD Zen 5, 2 threads, 3 alternated runs, ms, this rule and the f32
   // kernel's against neither): f32 884, 913, 911 → 883, 897, 890; bf16 541, 547, 549 → 534,
   // 533, 536; int8 375, 380, 383 → 367, 372, 373.
-  schedule_rows(out.specialize(M < kSmallBlockRows && M % rows != 0), few_rows);
+  // With `chunk` and a short reduction, as above (the prefetch; a long one keeps its tiles).
+  if (chunk && !long_k)
+    schedule_chunks(out.specialize(M < kSmallBlockRows && M % rows != 0));
+  else
+    schedule_rows(out.specialize(M < kSmallBlockRows && M % rows != 0), few_rows);
   schedule_rows(out, rows);
 
   acc.compute_at(out, mb);
@@ -411,15 +433,21 @@ KernelPipeline build_linear_bf16(const LinearKernel& spec, const Halide::Target&
   // process).
   const bool long_k = Kp >= 1024;
   const bool small = int64_t{2} * Np * Kp <= kPanelsPerTileBytes;  // the panels' bytes
+  // From 4 to 191 rows (but where tiles of rows are the parallel ones): the next panel
+  // prefetched (prefetch_next_panels).
+  const std::string pf_cpu = prefetch_cpu(target);
+  const int chunk = pf_cpu.empty() ? 0 : prefetch_chunk(Np / P);
   const PackedLoops loops = schedule_packed_linear(out, acc, r, n, m, j, N, Np, Kp / 2, long_k,
-                                                   !fma, long_k || small, small);
+                                                   !fma, long_k || small, small, chunk);
   // x already bf16 (K even): read in place, no copy of its own.
   if (!spec.x_bf16 || fma || K % 2 != 0)
     schedule_bf16_input(xr, out, loops.c, k, m, Kp, loops.per_tile);
 
   std::vector<Halide::Argument> args = {x, wt};
   if (spec.has_bias) args.push_back(bias);
-  return KernelPipeline{Halide::Pipeline(out), args};
+  KernelPipeline kp{Halide::Pipeline(out), args};
+  if (chunk) prefetch_next_panels(kp, chunk, int64_t{2} * P * Kp, wt.type(), pf_cpu);
+  return kp;
 }
 
 }  // namespace kiln::codegen

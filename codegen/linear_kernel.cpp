@@ -39,6 +39,18 @@
 // 128 (the accumulators of a 32 × 64 tile in memory) ran 3–8% slower with the weights in cache
 // and from memory alike, and register blocks of 1 × 16, 2 × 8, 1 × 24 or 2 × 10 no faster than
 // 4 × 4.
+//
+// What does hide that stream (session 22, AMD Zen 5): prefetching the *next* panel while the
+// current one is computed, which neither of the above did (they prefetched ahead within the
+// panel being read). With AVX-512, from 4 to 191 rows (a short sequence, a beam search's 128
+// hypotheses), each parallel task runs a chunk of 2 or 4 consecutive panels and every step of
+// a register block's reduction prefetches two lines of the next one (NextPanelPrefetch, a
+// custom lowering pass), compiled through LLVM IR so that they are prefetcht0 (KernelPipeline::
+// prefetch_llc_cpu). In the model (alternated runs): W1 f32 11.8–12.6 → 10.4–11.0 ms, W5 f32
+// 872–913 → 852–870 ms; gemm_bench with its weights from memory, M 128 +4–15%, M 32 up to +24%
+// (bench/README.md, "session 22"). The bf16 and int8 kernels share the pass
+// (prefetch_next_panels, schedule_packed_linear): W5 bf16 508–511 → 491–494 ms, int8 328–329 →
+// 314–322, W1 bf16 6.6–7.2 → 6.1–6.4, int8 3.8–4.0 → 3.4–3.7.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -379,7 +391,107 @@ KernelPipeline build_linear_gpu(const LinearKernel& spec) {
   return kp;
 }
 
+// The prefetch of the next weight panel (a custom lowering pass over the loops that the
+// chunked schedule of build_linear names): in each task's loop over its `chunk` panels (nti),
+// every step of a register block's reduction (acc's loop ko, inside the row blocks' loop mb)
+// prefetches one 64-byte line of the task's next panel, the lines spread evenly over the steps
+// of all the panel's row blocks (line = step · lines / steps, in 16-bit fixed point); the last
+// panel of a chunk prefetches its own lines again (already cached; the next chunk may run on
+// another thread). Two prefetches per step: a row block of 4 rows over K 512 has 128 steps and
+// a panel 2048 lines, so at 32 rows (8 row blocks) every line is prefetched once (W1 f32 11.6
+// → 10.4–10.8 ms against one per step; four no better). A loop of them in the step with a
+// bound check, or a burst of a row block's whole share at its start, ran slower than none (W5,
+// AMD Zen 5).
+class NextPanelPrefetch : public Halide::Internal::IRMutator {
+ public:
+  NextPanelPrefetch(int chunk, int64_t panel_bytes, Halide::Type wt_type)
+      : chunk_(chunk), panel_(panel_bytes / wt_type.bytes()), type_(wt_type) {}
+
+ private:
+  using IRMutator::visit;
+  using Stmt = Halide::Internal::Stmt;
+  struct Loop {
+    std::string name;
+    Expr min, extent;
+  };
+  static bool ends_with(const std::string& s, const char* tail) {
+    const size_t n = std::char_traits<char>::length(tail);
+    return s.size() >= n && s.compare(s.size() - n, n, tail) == 0;
+  }
+  static Expr rel(const Loop& l) {
+    return Halide::Internal::Variable::make(Halide::Int(32), l.name) - l.min;
+  }
+
+  Stmt visit(const Halide::Internal::For* op) override {
+    using namespace Halide::Internal;
+    Loop* level = nullptr;
+    if (ends_with(op->name, ".nto"))
+      level = &task_;
+    else if (ends_with(op->name, ".nti") && !task_.name.empty())
+      level = &panel_loop_;
+    else if (ends_with(op->name, ".mb") && !panel_loop_.name.empty())
+      level = &rows_;
+    if (level) {
+      *level = {op->name, op->min, op->extent};
+      Stmt s = IRMutator::visit(op);
+      *level = {};
+      return s;
+    }
+    if (!ends_with(op->name, ".ko") || rows_.name.empty()) return IRMutator::visit(op);
+    const Expr panel = rel(task_) * chunk_ + rel(panel_loop_);
+    const Expr next = Halide::select(rel(panel_loop_) < chunk_ - 1, panel + 1, panel);
+    const Loop steps{op->name, op->min, op->extent};
+    constexpr int q = 2;  // prefetches per step
+    const Expr step = Halide::cast<int64_t>(rel(rows_) * steps.extent + rel(steps)) * q;
+    const int line_elements = 64 / type_.bytes();
+    const int64_t lines = panel_ / line_elements;
+    const Expr per_step =
+        Expr(lines << 16) / Halide::cast<int64_t>(rows_.extent * steps.extent * q);
+    Stmt body = mutate(op->body);
+    for (int j = q - 1; j >= 0; --j) {
+      const Expr line = Halide::cast<int32_t>(((step + j) * per_step) >> 16);
+      const Expr offset =
+          Halide::cast<int32_t>(Halide::cast<int64_t>(next) * Expr(panel_)) + line * line_elements;
+      const Stmt prefetch = Evaluate::make(
+          Call::make(type_, Call::prefetch, {Variable::make(Halide::Handle(), "wt"), offset, 1, 1},
+                     Call::Intrinsic));
+      body = Block::make(prefetch, body);
+    }
+    return For::make(op->name, op->min, op->extent, op->for_type, op->device_api, body);
+  }
+
+  int chunk_;
+  int64_t panel_;  // elements of wt from one panel to the next
+  Halide::Type type_;
+  Loop task_, panel_loop_, rows_;
+};
+
 }  // namespace
+
+// Panels per parallel task where a linear prefetches the next panel (see
+// NextPanelPrefetch): 4 where that leaves at least 4 tasks, else 2 on the same terms, else 0 (no
+// prefetch: each task one panel).
+int prefetch_chunk(int64_t panels) {
+  for (int c : {4, 2})
+    if (panels % c == 0 && panels / c >= 4) return c;
+  return 0;
+}
+
+// LLVM's CPU for an AVX-512 target with the prefetching schedule, as Halide 14 picks it for
+// the target's features (cooperlake rather than sapphirerapids, as for the bf16 kernels), or ""
+// for a target without Skylake's AVX-512 (which then keeps the schedule without prefetches).
+std::string prefetch_cpu(const Halide::Target& target) {
+  if (target.has_feature(Halide::Target::AVX512_SapphireRapids)) return "cooperlake";
+  if (target.has_feature(Halide::Target::AVX512_Cannonlake)) return "cannonlake";
+  if (target.has_feature(Halide::Target::AVX512_Skylake)) return "skylake-avx512";
+  return "";
+}
+
+void prefetch_next_panels(KernelPipeline& kp, int chunk, int64_t panel_bytes,
+                          const Halide::Type& wt_type, const std::string& llc_cpu) {
+  kp.pipeline.add_custom_lowering_pass(new NextPanelPrefetch(chunk, panel_bytes, wt_type));
+  kp.prefetch_llc_cpu = llc_cpu;
+}
 
 int one_row_panels_per_tile(int64_t panels) {
   for (int g : {4, 2})
@@ -555,18 +667,42 @@ KernelPipeline build_linear(const LinearKernel& spec, const Halide::Target& targ
         .unroll(nv)
         .unroll(mr);
   };
+  // Few rows with packed weights on AVX-512: each task runs `chunk` consecutive panels, all
+  // the rows, and prefetches the next panel while it computes the current one
+  // (NextPanelPrefetch). Without it a panel's first register block waits on memory for the
+  // whole panel and the other blocks then run from L2: the stream and the products add up
+  // instead of overlapping.
+  const std::string pf_cpu = P && p.lanes == 16 ? prefetch_cpu(target) : "";
+  const int chunk = pf_cpu.empty() ? 0 : prefetch_chunk(N / P);
+  Var nto("nto"), nti("nti");
+  auto schedule_chunks = [&](Halide::Stage s) {
+    s.split(n, nt, ni, P, TailStrategy::RoundUp)
+        .split(nt, nto, nti, chunk, TailStrategy::RoundUp)
+        .split(ni, nb, nv, block_n, TailStrategy::ShiftInwards)
+        .split(m, mb, mr, p.few_rows, TailStrategy::ShiftInwards)
+        .reorder(nv, mr, mb, nb, nti, nto)
+        .parallel(nto)
+        .vectorize(nv, p.lanes)
+        .unroll(nv)
+        .unroll(mr);
+  };
   // Fewer rows than a small register block (e.g. one token): one row at a time.
   // Its tiles are 4 panels wide where N allows: a thread streams 4 consecutive panels
   // (512 KB at K = 512) instead of one.
   const int one_row_tile_n = P ? one_row_panels_per_tile(N / P) * P : p.tile_n;
   schedule_out(out.specialize(M < p.few_rows), M, 1, one_row_tile_n);
   // A few rows (a short sequence): one tile of them, in small register blocks.
-  schedule_out(out.specialize(M < p.many_rows), M, p.few_rows, p.tile_n);
+  if (chunk)
+    schedule_chunks(out.specialize(M < p.many_rows));
+  else
+    schedule_out(out.specialize(M < p.many_rows), M, p.few_rows, p.tile_n);
   // AVX-512, up to 191 rows that 6-row blocks do not divide (a beam search's 128 hypotheses):
   // 4-row blocks, which compute no row twice (6-row blocks shifted inwards compute 132 rows
   // for 128). gemm_bench at M 128 (AMD Zen 5, 2 threads; K512 N1536, N512, K2048 N512): 1–3%
   // faster, the weights in cache or not; W5 in the model below (schedule_packed_linear).
-  if (p.lanes == 16)
+  if (chunk)
+    schedule_chunks(out.specialize(M < kSmallBlockRows && M % p.rows != 0));
+  else if (p.lanes == 16)
     schedule_out(out.specialize(M < kSmallBlockRows && M % p.rows != 0), M, p.few_rows, p.tile_n);
   // Otherwise tiles of at most tile_m rows, balanced so the last one is not mostly overlap.
   const Expr tiles_m = (M + p.tile_m - 1) / p.tile_m;
@@ -578,7 +714,9 @@ KernelPipeline build_linear(const LinearKernel& spec, const Halide::Target& targ
 
   std::vector<Halide::Argument> args = {x, wt};
   if (spec.has_bias) args.push_back(bias);
-  return KernelPipeline{Halide::Pipeline(out), args};
+  KernelPipeline kp{Halide::Pipeline(out), args};
+  if (chunk) prefetch_next_panels(kp, chunk, int64_t{4} * P * K, Halide::Float(32), pf_cpu);
+  return kp;
 }
 
 }  // namespace kiln::codegen

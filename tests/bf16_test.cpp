@@ -53,6 +53,7 @@
 #include "bf16fma_odd.h"
 #include "bf16fma_odd_f32act.h"
 #include "bf16fma_small.h"
+#include "f32_linears.h"
 #include "f32_numbers.h"
 #include "frontend/models.h"
 #include "ir/interpreter.h"
@@ -128,9 +129,10 @@ void expect_golden(Model& model, const std::string& config, const std::string& b
 // even K, ReLU, no bias) against a double-precision sum over the bf16-rounded x and W: the
 // inputs are the same on both sides, so only the f32 summation differs, by at most
 // (K + 4)·2^-24·(Σ_k |x̂_k·ŵ_k| + |b|) (the f32 kernels' bound, linear_kernel_test.cpp).
-// Both forms of the products: vdpbf16ps (bf16_linears) and FMAs (bf16fma_linears).
+// Both forms of the products: vdpbf16ps (bf16_linears) and FMAs (bf16fma_linears); and the f32
+// kernels (f32_linears: nothing rounded, the same bound).
 using CreateFn = kiln_model* (*)(const char*, char**);
-void expect_linears_match_double_sums(CreateFn create, const char* label) {
+void expect_linears_match_double_sums(CreateFn create, const char* label, bool bf16 = true) {
   uint32_t seed = 1;
   const testing::LinearsCheckpoint ck =
       testing::write_linears_noise(std::string(label) + ".safetensors", seed);
@@ -138,7 +140,7 @@ void expect_linears_match_double_sums(CreateFn create, const char* label) {
   std::unique_ptr<kiln_model, void (*)(kiln_model*)> model(create(ck.path.c_str(), &error),
                                                            kiln_model_destroy);
   ASSERT_TRUE(model) << error;
-  auto round = [](float v) { return rt::bf16_to_f32(rt::f32_to_bf16(v)); };
+  auto round = [bf16](float v) { return bf16 ? rt::bf16_to_f32(rt::f32_to_bf16(v)) : v; };
   int checked = 0;
   for (const testing::LinearCase& c : testing::linears_cases()) {
     const std::string name = c.name();
@@ -174,11 +176,18 @@ void expect_linears_match_double_sums(CreateFn create, const char* label) {
       ASSERT_EQ(failures, 0);
     }
   }
-  std::printf("[ bf16 ] %s: %d kernel outputs within the f32 summation bound\n", label, checked);
+  std::printf("[ %s ] %s: %d kernel outputs within the f32 summation bound\n",
+              bf16 ? "bf16" : "f32", label, checked);
 }
 
 TEST(Bf16Kernels, MatchADoubleSumOfRoundedInputs) {
   expect_linears_match_double_sums(bf16_linears_create, "bf16_linears");
+}
+
+// The f32 linear kernels as a model library has them (with AVX-512 those of up to 191 rows
+// prefetch the next weight panel, codegen/linear_kernel.cpp), on the same rows.
+TEST(F32Kernels, MatchADoubleSum) {
+  expect_linears_match_double_sums(f32_linears_create, "f32_linears", false);
 }
 
 // The same kernels compiled with --bf16-products fma: the weights' pairs widened to f32, the

@@ -206,8 +206,10 @@ INSTANTIATE_TEST_SUITE_P(
         Shape{"host", 16, 48, "relu", false, 0}, Shape{"host", 64, 200, "relu", true, 0},
         Shape{kAvx2Target, 24, 40, "none", true, 0}, Shape{kAvx2Target, 20, 36, "relu", true, 0},
         Shape{kAvx2Target, 7, 5, "none", false, 0}, Shape{kAvx2Target, 64, 200, "relu", false, 0},
-        // Packed weights: one panel, several, K not a multiple of the unroll.
+        // Packed weights: one panel, several, K not a multiple of the unroll; with AVX-512,
+        // tasks of 2 panels (8 panels) and of 4 (16) that prefetch the next (M 4 to 191).
         Shape{"host", 24, 64, "none", true, 64}, Shape{"host", 7, 192, "relu", false, 64},
+        Shape{"host", 20, 512, "none", true, 64}, Shape{"host", 7, 1024, "relu", false, 64},
         Shape{kAvx2Target, 9, 128, "relu", true, 64}),
     shape_name);
 

@@ -134,6 +134,21 @@ TEST(Target, Bf16AndInt8LibrariesUseOnlyCooperlakeInstructions) {
   }
 }
 
+// The f32 linears of a model library prefetch the next weight panel with prefetcht0 (locality
+// 3, raised in LLVM IR from Halide 14's prefetchnta, codegen/kernels.cpp) where the target has
+// Skylake's AVX-512, which tests/abi/linears.kir's 512 × 512 kernel uses (8 panels); none of
+// them prefetches with prefetchnta.
+TEST(Target, F32LinearsPrefetchTheNextPanelIntoTheCaches) {
+  const std::string lib = std::string(KILN_BINARY_DIR) + "/tests/f32_linears.kiln/libf32_linears.a";
+  const std::map<std::string, int> count = mnemonics(lib);
+  ASSERT_GT(count.size(), 10u) << "could not disassemble " << lib;
+  const auto n = [&](const char* m) { return count.count(m) ? count.at(m) : 0; };
+  const bool avx512 = codegen::host_target().has_feature(Halide::Target::AVX512_Skylake);
+  EXPECT_EQ(n("prefetcht0") > 0, avx512) << lib;
+  EXPECT_EQ(n("prefetchnta"), 0) << lib;
+  std::printf("[ target   ] %s: %d prefetcht0\n", lib.c_str(), n("prefetcht0"));
+}
+
 // The threads per block a GPU kernel launches are measured from the lowered pipeline, as
 // Halide sizes the launch: each thread dimension's largest extent over the stages. A stage
 // with 64 threads in one dimension next to one with 8 × 8 launches 64 × 8 (a GPU attention
