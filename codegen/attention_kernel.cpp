@@ -83,28 +83,24 @@ constexpr float kLowest = -3.0e38f;    // start of a running maximum
 // Sequences from which the CPU kernel runs one task per sequence rather than per head.
 constexpr int kBatchTasks = 16;
 
-// 2^x for x <= 0, vectorizable (Halide's exp calls scalar expf): x = n + r with n = round(x)
-// and |r| <= 1/2, 2^r by a polynomial in r fitted for the least relative error on [-1/2, 1/2]
-// (degree 5: 2.3e-7 evaluated in f32, as close as the degree-6 Taylor polynomial this replaced;
-// `bf16`, for probabilities rounded to bf16 afterwards, degree 4: 2.7e-6), 2^n built in the
-// exponent bits: the low bits of x + (1.5·2^23 + 127) are n + 127 (the addition rounds to nearest
-// even, as round does), shifted into the exponent field. Inputs at or below -127 give exactly 0
-// (n = -127 has a zero exponent field).
-Expr exp2_nonpositive(Expr x, bool bf16 = false) {
-  static constexpr float kPoly5[] = {1.00000012f,   0.693146944f,   0.240221202f,
-                                     0.0555071346f, 0.00967554189f, 0.00132764666f};
-  static constexpr float kPoly4[] = {0.999999285f, 0.693121791f, 0.240247443f, 0.0559178628f,
-                                     0.00957009662f};
-  constexpr float kMagic = 12582912.0f + 127.0f;  // 1.5·2^23 + 127
+// 2^x for x <= 0, vectorizable (Halide's exp calls scalar expf): x = n + r with n an integer
+// and |r| <= 1/2, 2^r by its Taylor polynomial of degree 6 in r·ln2 (relative error 2.2e-7
+// with rounding), 2^n built in the exponent bits. Inputs at or below -127 give exactly 0 (n = -127
+// has a zero exponent field).
+Expr exp2_nonpositive(Expr x) {
   x = Halide::max(x, -127.0f);
-  // Strict: neither Halide's simplifier nor LLVM may fold (x + magic) - magic into x.
-  const Expr t = Halide::strict_float(x + kMagic);
-  const Expr r = x - Halide::strict_float(t - kMagic);
-  const float* c = bf16 ? kPoly4 : kPoly5;
-  const int degree = bf16 ? 4 : 5;
-  Expr p = c[degree];
-  for (int k = degree - 1; k >= 0; --k) p = p * r + c[k];
-  return p * Halide::reinterpret<float>(Halide::reinterpret<int32_t>(t) << 23);
+  Expr n = Halide::cast<int32_t>(x - 0.5f);  // rounds toward zero: n = ceil(x - 1/2)
+  Expr r = x - Halide::cast<float>(n);
+  const double ln2 = 0.69314718055994530942;
+  double coeff = 1;
+  for (int k = 1; k <= 6; ++k) coeff *= ln2 / k;
+  Expr p = static_cast<float>(coeff);  // ln2^6 / 6!
+  for (int k = 5; k >= 0; --k) {
+    coeff = 1;
+    for (int j = 1; j <= k; ++j) coeff *= ln2 / j;
+    p = p * r + static_cast<float>(coeff);
+  }
+  return p * Halide::reinterpret<float>((n + 127) << 23);
 }
 
 // The largest of vector_lanes, its halves, ..., 1 that divides n.
@@ -497,7 +493,7 @@ KernelPipeline build_attention(const AttentionKernel& spec, const Halide::Target
 
   Func prob("attention_prob");  // unnormalized
   prob(jj, ii, jb, io, h, b) =
-      exp2_nonpositive(score(jj, ii, jb, io, h, b) - row_max(ii, io, h, b), bf);
+      exp2_nonpositive(score(jj, ii, jb, io, h, b) - row_max(ii, io, h, b));
 
   // bf16: the probabilities as the V product reads them (rounded), pairs of keys adjacent;
   // the row sums add the rounded values, so that the weights still sum to 1.

@@ -7,7 +7,7 @@
 // scores stay within ±4·sqrt(dk); the kernel accumulates dot products (≤ 64 terms), row sums
 // and the weighted sum of v (≤ 300 terms, weights in [0, 1] summing to 1) in float, each term
 // adding a relative error of about one float epsilon (1.2e-7), and its exponential is within
-// 2.3e-7 relative. An output is a convex combination of v (|v| ≤ 2), so its error stays far
+// 2.2e-7 relative. An output is a convex combination of v (|v| ≤ 2), so its error stays far
 // below 1e-5, while a wrong mask, block or weight moves it by ~1e-2; observed: ≤ 1.3e-6.
 // Rows whose keys are all masked must be NaN in both (fill_inf) or the mean of v in both.
 #include <algorithm>
