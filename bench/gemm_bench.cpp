@@ -22,7 +22,7 @@
 // bf16 (issue 13; built where the host has AVX512-BF16, see bench/CMakeLists.txt): kiln's bf16
 // linear kernels (codegen/linear_bf16_kernel.cpp, compiled ahead of time through LLVM IR and
 // llc for cooperlake by `kiln compile --weights bf16`: bench/gemm_bf16.kir, one linear op per
-// (K, N, relu), kiln_add_model bench_gemm_bf16), called directly like the JIT f32 kernel,
+// (K, N, relu), kiln_add_model bench_gemm_bf16), called directly like the f32 kernel,
 // against oneDNN's bf16 matmul primitive (oneDNN 2.6 has no dnnl_gemm_bf16bf16f32): src bf16
 // [M, K], weights bf16 with format_tag::any (reordered once from the same f32 Wᵀ, outside the
 // timing, into the layout the primitive chose), bias f32 and ReLU as a post-op where the
