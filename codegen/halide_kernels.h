@@ -21,7 +21,7 @@ struct KernelPipeline {
   int gpu_threads = 0;
   int64_t gpu_shared_bytes = 0;
   // The pipeline prefetches into the caches (Call::prefetch, which Halide 14 emits as
-  // prefetchnta, a hint AMD's Zen and Intel's cores keep out of L2): compile_kernel compiles it
+  // prefetchnta, whose lines a core may keep out of L2): compile_kernel compiles it
   // through LLVM IR with each prefetch's locality raised to 3 (prefetcht0), by llc for this CPU
   // (LLVM's name: cannonlake, skylake-avx512, cooperlake). "": no prefetch. JIT-compiled (the
   // tests), the prefetches stay prefetchnta.

@@ -394,7 +394,7 @@ KernelPipeline build_linear_gpu(const LinearKernel& spec) {
 // The prefetch of the next weight panel (a custom lowering pass over the loops that the
 // chunked schedule of build_linear names): in each task's loop over its `chunk` panels (nti),
 // every step of a register block's reduction (acc's loop ko, inside the row blocks' loop mb)
-// prefetches one 64-byte line of the task's next panel, the lines spread evenly over the steps
+// prefetches 64-byte lines of the task's next panel (two, below), spread evenly over the steps
 // of all the panel's row blocks (line = step · lines / steps, in 16-bit fixed point); the last
 // panel of a chunk prefetches its own lines again (already cached; the next chunk may run on
 // another thread). Two prefetches per step: a row block of 4 rows over K 512 has 128 steps and
