@@ -61,17 +61,16 @@ KernelPipeline build_kernel(const KernelSpec& spec, const Halide::Target& target
 // and bf16 linear kernels.
 int one_row_panels_per_tile(int64_t panels);
 
-// The prefetch of the next weight panel (linear_kernel.cpp): with AVX-512 (the LLVM CPU
-// prefetch_cpu names; "" without), a linear of a few rows runs each parallel task over
-// prefetch_chunk(panels) consecutive panels (0: too few panels for it), in loops named nto
-// (tasks) > nti (its panels) > mb (register block rows) > ... > ko (reduction steps), and
-// prefetch_next_panels adds to `kp` the lowering pass that prefetches, from every reduction
-// step, lines of the task's next panel (the buffer "wt" of `wt_type`, panels `panel_bytes`
-// apart), and sets kp.prefetch_llc_cpu.
-int prefetch_chunk(int64_t panels);
-std::string prefetch_cpu(const Halide::Target& target);
-void prefetch_next_panels(KernelPipeline& kp, int chunk, int64_t panel_bytes,
-                          const Halide::Type& wt_type, const std::string& llc_cpu);
+// The prefetch of the next weight panel (linear_kernel.cpp): on a target with Skylake's
+// AVX-512 or later, a linear of a few rows runs each parallel task over
+// prefetch_chunk(target, panels) consecutive panels (0: another target, or too few panels), in
+// loops named nto (tasks) > nti (its panels) > mb (register block rows) > ... > ko (reduction
+// steps), and prefetch_next_panels adds to `kp` the lowering pass that prefetches, from every
+// reduction step, lines of the task's next panel (the buffer "wt" of `wt_type`, panels
+// `panel_bytes` apart), and sets kp.prefetch_llc_cpu to the target's LLVM CPU.
+int prefetch_chunk(const Halide::Target& target, int64_t panels);
+void prefetch_next_panels(KernelPipeline& kp, const Halide::Target& target, int chunk,
+                          int64_t panel_bytes, const Halide::Type& wt_type);
 
 // From 64 rows on, the linear kernels' register blocks are 6 rows high; below this many rows,
 // where 6 does not divide the rows, 4 (linear_kernel.cpp, schedule_packed_linear).

@@ -398,25 +398,25 @@ KernelOutput compile_kernel(const KernelSpec& spec, const std::string& target,
   try {
     const auto* linear = std::get_if<LinearKernel>(&spec);
     const auto* attention = std::get_if<AttentionKernel>(&spec);
-    if ((linear && (linear->bf16 || linear->int8)) || (attention && attention->bf16)) {
+    const bool sapphire_only =
+        (linear && (linear->bf16 || linear->int8)) || (attention && attention->bf16);
+    if (sapphire_only) {
       const std::string problem =
           linear && linear->int8 ? int8_target_problem(target) : bf16_target_problem(target);
       if (!problem.empty()) fail("{}", problem);
       // LLVM IR for avx512_sapphirerapids (it names no CPU), compiled by llc for cooperlake:
       // AVX-512 with BF16 and VNNI, no FP16, no AMX (see KernelOutput). Halide 14 emits
       // vdpbf16ps and vpdpbusd only for avx512_sapphirerapids.
-      const Halide::Target sapphire = t.with_feature(Halide::Target::AVX512_SapphireRapids);
-      KernelPipeline kp = build_kernel(spec, sapphire);
-      KernelOutput out{object_path + ".ll", "cooperlake"};
-      kp.pipeline.compile_to_llvm_assembly(out.llvm_assembly, kp.args, function_name, sapphire);
-      if (!kp.prefetch_llc_cpu.empty()) raise_prefetch_locality(out.llvm_assembly, function_name);
-      return out;
+      t = t.with_feature(Halide::Target::AVX512_SapphireRapids);
     }
     KernelPipeline kp = build_kernel(spec, t);
-    if (!kp.prefetch_llc_cpu.empty()) {
-      KernelOutput out{object_path + ".ll", kp.prefetch_llc_cpu};
+    // Through LLVM IR: the kernels above, and those that prefetch (for the CPU they name; a
+    // sapphirerapids target's is cooperlake too).
+    if (sapphire_only || !kp.prefetch_llc_cpu.empty()) {
+      KernelOutput out{object_path + ".ll",
+                       sapphire_only ? std::string("cooperlake") : kp.prefetch_llc_cpu};
       kp.pipeline.compile_to_llvm_assembly(out.llvm_assembly, kp.args, function_name, t);
-      raise_prefetch_locality(out.llvm_assembly, function_name);
+      if (!kp.prefetch_llc_cpu.empty()) raise_prefetch_locality(out.llvm_assembly, function_name);
       return out;
     }
     if (t.has_gpu_feature()) {

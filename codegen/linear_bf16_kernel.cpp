@@ -435,8 +435,7 @@ KernelPipeline build_linear_bf16(const LinearKernel& spec, const Halide::Target&
   const bool small = int64_t{2} * Np * Kp <= kPanelsPerTileBytes;  // the panels' bytes
   // From 4 to 191 rows (but where tiles of rows are the parallel ones): the next panel
   // prefetched (prefetch_next_panels).
-  const std::string pf_cpu = prefetch_cpu(target);
-  const int chunk = pf_cpu.empty() ? 0 : prefetch_chunk(Np / P);
+  const int chunk = prefetch_chunk(target, Np / P);
   const PackedLoops loops = schedule_packed_linear(out, acc, r, n, m, j, N, Np, Kp / 2, long_k,
                                                    !fma, long_k || small, small, chunk);
   // x already bf16 (K even): read in place, no copy of its own.
@@ -446,7 +445,7 @@ KernelPipeline build_linear_bf16(const LinearKernel& spec, const Halide::Target&
   std::vector<Halide::Argument> args = {x, wt};
   if (spec.has_bias) args.push_back(bias);
   KernelPipeline kp{Halide::Pipeline(out), args};
-  if (chunk) prefetch_next_panels(kp, chunk, int64_t{2} * P * Kp, wt.type(), pf_cpu);
+  if (chunk) prefetch_next_panels(kp, target, chunk, int64_t{2} * P * Kp, wt.type());
   return kp;
 }
 

@@ -466,20 +466,9 @@ class NextPanelPrefetch : public Halide::Internal::IRMutator {
   Loop task_, panel_loop_, rows_;
 };
 
-}  // namespace
-
-// Panels per parallel task where a linear prefetches the next panel (see
-// NextPanelPrefetch): 4 where that leaves at least 4 tasks, else 2 on the same terms, else 0 (no
-// prefetch: each task one panel).
-int prefetch_chunk(int64_t panels) {
-  for (int c : {4, 2})
-    if (panels % c == 0 && panels / c >= 4) return c;
-  return 0;
-}
-
-// LLVM's CPU for an AVX-512 target with the prefetching schedule, as Halide 14 picks it for
-// the target's features (cooperlake rather than sapphirerapids, as for the bf16 kernels), or ""
-// for a target without Skylake's AVX-512 (which then keeps the schedule without prefetches).
+// LLVM's CPU for a target with the prefetching schedule, as Halide 14 picks it for the
+// target's features (cooperlake rather than sapphirerapids, as for the bf16 kernels), or "" for
+// a target without Skylake's AVX-512 (which keeps the schedules without prefetches).
 std::string prefetch_cpu(const Halide::Target& target) {
   if (target.has_feature(Halide::Target::AVX512_SapphireRapids)) return "cooperlake";
   if (target.has_feature(Halide::Target::AVX512_Cannonlake)) return "cannonlake";
@@ -487,10 +476,22 @@ std::string prefetch_cpu(const Halide::Target& target) {
   return "";
 }
 
-void prefetch_next_panels(KernelPipeline& kp, int chunk, int64_t panel_bytes,
-                          const Halide::Type& wt_type, const std::string& llc_cpu) {
+}  // namespace
+
+// Panels per parallel task where a linear prefetches the next panel (see
+// NextPanelPrefetch): 4 where that leaves at least 4 tasks, else 2 on the same terms, else 0 (no
+// prefetch: each task one panel); 0 on a target without Skylake's AVX-512.
+int prefetch_chunk(const Halide::Target& target, int64_t panels) {
+  if (prefetch_cpu(target).empty()) return 0;
+  for (int c : {4, 2})
+    if (panels % c == 0 && panels / c >= 4) return c;
+  return 0;
+}
+
+void prefetch_next_panels(KernelPipeline& kp, const Halide::Target& target, int chunk,
+                          int64_t panel_bytes, const Halide::Type& wt_type) {
   kp.pipeline.add_custom_lowering_pass(new NextPanelPrefetch(chunk, panel_bytes, wt_type));
-  kp.prefetch_llc_cpu = llc_cpu;
+  kp.prefetch_llc_cpu = prefetch_cpu(target);
 }
 
 int one_row_panels_per_tile(int64_t panels) {
@@ -672,8 +673,7 @@ KernelPipeline build_linear(const LinearKernel& spec, const Halide::Target& targ
   // (NextPanelPrefetch). Without it a panel's first register block waits on memory for the
   // whole panel and the other blocks then run from L2: the stream and the products add up
   // instead of overlapping.
-  const std::string pf_cpu = P && p.lanes == 16 ? prefetch_cpu(target) : "";
-  const int chunk = pf_cpu.empty() ? 0 : prefetch_chunk(N / P);
+  const int chunk = P && p.lanes == 16 ? prefetch_chunk(target, N / P) : 0;
   Var nto("nto"), nti("nti");
   auto schedule_chunks = [&](Halide::Stage s) {
     s.split(n, nt, ni, P, TailStrategy::RoundUp)
@@ -715,7 +715,7 @@ KernelPipeline build_linear(const LinearKernel& spec, const Halide::Target& targ
   std::vector<Halide::Argument> args = {x, wt};
   if (spec.has_bias) args.push_back(bias);
   KernelPipeline kp{Halide::Pipeline(out), args};
-  if (chunk) prefetch_next_panels(kp, chunk, int64_t{4} * P * K, Halide::Float(32), pf_cpu);
+  if (chunk) prefetch_next_panels(kp, target, chunk, int64_t{4} * P * K, Halide::Float(32));
   return kp;
 }
 
