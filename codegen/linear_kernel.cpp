@@ -50,7 +50,10 @@
 // 872–913 → 852–870 ms; gemm_bench with its weights from memory, M 128 +4–15%, M 32 up to +24%
 // (bench/README.md, "session 22"). The bf16 and int8 kernels share the pass
 // (prefetch_next_panels, schedule_packed_linear): W5 bf16 508–511 → 491–494 ms, int8 328–329 →
-// 314–322, W1 bf16 6.6–7.2 → 6.1–6.4, int8 3.8–4.0 → 3.4–3.7.
+// 314–322, W1 bf16 6.6–7.2 → 6.1–6.4, int8 3.8–4.0 → 3.4–3.7. Since session 23 a task's last
+// panel prefetches the first of the task that its thread runs next (the runtime's pool gives
+// each thread a contiguous range of the tasks), so that only a thread's first panel of a call
+// comes from memory unprefetched (NextPanelPrefetch).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -396,12 +399,16 @@ KernelPipeline build_linear_gpu(const LinearKernel& spec) {
 // every step of a register block's reduction (acc's loop ko, inside the row blocks' loop mb)
 // prefetches 64-byte lines of the task's next panel (two, below), spread evenly over the steps
 // of all the panel's row blocks (line = step · lines / steps, in 16-bit fixed point); the last
-// panel of a chunk prefetches its own lines again (already cached; the next chunk may run on
-// another thread). Two prefetches per step: a row block of 4 rows over K 512 has 128 steps and
-// a panel 2048 lines, so at 32 rows (8 row blocks) every line is prefetched once (W1 f32 11.6
-// → 10.4–10.8 ms against one per step; four no better). A loop of them in the step with a
-// bound check, or a burst of a row block's whole share at its start, ran slower than none (W5,
-// AMD Zen 5).
+// panel of a chunk prefetches the first of the next chunk, which the runtime's pool runs next on
+// the same thread (runtime/thread_pool.h: each thread first runs a contiguous range of the
+// tasks; before, with tasks claimed one at a time, it prefetched its own lines again and each
+// task's first panel came from memory: `kiln run --compiled --profile` of W1 f32, AMD Zen 5, 2
+// threads, 3 alternated runs, 10.2–10.6 → 9.3–9.5 ms per run, the generator's GEMM 2.40–2.46
+// → 2.22–2.26 ms). Two prefetches per step: a row
+// block of 4 rows over K 512 has 128 steps and a panel 2048 lines, so at 32 rows (8 row blocks)
+// every line is prefetched once (W1 f32 11.6 → 10.4–10.8 ms against one per step; four no better).
+// A loop of them in the step with a bound check, or a burst of a row block's whole share at its
+// start, ran slower than none (W5, AMD Zen 5).
 class NextPanelPrefetch : public Halide::Internal::IRMutator {
  public:
   NextPanelPrefetch(int chunk, int64_t panel_bytes, Halide::Type wt_type)
@@ -439,7 +446,9 @@ class NextPanelPrefetch : public Halide::Internal::IRMutator {
     }
     if (!ends_with(op->name, ".ko") || rows_.name.empty()) return IRMutator::visit(op);
     const Expr panel = rel(task_) * chunk_ + rel(panel_loop_);
-    const Expr next = Halide::select(rel(panel_loop_) < chunk_ - 1, panel + 1, panel);
+    // The next panel, the first of the next task after a task's last (the runtime's pool runs
+    // it on the same thread, thread_pool.h); the last panel of all prefetches itself.
+    const Expr next = Halide::min(panel + 1, task_.extent * chunk_ - 1);
     const Loop steps{op->name, op->min, op->extent};
     constexpr int q = 2;  // prefetches per step
     const Expr step = Halide::cast<int64_t>(rel(rows_) * steps.extent + rel(steps)) * q;
@@ -645,11 +654,13 @@ KernelPipeline build_linear(const LinearKernel& spec, const Halide::Target& targ
 
   // Loops of out, outermost first: t (fused tiles, parallel) > nb (block column of the
   // tile) > mb (register block row) > mr (rows, unrolled) > nv (vectors, unrolled).
-  // In t the m tile varies fastest: consecutive tasks, which the thread pool hands to
-  // different threads, share a weight panel and differ in their rows, so with two m tiles
-  // each thread keeps working on the same rows of x (in its own L2) while the panels stream
-  // through both. Measured (gemm_bench, M = 2048, 2 threads, two runs): 92–110% of oneDNN
-  // against 88–102% with the n tile varying fastest.
+  // In t the m tile varies fastest: consecutive tasks share a weight panel and differ in
+  // their rows. Measured when the thread pool handed consecutive tasks to different threads
+  // (gemm_bench, M = 2048, 2 threads, two runs): 92–110% of oneDNN against 88–102% with the
+  // n tile varying fastest, each thread keeping its rows of x. Now that each thread runs a
+  // contiguous range of the tasks (runtime/thread_pool.h), a thread runs both m tiles of its
+  // panels, each panel read from memory once: gemm_bench at M 2048 (AMD Zen 5, 3 alternated
+  // runs) and W2 measured the same either way.
   // Every split shifts inwards, so no block reads or writes outside the matrix as long as
   // the tile and block sizes do not exceed the extents: tile_n and block_n fit in N by
   // construction, the m tile is at most M, and the register block is `rows` ≤ the m tile.

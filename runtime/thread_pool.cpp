@@ -5,10 +5,13 @@
 // itself in `active_` and then re-reads `gen_`; the caller, after making `gen_` odd, waits
 // for `active_` to drop to 0 before it writes. So a worker reads the fields of exactly
 // the loop it joined, and a late worker of a finished loop finds its indices used up
-// (`next_ >= end_`) and leaves without calling anything. Indices are claimed one at a
-// time from `next_`; the caller waits for `done_` to reach the loop's size.
+// and leaves without calling anything. The indices are cut into one contiguous range per
+// thread (`ranges_`, the caller's first); a thread claims the indices of its own range one
+// at a time, in order, then those left in the others' ranges (from their fronts, the next
+// range first); the caller waits for `done_` to reach the loop's size.
 #include "runtime/thread_pool.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -45,7 +48,7 @@ class Pool {
   Pool()
       : threads_(env_int("HL_NUM_THREADS",
                          std::max(1, static_cast<int>(std::thread::hardware_concurrency())), 1,
-                         256)),
+                         kMaxThreads)),
         spin_(std::chrono::microseconds(env_int("KILN_SPIN_US", 1000, 0, 1000000))) {}
 
   int run(void* uc, ParTask task, int min, int size, uint8_t* closure) {
@@ -61,14 +64,18 @@ class Pool {
     task_ = task;
     uc_ = uc;
     closure_ = closure;
-    end_ = min + size;
     error_.store(0, std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
-    next_.store(min, std::memory_order_relaxed);
+    parts_ = std::min(threads_.load(), size);
+    for (int p = 0; p < parts_; ++p) {
+      ranges_[p].next.store(min + static_cast<int>(int64_t{size} * p / parts_),
+                            std::memory_order_relaxed);
+      ranges_[p].end = min + static_cast<int>(int64_t{size} * (p + 1) / parts_);
+    }
     gen_.store(g + 2);
     gen_.notify_all();
     tl_in_task = true;
-    work();
+    work(0);
     tl_in_task = false;
     while (done_.load(std::memory_order_acquire) != size) cpu_relax();
     return error_.load(std::memory_order_relaxed);
@@ -76,7 +83,7 @@ class Pool {
 
   void set_threads(int n) {
     std::lock_guard owner(owner_);
-    n = std::max(1, std::min(n, 256));
+    n = std::max(1, std::min(n, kMaxThreads));
     if (n == threads_.load()) return;
     stop_workers();
     threads_.store(n);
@@ -94,11 +101,23 @@ class Pool {
     return result;
   }
 
+  // The next index for thread `self` (0: the caller; a worker, its number), or -1 when
+  // every range is used up.
+  int claim(int self) {
+    for (int k = 0; k < parts_; ++k) {
+      Range& r = ranges_[(self + k) % parts_];
+      if (r.next.load(std::memory_order_relaxed) >= r.end) continue;
+      const int i = r.next.fetch_add(1, std::memory_order_relaxed);
+      if (i < r.end) return i;
+    }
+    return -1;
+  }
+
   // Claims and runs indices until there are none left.
-  void work() {
+  void work(int self) {
     for (;;) {
-      const int i = next_.fetch_add(1, std::memory_order_relaxed);
-      if (i >= end_) return;
+      const int i = claim(self);
+      if (i < 0) return;
       if (error_.load(std::memory_order_relaxed) == 0) {
         const int r = task_(uc_, i, closure_);
         int none = 0;
@@ -108,7 +127,7 @@ class Pool {
     }
   }
 
-  void worker(uint32_t seen) {
+  void worker(uint32_t seen, int self) {
     tl_in_task = true;
     for (;;) {
       uint32_t g = gen_.load();
@@ -129,7 +148,7 @@ class Pool {
       active_.fetch_add(1);
       if (gen_.load() == g) {
         seen = g;
-        work();
+        work(self);
       }
       active_.fetch_sub(1);
     }
@@ -140,7 +159,7 @@ class Pool {
     if (!workers_.empty()) return;
     stop_.store(false);
     for (int i = 1; i < threads_.load(); ++i)
-      workers_.emplace_back([this, g = gen_.load()] { worker(g); });
+      workers_.emplace_back([this, g = gen_.load(), i] { worker(g, i); });
   }
 
   // Under owner_.
@@ -161,13 +180,20 @@ class Pool {
 
   std::atomic<uint32_t> gen_{0};
   std::atomic<int> active_{0};
-  std::atomic<int> next_{0};
   std::atomic<int> done_{0};
   std::atomic<int> error_{0};
   ParTask task_ = nullptr;
   void* uc_ = nullptr;
   uint8_t* closure_ = nullptr;
-  int end_ = 0;
+  // One range of indices per thread of the loop (at most one per index), each on its own
+  // cache line.
+  struct alignas(64) Range {
+    std::atomic<int> next{0};
+    int end = 0;
+  };
+  static constexpr int kMaxThreads = 256;  // pool_set_threads' bound
+  Range ranges_[kMaxThreads];
+  int parts_ = 0;
 };
 
 // Never destroyed: its workers may still be parked when the process exits.

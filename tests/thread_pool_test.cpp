@@ -1,9 +1,10 @@
 // The runtime's thread pool (runtime/thread_pool.h): every index of a loop runs exactly
-// once, whichever thread runs it; the first failure is returned and stops the tasks not
-// yet started; loops from many threads at once, loops inside loops and a change of the
-// thread count in between all give the same results. Also run under ThreadSanitizer
-// (concurrency_tests, scripts/test.sh).
+// once, whichever thread runs it; each thread runs its own range of the indices first; the first
+// failure is returned and stops the tasks not yet started; loops from many threads at once, loops
+// inside loops and a change of the thread count in between all give the same results. Also run
+// under ThreadSanitizer (concurrency_tests, scripts/test.sh).
 #include <atomic>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -36,6 +37,40 @@ TEST(ThreadPool, EveryIndexRunsOnce) {
       for (int i = 0; i < min + size; ++i)
         EXPECT_EQ(c.runs[i].load(), i < min ? 0 : 1) << "size " << size << " index " << i;
     }
+  }
+}
+
+// Each thread runs a contiguous range of the indices first, in order (thread_pool.h; the
+// linears that prefetch the next task's weights rely on it): with 2 threads and 4 indices the
+// caller runs 0 and 1, the worker 2 and 3. Indices 0 and 2 wait for each other, as do 1 and 3,
+// so that neither thread can take the other's second index; claimed one at a time from a
+// shared counter (0 and 1 first) they would wait in vain and fail.
+struct Pairs {
+  std::atomic<int> arrived[2] = {0, 0};
+  std::thread::id by[4];
+};
+
+int pair_task(void*, int i, uint8_t* closure) {
+  auto* p = reinterpret_cast<Pairs*>(closure);
+  p->by[i] = std::this_thread::get_id();
+  std::atomic<int>& arrived = p->arrived[i % 2];
+  arrived.fetch_add(1);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (arrived.load() < 2)
+    if (std::chrono::steady_clock::now() > until) return 1;  // fail instead of hanging
+  return 0;
+}
+
+TEST(ThreadPool, EachThreadRunsItsOwnRangeInOrder) {
+  pool_set_threads(2);
+  for (int round = 0; round < 20; ++round) {
+    Pairs p;
+    ASSERT_EQ(pool_par_for(nullptr, pair_task, 0, 4, reinterpret_cast<uint8_t*>(&p)), 0)
+        << "round " << round;
+    EXPECT_EQ(p.by[0], std::this_thread::get_id());
+    EXPECT_EQ(p.by[1], std::this_thread::get_id());
+    EXPECT_NE(p.by[2], std::this_thread::get_id());
+    EXPECT_EQ(p.by[3], p.by[2]);
   }
 }
 
