@@ -403,12 +403,12 @@ KernelPipeline build_linear_gpu(const LinearKernel& spec) {
 // the same thread (runtime/thread_pool.h: each thread first runs a contiguous range of the
 // tasks; before, with tasks claimed one at a time, it prefetched its own lines again and each
 // task's first panel came from memory: `kiln run --compiled --profile` of W1 f32, AMD Zen 5, 2
-// threads, 3 alternated runs, 10.2–10.6 → 9.3–9.5 ms per run, the generator's GEMM 2.43–2.46
-// → 2.22–2.26 ms). Two prefetches per step: a row
-// block of 4 rows over K 512 has 128 steps and a panel 2048 lines, so at 32 rows (8 row blocks)
-// every line is prefetched once (W1 f32 11.6 → 10.4–10.8 ms against one per step; four no better).
-// A loop of them in the step with a bound check, or a burst of a row block's whole share at its
-// start, ran slower than none (W5, AMD Zen 5).
+// threads, 3 alternated runs, 10.2–10.6 → 9.3–9.5 ms per run, the generator's GEMM 2.43–2.46 →
+// 2.22–2.26 ms). Two prefetches per step: a row block of 4 rows over K 512 has 128 steps and a
+// panel 2048 lines, so at 32 rows (8 row blocks) every line is prefetched once (W1 f32 11.6 →
+// 10.4–10.8 ms against one per step; four no better). A loop of them in the step with a bound
+// check, or a burst of a row block's whole share at its start, ran slower than none (W5, AMD
+// Zen 5).
 class NextPanelPrefetch : public Halide::Internal::IRMutator {
  public:
   NextPanelPrefetch(int chunk, int64_t panel_bytes, Halide::Type wt_type)
