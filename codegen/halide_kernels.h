@@ -84,8 +84,9 @@ constexpr int kSmallBlockRows = 192;
 // FMAs, LinearKernel::bf16_fma); specialized for few rows; `long_k` (a panel of 128 KB or more)
 // chunks the rows; `rows_parallel` makes many rows parallel tiles of rows instead, each over
 // every panel, and `few_rows_parallel` 16 to 63 rows two such tiles (kPanelsPerTileBytes).
-// With `chunk` (prefetch_chunk's, 0: none), 4 to 191 rows where no tiles of rows are parallel
-// and the reduction is short run the chunked loops of prefetch_next_panels, which the caller adds.
+// With `chunk` (prefetch_chunk's, 0: none), the chunked loops of prefetch_next_panels (which
+// the caller adds) run 4 to 63 rows where no tiles of rows are parallel (whatever the reduction's
+// length), and 64 to 191 rows that 6 does not divide where the reduction is short.
 // Returns the chunk loop of out, where the caller computes its converted input
 // (bf16 or quantized x) once per chunk, and the condition under which that loop is itself the
 // parallel one (the caller's conversion then runs serially inside it; undefined: never).

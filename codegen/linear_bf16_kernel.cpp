@@ -433,8 +433,9 @@ KernelPipeline build_linear_bf16(const LinearKernel& spec, const Halide::Target&
   // process).
   const bool long_k = Kp >= 1024;
   const bool small = int64_t{2} * Np * Kp <= kPanelsPerTileBytes;  // the panels' bytes
-  // From 4 to 191 rows (but where tiles of rows are the parallel ones): the next panel
-  // prefetched (prefetch_next_panels).
+  // Where schedule_packed_linear runs the chunked loops (4 to 63 rows but where tiles of rows
+  // are the parallel ones; 64 to 191 that 6 does not divide, with a short reduction): the next
+  // panel prefetched (prefetch_next_panels).
   const int chunk = prefetch_chunk(target, Np / P);
   const PackedLoops loops = schedule_packed_linear(out, acc, r, n, m, j, N, Np, Kp / 2, long_k,
                                                    !fma, long_k || small, small, chunk);

@@ -277,8 +277,9 @@ KernelPipeline build_linear_int8(const LinearKernel& spec, const Halide::Target&
   // small (kPanelsPerTileBytes), rows are the parallel tiles, each quantizing its own.
   const bool long_k = Kp >= 2048;
   const bool small = int64_t{Np} * Kp <= kPanelsPerTileBytes;  // the panels' bytes
-  // From 4 to 191 rows (but where tiles of rows are the parallel ones): the next panel
-  // prefetched (prefetch_next_panels).
+  // Where schedule_packed_linear runs the chunked loops (4 to 63 rows but where tiles of rows
+  // are the parallel ones; 64 to 191 that 6 does not divide, with a short reduction): the next
+  // panel prefetched (prefetch_next_panels).
   const int chunk = prefetch_chunk(target, Np / P);
   const PackedLoops loops = schedule_packed_linear(out, acc, r, n, m, j, N, Np, Kg, long_k, true,
                                                    long_k || small, small, chunk);

@@ -42,13 +42,13 @@
 //
 // What does hide that stream (session 22, AMD Zen 5): prefetching the *next* panel while the
 // current one is computed, which neither of the above did (they prefetched ahead within the
-// panel being read). With AVX-512, from 4 to 191 rows (a short sequence, a beam search's 128
-// hypotheses), each parallel task runs a chunk of 2 or 4 consecutive panels and every step of
-// a register block's reduction prefetches two lines of the next one (NextPanelPrefetch, a
-// custom lowering pass), compiled through LLVM IR so that they are prefetcht0 (KernelPipeline::
-// prefetch_llc_cpu). In the model (alternated runs): W1 f32 11.8–12.6 → 10.4–11.0 ms, W5 f32
-// 872–913 → 852–870 ms; gemm_bench with its weights from memory, M 128 +4–15%, M 32 up to +24%
-// (bench/README.md, "session 22"). The bf16 and int8 kernels share the pass
+// panel being read). With AVX-512, from 4 to 63 rows (a short sequence) and from 64 to 191 rows
+// that 6 does not divide (a beam search's 128 hypotheses), each parallel task runs a chunk of 2 or
+// 4 consecutive panels and every step of a register block's reduction prefetches two lines of the
+// next one (NextPanelPrefetch, a custom lowering pass), compiled through LLVM IR so that they are
+// prefetcht0 (KernelPipeline::prefetch_llc_cpu). In the model (alternated runs): W1 f32 11.8–12.6
+// → 10.4–11.0 ms, W5 f32 872–913 → 852–870 ms; gemm_bench with its weights from memory, M 128
+// +4–15%, M 32 up to +24% (bench/README.md, "session 22"). The bf16 and int8 kernels share the pass
 // (prefetch_next_panels, schedule_packed_linear): W5 bf16 508–511 → 491–494 ms, int8 328–329 →
 // 314–322, W1 bf16 6.6–7.2 → 6.1–6.4, int8 3.8–4.0 → 3.4–3.7. Since session 23 a task's last
 // panel prefetches the first of the task that its thread runs next (the runtime's pool gives

@@ -184,8 +184,9 @@ TEST(Bf16Kernels, MatchADoubleSumOfRoundedInputs) {
   expect_linears_match_double_sums(bf16_linears_create, "bf16_linears");
 }
 
-// The f32 linear kernels as a model library has them (with AVX-512 those of up to 191 rows
-// prefetch the next weight panel, codegen/linear_kernel.cpp), on the same rows.
+// The f32 linear kernels as a model library has them (with AVX-512 those of 4 to 63 rows and of
+// 64 to 191 that 6 does not divide prefetch the next weight panel, codegen/linear_kernel.cpp), on
+// the same rows.
 TEST(F32Kernels, MatchADoubleSum) {
   expect_linears_match_double_sums(f32_linears_create, "f32_linears", false);
 }
